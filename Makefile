@@ -1,0 +1,17 @@
+# `make demo` and `make test` do all set-up themselves (scripts/setup.sh is idempotent).
+PY := .venv/bin/python
+export HF_HUB_OFFLINE := 1
+
+.PHONY: setup demo test bench
+
+setup:
+	@bash scripts/setup.sh
+
+demo: setup
+	.venv/bin/oodeval demo
+
+test: setup
+	$(PY) -m pytest -q -p no:cacheprovider
+
+bench: setup
+	$(PY) benchmarks/metrics.py

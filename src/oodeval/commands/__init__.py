@@ -1,0 +1,1 @@
+"""Sub-commands of the ``oodeval`` CLI, one module each (see :mod:`oodeval.cli`)."""

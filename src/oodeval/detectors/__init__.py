@@ -1,0 +1,76 @@
+"""Registry of the 21 post-hoc detectors (paper Sec. 2.1 / 4.1; DESIGN.md table).
+
+``names()`` lists them in the paper's order; ``create(name, **hyperparameters)`` builds one with
+the paper's defaults overridden by the given hyperparameters.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from ..features import FeatureSet
+from .base import Detector
+
+__all__ = ["Detector", "names", "create", "register", "supported", "REGISTRY"]
+
+NAMES = (
+    "msp", "maxlogit", "kl_matching", "energy", "gen",
+    "react", "ash_s", "scale", "dice",
+    "mahalanobis", "relative_mahalanobis", "mahalanobis_pp", "relative_mahalanobis_pp",
+    "knn", "cosine", "mcm", "fdbd", "neco", "nac",
+    "vim", "nnguide",
+)  # fmt: skip
+
+#: modules that define the detectors; each registers its classes with @register on import
+_MODULES: tuple[str, ...] = ()
+
+REGISTRY: dict[str, type[Detector]] = {}
+
+
+def register(name: str):
+    """Class decorator: make ``name`` creatable through :func:`create`."""
+
+    def deco(cls: type[Detector]) -> type[Detector]:
+        if name in REGISTRY and REGISTRY[name] is not cls:
+            raise ValueError(f"detector {name!r} registered twice")
+        REGISTRY[name] = cls
+        cls.name = name
+        return cls
+
+    return deco
+
+
+def _load() -> None:
+    for mod in _MODULES:
+        importlib.import_module(f"{__name__}.{mod}")
+
+
+def names() -> list[str]:
+    """The 21 post-hoc detector names, in the paper's order."""
+    return list(NAMES)
+
+
+def create(name: str, **hyperparameters) -> Detector:
+    """A new detector ``name`` with the paper's defaults, overridden by ``hyperparameters``."""
+    _load()
+    if name not in REGISTRY:
+        raise KeyError(f"unknown detector {name!r}; known: {', '.join(sorted(REGISTRY))}")
+    return REGISTRY[name](**hyperparameters)
+
+
+def supported(train: FeatureSet | None, test: FeatureSet, candidates: list[str] | None = None) -> list[str]:
+    """The detectors among ``candidates`` (default: all 21) whose needs the FeatureSets meet."""
+    _load()
+    out = []
+    for name in candidates or names():
+        cls = REGISTRY[name]
+        try:
+            test.require(cls.needs)
+            if cls.fit_needs:
+                if train is None:
+                    continue
+                train.require(cls.fit_needs)
+        except ValueError:
+            continue
+        out.append(name)
+    return out

@@ -1,0 +1,68 @@
+"""The detector contract shared by every post-hoc and zero-shot scorer.
+
+scikit-learn's estimator contract: hyperparameters are constructor arguments stored unchanged
+(``get_params`` / ``set_params`` / ``sklearn.base.clone`` work), state learned in ``fit`` lives
+in attributes ending in ``_``, and ``fit`` recomputes all of it, so changing a hyperparameter
+and refitting is always safe. ``score`` returns float64 (N,), higher = more in-distribution.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import numpy as np
+from sklearn.base import BaseEstimator
+
+from ..features import FeatureSet
+
+__all__ = ["Detector", "check_fitted", "as_scores"]
+
+
+class Detector(BaseEstimator):
+    """Base class. Subclasses set ``needs`` (see :data:`oodeval.features.FIELDS`), ``fit_needs``
+    (what ``fit`` reads from the ID-train set; empty when nothing is learnt), and implement
+    ``_fit`` (optional) and ``_score``."""
+
+    needs: ClassVar[tuple[str, ...]] = ()
+    fit_needs: ClassVar[tuple[str, ...]] = ()
+
+    def fit(self, train: FeatureSet | None = None) -> Detector:
+        """Learn all derived state from the ID-train FeatureSet (harmless where nothing is learnt)."""
+        for attr in [a for a in vars(self) if a.endswith("_") and not a.startswith("_")]:
+            delattr(self, attr)
+        if self.fit_needs:
+            if train is None:
+                raise ValueError(f"{type(self).__name__} needs an ID-train FeatureSet to fit")
+            train.require(self.fit_needs, type(self).__name__ + ".fit")
+            self._fit(train)
+        self.fitted_ = True
+        return self
+
+    def _fit(self, train: FeatureSet) -> None:  # pragma: no cover - default: nothing to learn
+        return None
+
+    def score(self, x: FeatureSet) -> np.ndarray:
+        """Scores of the samples in ``x``: float64 (N,), higher = more in-distribution."""
+        check_fitted(self)
+        x.require(self.needs, type(self).__name__)
+        return as_scores(self._score(x), len(x), type(self).__name__)
+
+    def _score(self, x: FeatureSet) -> np.ndarray:
+        raise NotImplementedError
+
+
+def check_fitted(det: Detector) -> None:
+    """Raise a clear error when ``score`` is called before ``fit``."""
+    if not getattr(det, "fitted_", False):
+        raise RuntimeError(f"{type(det).__name__} is not fitted; call fit(train) first")
+
+
+def as_scores(scores: object, n: int, who: str) -> np.ndarray:
+    """Cast to float64 (n,) and reject non-finite output with a message naming the detector."""
+    out = np.asarray(scores, dtype=np.float64).reshape(-1)
+    if out.shape != (n,):
+        raise ValueError(f"{who} produced {out.shape[0]} scores for {n} samples")
+    bad = ~np.isfinite(out)
+    if bad.any():
+        raise ValueError(f"{who} produced {int(bad.sum())} non-finite scores of {n}")
+    return out

@@ -1,0 +1,210 @@
+"""FeatureSet: everything one (model, dataset) forward pass yields, and its on-disk form.
+
+On disk a FeatureSet is a folder: one ``.npy`` per array (memory-mapped on load) and
+``meta.json`` (model, dataset, preprocessing, package versions, shapes, content hash).
+Per-sample extra arrays (NAC's per-layer states, patch features, ...) live under ``extras/``.
+Writes are atomic: the folder appears complete or not at all.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .._io import atomic_path, hash_arrays
+
+__all__ = ["FeatureSet", "FIELDS"]
+
+#: what a detector may declare in ``needs``: "features", "logits", "labels", "head"
+#: (weight and bias), or "extra:<name>" / "extra:<prefix>*" for named extra arrays.
+FIELDS = ("features", "logits", "labels", "head")
+
+
+def _package_versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"python": platform.python_version()}
+    for pkg in ("oodeval", "numpy", "torch", "timm", "open_clip_torch"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            pass
+    return out
+
+
+@dataclass
+class FeatureSet:
+    """One forward pass over one dataset.
+
+    features: (N, D) float32 penultimate features (image embeddings for a VLM).
+    logits:   (N, C) or None.
+    labels:   (N,) int64, -1 where unknown (OOD sets).
+    weight, bias: the classifier head (C, D) and (C,), or None.
+    extras:   name -> per-sample array with first axis N (e.g. ``nac/layer4``, ``patch_features``).
+    meta:     free JSON metadata (model, dataset, preprocessing, ...).
+    """
+
+    features: np.ndarray
+    labels: np.ndarray | None = None
+    logits: np.ndarray | None = None
+    weight: np.ndarray | None = None
+    bias: np.ndarray | None = None
+    extras: dict[str, np.ndarray] = field(default_factory=dict)
+    meta: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.features = np.asarray(self.features)
+        if self.labels is None:
+            self.labels = np.full(self.features.shape[0] if self.features.ndim else 0, -1, dtype=np.int64)
+        self.labels = np.asarray(self.labels)
+        self.validate()
+
+    def __len__(self) -> int:
+        return int(self.features.shape[0])
+
+    @property
+    def has_head(self) -> bool:
+        return self.weight is not None and self.bias is not None
+
+    def validate(self) -> None:
+        """Check shapes and finiteness of the small arrays; raise ValueError naming each problem."""
+        problems = []
+        f = self.features
+        if f.ndim != 2:
+            problems.append(f"features must be (N, D), got shape {f.shape}")
+        n = f.shape[0] if f.ndim else 0
+        if n == 0:
+            problems.append("features has no rows")
+        if self.labels.shape != (n,):
+            problems.append(f"labels must be ({n},), got {self.labels.shape}")
+        elif not np.issubdtype(self.labels.dtype, np.integer):
+            problems.append(f"labels must be integers, got dtype {self.labels.dtype}")
+        if self.logits is not None and (self.logits.ndim != 2 or self.logits.shape[0] != n):
+            problems.append(f"logits must be ({n}, C), got {self.logits.shape}")
+        if (self.weight is None) != (self.bias is None):
+            problems.append("weight and bias must be given together")
+        if self.weight is not None and self.bias is not None:
+            if self.weight.ndim != 2 or (f.ndim == 2 and self.weight.shape[1] != f.shape[1]):
+                problems.append(f"weight must be (C, {f.shape[-1]}), got {self.weight.shape}")
+            if self.bias.shape != (self.weight.shape[0],):
+                problems.append(f"bias must be ({self.weight.shape[0]},), got {self.bias.shape}")
+            if self.logits is not None and self.logits.shape[1] != self.weight.shape[0]:
+                problems.append(f"logits have {self.logits.shape[1]} classes but the head has {self.weight.shape[0]}")
+        for name, arr in self.extras.items():
+            if arr.ndim == 0 or arr.shape[0] != n:
+                problems.append(f"extra '{name}' must have first axis {n}, got shape {arr.shape}")
+        if problems:
+            raise ValueError("inconsistent FeatureSet: " + "; ".join(problems))
+
+    def require(self, needs: tuple[str, ...] | list[str], who: str = "this detector") -> None:
+        """Raise ValueError listing every requirement in ``needs`` this FeatureSet lacks."""
+        missing = []
+        for need in needs:
+            if need == "logits" and self.logits is None:
+                missing.append("logits")
+            elif need == "head" and not self.has_head:
+                missing.append("the classifier head (weight, bias)")
+            elif need == "labels" and not (self.labels >= 0).any():
+                missing.append("class labels (all are -1)")
+            elif need.startswith("extra:"):
+                key = need[len("extra:") :]
+                if key.endswith("*"):
+                    if not any(k.startswith(key[:-1]) for k in self.extras):
+                        missing.append(f"extra arrays '{key}' (extract with --taps)")
+                elif key not in self.extras:
+                    missing.append(f"extra array '{key}'")
+            elif need not in FIELDS and not need.startswith("extra:"):
+                raise ValueError(f"unknown requirement {need!r}")
+        if missing:
+            src = self.meta.get("dataset", "this FeatureSet")
+            raise ValueError(f"{who} needs {', '.join(missing)}, which {src} does not have")
+
+    def extras_with_prefix(self, prefix: str) -> dict[str, np.ndarray]:
+        """Extra arrays whose names start with ``prefix``, in sorted name order."""
+        return {k: self.extras[k] for k in sorted(self.extras) if k.startswith(prefix)}
+
+    def subset(self, index: np.ndarray | slice) -> FeatureSet:
+        """Rows ``index`` of every per-sample array; head and metadata shared."""
+        return FeatureSet(
+            features=self.features[index],
+            labels=self.labels[index],
+            logits=None if self.logits is None else self.logits[index],
+            weight=self.weight,
+            bias=self.bias,
+            extras={k: v[index] for k, v in self.extras.items()},
+            meta=dict(self.meta),
+        )
+
+    def _arrays(self) -> dict[str, np.ndarray]:
+        arrays = {"features": self.features, "labels": self.labels}
+        for name in ("logits", "weight", "bias"):
+            if getattr(self, name) is not None:
+                arrays[name] = getattr(self, name)
+        for name, arr in self.extras.items():
+            arrays[f"extras/{name}"] = arr
+        return arrays
+
+    def content_hash(self) -> str:
+        """Hash of every array's dtype, shape and bytes."""
+        return hash_arrays(self._arrays())
+
+    def save(self, path: str | Path) -> Path:
+        """Write the folder atomically (replacing an existing one) and return its path."""
+        path = Path(path)
+        arrays = self._arrays()
+        meta = dict(self.meta)
+        meta.update(
+            format="oodeval.FeatureSet/1",
+            n=len(self),
+            shapes={k: list(v.shape) for k, v in arrays.items()},
+            dtypes={k: v.dtype.str for k, v in arrays.items()},
+            content_hash=hash_arrays(arrays),
+        )
+        meta.setdefault("versions", _package_versions())
+        with atomic_path(path) as tmp:
+            tmp.mkdir()
+            for name, arr in arrays.items():
+                out = tmp / f"{name}.npy"
+                out.parent.mkdir(parents=True, exist_ok=True)
+                np.save(out, np.ascontiguousarray(arr))
+            (tmp / "meta.json").write_text(json.dumps(meta, indent=2, sort_keys=True, default=str) + "\n")
+        self.meta = meta
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path, mmap: bool = True) -> FeatureSet:
+        """Load a saved folder; arrays are memory-mapped unless ``mmap=False``."""
+        path = Path(path)
+        meta_file = path / "meta.json"
+        if not meta_file.is_file():
+            raise FileNotFoundError(f"{path} is not a FeatureSet folder (no meta.json)")
+        meta = json.loads(meta_file.read_text())
+        mode = "r" if mmap else None
+        arrays: dict[str, np.ndarray] = {}
+        missing = []
+        for name, shape in meta.get("shapes", {}).items():
+            f = path / f"{name}.npy"
+            if not f.is_file():
+                missing.append(f"{name}.npy")
+                continue
+            arr = np.load(f, mmap_mode=mode)
+            if list(arr.shape) != shape:
+                raise ValueError(f"{f} has shape {arr.shape} but meta.json records {tuple(shape)}")
+            arrays[name] = arr
+        if missing:
+            raise ValueError(f"FeatureSet {path} is missing {', '.join(missing)}")
+        if "features" not in arrays:
+            raise ValueError(f"FeatureSet {path} records no features array")
+        return cls(
+            features=arrays["features"],
+            labels=arrays.get("labels"),
+            logits=arrays.get("logits"),
+            weight=arrays.get("weight"),
+            bias=arrays.get("bias"),
+            extras={k[len("extras/") :]: v for k, v in arrays.items() if k.startswith("extras/")},
+            meta=meta,
+        )

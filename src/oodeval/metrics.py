@@ -1,0 +1,222 @@
+"""Exact OOD-detection metrics (conventions of DESIGN.md).
+
+Every score is "higher = more in-distribution" and ID is the positive class unless a name says
+otherwise. All metrics are computed in float64 from one grouped representation of the two
+samples: the distinct score values in descending order with the number of ID and OOD scores at
+each value. That makes ties exact everywhere (AUROC counts a tie one half, a threshold accepts
+every score equal to it) and lets :mod:`oodeval.stats` evaluate thousands of resampled draws on
+the same representation.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+__all__ = [
+    "check_scores",
+    "grouped_counts",
+    "fpr_at_tpr",
+    "tnr_at_tpr",
+    "fpr_ood_positive",
+    "auroc",
+    "aupr_in",
+    "aupr_out",
+    "detection_error",
+    "accuracy",
+    "evaluate",
+    "METRIC_NAMES",
+]
+
+METRIC_NAMES = ("fpr95", "tnr95", "auroc", "aupr_in", "aupr_out", "detection_error")
+
+
+def check_scores(scores: object, name: str = "scores", ndim: int = 1) -> np.ndarray:
+    """Return ``scores`` as a float64 array, raising ValueError for wrong shape, empty or non-finite input."""
+    arr = np.asarray(scores, dtype=np.float64)
+    if arr.ndim != ndim:
+        raise ValueError(f"{name} must be a {ndim}-d array, got shape {arr.shape}")
+    if arr.size == 0 or arr.shape[-1] == 0:
+        raise ValueError(f"{name} is empty (shape {arr.shape}); at least one score is needed")
+    bad = ~np.isfinite(arr)
+    if bad.any():
+        n_nan = int(np.isnan(arr).sum())
+        raise ValueError(
+            f"{name} has {int(bad.sum())} non-finite values of {arr.size} "
+            f"({n_nan} NaN, {int(bad.sum()) - n_nan} inf)"
+        )
+    return arr
+
+
+def grouped_counts(id_scores: object, ood_scores: object) -> tuple[np.ndarray, np.ndarray]:
+    """Counts of ID and OOD scores at each distinct score value, values in descending order.
+
+    Returns ``(id_counts, ood_counts)``, two int64 arrays of equal length G.
+    """
+    x = check_scores(id_scores, "id_scores")
+    y = check_scores(ood_scores, "ood_scores")
+    values, inverse = np.unique(np.concatenate([x, y]), return_inverse=True)
+    g = values.size
+    id_counts = np.bincount(inverse[: x.size], minlength=g)[::-1]
+    ood_counts = np.bincount(inverse[x.size :], minlength=g)[::-1]
+    return id_counts.astype(np.int64), ood_counts.astype(np.int64)
+
+
+def _k_for_tpr(n: int, tpr: float) -> int:
+    """Smallest k with k / n >= tpr (the ROC rule, evaluated in floating point as the ROC does)."""
+    if not 0.0 < tpr <= 1.0:
+        raise ValueError(f"tpr must lie in (0, 1], got {tpr}")
+    k = max(1, math.ceil(tpr * n))
+    while k > 1 and (k - 1) / n >= tpr:
+        k -= 1
+    while k / n < tpr:
+        k += 1
+    return k
+
+
+# Grouped-count kernels. I and O are count arrays (..., G) in descending score order; every kernel
+# is vectorised over the leading axes so that stats.py can pass (detectors, draws, G) at once.
+
+
+def _fpr_from_counts(I: np.ndarray, O: np.ndarray, tpr: float) -> np.ndarray:
+    cum_i = np.cumsum(I, axis=-1)
+    cum_o = np.cumsum(O, axis=-1)
+    n = cum_i[..., -1]
+    m = cum_o[..., -1]
+    k = np.vectorize(_k_for_tpr, otypes=[np.int64])(n, tpr)
+    g = np.argmax(cum_i >= k[..., None], axis=-1)
+    return np.take_along_axis(cum_o, g[..., None], axis=-1)[..., 0] / m
+
+
+def _auroc_from_counts(I: np.ndarray, O: np.ndarray) -> np.ndarray:
+    cum_o = np.cumsum(O, axis=-1)
+    n = I.sum(axis=-1)
+    m = cum_o[..., -1]
+    below = m[..., None] - cum_o
+    wins = (I * (below + 0.5 * O)).sum(axis=-1, dtype=np.float64)
+    return wins / (n.astype(np.float64) * m)
+
+
+def _ap_from_counts(pos: np.ndarray, neg: np.ndarray) -> np.ndarray:
+    cum_p = np.cumsum(pos, axis=-1)
+    cum_n = np.cumsum(neg, axis=-1)
+    total = cum_p + cum_n
+    precision = np.divide(cum_p, total, out=np.zeros(total.shape), where=total > 0)
+    return (pos * precision).sum(axis=-1) / cum_p[..., -1]
+
+
+def _detection_error_from_counts(I: np.ndarray, O: np.ndarray) -> np.ndarray:
+    cum_i = np.cumsum(I, axis=-1)
+    cum_o = np.cumsum(O, axis=-1)
+    tpr = cum_i / cum_i[..., -1:]
+    fpr = cum_o / cum_o[..., -1:]
+    err = 0.5 * (1.0 - tpr) + 0.5 * fpr
+    return np.minimum(err.min(axis=-1), 0.5)
+
+
+def fpr_at_tpr(id_scores: object, ood_scores: object, tpr: float = 0.95) -> float:
+    """FPR at TPR (ID positive): t = d_k, k = ceil(tpr * n) on ID scores sorted descending;
+    the share of OOD scores >= t. Equals ``fpr[argmax(tpr_curve >= tpr)]`` of
+    ``sklearn.metrics.roc_curve(..., drop_intermediate=False)`` with ID labelled 1.
+    """
+    I, O = grouped_counts(id_scores, ood_scores)
+    return float(_fpr_from_counts(I, O, tpr))
+
+
+def tnr_at_tpr(id_scores: object, ood_scores: object, tpr: float = 0.95) -> float:
+    """TNR at TPR (the CnC paper's TNR@TPR95) = 1 - fpr_at_tpr."""
+    return 1.0 - fpr_at_tpr(id_scores, ood_scores, tpr)
+
+
+def fpr_ood_positive(id_scores: object, ood_scores: object, tpr: float = 0.95) -> float:
+    """OpenOOD >= v1.5's FPR@95: OOD is positive; the share of ID rejected at the threshold
+    that detects ``tpr`` of the OOD scores. Not the papers' FPR@95 (see :func:`fpr_at_tpr`).
+    """
+    ood = -check_scores(ood_scores, "ood_scores")
+    idn = -check_scores(id_scores, "id_scores")
+    return fpr_at_tpr(ood, idn, tpr)
+
+
+def auroc(id_scores: object, ood_scores: object) -> float:
+    """AUROC with ID positive: Mann-Whitney U / (n m), a tie counting one half (= sklearn roc_auc_score)."""
+    I, O = grouped_counts(id_scores, ood_scores)
+    return float(_auroc_from_counts(I, O))
+
+
+def aupr_in(id_scores: object, ood_scores: object) -> float:
+    """Average precision with ID positive (= sklearn average_precision_score on the scores)."""
+    I, O = grouped_counts(id_scores, ood_scores)
+    return float(_ap_from_counts(I, O))
+
+
+def aupr_out(id_scores: object, ood_scores: object) -> float:
+    """Average precision with OOD positive, ranked by -score."""
+    I, O = grouped_counts(id_scores, ood_scores)
+    return float(_ap_from_counts(O[::-1], I[::-1]))
+
+
+def detection_error(id_scores: object, ood_scores: object) -> float:
+    """min over all thresholds (both extremes included) of 0.5 (1 - TPR) + 0.5 FPR."""
+    I, O = grouped_counts(id_scores, ood_scores)
+    return float(_detection_error_from_counts(I, O))
+
+
+def evaluate(id_scores: object, ood_scores: object, tpr: float = 0.95) -> dict[str, float]:
+    """All metrics in one pass: fpr95, tnr95, auroc, aupr_in, aupr_out, detection_error (fractions)."""
+    I, O = grouped_counts(id_scores, ood_scores)
+    fpr = float(_fpr_from_counts(I, O, tpr))
+    return {
+        "fpr95": fpr,
+        "tnr95": 1.0 - fpr,
+        "auroc": float(_auroc_from_counts(I, O)),
+        "aupr_in": float(_ap_from_counts(I, O)),
+        "aupr_out": float(_ap_from_counts(O[::-1], I[::-1])),
+        "detection_error": float(_detection_error_from_counts(I, O)),
+    }
+
+
+def accuracy(
+    predictions: object,
+    labels: object | Sequence[Iterable[int]],
+) -> float:
+    """Top-1 accuracy.
+
+    ``predictions``: (N,) class indices or (N, C) logits/probabilities (argmax taken).
+    ``labels``: (N,) int labels; or, for multi-label reannotations (ReImageNet style), a
+    sequence of N label sets or an (N, C) boolean matrix. A prediction is correct when it lies
+    in the set; samples whose set is empty have no valid label and are excluded.
+    """
+    pred = np.asarray(predictions)
+    if pred.ndim == 2:
+        pred = check_scores(pred, "predictions", ndim=2).argmax(axis=1)
+    elif pred.ndim != 1:
+        raise ValueError(f"predictions must be (N,) indices or (N, C) scores, got shape {pred.shape}")
+    if pred.size == 0:
+        raise ValueError("predictions is empty")
+    n = pred.shape[0]
+    if isinstance(labels, np.ndarray) and labels.dtype == bool:
+        if labels.shape[0] != n or labels.ndim != 2:
+            raise ValueError(f"label matrix must be ({n}, C), got {labels.shape}")
+        valid = labels.any(axis=1)
+        if (pred[valid] >= labels.shape[1]).any():
+            raise ValueError("a prediction index exceeds the number of label columns")
+        correct = labels[np.arange(n), np.minimum(pred, labels.shape[1] - 1)]
+    elif isinstance(labels, np.ndarray) or (
+        isinstance(labels, Sequence) and len(labels) > 0 and np.isscalar(labels[0])
+    ):
+        lab = np.asarray(labels)
+        if lab.shape != (n,):
+            raise ValueError(f"labels must have shape ({n},) to match predictions, got {lab.shape}")
+        valid = lab >= 0
+        correct = pred == lab
+    else:
+        sets = [set(s) for s in labels]  # type: ignore[union-attr]
+        if len(sets) != n:
+            raise ValueError(f"got {len(sets)} label sets for {n} predictions")
+        valid = np.array([len(s) > 0 for s in sets])
+        correct = np.array([int(p) in s for p, s in zip(pred, sets)])
+    if not valid.any():
+        raise ValueError("no sample has a valid label")
+    return float(correct[valid].mean())

@@ -1,0 +1,224 @@
+"""Sampling statistics of OOD metrics (Fi-ImageNet-1k paper Sec. 4.6 and App. C).
+
+- :func:`standard_error`: closed-form standard error of a rate (paper Eq. 5) with the
+  finite-population correction (N - n) / (N - 1) when n of N are drawn without replacement.
+- :func:`subsample`: draws of ``n`` OOD scores without replacement, the ID set (and hence the
+  FPR@95 threshold) fixed, for many detectors at once on the *same* draws.
+- :func:`rank_stability`: mean Spearman rho between the detector ranking on a draw and on the full set.
+- :func:`bootstrap` / :func:`confidence_interval`: percentile bootstrap CIs, ID and OOD resampled.
+- :func:`mean_std`: mean +- std over runs, with the ddof returned beside the numbers.
+
+Everything is vectorised over draws and detectors; randomness comes from an explicit seed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.stats import rankdata
+
+from .metrics import (
+    _auroc_from_counts,
+    _detection_error_from_counts,
+    _fpr_from_counts,
+    _k_for_tpr,
+    check_scores,
+)
+
+__all__ = [
+    "standard_error",
+    "subsample",
+    "SubsampleResult",
+    "rank_stability",
+    "bootstrap",
+    "confidence_interval",
+    "mean_std",
+]
+
+
+def standard_error(p: float | np.ndarray, n: int, population: int | None = None) -> float | np.ndarray:
+    """sqrt(p (1 - p) / n), times sqrt((N - n) / (N - 1)) when n of N are drawn without replacement."""
+    if n <= 0:
+        raise ValueError(f"n must be positive, got {n}")
+    p = np.asarray(p, dtype=np.float64)
+    if ((p < 0) | (p > 1)).any():
+        raise ValueError("p must lie in [0, 1]")
+    var = p * (1.0 - p) / n
+    if population is not None:
+        if population < n:
+            raise ValueError(f"population {population} is smaller than the draw size {n}")
+        var = var * ((population - n) / (population - 1) if population > 1 else 0.0)
+    out = np.sqrt(var)
+    return float(out) if out.ndim == 0 else out
+
+
+def _as_matrix(scores: object, name: str) -> np.ndarray:
+    arr = np.asarray(scores, dtype=np.float64)
+    if arr.ndim == 1:
+        arr = arr[None, :]
+    return check_scores(arr, name, ndim=2)
+
+
+def _check_pair(id_scores: object, ood_scores: object) -> tuple[np.ndarray, np.ndarray]:
+    x = _as_matrix(id_scores, "id_scores")
+    y = _as_matrix(ood_scores, "ood_scores")
+    if x.shape[0] != y.shape[0]:
+        raise ValueError(f"id_scores has {x.shape[0]} detectors but ood_scores has {y.shape[0]}")
+    return x, y
+
+
+@dataclass(frozen=True)
+class SubsampleResult:
+    """Per-draw metrics, arrays (detectors, draws); ``full_*`` are (detectors,) on all OOD scores."""
+
+    fpr: np.ndarray
+    auroc: np.ndarray
+    full_fpr: np.ndarray
+    full_auroc: np.ndarray
+    n: int
+    population: int
+
+    def closed_form_std(self) -> np.ndarray:
+        """Eq. 5 with the finite-population correction, at the full-set FPR."""
+        return standard_error(self.full_fpr, self.n, self.population)
+
+
+def subsample(
+    id_scores: object,
+    ood_scores: object,
+    n: int,
+    draws: int = 1000,
+    seed: int = 0,
+    tpr: float = 0.95,
+) -> SubsampleResult:
+    """FPR@tpr and AUROC on ``draws`` random subsets of ``n`` OOD scores (without replacement).
+
+    ``id_scores`` (K, n_id) and ``ood_scores`` (K, m) hold K detectors' scores of the same images
+    (1-d arrays mean K = 1). The ID set is fixed, so the threshold is fixed; each OOD image then
+    contributes a fixed amount to either metric and a draw's metric is the mean over its images,
+    computed for all draws and detectors as one matrix product.
+    """
+    x, y = _check_pair(id_scores, ood_scores)
+    m = y.shape[1]
+    if not 0 < n <= m:
+        raise ValueError(f"draw size n={n} must lie in 1..{m} (the number of OOD scores)")
+    if draws <= 0:
+        raise ValueError(f"draws must be positive, got {draws}")
+    k = _k_for_tpr(x.shape[1], tpr)
+    threshold = -np.partition(-x, k - 1, axis=1)[:, k - 1]
+    accepted = (y >= threshold[:, None]).astype(np.float64)
+    xs = np.sort(x, axis=1)
+    wins = np.empty_like(y)
+    for d in range(x.shape[0]):
+        below = np.searchsorted(xs[d], y[d], side="left")
+        not_above = np.searchsorted(xs[d], y[d], side="right")
+        wins[d] = (x.shape[1] - not_above) + 0.5 * (not_above - below)
+    wins /= x.shape[1]
+    rng = np.random.default_rng(seed)
+    chosen = np.argpartition(rng.random((draws, m)), n - 1, axis=1)[:, :n]
+    mask = np.zeros((draws, m))
+    np.put_along_axis(mask, chosen, 1.0, axis=1)
+    return SubsampleResult(
+        fpr=accepted @ mask.T / n,
+        auroc=wins @ mask.T / n,
+        full_fpr=accepted.mean(axis=1),
+        full_auroc=wins.mean(axis=1),
+        n=n,
+        population=m,
+    )
+
+
+def rank_stability(per_draw: np.ndarray, full: np.ndarray) -> float:
+    """Mean over draws of Spearman's rho between the detector ranking on a draw and on the full set.
+
+    ``per_draw`` is (K detectors, B draws), ``full`` is (K,). Ties take average ranks; a draw on
+    which all detectors tie has no ranking and is left out of the mean.
+    """
+    per_draw = np.asarray(per_draw, dtype=np.float64)
+    full = np.asarray(full, dtype=np.float64)
+    if per_draw.ndim != 2 or full.shape != (per_draw.shape[0],):
+        raise ValueError(f"per_draw must be (K, B) and full (K,), got {per_draw.shape} and {full.shape}")
+    if per_draw.shape[0] < 2:
+        raise ValueError("a ranking needs at least two detectors")
+    r_draw = rankdata(per_draw, axis=0)
+    r_full = rankdata(full)
+    a = r_draw - r_draw.mean(axis=0)
+    b = (r_full - r_full.mean())[:, None]
+    denom = np.sqrt((a * a).sum(axis=0) * (b * b).sum())
+    rho = np.divide((a * b).sum(axis=0), denom, out=np.full(denom.shape, np.nan), where=denom > 0)
+    if np.isnan(rho).all():
+        raise ValueError("every draw ties all detectors; no ranking to compare")
+    return float(np.nanmean(rho))
+
+
+def _collapsed_bins(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Grouped counts with runs of ID-only values merged: FPR@tpr, AUROC and detection error
+    depend only on these bins, so resampling the bins resamples the metric exactly."""
+    values, inverse = np.unique(np.concatenate([x, y]), return_inverse=True)
+    g = values.size
+    I = np.bincount(inverse[: x.size], minlength=g)[::-1]
+    O = np.bincount(inverse[x.size :], minlength=g)[::-1]
+    bin_id = np.cumsum(np.r_[True, (O[1:] > 0) | (O[:-1] > 0)]) - 1
+    nb = bin_id[-1] + 1
+    return np.bincount(bin_id, weights=I, minlength=nb), np.bincount(bin_id, weights=O, minlength=nb)
+
+
+def bootstrap(
+    id_scores: object,
+    ood_scores: object,
+    draws: int = 1000,
+    seed: int = 0,
+    tpr: float = 0.95,
+) -> dict[str, np.ndarray]:
+    """Bootstrap draws of fpr95, tnr95, auroc and detection_error, arrays (K detectors, draws).
+
+    Each draw resamples the n ID and m OOD scores with replacement. Resampling is done on the
+    collapsed score bins (:func:`_collapsed_bins`) as one multinomial per sample set, which has
+    exactly the distribution of resampling the individual scores. Draws are independent across
+    detectors, so the CIs are marginal per detector. Average precision is not bootstrapped:
+    it depends on ties inside ID-only runs that the bins do not keep.
+    """
+    x, y = _check_pair(id_scores, ood_scores)
+    if draws <= 0:
+        raise ValueError(f"draws must be positive, got {draws}")
+    bins = [_collapsed_bins(x[d], y[d]) for d in range(x.shape[0])]
+    width = max(b[0].size for b in bins)
+    p_id = np.zeros((x.shape[0], width))
+    p_ood = np.zeros((x.shape[0], width))
+    for d, (i_counts, o_counts) in enumerate(bins):
+        p_id[d, : i_counts.size] = i_counts / x.shape[1]
+        p_ood[d, : o_counts.size] = o_counts / y.shape[1]
+    rng = np.random.default_rng(seed)
+    K = x.shape[0]
+    I = rng.multinomial(x.shape[1], p_id[:, None, :], size=(K, draws))
+    O = rng.multinomial(y.shape[1], p_ood[:, None, :], size=(K, draws))
+    fpr = _fpr_from_counts(I, O, tpr)
+    return {
+        "fpr95": fpr,
+        "tnr95": 1.0 - fpr,
+        "auroc": _auroc_from_counts(I, O),
+        "detection_error": _detection_error_from_counts(I, O),
+    }
+
+
+def confidence_interval(draws: np.ndarray, level: float = 0.95, axis: int = -1) -> tuple[np.ndarray, np.ndarray]:
+    """Percentile interval ((1 - level) / 2, (1 + level) / 2) of bootstrap draws along ``axis``."""
+    if not 0 < level < 1:
+        raise ValueError(f"level must lie in (0, 1), got {level}")
+    lo, hi = np.quantile(np.asarray(draws, dtype=np.float64), [(1 - level) / 2, (1 + level) / 2], axis=axis)
+    return lo, hi
+
+
+def mean_std(values: object, ddof: int = 1, axis: int = 0) -> dict[str, object]:
+    """Mean and standard deviation over runs; ``ddof=1`` (sample std, as over 3 seeds) by default.
+
+    Returns ``{"mean", "std", "ddof", "n"}`` so every printed std carries its ddof.
+    """
+    arr = np.asarray(values, dtype=np.float64)
+    n = arr.shape[axis] if arr.ndim else 1
+    if n == 0:
+        raise ValueError("no runs to average")
+    if n <= ddof:
+        raise ValueError(f"{n} run(s) cannot give a std with ddof={ddof}")
+    return {"mean": arr.mean(axis=axis), "std": arr.std(axis=axis, ddof=ddof), "ddof": ddof, "n": n}
