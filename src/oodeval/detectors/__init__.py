@@ -7,6 +7,7 @@ the paper's defaults overridden by the given hyperparameters.
 from __future__ import annotations
 
 import importlib
+import pkgutil
 
 from ..features import FeatureSet
 from .base import Detector
@@ -20,9 +21,6 @@ NAMES = (
     "knn", "cosine", "mcm", "fdbd", "neco", "nac",
     "vim", "nnguide",
 )  # fmt: skip
-
-#: modules that define the detectors; each registers its classes with @register on import
-_MODULES: tuple[str, ...] = ()
 
 REGISTRY: dict[str, type[Detector]] = {}
 
@@ -41,8 +39,10 @@ def register(name: str):
 
 
 def _load() -> None:
-    for mod in _MODULES:
-        importlib.import_module(f"{__name__}.{mod}")
+    """Import every module of this package; each registers its classes with @register."""
+    for info in pkgutil.iter_modules(__path__):
+        if info.name != "base":
+            importlib.import_module(f"{__name__}.{info.name}")
 
 
 def names() -> list[str]:
