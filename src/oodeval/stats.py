@@ -70,10 +70,12 @@ def _check_pair(id_scores: object, ood_scores: object) -> tuple[np.ndarray, np.n
 
 @dataclass(frozen=True)
 class SubsampleResult:
-    """Per-draw metrics, arrays (detectors, draws); ``full_*`` are (detectors,) on all OOD scores."""
+    """Per-draw metrics, arrays (detectors, draws); ``indices`` (draws, n) are the OOD samples of
+    each draw; ``full_*`` are (detectors,) on all OOD scores."""
 
     fpr: np.ndarray
     auroc: np.ndarray
+    indices: np.ndarray
     full_fpr: np.ndarray
     full_auroc: np.ndarray
     n: int
@@ -105,16 +107,9 @@ def subsample(
         raise ValueError(f"draw size n={n} must lie in 1..{m} (the number of OOD scores)")
     if draws <= 0:
         raise ValueError(f"draws must be positive, got {draws}")
-    k = _k_for_tpr(x.shape[1], tpr)
-    threshold = -np.partition(-x, k - 1, axis=1)[:, k - 1]
-    accepted = (y >= threshold[:, None]).astype(np.float64)
-    xs = np.sort(x, axis=1)
-    wins = np.empty_like(y)
-    for d in range(x.shape[0]):
-        below = np.searchsorted(xs[d], y[d], side="left")
-        not_above = np.searchsorted(xs[d], y[d], side="right")
-        wins[d] = (x.shape[1] - not_above) + 0.5 * (not_above - below)
-    wins /= x.shape[1]
+    parts = [_fixed_id_parts(x[d], y[d], tpr) for d in range(x.shape[0])]
+    accepted = np.stack([p[0] for p in parts])
+    wins = np.stack([p[1] for p in parts])
     rng = np.random.default_rng(seed)
     chosen = np.argpartition(rng.random((draws, m)), n - 1, axis=1)[:, :n]
     mask = np.zeros((draws, m))
@@ -122,6 +117,7 @@ def subsample(
     return SubsampleResult(
         fpr=accepted @ mask.T / n,
         auroc=wins @ mask.T / n,
+        indices=np.sort(chosen, axis=1),
         full_fpr=accepted.mean(axis=1),
         full_auroc=wins.mean(axis=1),
         n=n,
@@ -164,35 +160,83 @@ def _collapsed_bins(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarra
     return np.bincount(bin_id, weights=I, minlength=nb), np.bincount(bin_id, weights=O, minlength=nb)
 
 
+def _fixed_id_parts(x: np.ndarray, y: np.ndarray, tpr: float):
+    """Per-OOD-sample contributions with the ID set fixed (one detector).
+
+    Returns (accepted (m,), wins (m,), order (m,), tpr_g (G,), j_g (G,)): whether each OOD score
+    passes the fixed FPR@tpr threshold; its AUROC share (#ID above + half the ties) / n; the OOD
+    indices sorted by descending score; and, for the thresholds that can minimise the detection
+    error (the lowest one for each count of OOD scores accepted), the fixed ID TPR and that count.
+    """
+    n = x.size
+    xs = np.sort(x)
+    k = _k_for_tpr(n, tpr)
+    threshold = xs[n - k]
+    accepted = (y >= threshold).astype(np.float64)
+    lo = np.searchsorted(xs, y, side="left")
+    hi = np.searchsorted(xs, y, side="right")
+    wins = ((n - hi) + 0.5 * (hi - lo)) / n
+    order = np.argsort(-y, kind="stable")
+    values = np.unique(np.concatenate([x, y]))[::-1]
+    tpr_g = (n - np.searchsorted(xs, values, side="left")) / n
+    j_g = y.size - np.searchsorted(np.sort(y), values, side="left")
+    # tpr_g and j_g grow together; for each OOD count j only the largest TPR can be the minimum
+    last = np.r_[j_g[1:] != j_g[:-1], True]
+    return accepted, wins, order, tpr_g[last], j_g[last]
+
+
 def bootstrap(
     id_scores: object,
     ood_scores: object,
     draws: int = 1000,
     seed: int = 0,
     tpr: float = 0.95,
+    fixed_id: bool = True,
 ) -> dict[str, np.ndarray]:
     """Bootstrap draws of fpr95, tnr95, auroc and detection_error, arrays (K detectors, draws).
 
-    Each draw resamples the n ID and m OOD scores with replacement. Resampling is done on the
-    collapsed score bins (:func:`_collapsed_bins`) as one multinomial per sample set, which has
-    exactly the distribution of resampling the individual scores. Draws are independent across
-    detectors, so the CIs are marginal per detector. Average precision is not bootstrapped:
-    it depends on ties inside ID-only runs that the bins do not keep.
+    ``fixed_id=True`` (default) resamples the OOD scores with replacement and keeps the ID set,
+    hence the FPR@95 threshold, fixed, as the paper's sampling analysis does (App. C, Eq. 5: the
+    OOD sample is the scarce one; 655 OOD against 48,365 ID). The same resampled OOD images are
+    used for every detector, so differences between detectors are paired.
+
+    ``fixed_id=False`` resamples both sets. It runs on the collapsed score bins
+    (:func:`_collapsed_bins`) as one multinomial per set, which has exactly the distribution of
+    resampling the individual scores; draws are then independent across detectors (marginal CIs).
+
+    With ``fixed_id=True`` the result also holds ``ood_index`` (draws, m), the resampled OOD
+    indices. Average precision is not bootstrapped: it depends on ties inside ID-only runs that neither
+    representation keeps.
     """
     x, y = _check_pair(id_scores, ood_scores)
     if draws <= 0:
         raise ValueError(f"draws must be positive, got {draws}")
-    bins = [_collapsed_bins(x[d], y[d]) for d in range(x.shape[0])]
+    rng = np.random.default_rng(seed)
+    K, m = y.shape
+    if fixed_id:
+        idx = rng.integers(0, m, size=(draws, m))
+        counts = np.bincount((idx + m * np.arange(draws)[:, None]).ravel(), minlength=draws * m)
+        counts = counts.reshape(draws, m).astype(np.float64)
+        fpr = np.empty((K, draws))
+        auc = np.empty((K, draws))
+        det = np.empty((K, draws))
+        for d in range(K):
+            accepted, wins, order, tpr_g, j_g = _fixed_id_parts(x[d], y[d], tpr)
+            fpr[d] = counts @ accepted / m
+            auc[d] = counts @ wins / m
+            cum = np.concatenate([np.zeros((draws, 1)), np.cumsum(counts[:, order], axis=1)], axis=1)
+            err = 0.5 * (1.0 - tpr_g) + 0.5 * cum[:, j_g] / m
+            det[d] = np.minimum(err.min(axis=1), 0.5)
+        return {"fpr95": fpr, "tnr95": 1.0 - fpr, "auroc": auc, "detection_error": det, "ood_index": idx}
+    bins = [_collapsed_bins(x[d], y[d]) for d in range(K)]
     width = max(b[0].size for b in bins)
-    p_id = np.zeros((x.shape[0], width))
-    p_ood = np.zeros((x.shape[0], width))
+    p_id = np.zeros((K, width))
+    p_ood = np.zeros((K, width))
     for d, (i_counts, o_counts) in enumerate(bins):
         p_id[d, : i_counts.size] = i_counts / x.shape[1]
-        p_ood[d, : o_counts.size] = o_counts / y.shape[1]
-    rng = np.random.default_rng(seed)
-    K = x.shape[0]
+        p_ood[d, : o_counts.size] = o_counts / m
     I = rng.multinomial(x.shape[1], p_id[:, None, :], size=(K, draws))
-    O = rng.multinomial(y.shape[1], p_ood[:, None, :], size=(K, draws))
+    O = rng.multinomial(m, p_ood[:, None, :], size=(K, draws))
     fpr = _fpr_from_counts(I, O, tpr)
     return {
         "fpr95": fpr,
