@@ -230,13 +230,17 @@ def bootstrap(
         return {"fpr95": fpr, "tnr95": 1.0 - fpr, "auroc": auc, "detection_error": det, "ood_index": idx}
     bins = [_collapsed_bins(x[d], y[d]) for d in range(K)]
     width = max(b[0].size for b in bins)
-    p_id = np.zeros((K, width))
-    p_ood = np.zeros((K, width))
-    for d, (i_counts, o_counts) in enumerate(bins):
-        p_id[d, : i_counts.size] = i_counts / x.shape[1]
-        p_ood[d, : o_counts.size] = o_counts / m
-    I = rng.multinomial(x.shape[1], p_id[:, None, :], size=(K, draws))
-    O = rng.multinomial(m, p_ood[:, None, :], size=(K, draws))
+    I = np.zeros((K, draws, width))
+    O = np.zeros((K, draws, width))
+    for counts, total, out in ((0, x.shape[1], I), (1, m, O)):
+        # one multinomial over the non-empty bins only; empty ones would still cost a binomial each
+        where = [np.flatnonzero(b[counts]) for b in bins]
+        p = np.zeros((K, max(w.size for w in where)))
+        for d, w in enumerate(where):
+            p[d, : w.size] = bins[d][counts][w] / total
+        drawn = rng.multinomial(total, p[:, None, :], size=(K, draws))
+        for d, w in enumerate(where):
+            out[d][:, w] = drawn[d, :, : w.size]
     fpr = _fpr_from_counts(I, O, tpr)
     return {
         "fpr95": fpr,
