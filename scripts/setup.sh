@@ -28,9 +28,10 @@ stamp=.venv/.oodeval-installed
 want=$(sha256sum pyproject.toml | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "setup: installing Python packages into .venv (first run takes a few minutes)"
-  # pip's "Location ... is ignored" warnings come from this machine's pip config, not from us
-  .venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v "is ignored: it is neither" || true
-  .venv/bin/python -m pip install -q -e '.[test]' 2>&1 | grep -v "is ignored: it is neither" || true
+  # pip's "Location ... is ignored" warnings come from this machine's pip config; pipefail keeps pip's status
+  pipq() { .venv/bin/python -m pip install -q "$@" 2>&1 | { grep -v "is ignored: it is neither" || true; }; }
+  pipq --upgrade pip
+  pipq -e '.[test]'
   .venv/bin/python -c "import oodeval, torch, timm, open_clip, faiss" || { echo "setup: install failed" >&2; exit 1; }
   echo "$want" > "$stamp"
 fi
