@@ -1,0 +1,79 @@
+"""uint8 image arrays for CnC training and evaluation, from any dataset oodeval can name.
+
+``load_arrays(spec)`` accepts a ``.npz`` file (arrays ``images`` (N, H, W[, C]) uint8 and
+optional ``labels``), or anything :func:`oodeval.data.resolve` accepts: a registry name
+(``NAME:SPLIT`` picks a split, e.g. ``cifar10:train``), a user dataset under the data root,
+an image folder or a CSV manifest. Images are decoded with :func:`oodeval.data.open_image`,
+in grey (1 channel) or RGB (3 channels), optionally resized to ``size`` x ``size`` (bilinear);
+all images must end up the same size.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["load_arrays"]
+
+
+def _native_channels(path: str) -> int:
+    from PIL import Image
+
+    if "#" in path and not Path(path).exists():
+        return 1  # IDX container members (Fashion-MNIST) are grey
+    with Image.open(path) as im:
+        return 1 if im.mode in ("1", "L", "LA", "I", "I;16", "F") else 3
+
+
+def load_arrays(
+    spec: str | os.PathLike,
+    data_root: str | os.PathLike | None = None,
+    channels: int | None = None,
+    size: int | None = None,
+    strict: bool = True,
+    progress: bool = True,
+) -> tuple[np.ndarray, np.ndarray, dict]:
+    """(images uint8 (N, H, W) or (N, H, W, 3), labels int64 (N,) with -1 = unknown, info).
+
+    ``channels``: 1 (grey) or 3 (RGB); default: the first image's own mode. ``info`` holds the
+    dataset name, class names when known and the source.
+    """
+    from tqdm.auto import tqdm
+
+    if channels not in (None, 1, 3):
+        raise ValueError(f"channels must be 1 or 3, got {channels}")
+    path = Path(spec)
+    if path.suffix == ".npz" and path.is_file():
+        with np.load(path) as z:
+            if "images" not in z:
+                raise ValueError(f"{path} has no 'images' array (found: {', '.join(z.files)})")
+            images = np.asarray(z["images"])
+            labels = np.asarray(z["labels"], dtype=np.int64) if "labels" in z else np.full(len(images), -1, np.int64)
+        if images.dtype != np.uint8 or images.ndim not in (3, 4):
+            raise ValueError(f"{path}: images must be uint8 (N, H, W[, C]), got {images.dtype} {images.shape}")
+        if labels.shape != (len(images),):
+            raise ValueError(f"{path}: {len(images)} images but labels of shape {labels.shape}")
+        return images, labels, {"name": path.stem, "source": str(path)}
+
+    from PIL import Image
+
+    from ..data import open_image, resolve
+
+    m = resolve(spec, data_root, strict=strict)
+    if len(m) == 0:
+        raise ValueError(f"dataset {spec!r} has no images")
+    chans = channels or _native_channels(m.resolve_path(0))
+    mode = "L" if chans == 1 else "RGB"
+    out = []
+    for i in tqdm(range(len(m)), desc=f"reading {spec}", unit="img", disable=not progress, leave=False):
+        im = open_image(m.resolve_path(i), mode)
+        if size is not None and im.size != (size, size):
+            im = im.resize((size, size), Image.Resampling.BILINEAR)
+        out.append(np.asarray(im, dtype=np.uint8))
+    shapes = {a.shape for a in out}
+    if len(shapes) > 1:
+        raise ValueError(f"dataset {spec!r} has images of {len(shapes)} sizes ({sorted(shapes)[:3]} ...); pass size=")
+    info = {"name": m.name, "source": str(spec), "class_names": m.class_names}
+    return np.stack(out), np.asarray(m.labels, dtype=np.int64), info

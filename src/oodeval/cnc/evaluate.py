@@ -1,0 +1,165 @@
+"""The CnC paper's evaluation: per OOD set and mean over sets, mean ± std over runs.
+
+Seed spec (Hebbalaguppe et al. 2022, "Evaluation Metrics"): TNR@TPR95 (primary), AUROC and
+detection error per OOD set, "averaged over all OOD benchmark datasets", plus ID accuracy;
+CnC results are mean ± std over 3 runs. Metrics come from :func:`oodeval.metrics.evaluate`
+(ID positive, exact ties; detection error = min over thresholds of 0.5(1-TPR) + 0.5 FPR);
+the std is :func:`oodeval.stats.mean_std` with ddof = 1 (sample std over seeds).
+
+On a CnC FeatureSet (``meta["outlier_class"] = K``) the ``cnc`` detector reads all K+1
+logits; every other detector sees the K-way classifier (:func:`id_view`: logits and head
+restricted to the first K classes), and ID accuracy is the argmax over the first K logits.
+Values are fractions; :func:`format_table` prints percentages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from ..features import FeatureSet
+from ..metrics import accuracy, evaluate
+from ..stats import mean_std
+
+__all__ = ["METRICS", "id_view", "set_metrics", "evaluate_run", "aggregate", "format_table"]
+
+#: the seed's OOD metrics (fractions), in the seed's order
+METRICS = ("tnr95", "auroc", "detection_error")
+_LABELS = {"tnr95": "TNR@TPR95", "auroc": "AUROC", "detection_error": "DetErr", "id_accuracy": "ID Acc"}
+
+
+def _num_id_classes(fs: FeatureSet) -> int:
+    k = fs.meta.get("num_id_classes")
+    if k is None:
+        if fs.logits is None:
+            raise ValueError("FeatureSet has no logits and no meta['num_id_classes']")
+        k = fs.logits.shape[1] - (1 if fs.meta.get("outlier_class") is not None else 0)
+    return int(k)
+
+
+def id_view(fs: FeatureSet) -> FeatureSet:
+    """The K-way view of a CnC FeatureSet (drops the outlier logit and head row); others unchanged."""
+    if fs.meta.get("outlier_class") is None:
+        return fs
+    k = _num_id_classes(fs)
+    return FeatureSet(
+        features=fs.features,
+        labels=fs.labels,
+        logits=None if fs.logits is None else np.asarray(fs.logits)[:, :k],
+        weight=None if fs.weight is None else np.asarray(fs.weight)[:k],
+        bias=None if fs.bias is None else np.asarray(fs.bias)[:k],
+        extras=fs.extras,
+        meta=dict(fs.meta, outlier_class=None, view="first K logits"),
+    )
+
+
+def set_metrics(id_scores: np.ndarray, ood_scores: Mapping[str, np.ndarray]) -> dict[str, dict[str, float]]:
+    """{set: {tnr95, auroc, detection_error}} plus ``"mean"``: the unweighted mean over the sets."""
+    if not ood_scores:
+        raise ValueError("no OOD sets to evaluate")
+    out = {}
+    for name, scores in ood_scores.items():
+        m = evaluate(id_scores, scores)
+        out[name] = {k: m[k] for k in METRICS}
+    out["mean"] = {k: float(np.mean([out[n][k] for n in ood_scores])) for k in METRICS}
+    return out
+
+
+def evaluate_run(
+    id_test: FeatureSet,
+    ood: Mapping[str, FeatureSet],
+    detectors: Sequence[str] | Mapping[str, dict] = ("cnc",),
+    train: FeatureSet | None = None,
+    groups: Mapping[str, Sequence[str]] | None = None,
+) -> dict:
+    """One model (one seed): ID accuracy and, per detector, metrics per set, mean and group means.
+
+    ``detectors``: names, or {label: {"name": registry name, **hyperparameters}}. ``train``: the
+    ID-train FeatureSet for detectors that fit. ``groups``: {group: set names} (e.g. near/far).
+    """
+    from ..detectors import create
+
+    if id_test.labels is None or not (np.asarray(id_test.labels) >= 0).any():
+        raise ValueError("the ID test FeatureSet needs class labels for ID accuracy")
+    if id_test.logits is None:
+        raise ValueError("the ID test FeatureSet needs logits")
+    specs = {d: {"name": d} for d in detectors} if not isinstance(detectors, Mapping) else dict(detectors)
+    k = _num_id_classes(id_test)
+    result: dict = {
+        "id_accuracy": accuracy(np.asarray(id_test.logits)[:, :k], np.asarray(id_test.labels)),
+        "detectors": {},
+    }
+    for label, spec in specs.items():
+        spec = dict(spec)
+        name = spec.pop("name", label)
+        det = create(name, **spec)
+        view = (lambda fs: fs) if name == "cnc" else id_view
+        det.fit(None if train is None else view(train))
+        id_scores = det.score(view(id_test))
+        per = set_metrics(id_scores, {s: det.score(view(fs)) for s, fs in ood.items()})
+        entry = {"sets": {s: per[s] for s in ood}, "mean": per["mean"]}
+        if groups:
+            entry["groups"] = {
+                g: {m: float(np.mean([per[s][m] for s in members])) for m in METRICS} for g, members in groups.items()
+            }
+        result["detectors"][label] = entry
+    return result
+
+
+def aggregate(runs: Sequence[dict], ddof: int = 1) -> dict:
+    """Mean ± std over runs (seeds) of every number in :func:`evaluate_run` results.
+
+    Leaves become ``{"mean", "std", "ddof", "n"}`` (:func:`oodeval.stats.mean_std`); every run
+    must have the same detectors and sets.
+    """
+    if not runs:
+        raise ValueError("no runs to aggregate")
+
+    def walk(items: list):
+        first = items[0]
+        if isinstance(first, Mapping):
+            keys = list(first)
+            for i, it in enumerate(items[1:], 2):
+                if list(it) != keys:
+                    raise ValueError(f"run {i} has keys {sorted(it)}, run 1 has {sorted(keys)}")
+            return {k: walk([it[k] for it in items]) for k in keys}
+        s = mean_std(np.asarray(items, dtype=np.float64), ddof=ddof)
+        return {"mean": float(s["mean"]), "std": float(s["std"]), "ddof": ddof, "n": s["n"]}
+
+    if len(runs) <= ddof:
+        raise ValueError(f"{len(runs)} run(s) cannot give a std with ddof={ddof}; need at least {ddof + 1}")
+    return walk(list(runs))
+
+
+def _fmt(v) -> str:
+    if isinstance(v, Mapping):
+        return f"{100 * v['mean']:.2f} ± {100 * v['std']:.2f}"
+    return f"{100 * v:.2f}"
+
+
+def format_table(result: dict, per_set: bool = True, title: str | None = None) -> str:
+    """A plain-text table in percent: one row per (detector, OOD set / group / mean).
+
+    Accepts one :func:`evaluate_run` result or an :func:`aggregate` of several (mean ± std).
+    """
+    header = ["detector", "OOD set"] + [_LABELS[m] for m in METRICS] + [_LABELS["id_accuracy"]]
+    rows = []
+    acc = _fmt(result["id_accuracy"])
+    for det, entry in result["detectors"].items():
+        items = list(entry["sets"].items()) if per_set else []
+        items += [(f"[{g}]", v) for g, v in entry.get("groups", {}).items()]
+        items.append(("mean", entry["mean"]))
+        for set_name, vals in items:
+            rows.append([det, set_name] + [_fmt(vals[m]) for m in METRICS] + [acc])
+    widths = [max(len(r[i]) for r in rows + [header]) for i in range(len(header))]
+    lines = [title] if title else []
+    lines.append("  ".join(h.ljust(w) for h, w in zip(header, widths)))
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
+    if isinstance(result["id_accuracy"], Mapping):
+        a = result["id_accuracy"]
+        lines.append(f"(percent; mean ± std over {a['n']} runs, std with ddof={a['ddof']})")
+    else:
+        lines.append("(percent; one run)")
+    return "\n".join(lines)

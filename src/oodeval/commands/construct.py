@@ -1,0 +1,192 @@
+"""``oodeval construct``: build an OOD benchmark from label errors (candidates, evidence, protocol, export)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+HELP = "build an OOD benchmark from label errors: candidates, evidence, annotation app, export"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="construct_command", metavar="STEP", required=True)
+
+    c = sub.add_parser("candidates", help="select the images the reannotation assigned to no class; print counts by flag")
+    c.add_argument("work", type=Path, help="work folder to create or update")
+    c.add_argument("--manifest", type=Path, required=True, help="ID manifest CSV (path,label[,url,...])")
+    c.add_argument("--reannotation", type=Path, required=True, help="reannotation CSV (path,reannotated,flag[,original_label])")
+    c.add_argument("--classes", type=Path, help="ID class names (.txt one per line, or .csv label,name)")
+    c.add_argument("--root", type=Path, help="folder the manifest paths are relative to (default: the manifest's folder)")
+    c.set_defaults(_step=_candidates)
+
+    e = sub.add_parser("evidence", help="build the per-image evidence JSON (C, D, E, and A/B when configured)")
+    e.add_argument("work", type=Path)
+    e.add_argument("--image-embeddings", type=Path, help="(D) image embeddings aligned with the ID manifest: .npy or FeatureSet folder")
+    e.add_argument("--text-embeddings", type=Path, help="(D) class text embeddings: (C, E) .npy, FeatureSet folder, or label-keyed .npz / text-cache folder")
+    e.add_argument("--top-k", type=int, default=5, help="(D) closest ID classes to list (default 5)")
+    e.add_argument("--confusions-k", type=int, default=5, help="(E) confusable classes to list (default 5)")
+    e.add_argument("--llm-base-url", help="(A) OpenAI-compatible endpoint, e.g. https://api.openai.com/v1")
+    e.add_argument("--llm-model", help="(A) multimodal model name")
+    e.add_argument("--llm-key-env", default="OPENAI_API_KEY", help="(A) environment variable with the API key")
+    e.add_argument("--llm-cache", type=Path, help="(A) response cache folder (default WORK/llm-cache)")
+    e.add_argument("--llm-offline", action="store_true", help="(A) answer only from the cache")
+    e.add_argument("--image-url-template", help="(B) public image URL, e.g. 'https://host/val/{path}' (a manifest 'url' column wins)")
+    e.add_argument("--search-template", action="append", default=[], metavar="NAME=URL",
+                   help="(B) reverse-search service, URL with {url}; repeat; default Google Lens, Bing, Yandex, TinEye")
+    e.add_argument("--force", action="store_true", help="rebuild every piece instead of completing missing ones")
+    e.set_defaults(_step=_evidence)
+
+    i = sub.add_parser("init", help="create the protocol store and print one access token per annotator")
+    i.add_argument("work", type=Path)
+    i.add_argument("--stage1", nargs=2, required=True, metavar="NAME", help="the two Stage-1 annotators")
+    i.add_argument("--stage3", required=True, metavar="NAME", help="the third annotator who joins in Stage 3")
+    i.set_defaults(_step=_init)
+
+    s = sub.add_parser("serve", help="run the annotation web app")
+    s.add_argument("work", type=Path)
+    s.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1, this machine only)")
+    s.add_argument("--port", type=int, default=8765)
+    s.add_argument("--examples", type=int, default=4, help="example images per candidate ID class (default 4)")
+    s.set_defaults(_step=_serve)
+
+    v = sub.add_parser("verdict", help="submit one verdict from the command line (scripting)")
+    v.add_argument("work", type=Path)
+    v.add_argument("--token", required=True, help="the annotator's access token")
+    v.add_argument("--stage", type=int, choices=(1, 3), default=1)
+    v.add_argument("image", help="image id (its manifest path)")
+    v.add_argument("verdict", choices=("ood", "id", "ambiguous"))
+    v.add_argument("--label", help="proposed OOD label (ood)")
+    v.add_argument("--fine-grained", action="store_true", help="OOD object is a close sibling of its original class")
+    v.add_argument("--id-class", type=int, help="ID class index (id)")
+    v.add_argument("--note")
+    v.set_defaults(_step=_verdict)
+
+    st = sub.add_parser("status", help="images per state and progress per annotator")
+    st.add_argument("work", type=Path)
+    st.set_defaults(_step=_status)
+
+    x = sub.add_parser("export", help="write the OOD manifest, returned-to-ID and ambiguous lists and the outcome table")
+    x.add_argument("work", type=Path)
+    x.add_argument("--out", type=Path, help="export folder (default WORK/export)")
+    x.add_argument("--allow-pending", action="store_true", help="export although some images are undecided")
+    x.set_defaults(_step=_export)
+
+
+def _print_flags(counts: dict[str, int]) -> None:
+    total = sum(counts.values())
+    print(f"{total} candidate images (assigned to no class by the reannotation)")
+    for flag, n in counts.items():
+        print(f"  {flag:<24} {n:6d}  ({100 * n / total:.1f}%)")
+
+
+def _candidates(args: argparse.Namespace) -> int:
+    from ..construct.candidates import flag_counts, write_project
+
+    project = write_project(args.work, args.manifest, args.reannotation, args.classes, args.root)
+    _print_flags(flag_counts(project.candidates))
+    print(f"wrote {args.work / 'candidates.csv'}")
+    return 0
+
+
+def _evidence(args: argparse.Namespace) -> int:
+    from ..construct.candidates import load_project
+    from ..construct.evidence import build_evidence, load_embeddings, load_text_embeddings
+
+    project = load_project(args.work)
+    img = load_embeddings(args.image_embeddings) if args.image_embeddings else None
+    txt = load_text_embeddings(args.text_embeddings, project.class_names) if args.text_embeddings else None
+    client = None
+    if args.llm_base_url or args.llm_model:
+        if not (args.llm_base_url and args.llm_model):
+            raise ValueError("evidence (A) needs both --llm-base-url and --llm-model")
+        from ..llm import ChatClient
+
+        client = ChatClient(args.llm_base_url, args.llm_model, api_key_env=args.llm_key_env,
+                            cache_dir=args.llm_cache or args.work / "llm-cache", offline=args.llm_offline)
+    templates = {}
+    for item in args.search_template:
+        name, sep, url = item.partition("=")
+        if not sep or not name:
+            raise ValueError(f"--search-template wants NAME=URL, got {item!r}")
+        templates[name] = url
+    done = build_evidence(project, img, txt, args.top_k, args.confusions_k, client, args.image_url_template, args.force,
+                          search_templates=templates or None)
+    n = len(project.candidates)
+    print(f"evidence for {n} images in {project.evidence_dir} ({done['written']} files written)")
+    for key, label in (("original", "(C) original label"), ("vlm_topk", "(D) VLM top-k"), ("confusions", "(E) confusable classes"),
+                       ("mllm", "(A) MLLM answer"), ("reverse_search", "(B) reverse search links")):
+        print(f"  {label:<26} {done[key]:6d} / {n}")
+    return 0
+
+
+def _init(args: argparse.Namespace) -> int:
+    from ..construct.candidates import load_project
+    from ..construct.protocol import ProtocolStore
+
+    project = load_project(args.work)
+    try:
+        _, tokens = ProtocolStore.create(project.db_path, project.candidates, args.stage1, args.stage3, project.n_classes)
+    except FileExistsError as exc:
+        raise ValueError(str(exc)) from None
+    print(f"protocol store {project.db_path}: {len(project.candidates)} images")
+    print("access tokens (shown once; give each annotator only their own):")
+    for name, token in tokens.items():
+        role = "stage 3" if name == args.stage3 else "stage 1"
+        print(f"  {name}\t{role}\t{token}")
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from ..construct.app import make_server
+
+    server = make_server(args.work, args.host, args.port, examples=args.examples)
+    host, port = server.server_address[:2]
+    print(f"annotation app on http://{host}:{port}/  (open http://{host}:{port}/login?token=YOUR_TOKEN)")
+    try:
+        server.serve_forever()
+    finally:
+        server.server_close()
+    return 0
+
+
+def _verdict(args: argparse.Namespace) -> int:
+    from ..construct.candidates import load_project
+    from ..construct.protocol import ProtocolStore
+
+    store = ProtocolStore(load_project(args.work).db_path)
+    who = store.authenticate(args.token)
+    row = store.submit(who.name, args.image, args.stage, args.verdict, args.label, args.fine_grained, args.id_class, args.note)
+    o = store.outcome(args.image)
+    state = f"{o.verdict} (stage {o.stage})" if o.status == "final" else f"pending in {o.status}"
+    print(f"row {row}: {who.name} stage {args.stage} {args.verdict} on {args.image}; image now {state}")
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    from ..construct.candidates import load_project
+    from ..construct.protocol import ProtocolStore
+
+    store = ProtocolStore(load_project(args.work).db_path)
+    summary = store.summary()
+    print("images: " + ", ".join(f"{k} {v}" for k, v in summary.items()))
+    for p in store.progress():
+        s1 = f"stage 1 {p['stage1_done']}/{p['stage1_total']}" if p["role"] == "stage1" else "stage 1 -"
+        print(f"  {p['annotator']:<16} {s1:<20} stage 3 {p['stage3_done']}/{p['stage3_total']}")
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from ..construct.candidates import load_project
+    from ..construct.export import export
+    from ..construct.protocol import ProtocolStore
+
+    project = load_project(args.work)
+    paths = export(project, ProtocolStore(project.db_path), args.out, args.allow_pending)
+    print(paths["outcome_md"].read_text(), end="")
+    for key, path in paths.items():
+        print(f"wrote {path}")
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    return int(args._step(args) or 0)

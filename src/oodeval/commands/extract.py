@@ -1,0 +1,53 @@
+"""``oodeval extract --model M --dataset D --store DIR``: one cached forward pass into a FeatureSet."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+HELP = "extract features, logits and head of a timm/open_clip model on a dataset into the feature store"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="timm name (timm:NAME or NAME) or open_clip:ARCH[@TAG]")
+    p.add_argument("--dataset", required=True, help="registry name, NAME:SPLIT, image folder or CSV manifest")
+    p.add_argument("--store", required=True, help="feature store folder")
+    p.add_argument("--weights", default=None, help="local weights file (.safetensors, or a torch checkpoint read weights_only)")
+    p.add_argument("--pretrained", action="store_true", help="download the model's weights from the hub (needs network)")
+    p.add_argument("--head", default=None, help="linear probe head (.safetensors from `oodeval probe`) to use for logits")
+    p.add_argument("--model-kwargs", default=None, type=json.loads, help='JSON for timm.create_model, e.g. \'{"num_classes": 10}\'')
+    p.add_argument("--data-root", default=None, help="data root for registry names (default: $OODEVAL_DATA)")
+    p.add_argument("--taps", action="store_true", help="also record NAC per-layer states (extras nac/<layer>)")
+    p.add_argument("--nac-layers", default=None, help="comma-separated layers for --taps (default: taps.default_nac_layers)")
+    p.add_argument("--patch-features", action="store_true", help="open_clip ViT: value-path patch features for GL-MCM")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--workers", type=int, default=0, help="DataLoader worker processes (default 0)")
+    p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N")
+    p.add_argument("--amp", default=None, action=argparse.BooleanOptionalAction, help="bf16 autocast (default: on CUDA only)")
+    p.add_argument("--shard-size", type=int, default=1024, help="rows per atomically written shard (default 1024)")
+    p.add_argument("--no-strict", action="store_true", help="accept a registry dataset whose image count differs")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..features import FeatureSet
+    from ..features.extract import extract
+
+    path = extract(
+        args.model, args.dataset, args.store, weights=args.weights, data_root=args.data_root, taps=args.taps,
+        patch_features=args.patch_features, batch_size=args.batch_size, num_workers=args.workers, device=args.device,
+        model_kwargs=args.model_kwargs, progress=not args.quiet, head=args.head, pretrained=args.pretrained,
+        amp=args.amp, strict=not args.no_strict, shard_size=args.shard_size,
+        nac_layers=args.nac_layers.split(",") if args.nac_layers else None,
+    )
+    fs = FeatureSet.load(path)
+    parts = [f"{len(fs)} rows", f"features {tuple(fs.features.shape)}"]
+    if fs.logits is not None:
+        parts.append(f"logits {tuple(fs.logits.shape)}")
+    if fs.extras:
+        parts.append(f"{len(fs.extras)} extras")
+    if fs.meta.get("n_skipped"):
+        parts.append(f"{fs.meta['n_skipped']} unreadable images skipped (listed in meta.json)")
+    print(path)
+    print("  " + ", ".join(parts))
+    return 0

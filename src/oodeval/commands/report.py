@@ -1,0 +1,34 @@
+"""``oodeval report RESULTS --out DIR``: the paper's tables and figures and the CnC summary."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+HELP = "write Markdown, LaTeX and one self-contained HTML report (tables + PNG figures) of a results table"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("results", type=Path, help="results table (.parquet) written by `oodeval run`")
+    p.add_argument("--out", type=Path, required=True, metavar="DIR", help="output folder")
+    p.add_argument("--dataset", default=None, help="primary OOD set of Tabs. 1, A1, 2 (default: the first in the table)")
+    p.add_argument("--model", default=None, help="model of Fig. 1, A4, ROC and Tab. A6 (default: the best supervised model)")
+    p.add_argument("--n", type=int, default=None, help="draw size of Tab. A6 (default: the primary set's size)")
+    p.add_argument("--draws", type=int, default=1000, help="sub-sampling draws (default 1000)")
+    p.add_argument("--seed", type=int, default=0, help="sub-sampling seed (default 0)")
+    p.add_argument("--sweeps", type=Path, default=None, help="vocabulary sweep table (default: <results stem>.sweeps.parquet if present)")
+    p.add_argument("--title", default="oodeval report")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..report import write_report
+
+    if args.draws < 2:
+        raise ValueError(f"--draws must be at least 2 (a std needs two draws), got {args.draws}")
+    paths = write_report(
+        args.results, args.out, primary=args.dataset, model=args.model, subsample_n=args.n,
+        draws=args.draws, seed=args.seed, sweeps=args.sweeps, title=args.title,
+    )  # fmt: skip
+    for key, path in paths.items():
+        print(f"{key:>10}: {path}")
+    return 0

@@ -1,0 +1,58 @@
+"""``oodeval score``: fit post-hoc detectors on an ID-train FeatureSet, score ID test and OOD sets."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+HELP = "fit post-hoc detectors on ID-train features and report FPR@95 / AUROC per OOD set"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--train", type=Path, required=True, help="ID-train FeatureSet folder")
+    p.add_argument("--test", type=Path, required=True, help="ID-test FeatureSet folder")
+    p.add_argument("--ood", action="append", required=True, metavar="NAME=DIR",
+                   help="an OOD FeatureSet folder with its name (repeatable)")  # fmt: skip
+    p.add_argument("--detectors", default=None,
+                   help="comma-separated detector names (default: every detector the data supports)")  # fmt: skip
+    p.add_argument("--set", action="append", default=[], metavar="DETECTOR.PARAM=VALUE",
+                   help="override a hyperparameter, e.g. --set knn.k=50 (repeatable)")  # fmt: skip
+    p.add_argument("--out", type=Path, default=None, help="write the table as CSV here")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+
+def parse_oods(items: list[str]) -> dict[str, Path]:
+    """``["ninco=/x", ...]`` -> ``{"ninco": Path("/x")}``; names must be unique."""
+    out: dict[str, Path] = {}
+    for item in items:
+        name, sep, folder = item.partition("=")
+        if not sep or not name or not folder:
+            raise ValueError(f"--ood {item!r} is not of the form NAME=DIR")
+        if name in out:
+            raise ValueError(f"--ood name {name!r} given twice")
+        out[name] = Path(folder)
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    import pandas as pd
+
+    from .._io import atomic_path
+    from ..features import FeatureSet
+    from ..scoring import evaluate_detectors, format_table, parse_hyperparameters
+
+    names = [n.strip() for n in args.detectors.split(",") if n.strip()] if args.detectors else None
+    hps = parse_hyperparameters(args.set)
+    train = FeatureSet.load(args.train)
+    test = FeatureSet.load(args.test)
+    oods = {name: FeatureSet.load(folder) for name, folder in parse_oods(args.ood).items()}
+    rows = evaluate_detectors(train, test, oods, names, hps, progress=not args.no_progress)
+    if not rows:
+        raise ValueError("no detector is supported by these FeatureSets")
+    print(format_table(rows))
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_path(args.out) as tmp:
+            pd.DataFrame(rows).to_csv(tmp, index=False)
+        print(f"wrote {args.out}")
+    return 0

@@ -1,0 +1,212 @@
+"""``oodeval vocab wordnet|llm|eoe|union|oracle|sweep``: build negative vocabularies and size sweeps."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+HELP = "build negative vocabularies (WordNet+NegMining, LLM siblings, EOE, union, oracle) and size sweeps"
+
+
+def _default_cache() -> Path:
+    return Path(os.environ.get("OODEVAL_CACHE", Path.home() / ".cache" / "oodeval")) / "text-embeddings"
+
+
+def _add_model(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="[open_clip:]<arch>[@<tag>] (the tag sets QuickGELU), or a model-config .json path")
+    p.add_argument("--weights", default=None, help="local checkpoint file")
+    p.add_argument("--pretrained", default=None, help="open_clip pretrained tag, or 'none' for random init")
+    p.add_argument("--seed", type=int, default=0, help="seed of a random-init model (default 0)")
+    p.add_argument("--id-names", default="imagenet1k", help="'imagenet1k' or a file with one ID class name per line")
+    p.add_argument("--templates", default="paper", choices=["paper", "openai", "name"], help="template set (default: paper, 8 of App. G)")
+    p.add_argument("--cache", type=Path, default=None, help="text-embedding cache root (default $OODEVAL_CACHE/text-embeddings or ~/.cache/oodeval/text-embeddings)")
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--no-truncate", action="store_true", help="encode prompts at full context length")
+    p.add_argument("--device", default="cpu")
+
+
+def _add_llm(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--id-names", default="imagenet1k", help="'imagenet1k' or a file with one ID class name per line")
+    p.add_argument("--base-url", default="https://api.openai.com/v1", help="OpenAI-compatible endpoint")
+    p.add_argument("--llm-model", required=True, help="chat model name")
+    p.add_argument("--api-key-env", default="OPENAI_API_KEY", help="environment variable holding the key")
+    p.add_argument("--llm-cache", type=Path, required=True, help="folder of cached raw responses (replayed offline)")
+    p.add_argument("--offline", action="store_true", help="answer only from --llm-cache")
+    p.add_argument("--temperature", type=float, default=None)
+    p.add_argument("--out", type=Path, required=True, help="vocabulary JSON to write")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="vocab_cmd", required=True)
+
+    p = sub.add_parser("wordnet", help="WordNet head lemmas (noun + adj) mined by NegMining")
+    _add_model(p)
+    p.add_argument("--wordnet", type=Path, default=Path("/usr/share/wordnet"), help="WNDB folder (data.noun, data.adj)")
+    p.add_argument("--M", default="5000", help="labels kept (default 5000; 'all' keeps the full ranking for sweeps)")
+    p.add_argument("--percentile", type=float, default=95.0)
+    p.add_argument("--keep-id-names", action="store_true", help="do not drop lexicon entries equal to an ID name")
+    p.add_argument("--out", type=Path, required=True)
+
+    p = sub.add_parser("llm", help="LLM near siblings per ID class (default 20), ID names and WordNet synonyms removed")
+    _add_llm(p)
+    p.add_argument("--k", type=int, default=20, help="siblings requested per class")
+    p.add_argument("--generations", type=int, nargs="+", default=[0], help="generation indices to merge (default 0)")
+    p.add_argument("--wordnet", type=Path, default=Path("/usr/share/wordnet"))
+
+    p = sub.add_parser("eoe", help="EOE envisioned outlier classes (far | near | fine_grained)")
+    _add_llm(p)
+    p.add_argument("--style", default="fine_grained", choices=["far", "near", "fine_grained"])
+    p.add_argument("--n-classes", type=int, default=500)
+    p.add_argument("--generation", type=int, default=0)
+
+    p = sub.add_parser("union", help="union of vocabularies, first occurrence kept")
+    p.add_argument("inputs", type=Path, nargs="+")
+    p.add_argument("--out", type=Path, required=True)
+
+    p = sub.add_parser("oracle", help="a benchmark's own OOD labels from a manifest column")
+    p.add_argument("manifest", type=Path)
+    p.add_argument("--column", default="ood_label")
+    p.add_argument("--id-names", default=None, help="drop labels equal to these ID names ('imagenet1k' or file)")
+    p.add_argument("--out", type=Path, required=True)
+
+    p = sub.add_parser("sweep", help="FPR@95 vs WordNet prefix size M (wordnet) or siblings per class k (siblings)")
+    p.add_argument("kind", choices=["wordnet", "siblings"])
+    _add_model(p)
+    p.add_argument("--vocab", type=Path, required=True, help="ranked NegMined vocabulary (wordnet) or llm-siblings vocabulary")
+    p.add_argument("--id-features", type=Path, required=True, help="FeatureSet folder of ID images")
+    p.add_argument("--ood-features", type=Path, required=True, help="FeatureSet folder of OOD images")
+    p.add_argument("--values", type=int, nargs="+", required=True, help="M values (wordnet) or k values (siblings)")
+    p.add_argument("--scorer", default="neglabel", choices=["neglabel", "eoe"])
+    p.add_argument("--n-groups", type=int, default=100, help="NegLabel groups (default 100)")
+    p.add_argument("--sample-seed", type=int, default=0, help="seed of the per-class sibling order")
+    p.add_argument("--out", type=Path, default=None, help="curve JSON to write")
+
+
+def check_weights(args) -> None:
+    """A model must be given real weights or be declared random-init explicitly."""
+    if args.weights is None and args.pretrained is None:
+        raise ValueError("no weights: give --weights FILE, --pretrained TAG, or --pretrained none for a random-init model")
+
+
+def _encoder(args):
+    from ..zeroshot.models import load_clip
+    from ..zeroshot.templates import template_set
+    from ..zeroshot.text import TextEncoder
+
+    check_weights(args)
+    model, tokenizer, name = load_clip(args.model, args.weights, args.pretrained, args.seed, args.device)
+    weights = args.weights or args.pretrained or f"random-init(seed={args.seed})"
+    return TextEncoder(model, tokenizer, name, weights, template_set(args.templates), args.cache or _default_cache(),
+                       args.batch_size, not args.no_truncate, args.device)
+
+
+def _print_stats(encoder) -> None:
+    s = encoder.last_stats
+    if s.get("prompts"):
+        print(f"text encoding: {s['prompts']} prompts in {s['seconds']:.1f}s = {s['prompts_per_s']:.0f} prompts/s "
+              f"(truncation {'on' if s['truncate'] else 'off'}); {s['cached']} labels from cache")
+    else:
+        print(f"text encoding: all {s.get('labels', 0)} labels from cache")
+
+
+def _client(args):
+    from ..llm import ChatClient
+
+    return ChatClient(args.base_url, args.llm_model, api_key_env=args.api_key_env, cache_dir=args.llm_cache, offline=args.offline)
+
+
+def _params(args) -> dict:
+    return {} if args.temperature is None else {"temperature": args.temperature}
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..zeroshot.build import read_id_names
+    from ..zeroshot.vocabulary import Vocabulary
+
+    cmd = args.vocab_cmd
+    if cmd in ("wordnet", "sweep"):
+        check_weights(args)
+    if cmd == "wordnet":
+        from ..zeroshot.build import build_wordnet
+        from ..zeroshot.wordnet import head_lemmas
+
+        m = None if args.M == "all" else int(args.M)
+        names, _ = read_id_names(args.id_names)
+        print(f"WordNet lexicon: {len(head_lemmas(args.wordnet))} head lemmas of noun + adjective synsets in {args.wordnet}")
+        enc = _encoder(args)
+        vocab = build_wordnet(enc, names, m, args.wordnet, args.percentile, not args.keep_id_names)
+        _print_stats(enc)
+        vocab.save(args.out)
+        print(f"wrote {len(vocab)} NegMined labels (M={args.M}) to {args.out}  hash {vocab.content_hash}")
+    elif cmd == "llm":
+        from ..zeroshot.llm_vocab import generate_siblings, siblings_vocabulary
+        from ..zeroshot.wordnet import synonyms
+
+        names, wnids = read_id_names(args.id_names)
+        syn = [synonyms(n, w, args.wordnet) for n, w in zip(names, wnids or [None] * len(names))]
+        client = _client(args)
+        merged: dict[str, list[str]] = {n: [] for n in names}
+        for g in args.generations:
+            for name, sibs in generate_siblings(client, names, args.k, g, syn, **_params(args)).items():
+                merged[name] = list(dict.fromkeys(merged[name] + sibs))
+        vocab = siblings_vocabulary(merged, provenance={"llm_model": args.llm_model, "generations": args.generations, "requested_k": args.k})
+        vocab.save(args.out)
+        print(f"wrote {len(vocab)} sibling labels from {len(names)} classes to {args.out}  hash {vocab.content_hash}")
+    elif cmd == "eoe":
+        from ..zeroshot.llm_vocab import generate_eoe
+
+        names, _ = read_id_names(args.id_names)
+        vocab = generate_eoe(_client(args), names, args.style, args.n_classes, args.generation, **_params(args))
+        vocab.save(args.out)
+        print(f"wrote {len(vocab)} EOE ({args.style}) labels to {args.out}  hash {vocab.content_hash}")
+    elif cmd == "union":
+        from ..zeroshot.vocabulary import union
+
+        vocab = union([Vocabulary.load(p) for p in args.inputs])
+        vocab.save(args.out)
+        print(f"wrote the union of {len(args.inputs)} vocabularies: {len(vocab)} labels to {args.out}")
+    elif cmd == "oracle":
+        from ..zeroshot.vocabulary import oracle
+
+        exclude = read_id_names(args.id_names)[0] if args.id_names else ()
+        vocab = oracle(args.manifest, args.column, exclude)
+        vocab.save(args.out)
+        print(f"wrote {len(vocab)} distinct OOD labels of {args.manifest} to {args.out}")
+    elif cmd == "sweep":
+        return _sweep(args)
+    return 0
+
+
+def _sweep(args) -> int:
+    from ..features import FeatureSet
+    from ..zeroshot.build import read_id_names
+    from ..zeroshot.sweeps import sweep_prefix, sweep_siblings
+    from ..zeroshot.vocabulary import Vocabulary
+
+    vocab = Vocabulary.load(args.vocab)
+    names, _ = read_id_names(args.id_names)
+    id_fs, ood_fs = FeatureSet.load(args.id_features), FeatureSet.load(args.ood_features)
+    enc = _encoder(args)
+    id_text = enc.encode(names)
+    hp = {"n_groups": args.n_groups} if args.scorer == "neglabel" else {}
+    if args.kind == "wordnet":
+        negatives = enc.encode(vocab.labels[: max(args.values)])
+        curve = sweep_prefix(id_fs, ood_fs, id_text, negatives, args.values, args.scorer, **hp)
+    else:
+        per_class = vocab.provenance.get("per_class")
+        if not per_class:
+            raise ValueError(f"{args.vocab} has no per-class sibling lists (provenance.per_class); build it with `oodeval vocab llm`")
+        curve = sweep_siblings(id_fs, ood_fs, id_text, per_class, lambda labels: enc.encode(labels, progress=False),
+                               args.values, args.sample_seed, args.scorer, **hp)
+    _print_stats(enc)
+    curve["vocab"] = {"path": str(args.vocab), "content_hash": vocab.content_hash}
+    print(f"{curve['param']:>6} {'size':>7} {'FPR@95':>8} {'AUROC':>8}")
+    for x, size, fpr, auc in zip(curve["x"], curve["vocab_size"], curve["fpr95"], curve["auroc"]):
+        print(f"{x:>6} {size:>7} {100 * fpr:7.2f}% {100 * auc:7.2f}%")
+    if args.out:
+        from .._io import write_json_atomic
+
+        write_json_atomic(args.out, curve)
+        print(f"wrote {args.out}")
+    return 0

@@ -1,0 +1,67 @@
+"""``oodeval zeroshot``: zero-shot scorers on ID and OOD image-embedding FeatureSets, with metrics."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+HELP = "score ID/OOD image embeddings with the zero-shot VLM scorers (MCM ... NegLabel, EOE) and print metrics"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from .vocab import _add_model
+
+    _add_model(p)
+    p.add_argument("--id-features", type=Path, required=True, help="FeatureSet folder of ID images")
+    p.add_argument("--ood-features", type=Path, required=True, help="FeatureSet folder of OOD images")
+    p.add_argument("--scorers", default="logit", help="comma-separated names, 'logit' (the 7 logit-space ones) or 'all'")
+    p.add_argument("--vocab", type=Path, default=None, help="negative vocabulary JSON (needed by neglabel, eoe)")
+    p.add_argument("--tau", type=float, default=0.01)
+    p.add_argument("--out", type=Path, default=None, help="folder for <scorer>.id.npy / <scorer>.ood.npy and metrics.json")
+
+
+def run(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from .._io import atomic_path, write_json_atomic
+    from ..features import FeatureSet
+    from ..metrics import evaluate
+    from ..zeroshot import create, names
+    from ..zeroshot.build import read_id_names
+    from ..zeroshot.vocabulary import Vocabulary
+    from .vocab import _encoder, _print_stats, check_weights
+
+    check_weights(args)
+    logit = [n for n in names() if not create(n).uses_negatives]
+    chosen = logit if args.scorers == "logit" else names() if args.scorers == "all" else args.scorers.split(",")
+    unknown = [n for n in chosen if n not in names()]
+    if unknown:
+        raise ValueError(f"unknown zero-shot scorers {unknown}; known: {', '.join(names())}")
+    id_fs, ood_fs = FeatureSet.load(args.id_features), FeatureSet.load(args.ood_features)
+    if "gl_mcm" in chosen and args.scorers in ("logit", "all") and "patch_features" not in id_fs.extras:
+        chosen = [n for n in chosen if n != "gl_mcm"]
+        print("gl_mcm skipped: the FeatureSets have no patch_features")
+    needs_vocab = [n for n in chosen if create(n).uses_negatives]
+    if needs_vocab and args.vocab is None:
+        raise ValueError(f"{', '.join(needs_vocab)} need a negative vocabulary: pass --vocab V.json")
+    enc = _encoder(args)
+    id_text = enc.encode(read_id_names(args.id_names)[0])
+    negatives = enc.encode(Vocabulary.load(args.vocab).labels) if needs_vocab else None
+    _print_stats(enc)
+    table = {}
+    print(f"{'scorer':<10} {'FPR@95':>8} {'AUROC':>8}")
+    for name in chosen:
+        det = create(name, tau=args.tau)
+        neg = negatives if det.uses_negatives else None
+        s_id, s_ood = det.score(id_fs, id_text, neg), det.score(ood_fs, id_text, neg)
+        table[name] = evaluate(s_id, s_ood)
+        print(f"{name:<10} {100 * table[name]['fpr95']:7.2f}% {100 * table[name]['auroc']:7.2f}%")
+        if args.out:
+            args.out.mkdir(parents=True, exist_ok=True)
+            for part, scores in (("id", s_id), ("ood", s_ood)):
+                with atomic_path(args.out / f"{name}.{part}.npy") as tmp, open(tmp, "wb") as fh:
+                    np.save(fh, scores)
+    if args.out:
+        write_json_atomic(args.out / "metrics.json", table)
+        print(f"wrote scores and metrics to {args.out}")
+    return 0

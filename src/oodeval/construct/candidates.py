@@ -1,0 +1,139 @@
+"""The candidate pool: ID images that the reannotation assigned to no class (paper Sec. 3).
+
+Fi-ImageNet-1k starts from the 2,597 ImageNet-1k validation images ReImageNet left unassigned
+(2,123 flagged "uncertain", 474 "no ImageNet-1k class"). ``select_candidates`` keeps the rows with an
+empty reannotated label set; ``write_project`` stores them as ``candidates.csv`` in a work folder
+with ``project.json`` recording where the inputs are, for the later steps.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from .._io import write_json_atomic, write_text_atomic
+from .tables import IDManifest, Reannotation, read_class_names, read_manifest, read_reannotation
+
+__all__ = ["Candidate", "Project", "select_candidates", "flag_counts", "write_project", "load_project", "NO_FLAG"]
+
+#: the flag shown for an unassigned image whose reannotation row has an empty flag
+NO_FLAG = "(no flag)"
+CANDIDATE_COLUMNS = ("image", "path", "original_label", "original_name", "flag")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One image of the pool; ``image`` is its id (the manifest path)."""
+
+    image: str
+    path: str
+    original_label: int
+    original_name: str
+    flag: str
+
+
+def select_candidates(rows: list[Reannotation], class_names: list[str] | None = None) -> list[Candidate]:
+    """The reannotation rows with an empty label set, in table order."""
+    out = []
+    for r in rows:
+        if r.unassigned:
+            name = class_names[r.original_label] if class_names and r.original_label < len(class_names) else str(r.original_label)
+            out.append(Candidate(r.path, r.path, r.original_label, name, r.flag or NO_FLAG))
+    return out
+
+
+def flag_counts(candidates: list[Candidate]) -> dict[str, int]:
+    """Number of candidates per flag, largest first (ties by name)."""
+    counts = Counter(c.flag for c in candidates)
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+@dataclass
+class Project:
+    """A construction work folder: inputs, candidates and the derived file locations."""
+
+    folder: Path
+    manifest: IDManifest
+    reannotation: list[Reannotation]
+    class_names: list[str] | None
+    candidates: list[Candidate]
+
+    @property
+    def evidence_dir(self) -> Path:
+        return self.folder / "evidence"
+
+    @property
+    def db_path(self) -> Path:
+        return self.folder / "protocol.sqlite"
+
+    def class_name(self, label: int) -> str:
+        if self.class_names and 0 <= label < len(self.class_names):
+            return self.class_names[label]
+        return str(label)
+
+    @property
+    def n_classes(self) -> int | None:
+        return len(self.class_names) if self.class_names else None
+
+
+def write_project(
+    folder: str | Path,
+    manifest: str | Path,
+    reannotation: str | Path,
+    class_names: str | Path | None = None,
+    root: str | Path | None = None,
+) -> Project:
+    """Read and check the inputs, select the pool, write ``candidates.csv`` and ``project.json``."""
+    folder = Path(folder)
+    man = read_manifest(manifest, root)
+    names = read_class_names(class_names) if class_names else None
+    if names is not None:
+        too_big = [label for label in man.labels if label >= len(names)]
+        if too_big:
+            raise ValueError(f"{len(too_big)} manifest label(s) (e.g. {too_big[0]}) exceed the {len(names)} class names")
+    rows = read_reannotation(reannotation, man, names)
+    cands = select_candidates(rows, names)
+    if not cands:
+        raise ValueError(f"reannotation table {reannotation} assigns every one of its {len(rows)} images to a class: no candidates")
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(CANDIDATE_COLUMNS)
+    for c in cands:
+        writer.writerow([c.image, c.path, c.original_label, c.original_name, c.flag])
+    folder.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(folder / "candidates.csv", buf.getvalue())
+    write_json_atomic(
+        folder / "project.json",
+        {
+            "format": "oodeval.construct/1",
+            "manifest": str(Path(manifest).resolve()),
+            "reannotation": str(Path(reannotation).resolve()),
+            "class_names": str(Path(class_names).resolve()) if class_names else None,
+            "root": str(Path(root).resolve()) if root else None,
+            "n_candidates": len(cands),
+            "flags": flag_counts(cands),
+        },
+    )
+    return Project(folder, man, rows, names, cands)
+
+
+def load_project(folder: str | Path) -> Project:
+    """Re-read the inputs recorded in ``folder/project.json`` and the candidates of ``candidates.csv``."""
+    folder = Path(folder)
+    meta_file = folder / "project.json"
+    if not meta_file.is_file():
+        raise FileNotFoundError(f"{folder} is not a construction folder (no project.json); run `oodeval construct candidates` first")
+    meta = json.loads(meta_file.read_text())
+    man = read_manifest(meta["manifest"], meta.get("root"))
+    names = read_class_names(meta["class_names"]) if meta.get("class_names") else None
+    rows = read_reannotation(meta["reannotation"], man, names)
+    with open(folder / "candidates.csv", newline="", encoding="utf-8") as fh:
+        cands = [
+            Candidate(r["image"], r["path"], int(r["original_label"]), r["original_name"], r["flag"])
+            for r in csv.DictReader(fh)
+        ]
+    return Project(folder, man, rows, names, cands)

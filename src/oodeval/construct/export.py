@@ -1,0 +1,146 @@
+"""Export of a finished protocol: benchmark manifests and the outcome table (paper Sec. 3 "Outcome").
+
+Files written (atomically) into the export folder:
+``ood.csv``         the OOD set: path,label(-1),ood_label,fine_grained,original_label,original_name,flag,decided_stage,other_labels
+                    (same leading columns as an ``oodeval.data.Manifest`` CSV, so ``oodeval run`` reads it);
+Paths are written relative to the export folder (absolute when on another drive), so
+``Manifest.from_csv`` finds the images and the folder can move together with them.
+``returned_id.csv`` images resolved to an ID class: path,label,original_label,original_name,flag,decided_stage;
+``ambiguous.csv``   images without a verdict: path,original_label,original_name,flag,decided_stage;
+``id_eval.csv``     the ID evaluation set: path,label,class_name for every ID-manifest image that is
+                    neither OOD nor ambiguous (nor pending), returned images carrying their verified
+                    class (the paper's 48,365 images);
+``outcome.csv`` / ``outcome.md`` counts and shares of OOD / ID / ambiguous per flag and overall, with
+                    distinct OOD concepts and the fine-grained share of the OOD images.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+from pathlib import Path
+
+from .._io import write_text_atomic
+from .candidates import Project
+from .protocol import ProtocolStore
+from .rules import Outcome
+
+__all__ = ["outcome_table", "format_outcome", "export"]
+
+OUTCOME_COLUMNS = (
+    "flag", "candidates", "ood", "ood_share", "id", "id_share", "ambiguous", "ambiguous_share",
+    "pending", "ood_concepts", "fine_grained", "fine_grained_share",
+)
+
+
+def _share(a: int, b: int) -> float:
+    return a / b if b else 0.0
+
+
+def outcome_table(flags: dict[str, str], outcomes: dict[str, Outcome]) -> list[dict]:
+    """One row per flag (largest group first) and a final ``all`` row.
+
+    Shares are fractions of the row's candidates; fine_grained_share is a fraction of its OOD images.
+    """
+    groups: dict[str, list[str]] = {}
+    for image, flag in flags.items():
+        groups.setdefault(flag, []).append(image)
+    order = sorted(groups, key=lambda f: (-len(groups[f]), f))
+    rows = []
+    for flag, images in [(f, groups[f]) for f in order] + [("all", list(flags))]:
+        outs = [outcomes[i] for i in images]
+        final = [o for o in outs if o.status == "final"]
+        ood = [o for o in final if o.verdict == "ood"]
+        n_id = sum(o.verdict == "id" for o in final)
+        n_amb = sum(o.verdict == "ambiguous" for o in final)
+        fine = sum(o.fine_grained for o in ood)
+        n = len(images)
+        rows.append({
+            "flag": flag, "candidates": n,
+            "ood": len(ood), "ood_share": _share(len(ood), n),
+            "id": n_id, "id_share": _share(n_id, n),
+            "ambiguous": n_amb, "ambiguous_share": _share(n_amb, n),
+            "pending": n - len(final),
+            "ood_concepts": len({o.ood_label.casefold() for o in ood}),
+            "fine_grained": fine, "fine_grained_share": _share(fine, len(ood)),
+        })
+    return rows
+
+
+def format_outcome(rows: list[dict]) -> str:
+    """The outcome table as Markdown, counts with percentages as in the paper."""
+    lines = [
+        "| flag | candidates | OOD | returned to ID | ambiguous | pending | OOD concepts | fine-grained (of OOD) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['flag']} | {r['candidates']} | {r['ood']} ({100 * r['ood_share']:.1f}%) | {r['id']} ({100 * r['id_share']:.1f}%)"
+            f" | {r['ambiguous']} ({100 * r['ambiguous_share']:.1f}%) | {r['pending']} | {r['ood_concepts']}"
+            f" | {r['fine_grained']}/{r['ood']} ({100 * r['fine_grained_share']:.1f}%) |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _csv(header: list[str] | tuple[str, ...], rows: list[list]) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(header)
+    w.writerows(rows)
+    return buf.getvalue()
+
+
+def export(project: Project, store: ProtocolStore, out: str | Path | None = None, allow_pending: bool = False) -> dict[str, Path]:
+    """Write the files listed in the module docstring; return name -> path.
+
+    Refuses (ValueError) while images are still pending unless ``allow_pending`` (pending images
+    are then left out of every list and counted in the table's ``pending`` column).
+    """
+    out = Path(out) if out else project.folder / "export"
+    outcomes = store.outcomes()
+    pending = [i for i, o in outcomes.items() if o.status != "final"]
+    if pending and not allow_pending:
+        raise ValueError(f"{len(pending)} of {len(outcomes)} images are still pending (e.g. {pending[0]!r}); finish them or pass --allow-pending")
+    images = {c.image: c for c in store.images()}
+    man = project.manifest
+
+    def rel(path: str) -> str:
+        target = os.path.abspath(man.resolve(path))
+        try:
+            return os.path.relpath(target, os.path.abspath(out))
+        except ValueError:
+            return target
+
+    ood, back, amb = [], [], []
+    for image, o in outcomes.items():
+        c = images[image]
+        if o.status != "final":
+            continue
+        if o.verdict == "ood":
+            ood.append([rel(c.path), -1, o.ood_label, int(o.fine_grained), c.original_label, c.original_name, c.flag, o.stage, "; ".join(o.labels[1:])])
+        elif o.verdict == "id":
+            back.append([rel(c.path), o.id_class, c.original_label, c.original_name, c.flag, o.stage])
+        else:
+            amb.append([rel(c.path), c.original_label, c.original_name, c.flag, o.stage])
+    final_label = {images[i].path: o.id_class for i, o in outcomes.items() if o.status == "final" and o.verdict == "id"}
+    excluded = {images[i].path for i, o in outcomes.items() if o.status != "final" or o.verdict != "id"}
+    id_rows = []
+    for p, lab in zip(man.paths, man.labels):
+        if p not in excluded:
+            label = final_label.get(p, lab)
+            id_rows.append([rel(p), label, project.class_name(label)])
+    table = outcome_table({i: c.flag for i, c in images.items()}, outcomes)
+    files = {
+        "ood": ("ood.csv", _csv(["path", "label", "ood_label", "fine_grained", "original_label", "original_name", "flag", "decided_stage", "other_labels"], ood)),
+        "returned_id": ("returned_id.csv", _csv(["path", "label", "original_label", "original_name", "flag", "decided_stage"], back)),
+        "ambiguous": ("ambiguous.csv", _csv(["path", "original_label", "original_name", "flag", "decided_stage"], amb)),
+        "id_eval": ("id_eval.csv", _csv(["path", "label", "class_name"], id_rows)),
+        "outcome": ("outcome.csv", _csv(OUTCOME_COLUMNS, [[r[k] if not isinstance(r[k], float) else f"{r[k]:.6f}" for k in OUTCOME_COLUMNS] for r in table])),
+        "outcome_md": ("outcome.md", format_outcome(table)),
+    }
+    paths = {}
+    for key, (name, text) in files.items():
+        write_text_atomic(out / name, text)
+        paths[key] = out / name
+    return paths

@@ -1,0 +1,288 @@
+"""Manifest: the list of images of one dataset, their labels and optional OOD annotations.
+
+A manifest row is ``path, label[, ood_label, fine_grained, split, class_name]``. ``label`` is the
+integer ID class (-1 = unknown, e.g. every OOD image); ``ood_label`` names the OOD concept;
+``fine_grained`` flags a close sibling of an ID class (Fi-ImageNet-1k, Sec. 3); ``split`` is a free
+tag (train/test, ...). Paths are absolute or relative to ``root``. A path ``FILE#K`` names image K
+inside a container file (the IDX files of Fashion-MNIST), see :mod:`oodeval.data.images`.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .._io import hash_json, write_text_atomic
+
+__all__ = ["Manifest", "IMAGE_EXTENSIONS", "list_images"]
+
+#: file suffixes treated as images when scanning folders (case-insensitive).
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
+
+_TRUE = {"1", "true", "yes", "y", "t"}
+_FALSE = {"0", "false", "no", "n", "f", ""}
+
+
+def list_images(folder: Path) -> list[Path]:
+    """Every image file under ``folder`` (recursive, hidden entries skipped), sorted by path."""
+    out = []
+    for p in folder.rglob("*"):
+        if any(part.startswith(".") for part in p.relative_to(folder).parts):
+            continue
+        if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file():
+            out.append(p)
+    return sorted(out)
+
+
+@dataclass
+class Manifest:
+    """Images of one dataset with integer labels (-1 = unknown) and optional OOD annotations."""
+
+    paths: list[str]
+    labels: np.ndarray
+    ood_label: list[str] | None = None
+    fine_grained: np.ndarray | None = None
+    split: list[str] | None = None
+    class_names: list[str] | None = None
+    root: Path | None = None
+    name: str = "dataset"
+    meta: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.paths = [str(p) for p in self.paths]
+        self.labels = np.asarray(self.labels, dtype=np.int64).reshape(-1)
+        if self.root is not None:
+            self.root = Path(os.path.abspath(self.root))  # absolute, so hashes do not depend on the cwd
+        if self.fine_grained is not None:
+            self.fine_grained = np.asarray(self.fine_grained, dtype=bool).reshape(-1)
+        n = len(self.paths)
+        problems = []
+        if self.labels.shape != (n,):
+            problems.append(f"{self.labels.size} labels for {n} paths")
+        for col in ("ood_label", "split"):
+            v = getattr(self, col)
+            if v is not None:
+                setattr(self, col, [str(x) for x in v])
+                if len(v) != n:
+                    problems.append(f"{len(v)} {col} values for {n} paths")
+        if self.fine_grained is not None and self.fine_grained.shape != (n,):
+            problems.append(f"{self.fine_grained.size} fine_grained values for {n} paths")
+        if (self.labels < -1).any():
+            problems.append(f"{int((self.labels < -1).sum())} labels below -1")
+        if self.class_names is not None and n and self.labels.max(initial=-1) >= len(self.class_names):
+            problems.append(f"label {int(self.labels.max())} but only {len(self.class_names)} class names")
+        if problems:
+            raise ValueError(f"inconsistent manifest {self.name!r}: " + "; ".join(problems))
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def resolve_path(self, i: int) -> str:
+        """Path of row ``i`` made absolute against ``root`` (container suffix ``#K`` kept)."""
+        p = self.paths[i]
+        if self.root is None or Path(p.split("#", 1)[0]).is_absolute():
+            return p
+        return str(self.root / p)
+
+    @property
+    def num_classes(self) -> int:
+        """Number of ID classes: len(class_names), else max label + 1."""
+        if self.class_names is not None:
+            return len(self.class_names)
+        return int(self.labels.max(initial=-1)) + 1
+
+    # ------------------------------------------------------------------ building
+    @classmethod
+    def from_image_folder(cls, folder: str | Path, *, name: str | None = None, labelled: bool = True) -> Manifest:
+        """ImageFolder tree ``folder/<class>/<image>``; classes in sorted order get labels 0..C-1.
+
+        With ``labelled=False`` every image (at any depth) gets label -1 and its first
+        sub-folder, if any, becomes its ``ood_label`` (the layout of NINCO and similar OOD sets).
+        """
+        folder = Path(folder)
+        if not folder.is_dir():
+            raise FileNotFoundError(f"image folder {folder} does not exist")
+        files = list_images(folder)
+        if not files:
+            raise ValueError(f"no images ({', '.join(IMAGE_EXTENSIONS)}) found under {folder}")
+        rel = [f.relative_to(folder) for f in files]
+        name = name or folder.name
+        if labelled:
+            loose = [str(r) for r in rel if len(r.parts) < 2]
+            if loose:
+                raise ValueError(
+                    f"{folder} is not an ImageFolder tree (<class>/<image>): {len(loose)} images lie "
+                    f"directly in it, e.g. {loose[0]}; use labelled=False for an unlabelled folder"
+                )
+            classes = sorted({r.parts[0] for r in rel})
+            index = {c: i for i, c in enumerate(classes)}
+            labels = [index[r.parts[0]] for r in rel]
+            return cls([r.as_posix() for r in rel], np.array(labels), class_names=classes, root=folder, name=name)
+        ood = [r.parts[0] if len(r.parts) > 1 else "" for r in rel]
+        return cls(
+            [r.as_posix() for r in rel],
+            np.full(len(rel), -1),
+            ood_label=ood if any(ood) else None,
+            root=folder,
+            name=name,
+        )
+
+    @classmethod
+    def from_csv(cls, path: str | Path, *, root: str | Path | None = None, name: str | None = None) -> Manifest:
+        """Read a CSV with header ``path,label[,ood_label,fine_grained,split,class_name]``.
+
+        Relative paths are taken relative to ``root`` (default: the CSV's folder). ``label`` is
+        an integer (-1 = unknown); a column of non-integer labels is read as class names mapped
+        to 0..C-1 in sorted order. ``class_name`` (optional) names each row's integer label.
+        """
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"manifest {path} does not exist")
+        with open(path, newline="", encoding="utf-8") as fh:
+            reader = csv.DictReader(fh)
+            cols = reader.fieldnames or []
+            rows = list(reader)
+        missing = [c for c in ("path", "label") if c not in cols]
+        if missing:
+            raise ValueError(f"manifest {path} lacks column(s) {', '.join(missing)}; header is {cols}")
+        if not rows:
+            raise ValueError(f"manifest {path} has no rows")
+        raw = [r["label"].strip() for r in rows]
+        class_names = None
+        try:
+            labels = np.array([int(x) if x != "" else -1 for x in raw], dtype=np.int64)
+        except ValueError:
+            class_names = sorted({x for x in raw if x not in ("", "-1")})
+            index = {c: i for i, c in enumerate(class_names)}
+            labels = np.array([index.get(x, -1) for x in raw], dtype=np.int64)
+        if "class_name" in cols and class_names is None:
+            names: dict[int, str] = {}
+            for lab, r in zip(labels, rows):
+                if lab >= 0 and r["class_name"]:
+                    if names.setdefault(int(lab), r["class_name"]) != r["class_name"]:
+                        raise ValueError(f"manifest {path}: label {lab} has two class names "
+                                         f"{names[int(lab)]!r} and {r['class_name']!r}")
+            if names:
+                c = max(names) + 1
+                class_names = [names.get(i, str(i)) for i in range(c)]
+        fine = None
+        if "fine_grained" in cols:
+            bad = [r["fine_grained"] for r in rows if r["fine_grained"].strip().lower() not in _TRUE | _FALSE]
+            if bad:
+                raise ValueError(f"manifest {path}: {len(bad)} fine_grained values are not booleans, e.g. {bad[0]!r}")
+            fine = np.array([r["fine_grained"].strip().lower() in _TRUE for r in rows])
+        return cls(
+            [r["path"] for r in rows],
+            labels,
+            ood_label=[r["ood_label"] for r in rows] if "ood_label" in cols else None,
+            fine_grained=fine,
+            split=[r["split"] for r in rows] if "split" in cols else None,
+            class_names=class_names,
+            root=Path(root) if root is not None else path.parent,
+            name=name or (path.parent.name if path.name == "manifest.csv" else path.stem),
+        )
+
+    # ------------------------------------------------------------------ writing
+    def to_csv_text(self, relative_to: Path | None = None) -> str:
+        """The CSV text ``to_csv`` writes; paths relative to ``relative_to`` where possible."""
+        cols = ["path", "label"]
+        for c in ("ood_label", "fine_grained", "split"):
+            if getattr(self, c) is not None:
+                cols.append(c)
+        if self.class_names is not None:
+            cols.append("class_name")
+        buf = io.StringIO()
+        w = csv.writer(buf, lineterminator="\n")
+        w.writerow(cols)
+        for i in range(len(self)):
+            p = self.paths[i]
+            if relative_to is not None:
+                p = os.path.abspath(self.resolve_path(i))
+                try:
+                    p = Path(p).relative_to(relative_to).as_posix()
+                except ValueError:
+                    pass  # outside the CSV's folder: keep the absolute path
+            row = [p, int(self.labels[i])]
+            if self.ood_label is not None:
+                row.append(self.ood_label[i])
+            if self.fine_grained is not None:
+                row.append(int(self.fine_grained[i]))
+            if self.split is not None:
+                row.append(self.split[i])
+            if self.class_names is not None:
+                row.append(self.class_names[self.labels[i]] if self.labels[i] >= 0 else "")
+            w.writerow(row)
+        return buf.getvalue()
+
+    def to_csv(self, path: str | Path) -> Path:
+        """Write the manifest atomically; paths are made relative to the CSV's folder when inside it.
+
+        A manifest without ``root`` keeps its paths as they are (relative ones then refer to the
+        CSV's folder when read back).
+        """
+        path = Path(path)
+        write_text_atomic(path, self.to_csv_text(relative_to=Path(os.path.abspath(path.parent)) if self.root is not None else None))
+        return path
+
+    def absolute(self) -> Manifest:
+        """A copy whose paths are absolute (resolved against ``root``) and whose root is None."""
+        m = self.subset(np.arange(len(self)))
+        m.paths = [self.resolve_path(i) for i in range(len(self))]
+        m.root = None
+        return m
+
+    # ------------------------------------------------------------------ queries
+    def content_hash(self) -> str:
+        """Hash of the resolved paths and every annotation column (not of the image bytes)."""
+        return hash_json(
+            {
+                "paths": [self.resolve_path(i) for i in range(len(self))],
+                "labels": self.labels.tolist(),
+                "ood_label": self.ood_label,
+                "fine_grained": None if self.fine_grained is None else self.fine_grained.tolist(),
+                "split": self.split,
+                "class_names": self.class_names,
+            }
+        )
+
+    def subset(self, index: Sequence[int] | np.ndarray, name: str | None = None) -> Manifest:
+        """Rows ``index`` (in that order) as a new manifest sharing root and class names."""
+        idx = np.asarray(index, dtype=np.int64).reshape(-1)
+        pick = lambda v: None if v is None else [v[i] for i in idx]  # noqa: E731
+        return Manifest(
+            [self.paths[i] for i in idx],
+            self.labels[idx],
+            ood_label=pick(self.ood_label),
+            fine_grained=None if self.fine_grained is None else self.fine_grained[idx],
+            split=pick(self.split),
+            class_names=self.class_names,
+            root=self.root,
+            name=name or self.name,
+            meta=dict(self.meta),
+        )
+
+    def select(self, split: str | Sequence[str] | None = None, *, fine_grained: bool | None = None) -> Manifest:
+        """Rows whose ``split`` is ``split`` (or one of them) and, if given, whose fine_grained flag matches."""
+        keep = np.ones(len(self), dtype=bool)
+        name = self.name
+        if split is not None:
+            wanted = {split} if isinstance(split, str) else set(split)
+            if self.split is None:
+                raise ValueError(f"manifest {self.name!r} has no split column; cannot select split {sorted(wanted)}")
+            have = sorted(set(self.split))
+            unknown = sorted(wanted - set(have))
+            if unknown:
+                raise ValueError(f"manifest {self.name!r} has no split {unknown}; its splits are {have}")
+            keep &= np.array([s in wanted for s in self.split])
+            name = f"{self.name}:{'+'.join(sorted(wanted))}"
+        if fine_grained is not None:
+            if self.fine_grained is None:
+                raise ValueError(f"manifest {self.name!r} has no fine_grained column")
+            keep &= self.fine_grained == fine_grained
+        return self.subset(np.flatnonzero(keep), name=name)

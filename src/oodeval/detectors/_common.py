@@ -1,0 +1,215 @@
+"""Shared numerics for the post-hoc detectors: chunked passes, class statistics, readouts.
+
+Every statistic is accumulated in float64 over row chunks of the (possibly memory-mapped)
+float32 matrices, so fitting on 1.28M x 2048 features needs O(D^2 + C D) extra memory, not a
+float64 copy of the matrix. Nothing here registers a detector.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import scipy.sparse
+
+__all__ = [
+    "chunk_rows", "chunks", "as64", "l2_normalise", "energy", "log_softmax", "logsumexp_rows",
+    "max_softmax", "class_means", "scatter", "mean_rows", "onehot", "pinv_sym", "chunked_percentile", "head_logits", "labelled",
+]  # fmt: skip
+
+#: float64 elements per chunk (~32 MB); rows per chunk = this / row width.
+CHUNK_ELEMENTS = 4_000_000
+#: fewest rows per chunk
+MIN_CHUNK_ROWS = 256
+
+
+def chunk_rows(width: int) -> int:
+    """Rows per chunk for a row width of ``width`` values (at least MIN_CHUNK_ROWS)."""
+    return max(MIN_CHUNK_ROWS, CHUNK_ELEMENTS // max(1, int(width)))
+
+
+def chunks(n: int, width: int) -> Iterator[slice]:
+    """Consecutive row slices covering ``range(n)``."""
+    step = chunk_rows(width)
+    for start in range(0, n, step):
+        yield slice(start, min(n, start + step))
+
+
+def as64(a: np.ndarray) -> np.ndarray:
+    """A float64 copy (or view) of a chunk."""
+    return np.asarray(a, dtype=np.float64)
+
+
+def l2_normalise(z: np.ndarray, eps: float = 1e-12) -> np.ndarray:
+    """Rows divided by their Euclidean norm (rows of norm 0 stay 0)."""
+    norm = np.linalg.norm(z, axis=1, keepdims=True)
+    return z / np.maximum(norm, eps)
+
+
+def _shifted_exp_sum(f: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Row max m and sum_c exp(f_c - m) of float64 rows, with one temporary."""
+    m = f.max(axis=1)
+    e = f - m[:, None]
+    np.exp(e, out=e)
+    return m, e.sum(axis=1)
+
+
+def logsumexp_rows(logits: np.ndarray) -> np.ndarray:
+    """log sum_c exp(f_c) per row in float64 (max-shifted, never overflows)."""
+    m, total = _shifted_exp_sum(as64(logits))
+    return m + np.log(total)
+
+
+def max_softmax(logits: np.ndarray) -> np.ndarray:
+    """max_c softmax(f)_c per row = 1 / sum_c exp(f_c - max f), float64."""
+    return 1.0 / _shifted_exp_sum(as64(logits))[1]
+
+
+def energy(logits: np.ndarray, t: float = 1.0) -> np.ndarray:
+    """Negative free energy T logsumexp(f / T) per row (Liu et al. 2020), float64."""
+    f = as64(logits)
+    return logsumexp_rows(f) if t == 1 else t * logsumexp_rows(f / t)
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """Row-wise log softmax in float64."""
+    f = as64(logits)
+    return f - logsumexp_rows(f)[:, None]
+
+
+def head_logits(z: np.ndarray, weight: np.ndarray, bias: np.ndarray) -> np.ndarray:
+    """f = z W^T + b in float64."""
+    return as64(z) @ as64(weight).T + as64(bias)
+
+
+def labelled(labels: np.ndarray, who: str) -> tuple[np.ndarray, np.ndarray]:
+    """Indices of rows with a label >= 0 and the sorted distinct labels; error if none."""
+    labels = np.asarray(labels)
+    idx = np.flatnonzero(labels >= 0)
+    if idx.size == 0:
+        raise ValueError(f"{who} needs class labels, but all {labels.size} labels are -1")
+    return idx, np.unique(labels[idx])
+
+
+def onehot(labels: np.ndarray, classes: np.ndarray) -> scipy.sparse.csr_matrix:
+    col = np.searchsorted(classes, labels)
+    n = labels.size
+    return scipy.sparse.csr_matrix((np.ones(n), (np.arange(n), col)), shape=(n, classes.size))
+
+
+def class_means(
+    features: np.ndarray, labels: np.ndarray, classes: np.ndarray, normalise: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per-class means (K, D) float64 and counts (K,) over rows with label in ``classes``.
+
+    Rows with label -1 are skipped; ``normalise`` l2-normalises each row first.
+    """
+    d = features.shape[1]
+    sums = np.zeros((classes.size, d))
+    counts = np.zeros(classes.size)
+    for sl in chunks(len(features), d):
+        y = np.asarray(labels[sl])
+        keep = y >= 0
+        if not keep.any():
+            continue
+        z = as64(features[sl][keep])
+        if normalise:
+            z = l2_normalise(z)
+        oh = onehot(y[keep], classes)
+        sums += oh.T @ z
+        counts += np.asarray(oh.sum(axis=0)).ravel()
+    if (counts == 0).any():
+        raise ValueError(f"{int((counts == 0).sum())} of {classes.size} classes have no training rows")
+    return sums / counts[:, None], counts
+
+
+def scatter(
+    features: np.ndarray,
+    center: np.ndarray,
+    labels: np.ndarray | None = None,
+    classes: np.ndarray | None = None,
+    normalise: bool = False,
+) -> tuple[np.ndarray, int]:
+    """Sum of outer products (z - c)(z - c)^T in float64 and the row count.
+
+    ``center`` is one vector (D,), or per-class means (K, D) indexed by ``labels`` (rows with
+    label -1 skipped). Divide by the count for the maximum-likelihood covariance.
+    """
+    d = features.shape[1]
+    out = np.zeros((d, d))
+    n = 0
+    for sl in chunks(len(features), d):
+        z = as64(features[sl])
+        if labels is not None:
+            y = np.asarray(labels[sl])
+            keep = y >= 0
+            z = z[keep]
+            if normalise:
+                z = l2_normalise(z)
+            z = z - center[np.searchsorted(classes, y[keep])]
+        else:
+            if normalise:
+                z = l2_normalise(z)
+            z = z - center
+        out += z.T @ z
+        n += z.shape[0]
+    return out, n
+
+
+def mean_rows(features: np.ndarray, normalise: bool = False) -> np.ndarray:
+    """Mean row in float64, accumulated in chunks."""
+    d = features.shape[1]
+    total = np.zeros(d)
+    for sl in chunks(len(features), d):
+        z = as64(features[sl])
+        total += (l2_normalise(z) if normalise else z).sum(axis=0)
+    return total / len(features)
+
+
+def pinv_sym(a: np.ndarray) -> np.ndarray:
+    """Pseudo-inverse of a symmetric positive semi-definite matrix (eigh-based)."""
+    return np.linalg.pinv(a, hermitian=True)
+
+
+def chunked_percentile(values: np.ndarray, q: float, bins: int = 1 << 16) -> float:
+    """Exactly ``np.percentile(values.ravel(), q)`` (linear interpolation) in two chunked passes.
+
+    Pass 1 finds min/max and a histogram; pass 2 keeps only the values in the bins that hold the
+    two order statistics the interpolation needs, so memory stays O(bins + chunk).
+    """
+    if not 0 <= q <= 100:
+        raise ValueError(f"percentile must be in [0, 100], got {q}")
+    flat_n = values.size
+    if flat_n == 0:
+        raise ValueError("cannot take a percentile of 0 values")
+    width = values.shape[1] if values.ndim == 2 else 1
+    rows = values.reshape(len(values), -1) if values.ndim >= 1 else values.reshape(1, 1)
+    lo, hi = np.inf, -np.inf
+    for sl in chunks(len(rows), width):
+        c = as64(rows[sl])
+        lo, hi = min(lo, c.min()), max(hi, c.max())
+    if not (np.isfinite(lo) and np.isfinite(hi)):
+        raise ValueError("cannot take a percentile of non-finite values")
+    rank = (flat_n - 1) * q / 100.0
+    k0, k1 = int(np.floor(rank)), int(np.ceil(rank))
+    if lo == hi:
+        return float(lo)
+    step = (hi - lo) / bins
+
+    def bin_of(c: np.ndarray) -> np.ndarray:
+        return np.minimum(((c - lo) / step).astype(np.int64), bins - 1)
+
+    counts = np.zeros(bins, dtype=np.int64)
+    for sl in chunks(len(rows), width):
+        counts += np.bincount(bin_of(as64(rows[sl]).ravel()), minlength=bins)
+    cum = np.cumsum(counts)
+    b0, b1 = int(np.searchsorted(cum, k0 + 1)), int(np.searchsorted(cum, k1 + 1))
+    before = int(cum[b0 - 1]) if b0 > 0 else 0
+    kept = []
+    for sl in chunks(len(rows), width):
+        c = as64(rows[sl]).ravel()
+        idx = bin_of(c)
+        kept.append(c[(idx >= b0) & (idx <= b1)])
+    sel = np.sort(np.concatenate(kept))
+    v0, v1 = sel[k0 - before], sel[k1 - before]
+    return float(v0 + (v1 - v0) * (rank - k0))

@@ -1,0 +1,159 @@
+"""Activation- and weight-shaping detectors: ReAct, ASH-S, SCALE, DICE (paper Sec. 2.1, group ii).
+
+Each reshapes the penultimate feature z (or the head W) and reads out the energy
+logsumexp(W z' + b) with T = 1. They work on the pooled feature z (N, D) the FeatureSet stores,
+which is what the papers' ImageNet ResNet-50 results use (ASH/SCALE act on the (B, 2048, 1, 1)
+map after average pooling).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..features import FeatureSet
+from . import register
+from ._common import as64, chunked_percentile, chunks, energy, mean_rows
+from .base import Detector
+
+__all__ = ["ReAct", "ASHS", "SCALE", "DICE", "ash_s_features", "scale_features"]
+
+
+def _energy_of(x: FeatureSet, shape, weight: np.ndarray, bias: np.ndarray) -> np.ndarray:
+    z = x.features
+    w64, b64 = as64(weight), as64(bias)
+    out = [energy(shape(as64(z[sl])) @ w64.T + b64) for sl in chunks(len(z), max(z.shape[1], w64.shape[0]))]
+    return np.concatenate(out)
+
+
+def _check_percentile(p: float, who: str) -> None:
+    if not 0 <= p < 100:
+        raise ValueError(f"{who} percentile must be in [0, 100), got {p}")
+
+
+def _keep(d: int, percentile: float) -> int:
+    """k = D - round(D * percentile / 100) entries kept (the releases' rounding)."""
+    k = d - int(np.round(d * percentile / 100.0))
+    if k < 1:
+        raise ValueError(f"percentile {percentile} keeps no entries of a {d}-dimensional feature")
+    return k
+
+
+def _ratio(s1: np.ndarray, s2: np.ndarray) -> np.ndarray:
+    """s1 / s2, with 0 (no rescaling) where the kept sum s2 is 0 instead of a division by zero."""
+    return np.divide(s1, s2, out=np.zeros_like(s1), where=s2 != 0)
+
+
+def ash_s_features(z: np.ndarray, percentile: float) -> np.ndarray:
+    """ASH-S: zero all but the top k entries of each row, then multiply by exp(s1 / s2),
+    s1 = sum of the row, s2 = sum of the kept entries."""
+    d = z.shape[1]
+    k = _keep(d, percentile)
+    top = np.argpartition(z, d - k, axis=1)[:, d - k :]
+    vals = np.take_along_axis(z, top, axis=1)
+    kept = np.zeros_like(z)
+    np.put_along_axis(kept, top, vals, axis=1)
+    kept *= np.exp(_ratio(z.sum(axis=1), vals.sum(axis=1)))[:, None]
+    return kept
+
+
+def scale_features(z: np.ndarray, percentile: float) -> np.ndarray:
+    """SCALE: multiply the whole row by exp(s1 / s2), no pruning (s2 = sum of the top k)."""
+    d = z.shape[1]
+    k = _keep(d, percentile)
+    s2 = np.partition(z, d - k, axis=1)[:, d - k :].sum(axis=1)
+    return z * np.exp(_ratio(z.sum(axis=1), s2))[:, None]
+
+
+@register("react")
+class ReAct(Detector):
+    """Energy + ReAct: s = logsumexp(W min(z, c) + b) (Sun, Guo & Li, NeurIPS 2021).
+
+    c is the ``percentile``-th percentile (default 90, the paper's choice) of all entries of the
+    ID-train features, computed exactly (``np.percentile``'s linear interpolation) in two
+    chunked passes. Only the upper side is clipped, as in the release.
+    """
+
+    needs = ("features", "head")
+    fit_needs = ("features",)
+
+    def __init__(self, percentile: float = 90.0) -> None:
+        self.percentile = percentile
+
+    def _fit(self, train: FeatureSet) -> None:
+        if not 0 <= self.percentile <= 100:
+            raise ValueError(f"react percentile must be in [0, 100], got {self.percentile}")
+        self.threshold_ = chunked_percentile(train.features, self.percentile)
+
+    def _score(self, x: FeatureSet) -> np.ndarray:
+        return _energy_of(x, lambda z: np.minimum(z, self.threshold_), x.weight, x.bias)
+
+
+@register("ash_s")
+class ASHS(Detector):
+    """ASH-S: keep the top (100 - p)% entries of z, scale by exp(s1 / s2), energy readout.
+
+    Djurisic et al., "Extremely simple activation shaping for OOD detection", ICLR 2023.
+    s1 = sum z, s2 = sum of the kept entries, k = D - round(D p / 100) kept. Default p = 90 (the
+    paper's ImageNet ResNet-50 setting, "ASH-S@90"). Not OpenOOD's "ash" postprocessor, which is
+    ASH-B. Rows whose kept sum is 0 are not rescaled (the release would divide by zero).
+    """
+
+    needs = ("features", "head")
+
+    def __init__(self, percentile: float = 90.0) -> None:
+        self.percentile = percentile
+
+    def _score(self, x: FeatureSet) -> np.ndarray:
+        _check_percentile(self.percentile, "ash_s")
+        return _energy_of(x, lambda z: ash_s_features(z, self.percentile), x.weight, x.bias)
+
+
+@register("scale")
+class SCALE(Detector):
+    """SCALE: z * exp(s1 / s2) without pruning, energy readout.
+
+    Xu et al., "Scaling for training time and post-hoc OOD detection enhancement", ICLR 2024.
+    s1 = sum z, s2 = sum of the top (100 - p)% entries. Default p = 85 (the paper's ImageNet
+    setting; the release's ``configs/postprocessors/scale.yml`` sets percentile 85). pytorch-ood
+    takes the percentile as a fraction (0.85).
+    """
+
+    needs = ("features", "head")
+
+    def __init__(self, percentile: float = 85.0) -> None:
+        self.percentile = percentile
+
+    def _score(self, x: FeatureSet) -> np.ndarray:
+        _check_percentile(self.percentile, "scale")
+        return _energy_of(x, lambda z: scale_features(z, self.percentile), x.weight, x.bias)
+
+
+@register("dice")
+class DICE(Detector):
+    """DICE: energy with the head masked to its most contributing weights (Sun & Li, ECCV 2022).
+
+    V = zbar * W (C, D) with zbar the mean ID-train feature; keep W where V > its p-th
+    percentile (over all C D entries), zero elsewhere; s = logsumexp(z W_masked^T + b).
+    Default p = 70: the paper's ImageNet setting (sparsity 0.7; the release runs
+    ``--p 70`` for ImageNet, 90 for CIFAR).
+    """
+
+    needs = ("features", "head")
+    fit_needs = ("features", "head")
+
+    def __init__(self, p: float = 70.0) -> None:
+        self.p = p
+
+    def _fit(self, train: FeatureSet) -> None:
+        if not 0 <= self.p < 100:
+            raise ValueError(f"dice p must be in [0, 100), got {self.p}")
+        self.mean_feature_ = mean_rows(train.features)
+        contrib = self.mean_feature_[None, :] * as64(train.weight)
+        self.threshold_ = float(np.percentile(contrib, self.p))
+        self.masked_weight_ = as64(train.weight) * (contrib > self.threshold_)
+        self.bias_ = as64(train.bias)
+
+    def _score(self, x: FeatureSet) -> np.ndarray:
+        if x.weight.shape != self.masked_weight_.shape:
+            raise ValueError(f"dice was fitted with a {self.masked_weight_.shape} head, got {x.weight.shape}")
+        return _energy_of(x, lambda z: z, self.masked_weight_, self.bias_)

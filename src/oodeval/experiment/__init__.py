@@ -1,0 +1,14 @@
+"""The models x detectors x datasets grid (issue 6): a validated experiment file, a resumable
+runner that appends to one Parquet results table, and the per-cell score files the reports read.
+
+    from oodeval.experiment import run_experiment
+    summary = run_experiment("experiment.toml")   # summary.results: the Parquet table's path
+"""
+
+from .config import DatasetSpec, DetectorSpec, ExperimentConfig, ModelSpec, load_config
+from .runner import RunSummary, extract_features, run_experiment, scores_dir
+
+__all__ = [
+    "ExperimentConfig", "ModelSpec", "DetectorSpec", "DatasetSpec", "load_config",
+    "run_experiment", "RunSummary", "extract_features", "scores_dir",
+]  # fmt: skip

@@ -1,0 +1,412 @@
+"""The experiment file: models x detectors x datasets x seeds, validated strictly.
+
+TOML (``tomllib``) or YAML (``.yaml`` / ``.yml``). Unknown keys are errors, never ignored;
+relative paths are relative to the experiment file's folder. See ``docs/experiments.md``::
+
+    store = "store"                   # feature store (cached FeatureSets)
+    results = "results.parquet"       # the one results table
+    seeds = [0]                       # bootstrap seeds (runs); see seed_detectors
+    bootstrap_draws = 1000
+
+    [datasets]
+    id_train = "imagefolder:train"    # fits the detectors (supervised models only)
+    id_test = "imagefolder:val"
+    ood = ["ninco", { name = "data/fi", label = "Fi", split_column = "fine_grained" }]
+
+    [[models]]
+    name = "resnet50"
+    weights = "ckpt/resnet50.safetensors"   # or one per seed: ["a.pt", "b.pt"]
+
+    [[detectors]]                     # omitted: every detector the features support
+    name = "knn"
+    hyperparameters = { k = 50 }
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+__all__ = ["ExperimentConfig", "ModelSpec", "DetectorSpec", "DatasetSpec", "SweepSpec", "load_config", "KINDS"]
+
+KINDS = ("supervised", "zero-shot")
+_ROLES = ("id_train", "id_test")
+
+_TOP = {
+    "name", "store", "results", "data_root", "seeds", "bootstrap_draws", "device", "batch_size",
+    "num_workers", "retry_failed", "seed_detectors", "datasets", "models", "detectors", "zeroshot", "sweeps",
+}  # fmt: skip
+_DATASETS = {"id_train", "id_test", "ood", "split_column", "id_classes"}
+_OOD = {"name", "label", "split_column"}
+_MODEL = {
+    "name", "label", "weights", "kind", "model_kwargs", "taps", "patch_features", "features", "detectors",
+}  # fmt: skip
+_DETECTOR = {"name", "label", "hyperparameters", "vocabulary"}
+_SWEEP = {"name", "vocabulary", "sizes", "scorer", "hyperparameters"}
+
+
+@dataclass(frozen=True)
+class DetectorSpec:
+    """One detector configuration: registry name, hyperparameter overrides, optional vocabulary
+    (zero-shot vocabulary scorers) and a display label (default: the name)."""
+
+    name: str
+    hyperparameters: dict = field(default_factory=dict)
+    label: str = ""
+    vocabulary: str | None = None
+
+    @property
+    def display(self) -> str:
+        return self.label or self.name
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    """A vocabulary-size sweep of the zero-shot models (Fig. A2): ``scorer`` with the first M labels
+    of a ranked ``vocabulary`` (e.g. NegMined WordNet, least ID-like first) for each M in ``sizes``."""
+
+    name: str
+    vocabulary: str
+    sizes: tuple[int, ...]
+    scorer: str = "neglabel"
+    hyperparameters: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """A dataset: a registry name or a path, the label used in the results, an optional split column."""
+
+    name: str
+    label: str
+    split_column: str | None = None
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model: backbone name, weights (one, or one per seed), kind, extraction options,
+    precomputed FeatureSet folders by dataset role/label, and an optional detector list."""
+
+    name: str
+    label: str
+    weights: tuple[str | None, ...]
+    kind: str = "supervised"
+    model_kwargs: dict = field(default_factory=dict)
+    taps: bool | None = False
+    patch_features: bool = False
+    features: dict = field(default_factory=dict)
+    detectors: tuple[DetectorSpec, ...] | None = None
+
+    def weights_for(self, seed_index: int) -> str | None:
+        """The weights of the run with the given seed position (one shared file or one per seed)."""
+        return self.weights[0] if len(self.weights) == 1 else self.weights[seed_index]
+
+
+@dataclass(frozen=True)
+class ExperimentConfig:
+    """A validated experiment. Build with :func:`load_config`."""
+
+    models: tuple[ModelSpec, ...]
+    id_test: DatasetSpec
+    ood: tuple[DatasetSpec, ...]
+    id_train: DatasetSpec | None = None
+    detectors: tuple[DetectorSpec, ...] | None = None
+    zeroshot: tuple[DetectorSpec, ...] | None = None
+    seeds: tuple[int, ...] = (0,)
+    store: Path = Path("store")
+    results: Path = Path("results.parquet")
+    data_root: Path | None = None
+    bootstrap_draws: int = 1000
+    device: str = "auto"
+    batch_size: int = 64
+    num_workers: int = 0
+    retry_failed: bool = True
+    seed_detectors: bool = False
+    sweeps: tuple[SweepSpec, ...] = ()
+    id_classes: Path | None = None
+    name: str = "experiment"
+
+
+def _fail(where: str, msg: str) -> ValueError:
+    return ValueError(f"experiment file: {where}: {msg}")
+
+
+def _check_keys(table: Any, allowed: set[str], where: str) -> dict:
+    if not isinstance(table, dict):
+        raise _fail(where, f"expected a table, got {type(table).__name__}")
+    unknown = sorted(set(table) - allowed)
+    if unknown:
+        raise _fail(where, f"unknown key(s) {', '.join(map(repr, unknown))}; allowed: {', '.join(sorted(allowed))}")
+    return table
+
+
+def _typed(table: dict, key: str, types: type | tuple, where: str, default: Any = None, required: bool = False) -> Any:
+    if key not in table:
+        if required:
+            raise _fail(where, f"missing required key {key!r}")
+        return default
+    value = table[key]
+    if isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
+        raise _fail(where, f"{key!r} must be {_names(types)}, got a boolean")
+    if not isinstance(value, types):
+        raise _fail(where, f"{key!r} must be {_names(types)}, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _names(types: type | tuple) -> str:
+    types = types if isinstance(types, tuple) else (types,)
+    return " or ".join({"str": "a string", "int": "an integer", "bool": "true/false", "dict": "a table", "list": "a list"}.get(t.__name__, t.__name__) for t in types)
+
+
+def _path(value: str | None, base: Path) -> Path | None:
+    if value is None:
+        return None
+    p = Path(value).expanduser()
+    return p if p.is_absolute() else base / p
+
+
+def _dataset_name(value: str, base: Path) -> str:
+    """A registry name stays as it is; a relative path that exists beside the file is made absolute."""
+    p = Path(value).expanduser()
+    if not p.is_absolute() and (base / p).exists():
+        return str(base / p)
+    return value
+
+
+def _default_label(value: str) -> str:
+    return Path(value).name if ("/" in value or "\\" in value) else value
+
+
+def _dataset(entry: Any, where: str, base: Path, split_column: str | None) -> DatasetSpec:
+    if isinstance(entry, str):
+        return DatasetSpec(_dataset_name(entry, base), _default_label(entry), split_column)
+    t = _check_keys(entry, _OOD, where)
+    name = _typed(t, "name", str, where, required=True)
+    return DatasetSpec(
+        _dataset_name(name, base),
+        _typed(t, "label", str, where, _default_label(name)),
+        _typed(t, "split_column", str, where, split_column),
+    )
+
+
+def _detector(entry: Any, where: str, known: set[str], base: Path, zeroshot: bool) -> DetectorSpec:
+    if isinstance(entry, str):
+        entry = {"name": entry}
+    t = _check_keys(entry, _DETECTOR, where)
+    name = _typed(t, "name", str, where, required=True)
+    if name not in known:
+        what = "zero-shot scorer" if zeroshot else "detector"
+        raise _fail(where, f"unknown {what} {name!r}; known: {', '.join(sorted(known))}")
+    hp = _typed(t, "hyperparameters", dict, where, {})
+    _check_hyperparameters(name, hp, where, zeroshot)
+    vocab = _typed(t, "vocabulary", str, where)
+    if not zeroshot and vocab is not None:
+        raise _fail(where, "vocabulary applies to zero-shot scorers (the `zeroshot` list) only")
+    return DetectorSpec(name, dict(hp), _typed(t, "label", str, where, ""), None if vocab is None else _dataset_name(vocab, base))
+
+
+def _registry(zeroshot: bool) -> dict:
+    """name -> class of the post-hoc detectors, or of the zero-shot scorers."""
+    if zeroshot:
+        from ..zeroshot.scorers import REGISTRY
+
+        return REGISTRY
+    from .. import detectors as registry
+
+    registry._load()
+    return registry.REGISTRY
+
+
+def _check_hyperparameters(name: str, hp: dict, where: str, zeroshot: bool) -> None:
+    """Reject hyperparameter names the detector's constructor does not take."""
+    allowed = set(_registry(zeroshot)[name]().get_params())
+    unknown = sorted(set(hp) - allowed)
+    if unknown:
+        raise _fail(where, f"{name!r} has no hyperparameter(s) {', '.join(unknown)}; it takes: {', '.join(sorted(allowed)) or 'none'}")
+
+
+def _detectors(value: Any, where: str, base: Path, zeroshot: bool = False) -> tuple[DetectorSpec, ...] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not value:
+        raise _fail(where, "must be a non-empty list of detector names or tables")
+    known = _registry(zeroshot)
+    specs = tuple(_detector(e, f"{where}[{i}]", set(known), base, zeroshot) for i, e in enumerate(value))
+    seen: dict[tuple, int] = {}
+    for i, s in enumerate(specs):
+        k = (s.name, tuple(sorted((str(a), str(b)) for a, b in s.hyperparameters.items())), s.vocabulary, s.label)
+        if k in seen:
+            raise _fail(where, f"entries {seen[k]} and {i} configure the same detector {s.name!r} twice")
+        seen[k] = i
+    return specs
+
+
+def _model(entry: Any, i: int, base: Path, n_seeds: int) -> ModelSpec:
+    where = f"[[models]] #{i + 1}"
+    t = _check_keys(entry, _MODEL, where)
+    name = _typed(t, "name", str, where, required=True)
+    kind = _typed(t, "kind", str, where, "supervised")
+    if kind not in KINDS:
+        raise _fail(where, f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    weights = t.get("weights")
+    if weights is None or isinstance(weights, str):
+        wt: tuple = (None if weights is None else str(_path(weights, base)),)
+    elif isinstance(weights, list) and all(isinstance(w, str) for w in weights):
+        if len(weights) != n_seeds:
+            raise _fail(where, f"weights lists {len(weights)} files but there are {n_seeds} seeds; give one per seed or a single file")
+        wt = tuple(str(_path(w, base)) for w in weights)
+    else:
+        raise _fail(where, f"weights must be a path or a list of paths (one per seed), got {weights!r}")
+    feats = _typed(t, "features", dict, where, {})
+    bad = [k for k, v in feats.items() if not isinstance(v, str)]
+    if bad:
+        raise _fail(where, f"features values must be FeatureSet folder paths; bad entries: {', '.join(bad)}")
+    return ModelSpec(
+        name=name,
+        label=_typed(t, "label", str, where, name),
+        weights=wt,
+        kind=kind,
+        model_kwargs=dict(_typed(t, "model_kwargs", dict, where, {})),
+        taps=_typed(t, "taps", bool, where, None),
+        patch_features=_typed(t, "patch_features", bool, where, False),
+        features={k: str(_path(v, base)) for k, v in feats.items()},
+        detectors=_detectors(t.get("detectors"), f"{where} detectors", base, zeroshot=kind == "zero-shot"),
+    )
+
+
+def _sweep(entry: Any, i: int, base: Path) -> SweepSpec:
+    where = f"[[sweeps]] #{i + 1}"
+    t = _check_keys(entry, _SWEEP, where)
+    sizes = _typed(t, "sizes", list, where, required=True)
+    if not sizes or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in sizes):
+        raise _fail(where, f"sizes must be a non-empty list of integers >= 0, got {sizes!r}")
+    scorer = _typed(t, "scorer", str, where, "neglabel")
+    reg = _registry(True)
+    if scorer not in reg or not reg[scorer].uses_negatives:
+        raise _fail(where, f"scorer must be a vocabulary scorer ({', '.join(n for n, c in reg.items() if c.uses_negatives)}), got {scorer!r}")
+    hp = _typed(t, "hyperparameters", dict, where, {})
+    _check_hyperparameters(scorer, hp, where, True)
+    return SweepSpec(
+        _typed(t, "name", str, where, required=True),
+        _dataset_name(_typed(t, "vocabulary", str, where, required=True), base),
+        tuple(sizes),
+        scorer,
+        dict(hp),
+    )
+
+
+def _default_taps(model: ModelSpec, detectors: tuple[DetectorSpec, ...] | None) -> ModelSpec:
+    """``taps`` left unset: on for a supervised model whose explicit detector list names nac."""
+    if model.taps is not None:
+        return model
+    listed = model.detectors or detectors or ()
+    return replace(model, taps=model.kind == "supervised" and any(d.name == "nac" for d in listed))
+
+
+def _read(path: Path) -> dict:
+    if not path.is_file():
+        raise FileNotFoundError(f"experiment file {path} does not exist")
+    text = path.read_text()
+    if path.suffix.lower() in (".yaml", ".yml"):
+        import yaml
+
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ValueError(f"experiment file {path} is not valid YAML: {exc}") from exc
+    elif path.suffix.lower() == ".toml":
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise ValueError(f"experiment file {path} is not valid TOML: {exc}") from exc
+    else:
+        raise ValueError(f"experiment file {path} must end in .toml, .yaml or .yml")
+    if not isinstance(data, dict):
+        raise ValueError(f"experiment file {path} must hold a table at the top level")
+    return data
+
+
+def load_config(source: str | Path | dict | ExperimentConfig, base_dir: str | Path | None = None) -> ExperimentConfig:
+    """Validate an experiment file (path) or an already-parsed dict; raise ValueError naming the problem.
+
+    ``base_dir`` anchors relative paths (default: the file's folder, or the current folder for a dict).
+    """
+    if isinstance(source, ExperimentConfig):
+        return source
+    if isinstance(source, dict):
+        data, base = source, Path(base_dir or ".").resolve()
+    else:
+        path = Path(source)
+        data, base = _read(path), Path(base_dir or path.parent).resolve()
+    t = _check_keys(data, _TOP, "top level")
+    seeds = _typed(t, "seeds", list, "top level", [0])
+    if not seeds or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
+        raise _fail("top level", f"seeds must be a non-empty list of integers, got {seeds!r}")
+    if len(set(seeds)) != len(seeds):
+        raise _fail("top level", f"seeds repeat a value: {seeds!r}")
+    ds = _check_keys(_typed(t, "datasets", dict, "top level", required=True), _DATASETS, "[datasets]")
+    split_column = _typed(ds, "split_column", str, "[datasets]")
+    ood_raw = _typed(ds, "ood", list, "[datasets]", required=True)
+    if not ood_raw:
+        raise _fail("[datasets]", "ood must list at least one OOD dataset")
+    ood = tuple(_dataset(e, f"[datasets] ood[{i}]", base, split_column) for i, e in enumerate(ood_raw))
+    labels = [d.label for d in ood]
+    dup = sorted({x for x in labels if labels.count(x) > 1})
+    if dup:
+        raise _fail("[datasets]", f"OOD dataset label(s) used twice: {', '.join(dup)}; give each a distinct label")
+    clash = sorted(set(labels) & set(_ROLES))
+    if clash:
+        raise _fail("[datasets]", f"OOD labels may not be {', '.join(clash)}")
+    id_test = _dataset(_typed(ds, "id_test", str, "[datasets]", required=True), "[datasets] id_test", base, None)
+    id_train_raw = _typed(ds, "id_train", str, "[datasets]")
+    id_train = None if id_train_raw is None else _dataset(id_train_raw, "[datasets] id_train", base, None)
+    models_raw = _typed(t, "models", list, "top level", required=True)
+    if not models_raw:
+        raise _fail("top level", "models must list at least one [[models]] table")
+    models = tuple(_model(m, i, base, len(seeds)) for i, m in enumerate(models_raw))
+    mlabels = [(m.label) for m in models]
+    dup = sorted({x for x in mlabels if mlabels.count(x) > 1})
+    if dup:
+        raise _fail("[[models]]", f"model label(s) used twice: {', '.join(dup)}; set `label` to tell them apart")
+    needs_train = [m.label for m in models if m.kind == "supervised"]
+    if needs_train and id_train is None and not all("id_train" in m.features for m in models if m.kind == "supervised"):
+        raise _fail("[datasets]", f"id_train is required to fit the detectors of supervised model(s) {', '.join(needs_train)}")
+    allowed_feats = set(_ROLES) | set(labels)
+    for m in models:
+        bad = sorted(k for k in set(m.features) - allowed_feats if not (k.startswith("text:") and m.kind == "zero-shot"))
+        if bad:
+            raise _fail(
+                f"model {m.label!r} features",
+                f"unknown dataset(s) {', '.join(bad)}; use id_train, id_test, an OOD label ({', '.join(labels)})"
+                " or, for a zero-shot model, text:id / text:<vocabulary> label embeddings",
+            )
+    detectors = _detectors(t.get("detectors"), "detectors", base)
+    models = tuple(_default_taps(m, detectors) for m in models)
+    draws = _typed(t, "bootstrap_draws", int, "top level", 1000)
+    if draws < 1:
+        raise _fail("top level", f"bootstrap_draws must be positive, got {draws}")
+    batch = _typed(t, "batch_size", int, "top level", 64)
+    if batch < 1:
+        raise _fail("top level", f"batch_size must be positive, got {batch}")
+    return ExperimentConfig(
+        models=models,
+        id_test=id_test,
+        ood=ood,
+        id_train=id_train,
+        detectors=detectors,
+        sweeps=tuple(_sweep(e, i, base) for i, e in enumerate(_typed(t, "sweeps", list, "top level", []))),
+        zeroshot=_detectors(t.get("zeroshot"), "zeroshot", base, zeroshot=True),
+        seeds=tuple(seeds),
+        store=_path(_typed(t, "store", str, "top level", "store"), base),
+        results=_path(_typed(t, "results", str, "top level", "results.parquet"), base),
+        data_root=_path(_typed(t, "data_root", str, "top level"), base),
+        bootstrap_draws=draws,
+        device=_typed(t, "device", str, "top level", "auto"),
+        batch_size=batch,
+        num_workers=_typed(t, "num_workers", int, "top level", 0),
+        retry_failed=_typed(t, "retry_failed", bool, "top level", True),
+        seed_detectors=_typed(t, "seed_detectors", bool, "top level", False),
+        id_classes=_path(_typed(ds, "id_classes", str, "[datasets]"), base),
+        name=_typed(t, "name", str, "top level", "experiment"),
+    )

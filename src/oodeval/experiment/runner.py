@@ -1,0 +1,485 @@
+"""Run an experiment grid into its results table, computing only the missing cells.
+
+For every model run (a model with one weights file; per-seed weights make one run per seed):
+FeatureSets come from the store (``oodeval.features.extract``, cached) or from precomputed folders;
+each detector configuration is fitted ONCE on ID-train (once per seed only for seeded detectors
+when ``seed_detectors = true``), scores ID-test once and every OOD set once;
+each (dataset, split, seed) cell then gets ``oodeval.metrics.evaluate`` and percentile 95% CIs from
+``oodeval.stats.bootstrap`` (seeded by the cell's seed). After every cell the whole table is
+rewritten atomically, so an interruption loses at most the cell in flight; a failing cell is
+recorded with its error and the grid goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .._io import atomic_path, hash_json
+from ..features import FeatureSet
+from ..results import (
+    ALL_SPLIT,
+    BOOTSTRAPPED,
+    KEY,
+    done_keys,
+    hp_json,
+    load_results,
+    merge_results,
+    save_results,
+)
+from .config import DatasetSpec, DetectorSpec, ExperimentConfig, ModelSpec, load_config
+from .zeroshot import vocabulary_label
+
+__all__ = ["run_experiment", "RunSummary", "scores_dir"]
+
+log = logging.getLogger(__name__)
+
+#: hyperparameter names through which a seeded detector receives the cell's seed
+SEED_PARAMS = ("seed", "random_state")
+
+
+@dataclass
+class RunSummary:
+    """What one call of :func:`run_experiment` did; usable as the path of the results table."""
+
+    results: Path
+    total: int = 0
+    skipped: int = 0
+    computed: int = 0
+    failed: int = 0
+    fits: int = 0
+    errors: list[str] = field(default_factory=list)
+
+    def __fspath__(self) -> str:
+        """A summary stands for its results table: ``pd.read_parquet(run_experiment(...))`` works."""
+        return str(self.results)
+
+    def __str__(self) -> str:
+        return (
+            f"{self.total} cells: {self.skipped} already done, {self.computed} computed "
+            f"({self.failed} failed), {self.fits} detector fits -> {self.results}"
+        )
+
+
+def scores_dir(results: Path) -> Path:
+    """The folder beside the results table that holds the per-cell score arrays."""
+    return results.parent / f"{results.stem}.scores"
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _error_text(exc: BaseException) -> str:
+    msg = f"{type(exc).__name__}: {exc}"
+    return msg if len(msg) < 2000 else msg[:2000] + " ..."
+
+
+def _save_npy(path: Path, arr: np.ndarray) -> None:
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as fh:
+            np.save(fh, np.ascontiguousarray(arr, dtype=np.float64))
+
+
+# ---------------------------------------------------------------------------- features
+FeatureFn = Callable[[ModelSpec, "str | None", DatasetSpec, str, ExperimentConfig], FeatureSet]
+
+
+def extract_features(model: ModelSpec, weights: str | None, ds: DatasetSpec, role: str, cfg: ExperimentConfig) -> FeatureSet:
+    """The FeatureSet of ``ds`` under ``model``: a precomputed folder named in the model's
+    ``features`` table (by role ``id_train`` / ``id_test`` or OOD label), else the store."""
+    if role in model.features:
+        return FeatureSet.load(model.features[role])
+    from ..features.extract import extract
+
+    path = extract(
+        model.name,
+        ds.name,
+        cfg.store,
+        weights=weights,
+        data_root=cfg.data_root,
+        taps=model.taps,
+        patch_features=model.patch_features,
+        batch_size=cfg.batch_size,
+        num_workers=cfg.num_workers,
+        device=cfg.device,
+        model_kwargs=model.model_kwargs or None,
+        progress=True,
+    )
+    return FeatureSet.load(path)
+
+
+def split_values(fs: FeatureSet, ds: DatasetSpec, cfg: ExperimentConfig) -> np.ndarray | None:
+    """Per-sample values of the dataset's split column (None when it has none).
+
+    Read from the FeatureSet's extra array of that name when present, else from the dataset's
+    manifest (``oodeval.data.resolve``), whose rows are in FeatureSet order.
+    """
+    col = ds.split_column
+    if col is None:
+        return None
+    if col in fs.extras:
+        values = np.asarray(fs.extras[col])
+    else:
+        from ..data import resolve
+
+        manifest = resolve(ds.name, cfg.data_root)
+        raw = getattr(manifest, col, None)
+        if raw is None:
+            raise ValueError(f"dataset {ds.label!r} has no split column {col!r} (neither a FeatureSet extra nor a manifest column)")
+        values = np.asarray(raw)
+    if values.shape[0] != len(fs):
+        raise ValueError(f"split column {col!r} of {ds.label!r} has {values.shape[0]} values for {len(fs)} samples")
+    return values
+
+
+def _split_masks(values: np.ndarray | None, column: str | None) -> dict[str, np.ndarray | None]:
+    out: dict[str, np.ndarray | None] = {ALL_SPLIT: None}
+    if values is not None:
+        for v in sorted({str(x) for x in values.tolist()}):
+            out[f"{column}={v}"] = np.array([str(x) == v for x in values.tolist()])
+    return out
+
+
+# ---------------------------------------------------------------------------- scorers
+class _Scorer:
+    """fit(train) / score(fs) over a post-hoc detector or a zero-shot scorer."""
+
+    def __init__(self, model: ModelSpec, spec: DetectorSpec, hp: dict, context: dict) -> None:
+        self.model, self.spec, self.hp, self.context = model, spec, hp, context
+        if model.kind == "supervised":
+            from .. import detectors
+
+            try:
+                self.det = detectors.create(spec.name, **hp)
+            except TypeError as exc:
+                raise ValueError(f"detector {spec.name!r} rejects hyperparameters {hp}: {exc}") from exc
+            self.fit_needs = self.det.fit_needs
+
+    def fit(self, train: FeatureSet | None) -> None:
+        if self.model.kind == "supervised":
+            self.det.fit(train)
+
+    def score(self, fs: FeatureSet) -> np.ndarray:
+        if self.model.kind == "supervised":
+            return self.det.score(fs)
+        from .zeroshot import zeroshot_scores
+
+        return zeroshot_scores(self.spec, self.hp, fs, self.context)
+
+
+def _seeded_hp(model: ModelSpec, spec: DetectorSpec, seed: int, seed_detectors: bool) -> dict:
+    """The spec's overrides; with ``seed_detectors``, plus the cell's seed for a detector that
+    takes one (``seed`` / ``random_state``) and was not given one in the experiment file."""
+    hp = dict(spec.hyperparameters)
+    if model.kind != "supervised" or not seed_detectors:
+        return hp
+    from .. import detectors
+
+    try:
+        params = detectors.create(spec.name).get_params()
+    except Exception:  # noqa: BLE001 - an unbuildable detector fails later, as a recorded cell
+        return hp
+    for name in SEED_PARAMS:
+        if name in params and name not in hp:
+            hp[name] = seed
+    return hp
+
+
+def _id_accuracy(model: ModelSpec, fs: FeatureSet, context: dict) -> float:
+    from ..metrics import accuracy
+
+    if not (fs.labels >= 0).any():
+        return float("nan")
+    if model.kind == "supervised":
+        return accuracy(fs.logits, fs.labels) if fs.logits is not None else float("nan")
+    from .zeroshot import zeroshot_logits
+
+    logits = zeroshot_logits(fs, context)
+    return float("nan") if logits is None else accuracy(logits, fs.labels)
+
+
+# ---------------------------------------------------------------------------- the grid
+@dataclass
+class _Run:
+    model: ModelSpec
+    weights: str | None
+    seeds: list[int]
+    feats: dict[str, FeatureSet] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+    splits: dict[str, dict[str, np.ndarray | None]] = field(default_factory=dict)
+    specs: list[DetectorSpec] = field(default_factory=list)
+    context: dict = field(default_factory=dict)
+
+
+def _specs_for(run: _Run, cfg: ExperimentConfig) -> list[DetectorSpec]:
+    given = run.model.detectors or (cfg.detectors if run.model.kind == "supervised" else cfg.zeroshot)
+    if given is not None:
+        return list(given)
+    if run.model.kind == "supervised":
+        from .. import detectors
+
+        test = run.feats.get("id_test")
+        if test is None:
+            return []
+        return [DetectorSpec(n) for n in detectors.supported(run.feats.get("id_train"), test)]
+    from .zeroshot import default_zeroshot_specs
+
+    return default_zeroshot_specs(run.feats.get("id_test"))
+
+
+def _hp_key(spec: DetectorSpec) -> str:
+    hp = dict(spec.hyperparameters)
+    if spec.vocabulary is not None:
+        hp["vocabulary"] = spec.vocabulary
+    return hp_json(hp)
+
+
+def _cell_key(run: _Run, spec: DetectorSpec, dataset: str, split: str, seed: int) -> tuple:
+    return (run.model.label, run.weights or "", spec.name, _hp_key(spec), dataset, split, int(seed))
+
+
+def _plan_run(run: _Run, cfg: ExperimentConfig, features: FeatureFn) -> None:
+    roles: list[tuple[str, DatasetSpec]] = [("id_test", cfg.id_test)]
+    if run.model.kind == "supervised" and (cfg.id_train is not None or "id_train" in run.model.features):
+        roles.insert(0, ("id_train", cfg.id_train or DatasetSpec("id_train", "id_train")))
+    roles += [(d.label, d) for d in cfg.ood]
+    for role, ds in roles:
+        try:
+            run.feats[role] = features(run.model, run.weights, ds, role, cfg)
+            if role not in ("id_train", "id_test"):
+                run.splits[role] = _split_masks(split_values(run.feats[role], ds, cfg), ds.split_column)
+        except Exception as exc:  # noqa: BLE001 - recorded, the grid goes on
+            log.debug("features of %s failed", role, exc_info=True)
+            run.errors[role] = f"features of {ds.label!r} failed: {_error_text(exc)}"
+            run.splits.setdefault(role, {ALL_SPLIT: None})
+    if run.model.kind == "zero-shot" and "id_test" in run.feats:
+        from .zeroshot import build_context
+
+        try:
+            run.context = build_context(run.model, run.weights, cfg, run.feats["id_test"])
+        except Exception as exc:  # noqa: BLE001
+            run.errors["id_test"] = f"zero-shot text side failed: {_error_text(exc)}"
+    try:
+        run.specs = _specs_for(run, cfg)
+    except Exception as exc:  # noqa: BLE001 - recorded as one failed cell per OOD set
+        run.errors.setdefault("id_test", f"choosing the detectors failed: {_error_text(exc)}")
+        run.specs = []
+    if not run.specs:
+        run.specs = [DetectorSpec("*")]
+
+
+def _split_cells(table: pd.DataFrame, done: set[tuple]) -> dict[tuple, int]:
+    """Number of done split cells (split != all) per key without its split."""
+    out: dict[tuple, int] = {}
+    for key in done:
+        if key[5] != ALL_SPLIT:
+            k = key[:5] + key[6:]
+            out[k] = out.get(k, 0) + 1
+    return out
+
+
+def _settled(run: _Run, cfg: ExperimentConfig, done: set[tuple], split_done: dict[tuple, int]) -> int | None:
+    """The number of cells of a run when every one of them is already done (known without its
+    features: an explicit detector list, and split cells already in the table), else None."""
+    specs = run.model.detectors or (cfg.detectors if run.model.kind == "supervised" else cfg.zeroshot)
+    if specs is None or (cfg.sweeps and run.model.kind == "zero-shot"):
+        return None
+    n = 0
+    for spec in specs:
+        for ds in cfg.ood:
+            for seed in run.seeds:
+                key = _cell_key(run, spec, ds.label, ALL_SPLIT, seed)
+                if key not in done:
+                    return None
+                n += 1
+                if ds.split_column is not None:
+                    parts = split_done.get(key[:5] + key[6:], 0)
+                    if parts == 0:
+                        return None
+                    n += parts
+    return n
+
+
+def _row(key: tuple, **values) -> dict:
+    row = dict(zip(KEY, key))
+    row.update(values)
+    row["created"] = _now()
+    return row
+
+
+def run_experiment(
+    config: str | Path | dict | ExperimentConfig,
+    *,
+    progress: bool = True,
+    features: FeatureFn | None = None,
+) -> RunSummary:
+    """Run (or resume) the grid of ``config`` and return a :class:`RunSummary`; ``.results`` is
+    the Parquet table's path. ``features`` replaces the FeatureSet source (default:
+    :func:`extract_features`)."""
+    from tqdm.auto import tqdm
+
+    cfg = load_config(config)
+    features = features or extract_features
+    table = load_results(cfg.results)
+    done = done_keys(table, include_errors=not cfg.retry_failed)
+    summary = RunSummary(results=cfg.results)
+    runs: list[_Run] = []
+    settled_cells = 0
+    split_done = _split_cells(table, done)
+    for model in cfg.models:
+        groups: dict[str | None, list[int]] = {}
+        for i, seed in enumerate(cfg.seeds):
+            groups.setdefault(model.weights_for(i), []).append(seed)
+        for weights, seeds in groups.items():
+            run = _Run(model, weights, seeds)
+            n = _settled(run, cfg, done, split_done)
+            if n is not None:  # every cell done: no features needed, nothing re-extracted or re-hashed
+                settled_cells += n
+                continue
+            _plan_run(run, cfg, features)
+            runs.append(run)
+    plans = []
+    for run in runs:
+        for spec in run.specs:
+            cells = [
+                (_cell_key(run, spec, ds.label, split, seed), ds.label, split, seed)
+                for ds in cfg.ood
+                for split in run.splits[ds.label]
+                for seed in run.seeds
+            ]
+            plans.append((run, spec, cells))
+    summary.total = settled_cells + sum(len(c) for _, _, c in plans)
+    todo = sum(1 for _, _, cells in plans for c in cells if c[0] not in done)
+    summary.skipped = summary.total - todo
+    bar = tqdm(total=summary.total, initial=summary.skipped, unit="cell", desc=f"{cfg.name} cells", disable=not progress)
+    state = {"table": table}
+
+    def record(row: dict) -> None:
+        state["table"] = merge_results(state["table"], pd.DataFrame([row]))
+        save_results(state["table"], cfg.results)
+        summary.computed += 1
+        if row["status"] != "ok":
+            summary.failed += 1
+            summary.errors.append(f"{row['model']}/{row['detector']}/{row['dataset']}/{row['split']}: {row['error']}")
+        bar.update(1)
+
+    try:
+        for run, spec, cells in plans:
+            todo_cells = [c for c in cells if c[0] not in done]
+            if todo_cells:
+                bar.set_postfix_str(f"{run.model.label} / {spec.display}")
+                _run_detector(run, spec, todo_cells, cfg, record, summary)
+    finally:
+        bar.close()
+    if cfg.sweeps:
+        from .zeroshot import run_sweeps
+
+        for run in runs:
+            if run.model.kind == "zero-shot":
+                run_sweeps(run.model, run.feats, run.context, run.errors, cfg, summary)
+    return summary
+
+
+def _base_info(run: _Run, spec: DetectorSpec, cfg: ExperimentConfig) -> dict:
+    return {
+        "kind": run.model.kind,
+        "label": spec.display,
+        "vocabulary": vocabulary_label(spec.vocabulary),
+        "id_train": cfg.id_train.label if cfg.id_train else None,
+        "id_test": cfg.id_test.label,
+        "bootstrap_draws": cfg.bootstrap_draws,
+    }
+
+
+def _run_detector(run: _Run, spec: DetectorSpec, cells: list, cfg: ExperimentConfig, record, summary: RunSummary) -> None:
+    """Fit once per distinct (seeded) hyperparameter set, score once per dataset, evaluate every cell."""
+    info = _base_info(run, spec, cfg)
+    by_hp: dict[str, tuple[dict, list]] = {}
+    for cell in cells:
+        hp = _seeded_hp(run.model, spec, cell[3], cfg.seed_detectors)
+        by_hp.setdefault(hp_json(hp), (hp, []))[1].append(cell)
+
+    def fail(cell_list: list, message: str, t0: float) -> None:
+        for key, _, _, _ in cell_list:
+            record(_row(key, status="error", error=message, seconds=time.perf_counter() - t0, **info))
+
+    for hpj, (hp, hp_cells) in by_hp.items():
+        t0 = time.perf_counter()
+        if spec.name == "*":
+            fail(hp_cells, run.errors.get("id_test") or "no detector applies to these features", t0)
+            continue
+        blocking = run.errors.get("id_test")
+        if blocking:
+            fail(hp_cells, blocking, t0)
+            continue
+        try:
+            scorer = _Scorer(run.model, spec, hp, run.context)
+            train = run.feats.get("id_train")
+            if run.model.kind == "supervised" and scorer.fit_needs and train is None:
+                raise RuntimeError(run.errors.get("id_train", "no ID-train features to fit on"))
+            scorer.fit(train)
+            summary.fits += 1
+            id_scores = scorer.score(run.feats["id_test"])
+            acc = _id_accuracy(run.model, run.feats["id_test"], run.context)
+        except Exception as exc:  # noqa: BLE001 - recorded, the grid goes on
+            log.debug("detector %s failed", spec.name, exc_info=True)
+            fail(hp_cells, _error_text(exc), t0)
+            continue
+        folder = scores_dir(cfg.results) / hash_json([run.model.label, run.weights or "", spec.name, _hp_key(spec), hpj])
+        id_file = folder / "id.npy"
+        _save_npy(id_file, id_scores)
+        fit_seconds = time.perf_counter() - t0
+        datasets: dict[str, list] = {}
+        for cell in hp_cells:
+            datasets.setdefault(cell[1], []).append(cell)
+        for label, ds_cells in datasets.items():
+            t1 = time.perf_counter()
+            try:
+                if label in run.errors:
+                    raise RuntimeError(run.errors[label])
+                ood_all = scorer.score(run.feats[label])
+            except Exception as exc:  # noqa: BLE001
+                fail(ds_cells, _error_text(exc), t1)
+                continue
+            for key, _, split, seed in ds_cells:
+                t2 = time.perf_counter()
+                try:
+                    mask = run.splits[label][split]
+                    ood = ood_all if mask is None else ood_all[mask]
+                    ood_file = folder / f"{hash_json([label, split])}.npy"
+                    _save_npy(ood_file, ood)
+                    row = _evaluate(id_scores, ood, seed, cfg.bootstrap_draws)
+                    row.update(
+                        status="ok",
+                        id_accuracy=acc,
+                        scores_id=str(id_file.relative_to(cfg.results.parent)),
+                        scores_ood=str(ood_file.relative_to(cfg.results.parent)),
+                        seconds=fit_seconds / len(hp_cells) + time.perf_counter() - t2,
+                    )
+                    record(_row(key, **info, **row))
+                except Exception as exc:  # noqa: BLE001
+                    log.debug("cell %s failed\n%s", key, traceback.format_exc())
+                    record(_row(key, status="error", error=_error_text(exc), seconds=time.perf_counter() - t2, **info))
+
+
+def _evaluate(id_scores: np.ndarray, ood: np.ndarray, seed: int, draws: int) -> dict:
+    """Metrics (fractions) and percentile 95% bootstrap bounds of one cell."""
+    from ..metrics import evaluate
+    from ..stats import bootstrap, confidence_interval
+
+    out: dict = dict(evaluate(id_scores, ood))
+    boot = bootstrap(id_scores, ood, draws=draws, seed=seed)
+    for m in BOOTSTRAPPED:
+        lo, hi = confidence_interval(boot[m][0])
+        out[f"{m}_lo"], out[f"{m}_hi"] = float(lo), float(hi)
+    out["n_id"], out["n_ood"] = int(id_scores.size), int(ood.size)
+    return out

@@ -1,0 +1,166 @@
+"""Zero-shot (VLM) cells of the grid: the text side and the scorers of ``oodeval.zeroshot``.
+
+The context of a zero-shot model run holds the l2-normalised ID label embeddings ``id_text``
+(C, E) and a loader of negative vocabularies. Label embeddings come from the model's
+``features`` table when given there as ``.npy`` files (``text:id`` for the ID names, ``text:<vocab>``
+for a vocabulary), else from ``oodeval.zeroshot.text.TextEncoder`` on the model's own text tower:
+ID names from ``[datasets] id_classes`` (a file, one per line, or ``imagenet1k``) or the ID-test
+manifest's class names; a vocabulary from its file (``Vocabulary`` JSON or one label per line).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ..features import FeatureSet
+from .config import DetectorSpec, ExperimentConfig, ModelSpec
+
+__all__ = ["run_sweeps", "build_context", "zeroshot_scores", "zeroshot_logits", "default_zeroshot_specs", "vocabulary_label", "LOGIT_SPACE"]
+
+#: the seven logit-space scorers of the paper's Tab. 1 (zero-shot rows)
+LOGIT_SPACE = ("mcm", "maxlogit", "energy", "gen", "entropy", "margin", "gl_mcm")
+
+
+def _unit(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, dtype=np.float64)
+    return x / np.linalg.norm(x, axis=-1, keepdims=True)
+
+
+def _class_names(cfg: ExperimentConfig) -> list[str]:
+    if cfg.id_classes is not None:
+        from ..zeroshot.build import read_id_names
+
+        return read_id_names(str(cfg.id_classes))[0]
+    from ..data import resolve
+
+    names = list(resolve(cfg.id_test.name, cfg.data_root).class_names or [])
+    if not names:
+        raise ValueError("zero-shot models need the ID class names: set [datasets] id_classes to a text file (one per line) or 'imagenet1k'")
+    return names
+
+
+def _encoder(model: ModelSpec, weights: str | None, cfg: ExperimentConfig):
+    """An ``oodeval.zeroshot.text.TextEncoder`` for the model's text tower, cached under the store."""
+    from ..zeroshot.models import load_clip
+    from ..zeroshot.text import TextEncoder
+
+    net, tokenizer, name = load_clip(model.name, weights=weights, device="cpu" if cfg.device == "auto" else cfg.device)
+    return TextEncoder(net, tokenizer, name, weights=weights, cache_dir=cfg.store / "text")
+
+
+def _vocab_labels(name: str) -> list[str]:
+    """Labels of a vocabulary file: a ``Vocabulary`` JSON or a text file with one label per line."""
+    path = Path(name)
+    if not path.is_file():
+        raise FileNotFoundError(f"vocabulary file {name} does not exist")
+    if path.suffix.lower() == ".json":
+        from ..zeroshot.vocabulary import Vocabulary
+
+        return Vocabulary.load(path).labels
+    return [ln.strip() for ln in path.read_text().splitlines() if ln.strip()]
+
+
+def vocabulary_label(name: str | None) -> str | None:
+    """The short name of a vocabulary in the results (a file's stem, e.g. ``wordnet`` for wordnet.json)."""
+    if name is None:
+        return None
+    return Path(name).stem if ("/" in name or "." in Path(name).name) else name
+
+
+def build_context(model: ModelSpec, weights: str | None, cfg: ExperimentConfig, id_test: FeatureSet) -> dict:
+    """``{"id_text": (C, E), "vocab": callable(name) -> (M, E) | None}`` for a zero-shot model run.
+
+    Label embeddings come from the model's ``features`` table when given there as ``.npy`` files
+    (``text:id``; ``text:<vocabulary>``), else from the model's text tower (cached under the store).
+    """
+    state: dict = {}
+
+    def encode(labels: list[str]) -> np.ndarray:
+        if "encoder" not in state:
+            state["encoder"] = _encoder(model, weights, cfg)
+        return state["encoder"].encode(labels, progress=True)
+
+    if "text:id" in model.features:
+        id_text = np.load(model.features["text:id"])
+    else:
+        id_text = encode(_class_names(cfg))
+    cache: dict[str, np.ndarray] = {}
+
+    def vocab(name: str | None) -> np.ndarray | None:
+        if name is None:
+            return None
+        if name not in cache:
+            key = f"text:{vocabulary_label(name)}"
+            if key in model.features:
+                cache[name] = _unit(np.load(model.features[key]))
+            else:
+                cache[name] = _unit(encode(_vocab_labels(name)))
+        return cache[name]
+
+    return {"id_text": _unit(id_text), "vocab": vocab}
+
+
+def zeroshot_scores(spec: DetectorSpec, hp: dict, fs: FeatureSet, context: dict) -> np.ndarray:
+    """Scores of zero-shot scorer ``spec`` on image embeddings ``fs`` (normalised here)."""
+    from ..zeroshot.scorers import create
+
+    scorer = create(spec.name, **hp)
+    image = FeatureSet(features=_unit(fs.features), labels=fs.labels, extras=_normalised_extras(fs))
+    negatives = context["vocab"](spec.vocabulary) if scorer.uses_negatives else None
+    if scorer.uses_negatives and negatives is None:
+        raise ValueError(f"zero-shot scorer {spec.name!r} needs a vocabulary (set `vocabulary` in its table)")
+    return scorer.score(image, context["id_text"], negatives)
+
+
+def _normalised_extras(fs: FeatureSet) -> dict:
+    out = {}
+    if "patch_features" in fs.extras:
+        out["patch_features"] = _unit(fs.extras["patch_features"])
+    return out
+
+
+def zeroshot_logits(fs: FeatureSet, context: dict) -> np.ndarray | None:
+    """Cosine similarities to the ID label embeddings (argmax = the zero-shot prediction)."""
+    if "id_text" not in context:
+        return None
+    return _unit(fs.features) @ context["id_text"].T
+
+
+def default_zeroshot_specs(id_test: FeatureSet | None) -> list[DetectorSpec]:
+    """The logit-space scorers the image FeatureSet supports (gl_mcm only with patch features)."""
+    out = [DetectorSpec(n) for n in LOGIT_SPACE if n != "gl_mcm"]
+    if id_test is not None and "patch_features" in id_test.extras:
+        out.append(DetectorSpec("gl_mcm"))
+    return out
+
+
+def run_sweeps(model: ModelSpec, feats: dict[str, FeatureSet], context: dict, errors: dict, cfg: ExperimentConfig, summary) -> None:
+    """Fig. A2 curves of one zero-shot model run on every OOD set, via ``oodeval.zeroshot.sweeps.sweep_prefix``,
+    recorded with :func:`oodeval.report.save_sweep`; curves already recorded are skipped, failures
+    are added to ``summary.errors``."""
+    import pandas as pd
+
+    from ..report import save_sweep, sweeps_path
+    from ..zeroshot.sweeps import sweep_prefix
+
+    path = sweeps_path(cfg.results)
+    have = pd.read_parquet(path) if path.exists() else pd.DataFrame(columns=["sweep", "model", "dataset"])
+    done = set(zip(have["sweep"], have["model"], have["dataset"]))
+    for sweep in cfg.sweeps:
+        for ds in cfg.ood:
+            if (sweep.name, model.label, ds.label) in done:
+                continue
+            try:
+                if "id_test" in errors or ds.label in errors or "id_text" not in context:
+                    raise RuntimeError(errors.get("id_test") or errors.get(ds.label) or "no ID label embeddings")
+                negatives = context["vocab"](sweep.vocabulary)
+                sizes = [m for m in sweep.sizes if m <= len(negatives)]
+                if not sizes:
+                    raise ValueError(f"every size of {sweep.sizes} exceeds the vocabulary's {len(negatives)} labels")
+                unit_fs = [FeatureSet(features=_unit(feats[k].features)) for k in ("id_test", ds.label)]
+                curve = sweep_prefix(*unit_fs, context["id_text"], negatives, sizes, scorer=sweep.scorer, **sweep.hyperparameters)
+                save_sweep(cfg.results, sweep.name, model.label, ds.label, curve)
+            except Exception as exc:  # noqa: BLE001 - recorded, the rest goes on
+                summary.errors.append(f"sweep {sweep.name} {model.label}/{ds.label}: {type(exc).__name__}: {exc}")

@@ -1,0 +1,344 @@
+"""Extraction: one forward pass of a backbone over a dataset into a cached FeatureSet.
+
+``extract(model, dataset, store)`` loads the images of a manifest with the model's own
+preprocessing (DataLoader workers, pinned memory on a GPU, channels_last, bf16 autocast on a GPU),
+writes per-shard results atomically and assembles the FeatureSet when every shard is in. The entry
+is keyed by model, weights content, probe head, preprocessing inputs (model name, model kwargs,
+timm/open_clip/torch versions), manifest content hash and options; a repeated call returns the
+finished folder without loading the model. A run killed at any point resumes from its shards.
+Unreadable images are skipped, counted and listed in ``meta["skipped"]``. Under torchrun each rank
+takes the shards ``i % world_size == rank``; rank 0 assembles once all are in.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .. import __version__
+from .._io import hash_json
+from ..data import ImageError, Manifest, open_image, resolve
+from . import store as st
+from .backbones import Backbone, file_hash, load_backbone, parse_model_name
+from .preprocess import SplitTransform, split_transform
+
+__all__ = ["extract", "entry_key", "ManifestDataset"]
+
+log = logging.getLogger(__name__)
+
+FORMAT = "oodeval.extract/1"
+
+
+class ManifestDataset(torch.utils.data.Dataset):
+    """Rows of a manifest as ``(transformed image | None, row, error)``; a bad image yields None and its error."""
+
+    def __init__(self, manifest: Manifest, transform: Callable, mode: str = "RGB") -> None:
+        self.manifest, self.transform, self.mode = manifest, transform, mode
+
+    def __len__(self) -> int:
+        return len(self.manifest)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor | np.ndarray | None, int, str]:
+        path = self.manifest.resolve_path(i)
+        try:
+            img = open_image(path, self.mode)
+        except ImageError as exc:
+            return None, i, str(exc)
+        try:
+            return self.transform(img), i, ""
+        except (OSError, ValueError) as exc:  # e.g. a degenerate (zero-sized) image the transform cannot resize
+            return None, i, f"{path}: preprocessing failed: {type(exc).__name__}: {exc}"
+
+
+def _collate(items: list) -> tuple[torch.Tensor | None, list[int], list[int], list[str]]:
+    good = [(x, i) for x, i, _ in items if x is not None]
+    bad = [(i, e) for x, i, e in items if x is None]
+    if not good:
+        x = None
+    elif isinstance(good[0][0], np.ndarray):  # uint8 HWC from a SplitTransform
+        x = torch.from_numpy(np.stack([g[0] for g in good]))
+    else:
+        x = torch.stack([g[0] for g in good])
+    return x, [g[1] for g in good], [b[0] for b in bad], [b[1] for b in bad]
+
+
+def _versions() -> dict[str, str]:
+    from importlib.metadata import version
+
+    return {p: version(p) for p in ("torch", "timm", "open_clip_torch")} | {"oodeval": __version__}
+
+
+def entry_key(model: str, manifest: Manifest, *, weights_hash: str | None, head_hash: str | None, pretrained: bool,
+              model_kwargs: dict | None, taps: bool, nac_layers: Sequence[str] | None, patch_features: bool,
+              precision: str) -> str:
+    """Cache key: hash of everything that determines the stored numbers (not batch size or workers)."""
+    return hash_json({
+        "format": FORMAT, "model": model, "weights": weights_hash, "head": head_hash, "pretrained": pretrained,
+        "model_kwargs": model_kwargs or {}, "manifest": manifest.content_hash(), "taps": taps,
+        "nac_layers": list(nac_layers) if nac_layers else None, "patch_features": patch_features,
+        "precision": precision, "versions": _versions(),
+    })
+
+
+def _dist_info() -> tuple[int, int, int]:
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    return int(os.environ.get("RANK", "0")), world, int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def _resolve_device(device: str, local_rank: int, world: int) -> torch.device:
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None and world > 1:
+        dev = torch.device("cuda", local_rank)
+    return dev
+
+
+def _init_dist(world: int, dev: torch.device) -> bool:
+    """Join the process group torchrun set up (nccl on a GPU, gloo on CPU); True if we created it."""
+    import torch.distributed as dist
+
+    if world <= 1 or dist.is_initialized():
+        return False
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo")
+    return True
+
+
+class _Runner:
+    """Per-batch computation: features, logits, and optionally NAC states or patch features."""
+
+    def __init__(self, bb: Backbone, dev: torch.device, amp: bool, layers: list[str] | None, patch_features: bool,
+                 split: SplitTransform | None) -> None:
+        self.bb, self.dev, self.layers, self.patch, self.split = bb, dev, layers, patch_features, split
+        self.amp = torch.autocast(device_type=dev.type, dtype=torch.bfloat16) if amp else nullcontext()
+        self.channels_last = bb.kind == "timm"
+        if self.channels_last:
+            bb.model.to(memory_format=torch.channels_last)
+
+    def __call__(self, x: torch.Tensor) -> dict[str, np.ndarray]:
+        x = x.to(self.dev, non_blocking=True)
+        if self.split is not None:
+            x = self.split.finish(x, self.channels_last)
+        elif self.channels_last and x.ndim == 4:
+            x = x.contiguous(memory_format=torch.channels_last)
+        if self.layers:
+            out = self._with_taps(x)
+        else:
+            with torch.inference_mode(), self.amp:
+                if self.patch:
+                    from .valuepath import image_and_patch_features
+
+                    feats, patches = image_and_patch_features(self.bb.model.visual, x)
+                    out = {"features": feats.float(), "logits": self.bb.logits_from(feats.float()), "patch_features": patches.float()}
+                else:
+                    out = dict(self.bb.forward(x))
+        return {k: v.detach().float().cpu().numpy() for k, v in out.items() if v is not None}
+
+    def _with_taps(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        from .taps import forward_with_nac
+
+        with self.amp:
+            res = forward_with_nac(self.bb.model, x, self.layers)
+        out = {"features": res.features, "logits": res.logits}
+        out.update({f"nac/{k}": v for k, v in res.states.items()})
+        return out
+
+
+def extract(
+    model: str,
+    dataset: str | os.PathLike | Manifest,
+    store: str | os.PathLike,
+    *,
+    weights: str | os.PathLike | None = None,
+    data_root: str | os.PathLike | None = None,
+    taps: bool = False,
+    patch_features: bool = False,
+    batch_size: int = 64,
+    num_workers: int = 0,
+    device: str = "auto",
+    model_kwargs: dict | None = None,
+    progress: bool = True,
+    head: str | os.PathLike | None = None,
+    pretrained: bool = False,
+    amp: bool | None = None,
+    strict: bool = True,
+    shard_size: int = 1024,
+    nac_layers: Sequence[str] | None = None,
+) -> Path:
+    """Extract ``model`` on ``dataset`` into ``store`` and return the FeatureSet folder (cached).
+
+    ``dataset``: a Manifest, registry name, ``NAME:SPLIT``, image folder or CSV (see
+    :func:`oodeval.data.resolve`). ``taps``: record NAC states (``extras['nac/<layer>']``, layers
+    from :func:`oodeval.features.taps.default_nac_layers` unless ``nac_layers``). ``patch_features``:
+    open_clip ViT value-path patch features (``extras['patch_features']``). ``head``: a probe head
+    file whose logits/weight/bias replace the model's own. ``amp``: bf16 autocast, default on CUDA only.
+    ``shard_size``: rows per shard for a new entry (a resumed entry keeps its own).
+    """
+    if batch_size < 1 or shard_size < 1:
+        raise ValueError(f"batch_size and shard_size must be >= 1, got {batch_size} and {shard_size}")
+    kind, _, _ = parse_model_name(model)
+    if patch_features and kind != "open_clip":
+        raise ValueError("patch_features apply to open_clip ViT models only")
+    if taps and (kind != "timm" or head is not None):
+        raise ValueError("taps (NAC states) need a timm classifier with its own head (no open_clip, no probe head)")
+    manifest = dataset if isinstance(dataset, Manifest) else resolve(dataset, data_root, strict=strict)
+    if len(manifest) == 0:
+        raise ValueError(f"dataset {manifest.name!r} has no images")
+    rank, world, local_rank = _dist_info()
+    dev = _resolve_device(device, local_rank, world)
+    use_amp = (dev.type == "cuda") if amp is None else bool(amp)
+    store = Path(store)
+    weights_hash = None if weights is None else st.weights_digest(weights, store)
+    head_hash = None if head is None else file_hash(head)
+    key = entry_key(model, manifest, weights_hash=weights_hash, head_hash=head_hash, pretrained=pretrained,
+                    model_kwargs=model_kwargs, taps=taps, nac_layers=nac_layers, patch_features=patch_features,
+                    precision="bf16" if use_amp else "fp32")
+    entry = st.entry_path(store, model, manifest.name, key)
+    if (entry / "meta.json").is_file():
+        log.info("cached: %s", entry)
+        return entry
+
+    job = _Job(model=model, manifest=manifest, store=store, entry=entry, key=key, weights=weights, weights_hash=weights_hash,
+               head=head, pretrained=pretrained, model_kwargs=model_kwargs, taps=taps, nac_layers=nac_layers,
+               patch_features=patch_features, batch_size=batch_size, num_workers=num_workers, device=dev, amp=use_amp,
+               progress=progress, shard_size=shard_size, rank=rank, world=world)
+    created = _init_dist(world, dev)
+    try:
+        path = _run(job)
+        if created:
+            import torch.distributed as dist
+
+            dist.barrier()  # no rank tears the group down while another still communicates
+        return path
+    finally:
+        if created:
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
+
+
+@dataclass
+class _Job:
+    """Everything one extraction run needs (see :func:`extract` for the meaning of each option)."""
+
+    model: str
+    manifest: Manifest
+    store: Path
+    entry: Path
+    key: str
+    weights: str | os.PathLike | None
+    weights_hash: str | None
+    head: str | os.PathLike | None
+    pretrained: bool
+    model_kwargs: dict | None
+    taps: bool
+    nac_layers: Sequence[str] | None
+    patch_features: bool
+    batch_size: int
+    num_workers: int
+    device: torch.device
+    amp: bool
+    progress: bool
+    shard_size: int
+    rank: int
+    world: int
+
+
+def _run(job: _Job) -> Path:
+    from tqdm.auto import tqdm
+
+    manifest, dev, rank, world = job.manifest, job.device, job.rank, job.world
+    n = len(manifest)
+    partial = st.partial_path(job.store, job.key)
+    plan = st.plan(partial, {"key": job.key, "n_rows": n, "shard_size": job.shard_size, "model": job.model, "dataset": manifest.name})
+    size = int(plan["shard_size"])
+    n_shards = -(-n // size)
+    done = st.done_shards(partial)
+    mine = [i for i in range(n_shards) if i % world == rank and i not in done]
+    timing = {"images": 0, "seconds": 0.0}
+
+    bb = load_backbone(job.model, job.weights, pretrained=job.pretrained, model_kwargs=job.model_kwargs, head=job.head).to(dev)
+    layers = None
+    if job.taps:
+        from .taps import default_nac_layers
+
+        layers = list(job.nac_layers) if job.nac_layers else list(default_nac_layers(bb.model))
+    if mine:
+        if done:
+            log.info("resuming %s: %d of %d shards already written", job.entry.name, len(done), n_shards)
+        split = split_transform(bb.transform)
+        run = _Runner(bb, dev, job.amp, layers, job.patch_features, split)
+        batches = [list(range(s, min(s + job.batch_size, stop)))
+                   for i in mine for stop in [min((i + 1) * size, n)] for s in range(i * size, stop, job.batch_size)]
+        loader = torch.utils.data.DataLoader(
+            ManifestDataset(manifest, split or bb.transform, bb.image_mode), batch_sampler=batches, num_workers=job.num_workers,
+            collate_fn=_collate, pin_memory=dev.type == "cuda", persistent_workers=False)
+        todo = sum(len(b) for b in batches)
+        started = time.perf_counter()
+        bar = tqdm(total=todo, unit="img", desc=f"extract {manifest.name}", disable=not job.progress or rank != 0, dynamic_ncols=True)
+        acc: dict[str, list] = {"rows": [], "failed": [], "errors": []}
+        outs: dict[str, list[np.ndarray]] = {}
+        skipped = 0
+        for x, rows, failed, errors in loader:
+            if x is not None:
+                for k, v in run(x).items():
+                    outs.setdefault(k, []).append(v)
+            acc["rows"] += rows
+            acc["failed"] += failed
+            acc["errors"] += errors
+            bar.update(len(rows) + len(failed))
+            if failed:
+                skipped += len(failed)
+                bar.set_postfix(skipped=skipped)
+            last = max(rows + failed)
+            shard = last // size
+            if last + 1 == min((shard + 1) * size, n):
+                st.write_shard(st.shard_path(partial, shard), np.array(acc["rows"]),
+                               {k: np.concatenate(v) for k, v in outs.items()}, np.array(acc["failed"]), acc["errors"])
+                acc = {"rows": [], "failed": [], "errors": []}
+                outs = {}
+        bar.close()
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        timing = {"images": todo, "seconds": round(time.perf_counter() - started, 4)}
+
+    if world > 1:
+        import torch.distributed as dist
+
+        dist.barrier()
+    error = None
+    if rank == 0 and not (job.entry / "meta.json").is_file():  # another process may have finished it meanwhile
+        meta = {
+            "model": job.model, "weights": None if job.weights is None else str(job.weights),
+            "weights_hash": job.weights_hash, "pretrained": job.pretrained, "model_kwargs": job.model_kwargs or {},
+            "head": None if job.head is None else str(job.head),
+            "preprocessing": {**bb.preprocessing, "tensor_tail_batched": split_transform(bb.transform) is not None},
+            "image_mode": bb.image_mode, "dataset": manifest.name,
+            "manifest_hash": manifest.content_hash(), "class_names": manifest.class_names, "key": job.key,
+            "taps": layers, "patch_features": job.patch_features, "precision": "bf16" if job.amp else "fp32",
+            "device": dev.type, "world_size": world, "role": manifest.meta.get("role"),
+            "timing_rank0": timing,
+        }
+        try:
+            st.assemble(partial, n_shards, job.entry, manifest, meta, head=(bb.weight, bb.bias) if bb.weight is not None else None)
+        except (RuntimeError, ValueError) as exc:
+            error = str(exc)
+    if world > 1:
+        import torch.distributed as dist
+
+        box = [error]
+        dist.broadcast_object_list(box, src=0)
+        error = box[0]
+    if error:
+        raise RuntimeError(error)
+    return job.entry

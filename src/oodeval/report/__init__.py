@@ -1,0 +1,225 @@
+"""Reports of a results table: the Fi-ImageNet-1k paper's tables and figures and the CnC summary,
+as Markdown, LaTeX and one self-contained HTML page (``write_report``).
+
+Views without data are omitted with a note saying why, never filled with placeholders.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .._io import write_text_atomic
+from ..results import ALL_SPLIT, load_cell_scores, load_results
+from . import figures as figs
+from .cnc import cnc_summary
+from .render import html_page, latex, markdown
+from .subsampling import model_scores, subsampling_curves, subsampling_table
+from .tables import best_per_model, dataset_by_model, detector_by_model, split_rows, vocabularies, vocabularies_by_dataset
+from .views import Figure, View, add_det, full_split, prepare
+
+__all__ = ["write_report", "build_views", "sweeps_path", "save_sweep"]
+
+
+def sweeps_path(results: str | Path) -> Path:
+    """Where vocabulary-size sweeps of a results table live: ``<stem>.sweeps.parquet`` beside it."""
+    results = Path(results)
+    return results.parent / f"{results.stem}.sweeps.parquet"
+
+
+def save_sweep(results: str | Path, sweep: str, model: str, dataset: str, sizes, fpr95=None) -> Path:
+    """Record one vocabulary-size curve (FPR@95 fractions against sizes) for Fig. A1 / A2.
+
+    ``sizes`` is a sequence of sizes with ``fpr95`` beside it, or a curve dict of
+    ``oodeval.zeroshot.sweeps`` (``{"param", "x", "fpr95", ...}``). ``sweep`` names the curve family;
+    a name containing "wordnet" or a curve with param "M" is drawn as Fig. A2 (log x), otherwise
+    Fig. A1. A curve with the same (sweep, model, dataset) is replaced.
+    """
+    from .._io import atomic_path
+
+    param = ""
+    if isinstance(sizes, dict):
+        param = str(sizes.get("param", ""))
+        sizes, fpr95 = sizes["x"], sizes["fpr95"]
+    sizes = np.asarray(sizes, dtype=np.int64)
+    fpr95 = np.asarray(fpr95, dtype=np.float64)
+    if sizes.shape != fpr95.shape or sizes.ndim != 1 or sizes.size == 0:
+        raise ValueError(f"sizes and fpr95 must be equal-length 1-d arrays, got {sizes.shape} and {fpr95.shape}")
+    path = sweeps_path(results)
+    new = pd.DataFrame({"sweep": sweep, "param": param, "model": model, "dataset": dataset, "size": sizes, "fpr95": fpr95})
+    if path.exists():
+        old = pd.read_parquet(path)
+        old = old[~((old["sweep"] == sweep) & (old["model"] == model) & (old["dataset"] == dataset))]
+        new = pd.concat([old, new], ignore_index=True)
+    with atomic_path(path) as tmp:
+        new.to_parquet(tmp, index=False)
+    return path
+
+
+def _pick_model(frame: pd.DataFrame) -> str | None:
+    f = full_split(frame)
+    f = f[f["vocabulary"].isna()]
+    if len(f) == 0:
+        return None
+    sup = f[f["kind"] == "supervised"]
+    f = sup if len(sup) else f
+    best = f.groupby(["model", "dataset"], sort=False)["fpr95"].min().groupby("model", sort=False).mean()
+    return str(best.idxmin())
+
+
+def build_views(
+    df: pd.DataFrame,
+    results_path: Path,
+    *,
+    primary: str | None = None,
+    model: str | None = None,
+    subsample_n: int | None = None,
+    draws: int = 1000,
+    seed: int = 0,
+) -> tuple[list[View], dict]:
+    """Every table view, and the choices made (primary set, model, n) for the figures."""
+    frame = prepare(df)
+    datasets = list(dict.fromkeys(full_split(frame)["dataset"]))
+    if primary is None and datasets:
+        primary = datasets[0]
+    if primary is not None and datasets and primary not in datasets:
+        raise ValueError(f"primary OOD set {primary!r} is not in the results; they hold: {', '.join(datasets)}")
+    models = list(dict.fromkeys(frame["model"]))
+    if model is not None and model not in models:
+        raise ValueError(f"model {model!r} is not in the results; they hold: {', '.join(models)}")
+    model = model or _pick_model(frame)
+    views = [
+        best_per_model(frame, primary or ""),
+        detector_by_model(frame, primary or ""),
+        dataset_by_model(frame, primary or ""),
+        vocabularies(frame, primary or ""),
+        vocabularies_by_dataset(frame, primary or ""),
+        split_rows(frame),
+    ]
+    scores = model_scores(df, results_path, model) if model else {}
+    if subsample_n is None and primary in scores:
+        subsample_n = next(iter(scores[primary].values()))[1].size
+    if scores and subsample_n:
+        views.append(subsampling_table(scores, subsample_n, draws=draws, seed=seed, model=model))
+    else:
+        views.append(View("tabA6", "Tab. A6 — sub-sampling", "", note="omitted: no stored scores for a model on the primary set"))
+    views.append(cnc_summary(df))
+    return views, {"frame": frame, "primary": primary, "model": model, "scores": scores, "n": subsample_n}
+
+
+def _figures(df: pd.DataFrame, results_path: Path, choice: dict, fig_dir: Path, draws: int, seed: int, sweeps: pd.DataFrame | None) -> list[Figure]:
+    frame, primary, model, scores = choice["frame"], choice["primary"], choice["model"], choice["scores"]
+    out: list[Figure] = []
+    f = full_split(frame)
+    f = f[f["vocabulary"].isna()]
+    # Fig. 1
+    fig1 = Figure("fig1", "Fig. 1 — best detector per OOD set", f"{model}: lowest FPR@95 over its detectors on every OOD set.")
+    mf = f[f["model"] == model]
+    if len(mf):
+        best = mf.loc[mf.groupby("dataset", sort=False)["fpr95"].idxmin(), ["dataset", "fpr95", "det"]]
+        fig1.path = figs.best_per_dataset(best, model, fig_dir / "fig1_best_per_dataset.png")
+    else:
+        fig1.note = "omitted: no results"
+    out.append(fig1)
+    # ROC
+    roc = Figure("roc", "ROC curves", f"{model} on {primary}: the five detectors with the lowest FPR@95 (ID positive).")
+    on_primary = scores.get(primary, {})
+    if on_primary:
+        ranked = mf[mf["dataset"] == primary].sort_values("fpr95")["det"].tolist()[:5]
+        curves = {d: on_primary[d] for d in ranked if d in on_primary}
+        roc.path = figs.roc_curves(curves, f"{model} — {primary}", fig_dir / "roc.png")
+    else:
+        roc.note = "omitted: no stored scores on the primary set"
+    out.append(roc)
+    # histograms: each model's best detector on the primary set
+    hist = Figure("hist", "ID vs OOD score histograms", f"Each model's best detector (FPR@95) on {primary}; dashed: the TPR95 threshold.")
+    panels = {}
+    rows = add_det(df[(df["status"] == "ok") & (df["split"] == ALL_SPLIT) & (df["dataset"] == primary) & df["vocabulary"].isna()])
+    for m, g in rows.groupby("model", sort=False):
+        g = g[g["seed"] == g["seed"].min()]
+        r = g.loc[g["fpr95"].idxmin()]
+        try:
+            panels[m] = (r["det"], *load_cell_scores(r, results_path))
+        except (OSError, ValueError):
+            continue
+    if panels:
+        hist.path = figs.histograms(dict(list(panels.items())[:9]), primary, fig_dir / "histograms.png")
+    else:
+        hist.note = "omitted: no stored scores on the primary set"
+    out.append(hist)
+    # Fig. A4
+    a4 = Figure("figA4", "Fig. A4 — sub-sampling bands", f"{model}: mean FPR@95 over {draws} draws of n images, ± 2 std; dotted: full-set values; black: {primary}; gray: n = {choice['n']}.")
+    others = {d: s for d, s in scores.items() if d != primary}
+    curves = subsampling_curves(others, draws=draws, seed=seed) if others else {}
+    if curves:
+        ref = (primary, float(mf[mf["dataset"] == primary]["fpr95"].min())) if primary in set(mf["dataset"]) else None
+        a4.path = figs.subsampling_bands(curves, model, ref, choice["n"], fig_dir / "figA4_subsampling.png")
+    else:
+        a4.note = "omitted: needs stored scores on at least one OOD set besides the primary one with 12 or more images"
+    out.append(a4)
+    # Fig. A1 / A2
+    if sweeps is None or len(sweeps) == 0:
+        out.append(Figure("figA1", "Fig. A1 / A2 — vocabulary-size curves", "", note="omitted: no vocabulary sweep data (oodeval.report.save_sweep)"))
+    else:
+        for i, (name, g) in enumerate(sweeps.groupby("sweep", sort=False)):
+            for j, (dataset, gd) in enumerate(g.groupby("dataset", sort=False)):
+                log_x = "wordnet" in name.lower() or ("param" in gd and (gd["param"] == "M").any())
+                key = f"sweep{i}_{j}"
+                fg = Figure(key, f"Fig. {'A2' if log_x else 'A1'} — {name} on {dataset}", "FPR@95 against vocabulary size: gray per model, blue the mean.")
+                fg.path = figs.vocabulary_curves(gd, f"{name} — {dataset}", "pool size M" if log_x else "negatives per ID class k", fig_dir / f"{key}.png", log_x=log_x)
+                out.append(fg)
+    return out
+
+
+def write_report(
+    results: str | Path,
+    out_dir: str | Path,
+    *,
+    primary: str | None = None,
+    model: str | None = None,
+    subsample_n: int | None = None,
+    draws: int = 1000,
+    seed: int = 0,
+    sweeps: str | Path | pd.DataFrame | None = None,
+    title: str = "oodeval report",
+) -> dict[str, Path]:
+    """Write ``report.md``, ``report.tex``, ``report.html`` (self-contained) and ``figures/*.png``.
+
+    ``results``: the Parquet table (or a :class:`~oodeval.experiment.RunSummary`); ``primary``: the
+    OOD set of Tabs. 1, A1, 2 (default: the first in the table); ``model``: the model of Fig. 1, A4,
+    ROC and Tab. A6 (default: the supervised model with the lowest mean best FPR@95); ``subsample_n``:
+    the draw size of Tab. A6 (default: the primary set's size); ``draws``/``seed``: sub-sampling.
+    Returns ``{"markdown", "latex", "html", <figure key>: path, ...}``.
+    """
+    results = Path(getattr(results, "results", results))
+    if not results.is_file():
+        raise FileNotFoundError(f"results table {results} does not exist (run `oodeval run` first)")
+    df = load_results(results)
+    if len(df) == 0:
+        raise ValueError(f"results table {results} has no rows")
+    out_dir = Path(out_dir)
+    fig_dir = out_dir / "figures"
+    fig_dir.mkdir(parents=True, exist_ok=True)
+    if sweeps is None and sweeps_path(results).exists():
+        sweeps = sweeps_path(results)
+    if sweeps is not None and not isinstance(sweeps, pd.DataFrame):
+        sweeps = pd.read_parquet(sweeps)
+    views, choice = build_views(df, results, primary=primary, model=model, subsample_n=subsample_n, draws=draws, seed=seed)
+    figures = _figures(df, results, choice, fig_dir, draws, seed, sweeps)
+    n_ok, n_err = int((df["status"] == "ok").sum()), int((df["status"] != "ok").sum())
+    intro = (
+        f"From {results.name}: {n_ok} evaluated cells ({n_err} failed, not shown), "
+        f"{df['model'].nunique()} model(s), {df['dataset'].nunique()} OOD set(s), seeds {sorted(set(df['seed'].tolist()))}. "
+        f"Primary OOD set: {choice['primary']}; figure model: {choice['model']}. Values in % (means over seeds); "
+        "FPR@95 lower is better, AUROC higher is better; ID is the positive class."
+    )
+    paths: dict[str, Path] = {"markdown": out_dir / "report.md", "latex": out_dir / "report.tex", "html": out_dir / "report.html"}
+    write_text_atomic(paths["markdown"], markdown(title, intro, views, figures, out_dir))
+    write_text_atomic(paths["latex"], latex(title, intro, views, figures, out_dir))
+    write_text_atomic(paths["html"], html_page(title, intro, views, figures))
+    for f in figures:
+        if f.path:
+            paths[f.key] = Path(f.path)
+    return paths

@@ -1,0 +1,129 @@
+"""The report's PNG figures (matplotlib, Agg canvas, no pyplot state).
+
+- Fig. 1: best FPR@95 per OOD set for one model (best of its detectors, named on the bar).
+- ROC curves (ID positive) of one model's best detectors on the primary set (``sklearn.metrics.roc_curve``).
+- ID vs OOD score histograms of each model's best detector on the primary set.
+- Fig. A4: mean FPR@95 over sub-sampling draws ± 2 std against n, full-set values dotted, the
+  primary set as a black reference line and a gray line at the primary set's size.
+- Fig. A1 / A2: vocabulary-size curves (one gray line per model, the mean in blue) from sweep tables.
+Every figure is written atomically.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from .._io import atomic_path
+
+__all__ = ["save_png", "best_per_dataset", "roc_curves", "histograms", "subsampling_bands", "vocabulary_curves"]
+
+
+def save_png(fig: Figure, path: Path) -> Path:
+    """Write ``fig`` as PNG to ``path`` atomically."""
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
+    return path
+
+
+def best_per_dataset(best: pd.DataFrame, model: str, path: Path) -> Path:
+    """Fig. 1 from ``best`` (columns dataset, fpr95, det), one bar per OOD set, sorted."""
+    best = best.sort_values("fpr95")
+    fig = Figure(figsize=(7, 0.45 * len(best) + 1.2))
+    ax = fig.add_subplot()
+    y = np.arange(len(best))
+    ax.barh(y, 100 * best["fpr95"].to_numpy(), color="0.6")
+    for yi, (v, d) in enumerate(zip(best["fpr95"], best["det"])):
+        ax.text(100 * v + 0.5, yi, f"{100 * v:.1f} ({d})", va="center", fontsize=8)
+    ax.set_yticks(y, list(best["dataset"]))
+    ax.invert_yaxis()
+    ax.set_xlim(0, 115)
+    ax.set_xlabel("FPR@95 (%, lower is better)")
+    ax.set_title(f"{model}: best detector per OOD set")
+    return save_png(fig, path)
+
+
+def roc_curves(curves: dict[str, tuple[np.ndarray, np.ndarray]], title: str, path: Path) -> Path:
+    """ROC (TPR of ID vs FPR of OOD) for each detector: label -> (ID scores, OOD scores)."""
+    from sklearn.metrics import roc_curve
+
+    fig = Figure(figsize=(5.5, 5))
+    ax = fig.add_subplot()
+    for label, (id_s, ood_s) in curves.items():
+        y = np.r_[np.ones(id_s.size), np.zeros(ood_s.size)]
+        fpr, tpr, _ = roc_curve(y, np.r_[id_s, ood_s])
+        ax.plot(100 * fpr, 100 * tpr, label=label, lw=1.4)
+    ax.axhline(95, color="0.5", ls=":", lw=1)
+    ax.plot([0, 100], [0, 100], color="0.8", lw=0.8)
+    ax.set_xlabel("FPR: OOD accepted (%)")
+    ax.set_ylabel("TPR: ID accepted (%)")
+    ax.set_title(title)
+    ax.legend(fontsize=8, loc="lower right")
+    return save_png(fig, path)
+
+
+def histograms(panels: dict[str, tuple[str, np.ndarray, np.ndarray]], dataset: str, path: Path) -> Path:
+    """One panel per model: title -> (detector, ID scores, OOD scores); densities with shared bins."""
+    k = len(panels)
+    cols = min(k, 3)
+    rows = int(np.ceil(k / cols))
+    fig = Figure(figsize=(4.2 * cols, 3.2 * rows))
+    for i, (model, (det, id_s, ood_s)) in enumerate(panels.items()):
+        ax = fig.add_subplot(rows, cols, i + 1)
+        lo, hi = min(id_s.min(), ood_s.min()), max(id_s.max(), ood_s.max())
+        bins = np.linspace(lo, hi if hi > lo else lo + 1, 40)
+        ax.hist(id_s, bins=bins, density=True, alpha=0.55, label=f"ID (n={id_s.size})")
+        ax.hist(ood_s, bins=bins, density=True, alpha=0.55, label=f"{dataset} (n={ood_s.size})")
+        k95 = int(np.ceil(0.95 * id_s.size))
+        ax.axvline(np.sort(id_s)[::-1][k95 - 1], color="k", ls="--", lw=1, label="TPR95 threshold")
+        ax.set_title(f"{model} / {det}", fontsize=9)
+        ax.set_xlabel("score (higher = ID)")
+        ax.legend(fontsize=7)
+    return save_png(fig, path)
+
+
+def subsampling_bands(curves: dict, model: str, reference: tuple[str, float] | None, n_ref: int | None, path: Path) -> Path:
+    """Fig. A4 from :func:`oodeval.report.subsampling.subsampling_curves`."""
+    fig = Figure(figsize=(7, 4.5))
+    ax = fig.add_subplot()
+    for i, (dataset, c) in enumerate(curves.items()):
+        color = f"C{i}"
+        m, s = 100 * c["mean"], 100 * c["std"]
+        ax.plot(c["n"], m, color=color, label=f"{dataset} ({c['detector']})")
+        ax.fill_between(c["n"], m - 2 * s, m + 2 * s, color=color, alpha=0.2)
+        ax.axhline(100 * c["full"], color=color, ls=":", lw=1)
+    if reference is not None:
+        ax.axhline(100 * reference[1], color="k", lw=1.5, label=f"{reference[0]} (full)")
+    if n_ref:
+        ax.axvline(n_ref, color="0.6", lw=1)
+    ax.set_xscale("log")
+    ax.set_xlabel("draw size n (log)")
+    ax.set_ylabel("FPR@95 (%), mean ± 2 std over draws")
+    ax.set_title(f"{model}: FPR@95 on random subsets")
+    ax.legend(fontsize=7)
+    return save_png(fig, path)
+
+
+def vocabulary_curves(sweep: pd.DataFrame, title: str, xlabel: str, path: Path, log_x: bool = False) -> Path:
+    """Fig. A1/A2: FPR@95 against vocabulary size, gray per model, blue the mean over models.
+
+    ``sweep`` columns: model, size, fpr95 (fractions).
+    """
+    fig = Figure(figsize=(6, 4))
+    ax = fig.add_subplot()
+    for model, g in sweep.groupby("model", sort=False):
+        g = g.sort_values("size")
+        ax.plot(g["size"], 100 * g["fpr95"], color="0.65", lw=1)
+        ax.annotate(str(model), (g["size"].iloc[-1], 100 * g["fpr95"].iloc[-1]), fontsize=6, color="0.4")
+    mean = sweep.groupby("size")["fpr95"].mean()
+    ax.plot(mean.index, 100 * mean.to_numpy(), color="C0", lw=2, label="mean over models")
+    if log_x:
+        ax.set_xscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("FPR@95 (%)")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    return save_png(fig, path)

@@ -1,0 +1,12 @@
+"""Zero-shot VLM OOD detection: label embeddings, negative vocabularies, and scorers (paper Sec. 4.1, 4.4).
+
+Light to import; torch / open_clip are imported only by the functions that encode text.
+"""
+
+from .scorers import REGISTRY, ZeroShotScorer, create, names, score_zeroshot, similarity_logits
+from .vocabulary import Vocabulary, oracle, union
+
+__all__ = [
+    "REGISTRY", "ZeroShotScorer", "create", "names", "score_zeroshot", "similarity_logits",
+    "Vocabulary", "oracle", "union",
+]  # fmt: skip

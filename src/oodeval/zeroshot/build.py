@@ -1,0 +1,59 @@
+"""Vocabulary builders that need a text encoder: NegMined WordNet (paper Sec. 4.4)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from .negmining import rank_candidates
+from .text import TextEncoder
+from .vocabulary import Vocabulary
+from .wordnet import DEFAULT_WORDNET, head_lemmas
+
+__all__ = ["build_wordnet", "read_id_names"]
+
+
+def read_id_names(spec: str) -> tuple[list[str], list[str] | None]:
+    """``imagenet1k`` -> (the 1000 unique curated names, wnids); a file -> (one name per line, None)."""
+    if spec == "imagenet1k":
+        from .imagenet import class_names, wnids
+
+        return list(class_names()), list(wnids())
+    path = Path(spec)
+    if not path.is_file():
+        raise FileNotFoundError(f"ID names: {spec!r} is neither 'imagenet1k' nor an existing file")
+    names = [line.strip() for line in path.read_text().splitlines() if line.strip()]
+    if not names:
+        raise ValueError(f"ID names file {path} has no names")
+    dup = len(names) - len(set(names))
+    if dup:
+        raise ValueError(f"ID names file {path} repeats {dup} names")
+    return names, None
+
+
+def build_wordnet(
+    encoder: TextEncoder,
+    id_names: Sequence[str],
+    m: int | None = 5000,
+    folder: str | Path = DEFAULT_WORDNET,
+    percentile: float = 95.0,
+    exclude_id: bool = True,
+    progress: bool = True,
+) -> Vocabulary:
+    """NegMined WordNet lexicon: the ``m`` head lemmas least similar to the ID names (all, ranked, when None).
+
+    ``exclude_id`` drops lexicon entries equal (case-insensitively) to an ID name before mining.
+    """
+    lexicon = head_lemmas(folder)
+    banned = {n.lower() for n in id_names} if exclude_id else set()
+    candidates = [w for w in lexicon if w not in banned]
+    id_text = encoder.encode(list(id_names), progress=progress)
+    cand = encoder.encode(candidates, progress=progress)
+    ranked, _ = rank_candidates(candidates, cand, id_text, percentile)
+    labels = ranked if m is None else ranked[:m]
+    prov = {
+        "source": "wordnet head lemmas (noun + adj)", "wordnet": str(folder), "lexicon_size": len(lexicon),
+        "excluded_id_names": len(lexicon) - len(candidates), "M": m, "percentile": percentile,
+        "encoder": encoder.key, "id_names": len(id_names),
+    }  # fmt: skip
+    return Vocabulary(labels, "negmined", prov)

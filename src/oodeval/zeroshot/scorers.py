@@ -1,0 +1,315 @@
+"""Zero-shot VLM OOD scorers on cached embeddings (paper Sec. 4.1, App. F; DESIGN.md).
+
+Every score starts from the similarity logits l_c(x) = h(x)' t_c / tau of the l2-normalised image
+embedding h(x) and label embeddings t_c, tau = 0.01 (NegLabel), so a(x, t) = exp(l). All maths is
+float64 with log-sum-exp; nothing is exponentiated before its maximum is subtracted. Every scorer
+returns float64 (N,), higher = more in-distribution.
+
+Logit space (ID names only): mcm = max_c p(c|x) (MCM, Ming et al. 2022); maxlogit = max_c l_c;
+energy = logsumexp_c l_c (Liu et al. 2020, T = 1 on the tau-scaled logits); gen = -sum over the top-M
+of p^g (1 - p)^g (GEN, Liu et al. 2023; g = 0.1, M = 100); entropy = sum_c p log p (negative
+entropy); margin = l_(1) - l_(2) (gap between the two largest logits; ``space="prob"`` uses
+p_(1) - p_(2)); gl_mcm = mcm + lambda * max over patches of max_c softmax of the patch logits
+(GL-MCM, Miyai et al. 2025; lambda = 1; patch features from the value-path pass).
+
+Vocabulary based (ID names + M negatives t^_m): neglabel = Eq. 3,
+s = sum_c a(x,t_c) / (sum_c a(x,t_c) + sum_m a(x,t^_m)), with NegLabel's grouping (Jiang et al. 2024,
+released code): the last M mod G negatives are dropped, the rest seeded-randomly permuted and split
+into G equal groups, Eq. 3 is evaluated with each group and the G scores are averaged (G = 100 in the
+released ImageNet config; G = 1 is plain Eq. 3). eoe = max_c p_c - beta * max_m p_m with p the
+softmax over ID and negative logits together (EOE, Cao et al. 2024, released score; beta = 0.25).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import numpy as np
+from scipy.special import log_softmax, logsumexp
+from sklearn.base import BaseEstimator
+
+from ..detectors.base import as_scores
+from ..features import FeatureSet
+
+__all__ = [
+    "ZeroShotScorer", "REGISTRY", "names", "create", "score_zeroshot", "similarity_logits",
+    "MCM", "MaxLogit", "Energy", "GEN", "Entropy", "Margin", "GLMCM", "NegLabel", "EOE",
+]  # fmt: skip
+
+REGISTRY: dict[str, type[ZeroShotScorer]] = {}
+
+
+def _register(name: str):
+    def deco(cls):
+        REGISTRY[name] = cls
+        cls.name = name
+        return cls
+
+    return deco
+
+
+def _check_unit(name: str, x: np.ndarray, ndim: int) -> np.ndarray:
+    x = np.asarray(x, dtype=np.float64)
+    if x.ndim != ndim:
+        raise ValueError(f"{name} must have {ndim} dimensions, got shape {x.shape}")
+    bad = ~np.isfinite(x)
+    if bad.any():
+        raise ValueError(f"{name} has {int(bad.sum())} non-finite values")
+    norms = np.linalg.norm(x, axis=-1)
+    off = np.abs(norms - 1.0) > 1e-3
+    if off.any():
+        raise ValueError(f"{name}: {int(off.sum())} of {norms.size} rows are not l2-normalised (norm != 1)")
+    return x
+
+
+def similarity_logits(image: np.ndarray, text: np.ndarray, tau: float = 0.01) -> np.ndarray:
+    """l = image @ text.T / tau in float64. image (..., E) and text (C, E) must be l2-normalised."""
+    if not tau > 0:
+        raise ValueError(f"tau must be > 0, got {tau}")
+    image = _check_unit("image embeddings", image, np.ndim(image))
+    text = _check_unit("text embeddings", text, 2)
+    if image.shape[-1] != text.shape[1]:
+        raise ValueError(f"image embeddings have dim {image.shape[-1]}, text embeddings {text.shape[1]}")
+    if text.shape[0] == 0:
+        raise ValueError("no text embeddings (0 labels)")
+    return image @ text.T / tau
+
+
+def _max_softmax(logits: np.ndarray) -> np.ndarray:
+    """max_c softmax(l)_c = exp(max l - logsumexp l), along the last axis."""
+    return np.exp(logits.max(axis=-1) - logsumexp(logits, axis=-1))
+
+
+class ZeroShotScorer(BaseEstimator):
+    """Base class: constructor = hyperparameters; ``score(image, id_text, negatives=None)``.
+
+    image: a FeatureSet whose ``features`` are l2-normalised image embeddings (N, E), or that array.
+    id_text: (C, E) l2-normalised ID label embeddings; negatives: (M, E) or None.
+    """
+
+    needs: ClassVar[tuple[str, ...]] = ("features",)
+    uses_negatives: ClassVar[bool] = False
+    chunk_rows: ClassVar[int] = 2048
+
+    def score(self, image: FeatureSet | np.ndarray, id_text: np.ndarray, negatives: np.ndarray | None = None) -> np.ndarray:
+        """float64 (N,) scores, higher = more in-distribution."""
+        who = type(self).__name__
+        if isinstance(image, FeatureSet):
+            image.require(self.needs, who)
+            n = len(image)
+        else:
+            if self.needs != ("features",):
+                raise ValueError(f"{who} needs {self.needs}: pass a FeatureSet, not an array")
+            image = FeatureSet(features=np.asarray(image))
+            n = len(image)
+        if negatives is not None and not self.uses_negatives:
+            raise ValueError(f"{who} uses the ID names only; negatives were given ({len(negatives)})")
+        if n <= self.chunk_rows:
+            return as_scores(self._score(image, id_text, negatives), n, who)
+        parts = [
+            self._score(image.subset(slice(s, s + self.chunk_rows)), id_text, negatives)
+            for s in range(0, n, self.chunk_rows)
+        ]  # image chunks keep the (rows, labels) logit matrices small
+        return as_scores(np.concatenate(parts), n, who)
+
+    def _score(self, image: FeatureSet, id_text: np.ndarray, negatives: np.ndarray | None) -> np.ndarray:
+        raise NotImplementedError
+
+
+@_register("mcm")
+class MCM(ZeroShotScorer):
+    """max_c softmax_c(h't_c / tau) (MCM)."""
+
+    def __init__(self, tau: float = 0.01) -> None:
+        self.tau = tau
+
+    def _score(self, image, id_text, negatives):
+        return _max_softmax(similarity_logits(image.features, id_text, self.tau))
+
+
+@_register("maxlogit")
+class MaxLogit(ZeroShotScorer):
+    """max_c h't_c / tau."""
+
+    def __init__(self, tau: float = 0.01) -> None:
+        self.tau = tau
+
+    def _score(self, image, id_text, negatives):
+        return similarity_logits(image.features, id_text, self.tau).max(axis=1)
+
+
+@_register("energy")
+class Energy(ZeroShotScorer):
+    """T * logsumexp_c(l_c / T) on the tau-scaled logits (T = 1)."""
+
+    def __init__(self, tau: float = 0.01, temperature: float = 1.0) -> None:
+        self.tau = tau
+        self.temperature = temperature
+
+    def _score(self, image, id_text, negatives):
+        logits = similarity_logits(image.features, id_text, self.tau)
+        return self.temperature * logsumexp(logits / self.temperature, axis=1)
+
+
+@_register("gen")
+class GEN(ZeroShotScorer):
+    """-sum over the top-M probabilities of p^g (1-p)^g (GEN; g = 0.1, M = 100, capped at C)."""
+
+    def __init__(self, tau: float = 0.01, gamma: float = 0.1, top_m: int = 100) -> None:
+        self.tau = tau
+        self.gamma = gamma
+        self.top_m = top_m
+
+    def _score(self, image, id_text, negatives):
+        logits = similarity_logits(image.features, id_text, self.tau)
+        m = min(int(self.top_m), logits.shape[1])
+        if m < 1:
+            raise ValueError(f"GEN top_m must be >= 1, got {self.top_m}")
+        lse = logsumexp(logits, axis=1, keepdims=True)
+        top = np.exp(-np.sort(-logits, axis=1)[:, :m] - lse)
+        rest = 1.0 - top
+        if logits.shape[1] > 1:  # 1 - p_max without cancellation: the mass of all other classes
+            others = logits.copy()
+            others[np.arange(len(logits)), logits.argmax(axis=1)] = -np.inf
+            rest[:, 0] = np.exp(logsumexp(others, axis=1) - lse[:, 0])
+        return -np.sum(top**self.gamma * rest**self.gamma, axis=1)
+
+
+@_register("entropy")
+class Entropy(ZeroShotScorer):
+    """Negative entropy of the ID posterior, sum_c p log p (0 for a one-hot posterior)."""
+
+    def __init__(self, tau: float = 0.01) -> None:
+        self.tau = tau
+
+    def _score(self, image, id_text, negatives):
+        logp = log_softmax(similarity_logits(image.features, id_text, self.tau), axis=1)
+        return np.sum(np.exp(logp) * logp, axis=1)
+
+
+@_register("margin")
+class Margin(ZeroShotScorer):
+    """Gap between the two largest logits (``space="logit"``) or probabilities (``space="prob"``)."""
+
+    def __init__(self, tau: float = 0.01, space: str = "logit") -> None:
+        self.tau = tau
+        self.space = space
+
+    def _score(self, image, id_text, negatives):
+        logits = similarity_logits(image.features, id_text, self.tau)
+        if logits.shape[1] < 2:
+            raise ValueError("margin needs at least 2 ID labels")
+        if self.space == "prob":
+            logits = np.exp(log_softmax(logits, axis=1))
+        elif self.space != "logit":
+            raise ValueError(f"margin space must be 'logit' or 'prob', got {self.space!r}")
+        top2 = -np.partition(-logits, 1, axis=1)[:, :2]
+        return top2[:, 0] - top2[:, 1]
+
+
+@_register("gl_mcm")
+class GLMCM(ZeroShotScorer):
+    """MCM + lambda * max_patches max_c softmax(patch logits) (GL-MCM; lambda = 1).
+
+    Reads ``extras["patch_features"]`` (N, P, E), l2-normalised, from the value-path pass.
+    """
+
+    needs = ("features", "extra:patch_features")
+
+    def __init__(self, tau: float = 0.01, lam: float = 1.0) -> None:
+        self.tau = tau
+        self.lam = lam
+
+    def _score(self, image, id_text, negatives):
+        glob = _max_softmax(similarity_logits(image.features, id_text, self.tau))
+        patches = np.asarray(image.extras["patch_features"])
+        if patches.ndim != 3 or patches.shape[0] != len(image):
+            raise ValueError(f"patch_features must be (N, P, E) with N={len(image)}, got {patches.shape}")
+        local = np.empty(len(image))
+        for start in range(0, len(image), 256):  # chunks: (n, P, C) logits stay small
+            chunk = similarity_logits(patches[start : start + 256], id_text, self.tau)
+            local[start : start + 256] = _max_softmax(chunk).max(axis=1)
+        return glob + self.lam * local
+
+
+def _log_share(lse_id: np.ndarray, lse_neg: np.ndarray) -> np.ndarray:
+    """log of sum_ID a / (sum_ID a + sum_neg a) from the two log-sums."""
+    return lse_id - np.logaddexp(lse_id, lse_neg)
+
+
+@_register("neglabel")
+class NegLabel(ZeroShotScorer):
+    """Eq. 3 with NegLabel's grouping (n_groups = 100, seed = 0). No negatives: the score is 1.
+
+    The last M mod G negatives (in vocabulary order, i.e. the most ID-like after NegMining) are
+    dropped, the rest permuted with ``numpy.random.default_rng(seed)`` and split into G groups of
+    equal size; when M < G every negative is its own group (G = M).
+    """
+
+    uses_negatives = True
+
+    def __init__(self, tau: float = 0.01, n_groups: int = 100, seed: int = 0) -> None:
+        self.tau = tau
+        self.n_groups = n_groups
+        self.seed = seed
+
+    def _score(self, image, id_text, negatives):
+        id_logits = similarity_logits(image.features, id_text, self.tau)
+        if negatives is None or len(negatives) == 0:
+            return np.ones(len(id_logits))
+        if int(self.n_groups) < 1:
+            raise ValueError(f"n_groups must be >= 1, got {self.n_groups}")
+        lse_id = logsumexp(id_logits, axis=1)
+        neg_logits = similarity_logits(image.features, negatives, self.tau)
+        m = neg_logits.shape[1]
+        groups = min(int(self.n_groups), m)
+        keep = m - m % groups
+        order = np.random.default_rng(self.seed).permutation(keep)
+        grouped = neg_logits[:, :keep][:, order].reshape(len(neg_logits), groups, keep // groups)
+        lse_neg = logsumexp(grouped, axis=2)
+        return np.exp(_log_share(lse_id[:, None], lse_neg)).mean(axis=1)
+
+
+@_register("eoe")
+class EOE(ZeroShotScorer):
+    """max_ID p - beta * max_neg p, p = softmax over ID and negative logits (EOE; beta = 0.25).
+
+    Without negatives it is MCM.
+    """
+
+    uses_negatives = True
+
+    def __init__(self, tau: float = 0.01, beta: float = 0.25) -> None:
+        self.tau = tau
+        self.beta = beta
+
+    def _score(self, image, id_text, negatives):
+        id_logits = similarity_logits(image.features, id_text, self.tau)
+        if negatives is None or len(negatives) == 0:
+            return _max_softmax(id_logits)
+        neg_logits = similarity_logits(image.features, negatives, self.tau)
+        lse = np.logaddexp(logsumexp(id_logits, axis=1), logsumexp(neg_logits, axis=1))
+        return np.exp(id_logits.max(axis=1) - lse) - self.beta * np.exp(neg_logits.max(axis=1) - lse)
+
+
+def names() -> list[str]:
+    """The zero-shot scorer names: 7 logit-space, then the 2 vocabulary-based ones."""
+    return list(REGISTRY)
+
+
+def create(name: str, **hyperparameters) -> ZeroShotScorer:
+    """A new scorer ``name`` with the paper's defaults overridden by ``hyperparameters``."""
+    if name not in REGISTRY:
+        raise KeyError(f"unknown zero-shot scorer {name!r}; known: {', '.join(REGISTRY)}")
+    return REGISTRY[name](**hyperparameters)
+
+
+def score_zeroshot(
+    name: str,
+    image: FeatureSet | np.ndarray,
+    id_text: np.ndarray,
+    negatives: np.ndarray | None = None,
+    **hyperparameters,
+) -> np.ndarray:
+    """Scores (float64 (N,), higher = ID) of scorer ``name`` for image embeddings and label embeddings."""
+    return create(name, **hyperparameters).score(image, id_text, negatives)

@@ -1,0 +1,44 @@
+"""Prompt templates for encoding labels (paper App. G).
+
+``PAPER`` is the paper's 8-template ensemble: the bare name and seven of OpenAI's 80 ImageNet
+templates (Radford et al. 2021), the set also used by NegLabel. ``OPENAI`` is OpenAI's full list as
+shipped by open_clip. A template set is identified by its name and the hash of its strings, which
+is part of every text-embedding cache key.
+"""
+
+from __future__ import annotations
+
+from .._io import hash_json
+
+__all__ = ["PAPER", "template_set", "templates_id"]
+
+PAPER: tuple[str, ...] = (
+    "{}",
+    "a photo of a {}.",
+    "a bad photo of a {}.",
+    "a photo of many {}.",
+    "a photo of the large {}.",
+    "a photo of the small {}.",
+    "a cropped photo of a {}.",
+    "a close-up photo of a {}.",
+)
+
+
+def template_set(name: str = "paper") -> tuple[str, ...]:
+    """The named template set: ``paper`` (8, App. G), ``openai`` (80, open_clip) or ``name`` (bare label)."""
+    if name == "paper":
+        return PAPER
+    if name == "name":
+        return ("{}",)
+    if name == "openai":
+        from open_clip.zero_shot_metadata import OPENAI_IMAGENET_TEMPLATES
+
+        return tuple(t("{}") for t in OPENAI_IMAGENET_TEMPLATES)
+    raise ValueError(f"unknown template set {name!r}; known: paper, openai, name")
+
+
+def templates_id(templates: tuple[str, ...] | list[str]) -> str:
+    """Stable identifier of a template list (order matters: it fixes the averaging order)."""
+    if not templates or any("{}" not in t for t in templates):
+        raise ValueError(f"every template must contain '{{}}'; got {list(templates)!r}")
+    return hash_json(list(templates))

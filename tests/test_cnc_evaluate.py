@@ -1,0 +1,144 @@
+"""The cnc detector, the per-set / mean / seed aggregation, the suites and the CLI."""
+
+import json
+
+import numpy as np
+import pytest
+from scipy.special import softmax
+
+from oodeval.cnc.evaluate import aggregate, evaluate_run, format_table, id_view, set_metrics
+from oodeval.cnc.suites import SUITES, ood_sets, suite
+from oodeval.detectors import REGISTRY, create, names
+from oodeval.features import FeatureSet
+from oodeval.metrics import auroc, detection_error, tnr_at_tpr
+
+
+def _fs(logits, labels=None, cnc=True):
+    logits = np.asarray(logits, dtype=np.float32)
+    k = logits.shape[1] - 1 if cnc else logits.shape[1]
+    return FeatureSet(
+        features=np.zeros((len(logits), 2), np.float32), labels=labels, logits=logits,
+        meta={"num_id_classes": k, "outlier_class": k if cnc else None},
+    )  # fmt: skip
+
+
+def test_cnc_detector_score_is_one_minus_p_outlier():
+    rng = np.random.default_rng(0)
+    logits = (rng.normal(size=(50, 5)) * 3).astype(np.float32).astype(np.float64)  # as stored
+    p_out = softmax(logits, axis=1)[:, -1]
+    det = create("cnc", form="prob").fit()
+    np.testing.assert_allclose(det.score(_fs(logits)), 1 - p_out, rtol=1e-12, atol=1e-15)
+    lo = create("cnc").fit().score(_fs(logits))
+    np.testing.assert_allclose(lo, np.log((1 - p_out) / p_out), rtol=1e-9, atol=1e-12)
+    assert np.array_equal(np.argsort(lo, kind="stable"), np.argsort(1 - p_out, kind="stable"))
+    # another outlier column
+    p0 = softmax(logits, axis=1)[:, 0]
+    np.testing.assert_allclose(create("cnc", form="prob", outlier_class=0).fit().score(_fs(logits)), 1 - p0)
+    # higher = ID: a sample dominated by the outlier logit scores lowest
+    logits[7, -1] = 50
+    assert create("cnc").fit().score(_fs(logits)).argmin() == 7
+    # log-odds keeps resolution where 1 - p saturates to 0
+    sat = np.array([[0.0, 0.0, 60.0], [0.0, 0.0, 70.0]])
+    lo2 = create("cnc").fit().score(_fs(sat))
+    assert lo2[0] > lo2[1]
+
+
+def test_cnc_detector_is_registered_but_not_one_of_the_21():
+    create("cnc")
+    assert "cnc" in REGISTRY and "cnc" not in names()
+    with pytest.raises(ValueError, match="form"):
+        create("cnc", form="odds").fit().score(_fs(np.zeros((3, 3))))
+    with pytest.raises(ValueError, match="outlier_class"):
+        create("cnc", outlier_class=5).fit().score(_fs(np.zeros((3, 3))))
+    plain = _fs(np.zeros((3, 3)), cnc=False)
+    plain.meta["cnc"] = False
+    with pytest.raises(ValueError, match="plain"):
+        create("cnc").fit().score(plain)
+
+
+def test_set_metrics_and_mean():
+    rng = np.random.default_rng(1)
+    idd = rng.normal(1, 1, 300)
+    ood = {"a": rng.normal(0, 1, 200), "b": rng.normal(-1, 1, 100)}
+    m = set_metrics(idd, ood)
+    assert m["a"]["tnr95"] == pytest.approx(tnr_at_tpr(idd, ood["a"]))
+    assert m["b"]["auroc"] == pytest.approx(auroc(idd, ood["b"]))
+    assert m["b"]["detection_error"] == pytest.approx(detection_error(idd, ood["b"]))
+    for k in ("tnr95", "auroc", "detection_error"):
+        assert m["mean"][k] == pytest.approx((m["a"][k] + m["b"][k]) / 2)
+
+
+def test_evaluate_run_uses_first_k_for_posthoc_and_accuracy():
+    rng = np.random.default_rng(2)
+    logits = rng.normal(size=(40, 4))
+    labels = logits[:, :3].argmax(1)
+    logits[:, 3] = logits.max(1) + 1  # the outlier column always wins: must not count as a prediction
+    ood_logits = rng.normal(size=(30, 4))
+    ood_logits[:, 3] += 3
+    r = evaluate_run(_fs(logits, labels), {"x": _fs(ood_logits)}, ["cnc", "msp"], groups={"g": ["x"]})
+    assert r["id_accuracy"] == 1.0
+    msp_id = softmax(logits[:, :3], axis=1).max(1)
+    msp_ood = softmax(ood_logits[:, :3], axis=1).max(1)
+    assert r["detectors"]["msp"]["sets"]["x"]["auroc"] == pytest.approx(auroc(msp_id, msp_ood))
+    assert r["detectors"]["msp"]["groups"]["g"] == r["detectors"]["msp"]["mean"]
+    assert id_view(_fs(logits)).logits.shape == (40, 3)
+    plain = _fs(logits[:, :3], labels, cnc=False)
+    assert id_view(plain) is plain
+
+
+def test_aggregate_mean_std_ddof1_and_table():
+    runs = []
+    for s in range(3):
+        rng = np.random.default_rng(s)
+        lg = rng.normal(size=(30, 3))
+        runs.append(evaluate_run(_fs(lg, lg[:, :2].argmax(1) * (s != 1)), {"o": _fs(rng.normal(size=(20, 3)))}, ["cnc"]))
+    agg = aggregate(runs)
+    vals = [r["detectors"]["cnc"]["sets"]["o"]["auroc"] for r in runs]
+    leaf = agg["detectors"]["cnc"]["sets"]["o"]["auroc"]
+    assert leaf["mean"] == pytest.approx(np.mean(vals)) and leaf["std"] == pytest.approx(np.std(vals, ddof=1))
+    assert leaf["ddof"] == 1 and leaf["n"] == 3
+    text = format_table(agg)
+    assert "TNR@TPR95" in text and "±" in text and "ddof=1" in text
+    with pytest.raises(ValueError, match="ddof"):
+        aggregate(runs[:1])
+
+
+def test_suites():
+    assert ood_sets("cnc-cifar10") == ("svhn", "tin-crop", "tin-resize", "lsun-crop", "lsun-resize", "isun")
+    assert suite("cnc-cifar100").id_test == "cifar100:test"
+    oo = suite("openood-cifar10")
+    assert oo.groups["near"] == ("cifar100:test", "tin") and oo.groups["far"] == ("mnist", "svhn", "texture", "places365")
+    assert suite("openood-cifar100").groups["near"][0] == "cifar10:test"
+    from oodeval.data import REGISTRY as DATA
+
+    for name in ("cnc-cifar10", "cnc-cifar100"):
+        s = SUITES[name]
+        for d in s.ood + (s.id_test.split(":")[0],):
+            assert d in DATA, d
+    with pytest.raises(KeyError, match="known"):
+        suite("cifar11")
+
+
+def test_cli_train_and_evaluate(tmp_path, capsys):
+    from oodeval.cli import main
+
+    rng = np.random.default_rng(0)
+    labels = np.arange(48) % 3
+    images = rng.integers(0, 50, size=(48, 12, 12), dtype=np.uint8)
+    for i, c in enumerate(labels):
+        images[i, c * 4 : c * 4 + 3] = 220
+    np.savez(tmp_path / "train.npz", images=images, labels=labels)
+    np.savez(tmp_path / "ood.npz", images=rng.integers(0, 256, size=(20, 12, 12), dtype=np.uint8))
+    ck = tmp_path / "ck"
+    common = ["--model", "test_resnet", "--epochs", "1", "--batch-size", "16", "--no-progress"]
+    assert main(["cnc", "train", "--dataset", str(tmp_path / "train.npz"), "--out", str(ck), *common,
+                 "--corruptions", "contrast,pixelate"]) == 0  # fmt: skip
+    assert json.loads((ck / "config.json").read_text())["num_classes"] == 3
+    out = tmp_path / "res.json"
+    assert main(["cnc", "evaluate", "--checkpoint", str(ck), "--id-test", str(tmp_path / "train.npz"),
+                 "--ood", str(tmp_path / "ood.npz"), "--json", str(out), "--no-progress"]) == 0  # fmt: skip
+    res = json.loads(out.read_text())
+    assert set(res["runs"][0]["detectors"]) == {"cnc", "msp", "energy"}
+    assert "TNR@TPR95" in capsys.readouterr().out
+    assert main(["cnc", "evaluate", "--checkpoint", str(ck), "--no-progress"]) == 2
+    assert "--suite" in capsys.readouterr().err

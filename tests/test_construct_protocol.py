@@ -1,0 +1,245 @@
+"""The three-stage protocol: the verdict rules for every combination, and the SQLite store."""
+
+import itertools
+import multiprocessing
+import random
+import sqlite3
+import threading
+
+import pytest
+
+from oodeval.construct.candidates import Candidate
+from oodeval.construct.protocol import AuthError, ProtocolError, ProtocolStore
+from oodeval.construct.rules import Outcome, Verdict, resolve
+
+
+def ood(who, label="tayra", fine=False):
+    return Verdict(who, "ood", label, fine)
+
+
+def idv(who, cls):
+    return Verdict(who, "id", id_class=cls)
+
+
+def amb(who):
+    return Verdict(who, "ambiguous")
+
+
+# ---- Stage 1 + 2: every pair of verdicts ----------------------------------------------------------
+STAGE12 = [
+    ("ood/ood same label", [ood("a", "tayra", True), ood("b", "tayra", True)], Outcome("final", "ood", 2, "tayra", True, None, ("tayra",))),
+    ("ood/ood other labels: first annotator's label and flag, both kept",
+     [ood("a", "tayra", True), ood("b", "weasel relative", False)],
+     Outcome("final", "ood", 2, "tayra", True, None, ("tayra", "weasel relative"))),
+    ("ood/ood order matters for the adopted label",
+     [ood("a", "weasel relative", False), ood("b", "tayra", True)],
+     Outcome("final", "ood", 2, "weasel relative", False, None, ("weasel relative", "tayra"))),
+    ("id/id same class", [idv("a", 3), idv("b", 3)], Outcome("final", "id", 2, None, False, 3)),
+    ("id/id other classes", [idv("a", 3), idv("b", 4)], Outcome("stage3")),
+    ("ambiguous/ambiguous", [amb("a"), amb("b")], Outcome("final", "ambiguous", 2)),
+    ("ood/id", [ood("a"), idv("b", 1)], Outcome("stage3")),
+    ("id/ood", [idv("a", 1), ood("b")], Outcome("stage3")),
+    ("ood/ambiguous", [ood("a"), amb("b")], Outcome("stage3")),
+    ("ambiguous/ood", [amb("a"), ood("b")], Outcome("stage3")),
+    ("id/ambiguous", [idv("a", 2), amb("b")], Outcome("stage3")),
+    ("ambiguous/id", [amb("a"), idv("b", 2)], Outcome("stage3")),
+    ("one verdict only", [ood("a")], Outcome("stage1")),
+    ("no verdict", [], Outcome("stage1")),
+]
+
+
+@pytest.mark.parametrize("stage1, expected", [c[1:] for c in STAGE12], ids=[c[0] for c in STAGE12])
+def test_stage1_and_stage2(stage1, expected):
+    assert resolve(stage1) == expected
+
+
+DISPUTE = [ood("a", "tayra"), idv("b", 5)]
+MAKERS = {"ood": lambda w: ood(w, f"label-{w}", w == "c"), "id": lambda w: idv(w, 5), "ambiguous": amb}
+
+
+@pytest.mark.parametrize("combo", list(itertools.product(MAKERS, repeat=3)), ids="-".join)
+def test_stage3_every_combination(combo):
+    stage3 = [MAKERS[v](w) for v, w in zip(combo, "abc")]
+    got = resolve(DISPUTE, stage3)
+    assert got.status == "final" and got.stage == 3
+    if len(set(combo)) == 1:
+        assert got.verdict == combo[0]
+        if combo[0] == "ood":  # the third annotator's label and flag; the others kept
+            assert (got.ood_label, got.fine_grained, got.labels) == ("label-c", True, ("label-c", "label-a", "label-b"))
+        if combo[0] == "id":
+            assert got.id_class == 5
+    else:
+        assert got == Outcome("final", "ambiguous", 3)
+
+
+def test_stage3_id_needs_the_same_class_and_waits_for_all_three():
+    assert resolve(DISPUTE, [idv("a", 5), idv("b", 5), idv("c", 6)]) == Outcome("final", "ambiguous", 3)
+    assert resolve(DISPUTE, [idv("a", 5), idv("b", 5)]) == Outcome("stage3")
+    assert resolve(DISPUTE, []) == Outcome("stage3")
+    with pytest.raises(ValueError, match="three annotators"):
+        resolve(DISPUTE, [amb("a")] * 4)
+
+
+# ---- the store ------------------------------------------------------------------------------------
+def make_store(tmp_path, n=4, n_classes=10):
+    cands = [Candidate(f"img/{i}.png", f"img/{i}.png", i % n_classes, f"c{i % n_classes}", "uncertain" if i % 2 else "no class") for i in range(n)]
+    return ProtocolStore.create(tmp_path / "p.sqlite", cands, ("alice", "bob"), "carol", n_classes)
+
+
+def test_create_tokens_and_wal(tmp_path):
+    store, tokens = make_store(tmp_path)
+    assert set(tokens) == {"alice", "bob", "carol"} and len(set(tokens.values())) == 3
+    assert store.authenticate(tokens["bob"]).name == "bob"
+    assert store.authenticate(tokens["carol"]).role == "stage3"
+    for bad in ("", None, tokens["bob"] + "x"):
+        with pytest.raises(AuthError):
+            store.authenticate(bad)
+    with sqlite3.connect(store.path) as con:
+        assert con.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert tokens["alice"] not in str(con.execute("SELECT * FROM annotators").fetchall())
+    with pytest.raises(FileExistsError):
+        make_store(tmp_path)
+    with pytest.raises(ValueError, match="two Stage-1"):
+        ProtocolStore.create(tmp_path / "q.sqlite", store.images(), ("a",), "c")
+
+
+def test_full_flow_with_dispute_and_revision(tmp_path):
+    store, _ = make_store(tmp_path)
+    img = "img/1.png"
+    store.submit("alice", img, 1, "id", id_class=3)
+    store.submit("alice", img, 1, "ood", "tayra", True)  # revised before bob answered: the latest counts
+    assert store.outcome(img).status == "stage1"
+    assert store.view("bob", img)["my_stage1"] is None  # bob sees nothing of alice
+    assert "stage1" not in store.view("bob", img)
+    store.submit("bob", img, 1, "id", id_class=1)
+    assert store.outcome(img) == Outcome("stage3")
+    with pytest.raises(ProtocolError, match="closed"):
+        store.submit("alice", img, 1, "id", id_class=1)
+    view = store.view("carol", img)
+    assert [(v["annotator"], v["verdict"]) for v in view["stage1"]] == [("alice", "ood"), ("bob", "id")]
+    store.submit("alice", img, 3, "ood", "tayra", True)
+    store.submit("bob", img, 3, "id", id_class=1)
+    store.submit("bob", img, 3, "ood", "Eira barbara", True)  # bob changes his mind in the joint review
+    assert store.outcome(img).status == "stage3"
+    store.submit("carol", img, 3, "ood", "tayra", True)
+    assert store.outcome(img) == Outcome("final", "ood", 3, "tayra", True, None, ("tayra", "Eira barbara"))
+    with pytest.raises(ProtocolError, match="already decided"):
+        store.submit("carol", img, 3, "ambiguous")
+    assert len(store.rows(img)) == 7  # the audit trail keeps every row
+    p = {r["annotator"]: r for r in store.progress()}
+    assert (p["alice"]["stage1_done"], p["alice"]["stage1_total"], p["carol"]["stage3_done"], p["carol"]["stage3_total"]) == (1, 4, 1, 1)
+    assert store.queue("carol", 1) == [] and store.queue("carol", 3) == [{"image": img, "done": True}]
+    assert [q["done"] for q in store.queue("alice", 1)] == [False, True, False, False]
+
+
+def test_agreement_hides_the_other_verdict(tmp_path):
+    store, _ = make_store(tmp_path)
+    store.submit("alice", "img/0.png", 1, "ambiguous")
+    store.submit("bob", "img/0.png", 1, "ambiguous")
+    assert store.outcome("img/0.png") == Outcome("final", "ambiguous", 2)
+    view = store.view("bob", "img/0.png")
+    assert view["my_stage1"]["annotator"] == "bob" and "stage1" not in view and not view["in_stage3"]
+    with pytest.raises(ProtocolError, match="takes no Stage-3"):
+        store.submit("carol", "img/0.png", 3, "ambiguous")
+    with pytest.raises(ProtocolError, match="still in Stage 1"):
+        store.submit("carol", "img/2.png", 3, "ambiguous")
+
+
+BAD = [
+    (dict(annotator="alice", image="nope.png", stage=1, verdict="ambiguous"), ProtocolError, "unknown image id 'nope.png'"),
+    (dict(annotator="mallory", image="img/0.png", stage=1, verdict="ambiguous"), AuthError, "unknown annotator"),
+    (dict(annotator="carol", image="img/0.png", stage=1, verdict="ambiguous"), ProtocolError, "Stage-3 annotator"),
+    (dict(annotator="alice", image="img/0.png", stage=2, verdict="ambiguous"), ProtocolError, "stage must be 1 or 3"),
+    (dict(annotator="alice", image="img/0.png", stage=1, verdict="maybe"), ProtocolError, "verdict must be one of"),
+    (dict(annotator="alice", image="img/0.png", stage=1, verdict="ood"), ProtocolError, "needs a proposed OOD label"),
+    (dict(annotator="alice", image="img/0.png", stage=1, verdict="ood", ood_label="  "), ProtocolError, "needs a proposed OOD label"),
+    (dict(annotator="alice", image="img/0.png", stage=1, verdict="id"), ProtocolError, "needs an integer ID class"),
+    (dict(annotator="alice", image="img/0.png", stage=1, verdict="id", id_class=10), ProtocolError, "outside 0..9"),
+    (dict(annotator="alice", image="img/0.png", stage=1, verdict="id", id_class="3"), ProtocolError, "integer ID class"),
+    (dict(annotator="alice", image="img/0.png", stage=1, verdict="ambiguous", fine_grained=True), ProtocolError, "takes no OOD label"),
+    (dict(annotator="alice", image="img/0.png", stage=1, verdict="ambiguous", id_class=2), ProtocolError, "takes no ID class"),
+]
+
+
+@pytest.mark.parametrize("kwargs, exc, message", BAD, ids=[b[2] for b in BAD])
+def test_bad_submissions_change_nothing(tmp_path, kwargs, exc, message):
+    store, _ = make_store(tmp_path)
+    store.submit("bob", "img/0.png", 1, "ambiguous")
+    before = store.rows()
+    with pytest.raises(exc, match=message):
+        store.submit(**kwargs)
+    assert store.rows() == before
+
+
+def test_rows_are_append_only(tmp_path):
+    store, _ = make_store(tmp_path)
+    store.submit("alice", "img/0.png", 1, "ambiguous")
+    con = sqlite3.connect(store.path)
+    for sql in ("UPDATE verdicts SET verdict = 'ood'", "DELETE FROM verdicts"):
+        with pytest.raises(sqlite3.IntegrityError, match="append-only"):
+            con.execute(sql)
+    con.close()
+    assert [r.verdict for r in store.rows()] == ["ambiguous"]
+
+
+def _hammer(path, who, seed, images):
+    """Submit one Stage-1 verdict per image in a seeded order; return (accepted row ids, refusals)."""
+    store = ProtocolStore(path)
+    order = list(images)
+    random.Random(seed).shuffle(order)
+    accepted, refused = [], 0
+    for img in order:
+        try:
+            accepted.append(store.submit(who, img, 1, "ood", f"label-{seed}"))
+        except ProtocolError as exc:
+            assert "closed" in str(exc)
+            refused += 1
+    return accepted, refused
+
+
+def _check_race_free(store, accepted, attempts):
+    rows = store.rows()
+    assert sorted(r.id for r in rows) == sorted(accepted)  # every accepted row is stored, nothing else
+    assert len(accepted) < attempts  # some were refused: the stage really closed under contention
+    for img in (c.image for c in store.images()):
+        mine = [r for r in rows if r.image == img]
+        seen = set()
+        for k, r in enumerate(mine):  # no row may follow the moment both annotators are in
+            seen.add(r.annotator)
+            if seen == {"alice", "bob"}:
+                assert k == len(mine) - 1, f"{img}: row accepted after Stage 1 closed"
+        assert seen == {"alice", "bob"} and store.outcome(img).verdict == "ood"
+
+
+def test_concurrent_threads_lose_nothing(tmp_path):
+    store, _ = make_store(tmp_path, n=25)
+    images = [c.image for c in store.images()]
+    results = [None] * 8
+    def work(i):
+        results[i] = _hammer(store.path, "alice" if i % 2 else "bob", i, images)
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    accepted = [r for res in results for r in res[0]]
+    assert len(accepted) + sum(res[1] for res in results) == 8 * 25
+    _check_race_free(store, accepted, 8 * 25)
+
+
+def test_concurrent_processes_lose_nothing(tmp_path):
+    store, _ = make_store(tmp_path, n=20)
+    images = [c.image for c in store.images()]
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(4) as pool:
+        results = pool.starmap(_hammer, [(store.path, "alice" if i % 2 else "bob", i, images) for i in range(4)])
+    accepted = [r for res in results for r in res[0]]
+    _check_race_free(store, accepted, 4 * 20)
+
+
+def test_opening_something_else_is_refused(tmp_path):
+    (tmp_path / "x.sqlite").write_text("not a database")
+    with pytest.raises(ValueError, match="is not an oodeval protocol store"):
+        ProtocolStore(tmp_path / "x.sqlite")
+    with pytest.raises(FileNotFoundError, match="construct init"):
+        ProtocolStore(tmp_path / "missing.sqlite")

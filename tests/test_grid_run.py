@@ -1,0 +1,222 @@
+"""The experiment grid on synthetic FeatureSets: cells, metrics, CIs, splits, reruns, failures."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy.special import softmax
+
+from oodeval import cli
+from oodeval.experiment import run_experiment, runner
+from oodeval.features import FeatureSet
+from oodeval.metrics import evaluate
+from oodeval.results import KEY, load_cell_scores, load_results
+
+C, D = 4, 8
+
+
+def make_sets(root, seed: int = 0) -> dict[str, str]:
+    """ID train/test with class clusters, two OOD sets (one with a fine_grained extra)."""
+    rng = np.random.default_rng(seed)
+    W = rng.normal(size=(C, D)).astype(np.float32)
+    b = rng.normal(size=C).astype(np.float32)
+    mu = rng.normal(size=(C, D)) * 2.5
+
+    def id_set(n: int) -> FeatureSet:
+        y = rng.integers(0, C, n)
+        z = (mu[y] + rng.normal(size=(n, D))).astype(np.float32)
+        return FeatureSet(features=z, labels=y, logits=z @ W.T + b, weight=W, bias=b)
+
+    def ood_set(n: int, scale: float, extras: dict | None = None) -> FeatureSet:
+        z = (rng.normal(size=(n, D)) * scale).astype(np.float32)
+        return FeatureSet(features=z, logits=z @ W.T + b, weight=W, bias=b, extras=extras or {})
+
+    paths = {}
+    fine = np.arange(50) % 3 == 0
+    for name, fs in {
+        "id_train": id_set(160),
+        "id_test": id_set(90),
+        "near": ood_set(70, 2.0),
+        "far": ood_set(50, 4.0, {"fine_grained": fine}),
+    }.items():
+        paths[name] = str(fs.save(root / "feats" / name))
+    return paths
+
+
+def config(tmp_path, paths, **top) -> dict:
+    cfg = {
+        "seeds": [0, 1],
+        "bootstrap_draws": 200,
+        "results": str(tmp_path / "out" / "results.parquet"),
+        "datasets": {"id_train": "train", "id_test": "test", "ood": ["near", {"name": "far", "split_column": "fine_grained"}]},
+        "models": [{"name": "synthetic", "features": paths}],
+        "detectors": ["msp", {"name": "energy", "hyperparameters": {"t": 2.0}}, "mahalanobis", {"name": "knn", "hyperparameters": {"k": 10_000}}],
+    }
+    cfg.update(top)
+    return cfg
+
+
+@pytest.fixture
+def grid(tmp_path):
+    paths = make_sets(tmp_path)
+    cfg = config(tmp_path, paths)
+    summary = run_experiment(cfg, progress=False)
+    return tmp_path, paths, cfg, summary
+
+
+def test_grid_cells_metrics_and_failures(grid):
+    tmp_path, paths, cfg, summary = grid
+    df = load_results(summary.results)
+    # 4 detectors x (near + far + 2 far splits) x 2 seeds
+    assert summary.total == 4 * 4 * 2 == len(df)
+    assert not df.duplicated(list(KEY)).any()
+    ok, bad = df[df["status"] == "ok"], df[df["status"] == "error"]
+    assert set(bad["detector"]) == {"knn"} and len(bad) == 8
+    assert bad["error"].str.contains("k=10000").all() and bad["fpr95"].isna().all()
+    assert summary.failed == 8 and summary.computed == 32
+    # msp recomputed independently from the stored logits
+    test, far = FeatureSet.load(paths["id_test"]), FeatureSet.load(paths["far"])
+    id_msp = softmax(np.asarray(test.logits, np.float64), axis=1).max(axis=1)
+    far_msp = softmax(np.asarray(far.logits, np.float64), axis=1).max(axis=1)
+    fine = np.asarray(far.extras["fine_grained"])
+    for split, mask in [("all", slice(None)), ("fine_grained=True", fine), ("fine_grained=False", ~fine)]:
+        row = ok[(ok["detector"] == "msp") & (ok["dataset"] == "far") & (ok["split"] == split) & (ok["seed"] == 0)].iloc[0]
+        ref = evaluate(id_msp, far_msp[mask])
+        for m, v in ref.items():
+            assert row[m] == pytest.approx(v, abs=1e-12)
+        assert row["n_ood"] == far_msp[mask].size and row["n_id"] == 90
+        np.testing.assert_allclose(load_cell_scores(row, summary.results)[1], far_msp[mask], rtol=1e-6)
+    acc = float((np.asarray(test.logits).argmax(1) == test.labels).mean())
+    assert np.allclose(ok["id_accuracy"], acc)
+    # CIs bracket the point estimate
+    for m in ("fpr95", "auroc", "detection_error", "tnr95"):
+        assert (ok[f"{m}_lo"] <= ok[m] + 1e-12).all() and (ok[m] <= ok[f"{m}_hi"] + 1e-12).all()
+    assert (ok["hyperparameters"][ok["detector"] == "energy"] == '{"t":2.0}').all()
+    # each configured detector fitted once per model (knn's fit fails, so it is not counted)
+    assert summary.fits == 3
+
+
+def test_rerun_computes_nothing_new(grid):
+    tmp_path, paths, cfg, summary = grid
+    cfg["retry_failed"] = False
+    before = summary.results.read_bytes()
+    calls = []
+
+    def features(*args):
+        calls.append(args)
+        return runner.extract_features(*args)
+
+    again = run_experiment(cfg, progress=False, features=features)
+    assert again.computed == 0 and again.fits == 0 and again.skipped == again.total == summary.total
+    assert summary.results.read_bytes() == before
+    assert calls == []  # a settled run does not even look at its features
+
+
+def test_rerun_retries_failures_and_adds_only_new_cells(grid):
+    tmp_path, paths, cfg, summary = grid
+    cfg["detectors"] = cfg["detectors"][:3] + [{"name": "knn", "hyperparameters": {"k": 5}}, "maxlogit"]
+    again = run_experiment(cfg, progress=False)
+    assert again.computed == 16 and again.fits == 2 and again.failed == 0
+    df = load_results(summary.results)
+    assert len(df) == 48  # the old failed knn k=10000 rows stay, keyed by their hyperparameters
+    # failed cells of the same configuration are retried by default
+    cfg["detectors"] = [{"name": "knn", "hyperparameters": {"k": 10_000}}]
+    third = run_experiment(cfg, progress=False)
+    assert third.computed == 8 and third.failed == 8
+
+
+def test_interrupted_run_loses_only_the_cell_in_flight(tmp_path, monkeypatch):
+    paths = make_sets(tmp_path)
+    cfg = config(tmp_path, paths, detectors=["msp", "energy"])
+    real = runner._evaluate
+    calls = {"n": 0}
+
+    def flaky(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 6:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "_evaluate", flaky)
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(cfg, progress=False)
+    df = load_results(cfg["results"])
+    assert len(df) == 5 and (df["status"] == "ok").all()
+    monkeypatch.setattr(runner, "_evaluate", real)
+    resumed = run_experiment(cfg, progress=False)
+    assert resumed.skipped == 5 and resumed.computed == resumed.total - 5 == 11
+
+
+def test_same_seed_same_bytes(tmp_path):
+    paths = make_sets(tmp_path)
+    a = run_experiment(config(tmp_path / "a", paths, detectors=["msp"]), progress=False)
+    b = run_experiment(config(tmp_path / "b", paths, detectors=["msp"]), progress=False)
+    cols = ["fpr95_lo", "fpr95_hi", "auroc_lo", "auroc_hi"]
+    da, db = load_results(a.results), load_results(b.results)
+    pd.testing.assert_frame_equal(da[cols], db[cols])
+    s0, s1 = da[da["seed"] == 0][cols].to_numpy(), da[da["seed"] == 1][cols].to_numpy()
+    assert not np.array_equal(s0, s1)  # the seed drives the bootstrap
+
+
+def test_default_detectors_are_the_supported_ones_and_per_seed_weights(tmp_path):
+    paths = make_sets(tmp_path)
+    other = make_sets(tmp_path / "run1", seed=5)
+    cfg = config(tmp_path, paths, detectors=None)
+    del cfg["detectors"]
+    cfg["datasets"]["ood"] = ["near"]
+    cfg["models"] = [{"name": "synthetic", "weights": ["w0.pt", "w1.pt"]}]
+
+    def features(model, weights, ds, role, c):
+        src = paths if weights.endswith("w0.pt") else other
+        return FeatureSet.load(src[role if role in src else ds.label])
+
+    summary = run_experiment(cfg, progress=False, features=features)
+    df = load_results(summary.results)
+    from oodeval import detectors
+
+    expected = set(detectors.supported(FeatureSet.load(paths["id_train"]), FeatureSet.load(paths["id_test"])))
+    assert set(df["detector"]) == expected and "nac" not in expected
+    assert df.groupby("seed")["weights"].nunique().eq(1).all() and df["weights"].nunique() == 2
+    msp = df[df["detector"] == "msp"].set_index("seed")["auroc"]
+    assert msp[0] != msp[1]  # each seed's run used its own weights' features
+
+
+def test_cli_run_and_bad_file(tmp_path, capsys):
+    paths = make_sets(tmp_path)
+    feats = ", ".join(f'{k} = "{v}"' for k, v in paths.items())
+    exp = tmp_path / "exp.toml"
+    exp.write_text(
+        f"""
+seeds = [0]
+bootstrap_draws = 50
+[datasets]
+id_train = "train"
+id_test = "test"
+ood = ["near", "far"]
+[[models]]
+name = "synthetic"
+features = {{ {feats} }}
+[[detectors]]
+name = "msp"
+"""
+    )
+    assert cli.main(["run", str(exp), "--no-progress"]) == 0
+    assert "2 cells: 0 already done, 2 computed" in capsys.readouterr().out
+    assert cli.main(["run", str(exp), "--no-progress"]) == 0
+    assert "2 cells: 2 already done, 0 computed" in capsys.readouterr().out
+    exp.write_text(exp.read_text().replace("seeds = [0]", "seeds = [0]\ncolour = 1"))
+    assert cli.main(["run", str(exp)]) == 2
+    assert "unknown key(s) 'colour'" in capsys.readouterr().err
+
+
+def test_seed_detectors_refits_a_seeded_detector_per_seed(tmp_path):
+    paths = make_sets(tmp_path)
+    knn = {"name": "knn", "hyperparameters": {"k": 3, "bank_fraction": 0.3}}
+    plain = run_experiment(config(tmp_path / "a", paths, detectors=[knn]), progress=False)
+    seeded = run_experiment(config(tmp_path / "b", paths, detectors=[knn], seed_detectors=True), progress=False)
+    assert plain.fits == 1 and seeded.fits == 2
+    auc = load_results(seeded.results).query("dataset == 'near'").set_index("seed")["auroc"]
+    assert auc[0] != auc[1]
+    auc = load_results(plain.results).query("dataset == 'near'").set_index("seed")["auroc"]
+    assert auc[0] == auc[1]
