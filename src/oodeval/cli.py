@@ -41,6 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if not args.verbose:
+        logging.getLogger("faiss").setLevel(logging.WARNING)  # its loader logs CPU-feature probing at INFO
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2

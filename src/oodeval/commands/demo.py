@@ -27,8 +27,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import logging
-
     from ..demo.run import run_demo
 
     if args.threads < 0:
@@ -37,8 +35,6 @@ def run(args: argparse.Namespace) -> int:
         value = getattr(args, name)
         if value is not None and value < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
-    if not getattr(args, "verbose", False):
-        logging.getLogger("faiss").setLevel(logging.WARNING)  # its loader logs CPU-feature probing at INFO
     run_demo(
         args.out,
         quick=args.quick,

@@ -6,6 +6,8 @@ than the index (one float32 copy of the bank) plus one chunk. Queries run in chu
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import faiss
 import numpy as np
 
@@ -31,13 +33,11 @@ def _flat_ip(d: int, rows, n: int) -> faiss.IndexFlatIP:
     return index
 
 
-def _search(index: faiss.IndexFlatIP, z: np.ndarray, k: int) -> list[np.ndarray]:
-    """Top-k inner products (descending) of the l2-normalised rows of z, per query chunk."""
-    out = []
+def _search(index: faiss.IndexFlatIP, z: np.ndarray, k: int) -> Iterator[np.ndarray]:
+    """Top-k inner products (descending) of the l2-normalised rows of z, one query chunk at a time."""
     for start in range(0, len(z), QUERY_CHUNK):
         sims, _ = index.search(_normalised32(z[start : start + QUERY_CHUNK]), k)
-        out.append(sims.astype(np.float64))
-    return out
+        yield sims.astype(np.float64)
 
 
 @register("knn")
