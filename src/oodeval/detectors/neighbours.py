@@ -50,7 +50,7 @@ class KNN(Detector):
     (1.28M bank); the paper uses k = 50 for CIFAR-10 (50k bank). Choose k roughly in proportion
     to the bank (about 1 per 1000 train images) or tune it on held-out ID data; k must not exceed
     the bank size. ``bank_fraction`` < 1 keeps a seeded random subset (the paper's alpha).
-    pytorch-ood's KNN differs: no normalisation and k = 1 by default.
+    Older pytorch-ood KNN versions did not normalise and used k = 1 (0.4.0 normalises, k = 50).
     """
 
     needs = ("features",)
