@@ -220,3 +220,18 @@ def test_seed_detectors_refits_a_seeded_detector_per_seed(tmp_path):
     assert auc[0] != auc[1]
     auc = load_results(plain.results).query("dataset == 'near'").set_index("seed")["auroc"]
     assert auc[0] == auc[1]
+
+
+def test_results_table_reads_in_duckdb(grid):
+    import duckdb
+    summary = grid[3]
+    df = load_results(summary.results)
+    con = duckdb.connect()
+    n, n_ok, best = con.execute(
+        "SELECT count(*), count(*) FILTER (WHERE status = 'ok'), min(fpr95) FROM read_parquet(?)",
+        [str(summary.results)],
+    ).fetchone()
+    assert n == len(df) and n_ok == int((df["status"] == "ok").sum())
+    assert best == pytest.approx(df["fpr95"].min())
+    keys = con.execute(f"SELECT {', '.join(KEY)} FROM read_parquet(?)", [str(summary.results)]).df()
+    assert not keys.duplicated().any()
