@@ -58,6 +58,12 @@ def write_json_atomic(target: str | os.PathLike, obj: object) -> None:
     write_text_atomic(target, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
 
 
+def save_npy_atomic(target: str | os.PathLike, arr: np.ndarray) -> None:
+    """``np.save`` ``arr`` to ``target`` atomically (the exact path, no ``.npy`` appended)."""
+    with atomic_path(target) as tmp, open(tmp, "wb") as fh:
+        np.save(fh, np.ascontiguousarray(arr))
+
+
 def hash_arrays(arrays: dict[str, np.ndarray], chunk_rows: int = 65536) -> str:
     """blake2b over names, dtypes, shapes and bytes of the arrays (chunked, works on memmaps)."""
     h = hashlib.blake2b(digest_size=16)

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ._io import atomic_path, hash_json
+from ._io import atomic_path
 
 __all__ = [
     "KEY",
@@ -28,7 +28,6 @@ __all__ = [
     "COLUMNS",
     "ALL_SPLIT",
     "hp_json",
-    "cell_id",
     "empty_results",
     "load_results",
     "save_results",
@@ -72,11 +71,6 @@ COLUMNS: dict[str, str] = {
 def hp_json(hyperparameters: dict | None) -> str:
     """Canonical JSON of a detector's hyperparameter overrides (sorted keys, no spaces)."""
     return json.dumps(hyperparameters or {}, sort_keys=True, separators=(",", ":"), default=str)
-
-
-def cell_id(key: tuple) -> str:
-    """Short stable hash of a cell key (used to name its score files)."""
-    return hash_json([str(k) for k in key])
 
 
 def empty_results() -> pd.DataFrame:

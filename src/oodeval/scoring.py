@@ -7,6 +7,7 @@ the ID-train FeatureSet, one score pass over the ID-test set and each OOD set, m
 
 from __future__ import annotations
 
+import json
 import time
 import warnings
 from collections.abc import Mapping
@@ -21,8 +22,6 @@ def parse_hyperparameters(items: list[str]) -> dict[str, dict[str, object]]:
 
     Values are parsed as JSON when possible (numbers, true/false, null, lists), else kept as text.
     """
-    import json
-
     out: dict[str, dict[str, object]] = {}
     for item in items:
         key, sep, value = item.partition("=")
@@ -64,10 +63,9 @@ def evaluate_detectors(
     hyperparameters = dict(hyperparameters or {})
     skip_failures = names is None
     if names is None:
-        names = [
-            n for n in detectors.supported(train, test)
-            if all(n in detectors.supported(train, o, [n]) for o in oods.values())
-        ]  # fmt: skip
+        names = detectors.supported(train, test)
+        for o in oods.values():
+            names = detectors.supported(train, o, names)
     unknown = sorted(set(names) - set(detectors.names()))
     unknown += sorted(set(hyperparameters) - set(detectors.names()))
     if unknown:

@@ -211,13 +211,17 @@ def _read_progress(folder: Path) -> dict:
     return prog
 
 
+def _read_config(folder: Path) -> TrainConfig:
+    return TrainConfig.from_json(json.loads((folder / "config.json").read_text()))
+
+
 def load_checkpoint(folder: str | Path):
     """(model in eval mode, TrainConfig, progress dict) from a checkpoint folder."""
     from safetensors.torch import load_file
 
     folder = Path(folder)
     progress = _read_progress(folder)
-    config = TrainConfig.from_json(json.loads((folder / "config.json").read_text()))
+    config = _read_config(folder)
     model = build_model(config)
     model.load_state_dict(load_file(str(folder / "model.safetensors")))
     model.eval()
@@ -293,7 +297,7 @@ def train(
         from safetensors.torch import load_file
 
         prev = _read_progress(out)
-        old = TrainConfig.from_json(json.loads((out / "config.json").read_text()))
+        old = _read_config(out)
         changed = _diff(old, config)
         if changed:
             raise ValueError(f"{out} holds a run with other settings: {'; '.join(changed)}; use a new folder")

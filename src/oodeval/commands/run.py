@@ -24,7 +24,7 @@ def run(args: argparse.Namespace) -> int:
         seeds = ", ".join(map(str, cfg.seeds))
         print(f"experiment {cfg.name!r}: {len(cfg.models)} model(s), {len(cfg.ood)} OOD set(s), seeds {seeds}")
         for m in cfg.models:
-            dets = m.detectors or (cfg.detectors if m.kind == "supervised" else cfg.zeroshot)
+            dets = cfg.detectors_for(m)
             names = ", ".join(d.display + (f"[{vocabulary_label(d.vocabulary)}]" if d.vocabulary else "") for d in dets) if dets else "every supported detector"
             extras = [x for x, on in (("taps", m.taps), ("patch features", m.patch_features)) if on]
             print(f"  {m.label} ({m.kind}{', ' + ', '.join(extras) if extras else ''}): {names}")

@@ -51,7 +51,6 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("no detector is supported by these FeatureSets")
     print(format_table(rows))
     if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
         with atomic_path(args.out) as tmp:
             pd.DataFrame(rows).to_csv(tmp, index=False)
         print(f"wrote {args.out}")

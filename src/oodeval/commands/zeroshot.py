@@ -21,18 +21,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import numpy as np
-
-    from .._io import atomic_path, write_json_atomic
+    from .._io import save_npy_atomic, write_json_atomic
     from ..features import FeatureSet
     from ..metrics import evaluate
-    from ..zeroshot import create, names
+    from ..zeroshot import REGISTRY, create, names
     from ..zeroshot.build import read_id_names
     from ..zeroshot.vocabulary import Vocabulary
     from .vocab import _encoder, _print_stats, check_weights
 
     check_weights(args)
-    logit = [n for n in names() if not create(n).uses_negatives]
+    logit = [n for n in names() if not REGISTRY[n].uses_negatives]
     chosen = logit if args.scorers == "logit" else names() if args.scorers == "all" else args.scorers.split(",")
     unknown = [n for n in chosen if n not in names()]
     if unknown:
@@ -41,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     if "gl_mcm" in chosen and args.scorers in ("logit", "all") and "patch_features" not in id_fs.extras:
         chosen = [n for n in chosen if n != "gl_mcm"]
         print("gl_mcm skipped: the FeatureSets have no patch_features")
-    needs_vocab = [n for n in chosen if create(n).uses_negatives]
+    needs_vocab = [n for n in chosen if REGISTRY[n].uses_negatives]
     if needs_vocab and args.vocab is None:
         raise ValueError(f"{', '.join(needs_vocab)} need a negative vocabulary: pass --vocab V.json")
     enc = _encoder(args)
@@ -57,10 +55,8 @@ def run(args: argparse.Namespace) -> int:
         table[name] = evaluate(s_id, s_ood)
         print(f"{name:<10} {100 * table[name]['fpr95']:7.2f}% {100 * table[name]['auroc']:7.2f}%")
         if args.out:
-            args.out.mkdir(parents=True, exist_ok=True)
             for part, scores in (("id", s_id), ("ood", s_ood)):
-                with atomic_path(args.out / f"{name}.{part}.npy") as tmp, open(tmp, "wb") as fh:
-                    np.save(fh, scores)
+                save_npy_atomic(args.out / f"{name}.{part}.npy", scores)
     if args.out:
         write_json_atomic(args.out / "metrics.json", table)
         print(f"wrote scores and metrics to {args.out}")

@@ -53,7 +53,6 @@ class AnnotationApp:
     def __init__(self, work: str | Path, examples: int = 4) -> None:
         self.project: Project = load_project(work)
         self.store = ProtocolStore(self.project.db_path)
-        self.examples = examples
         n = self.project.n_classes or (max(self.project.manifest.labels) + 1)
         self.class_names = [self.project.class_name(i) for i in range(n)]
         pool = {c.image for c in self.project.candidates}

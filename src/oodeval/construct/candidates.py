@@ -9,14 +9,13 @@ with ``project.json`` recording where the inputs are, for the later steps.
 from __future__ import annotations
 
 import csv
-import io
 import json
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 from .._io import write_json_atomic, write_text_atomic
-from .tables import IDManifest, Reannotation, read_class_names, read_manifest, read_reannotation
+from .tables import IDManifest, Reannotation, csv_text, read_class_names, read_manifest, read_reannotation
 
 __all__ = ["Candidate", "Project", "select_candidates", "flag_counts", "write_project", "load_project", "NO_FLAG"]
 
@@ -99,13 +98,8 @@ def write_project(
     cands = select_candidates(rows, names)
     if not cands:
         raise ValueError(f"reannotation table {reannotation} assigns every one of its {len(rows)} images to a class: no candidates")
-    buf = io.StringIO()
-    writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(CANDIDATE_COLUMNS)
-    for c in cands:
-        writer.writerow([c.image, c.path, c.original_label, c.original_name, c.flag])
-    folder.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(folder / "candidates.csv", buf.getvalue())
+    rows_out = [[c.image, c.path, c.original_label, c.original_name, c.flag] for c in cands]
+    write_text_atomic(folder / "candidates.csv", csv_text(CANDIDATE_COLUMNS, rows_out))
     write_json_atomic(
         folder / "project.json",
         {

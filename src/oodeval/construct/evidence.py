@@ -132,9 +132,9 @@ def vlm_topk(image_emb: np.ndarray, text_emb: np.ndarray, k: int = 5) -> tuple[n
     k = min(int(k), text_emb.shape[0])
     if k < 1:
         raise ValueError(f"top-k needs k >= 1, got {k}")
-    h = image_emb.astype(np.float64) / np.linalg.norm(image_emb, axis=1, keepdims=True)
-    t = text_emb.astype(np.float64) / np.linalg.norm(text_emb, axis=1, keepdims=True)
-    sims = h @ t.T
+    from ..detectors._common import l2_normalise  # here: the detectors package imports scikit-learn
+
+    sims = l2_normalise(image_emb.astype(np.float64)) @ l2_normalise(text_emb.astype(np.float64)).T
     idx = np.argsort(-sims, axis=1, kind="stable")[:, :k]
     return idx, np.take_along_axis(sims, idx, axis=1)
 

@@ -16,8 +16,6 @@ Paths are written relative to the export folder (absolute when on another drive)
 
 from __future__ import annotations
 
-import csv
-import io
 import os
 from pathlib import Path
 
@@ -25,6 +23,7 @@ from .._io import write_text_atomic
 from .candidates import Project
 from .protocol import ProtocolStore
 from .rules import Outcome
+from .tables import csv_text
 
 __all__ = ["outcome_table", "format_outcome", "export"]
 
@@ -83,14 +82,6 @@ def format_outcome(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _csv(header: list[str] | tuple[str, ...], rows: list[list]) -> str:
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(header)
-    w.writerows(rows)
-    return buf.getvalue()
-
-
 def export(project: Project, store: ProtocolStore, out: str | Path | None = None, allow_pending: bool = False) -> dict[str, Path]:
     """Write the files listed in the module docstring; return name -> path.
 
@@ -132,11 +123,11 @@ def export(project: Project, store: ProtocolStore, out: str | Path | None = None
             id_rows.append([rel(p), label, project.class_name(label)])
     table = outcome_table({i: c.flag for i, c in images.items()}, outcomes)
     files = {
-        "ood": ("ood.csv", _csv(["path", "label", "ood_label", "fine_grained", "original_label", "original_name", "flag", "decided_stage", "other_labels"], ood)),
-        "returned_id": ("returned_id.csv", _csv(["path", "label", "original_label", "original_name", "flag", "decided_stage"], back)),
-        "ambiguous": ("ambiguous.csv", _csv(["path", "original_label", "original_name", "flag", "decided_stage"], amb)),
-        "id_eval": ("id_eval.csv", _csv(["path", "label", "class_name"], id_rows)),
-        "outcome": ("outcome.csv", _csv(OUTCOME_COLUMNS, [[r[k] if not isinstance(r[k], float) else f"{r[k]:.6f}" for k in OUTCOME_COLUMNS] for r in table])),
+        "ood": ("ood.csv", csv_text(["path", "label", "ood_label", "fine_grained", "original_label", "original_name", "flag", "decided_stage", "other_labels"], ood)),
+        "returned_id": ("returned_id.csv", csv_text(["path", "label", "original_label", "original_name", "flag", "decided_stage"], back)),
+        "ambiguous": ("ambiguous.csv", csv_text(["path", "original_label", "original_name", "flag", "decided_stage"], amb)),
+        "id_eval": ("id_eval.csv", csv_text(["path", "label", "class_name"], id_rows)),
+        "outcome": ("outcome.csv", csv_text(OUTCOME_COLUMNS, [[r[k] if not isinstance(r[k], float) else f"{r[k]:.6f}" for k in OUTCOME_COLUMNS] for r in table])),
         "outcome_md": ("outcome.md", format_outcome(table)),
     }
     paths = {}

@@ -93,6 +93,19 @@ def _hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
+def _new_token() -> str:
+    """A fresh URL-safe access token that never starts with ``-`` (argparse would read it as an option)."""
+    while True:
+        token = secrets.token_urlsafe(24)
+        if not token.startswith("-"):
+            return token
+
+
+def _reached_stage3(o: Outcome) -> bool:
+    """The image went to Stage 3: disputed now, or decided there."""
+    return o.status == "stage3" or (o.status == "final" and o.stage == 3)
+
+
 class ProtocolStore:
     """``ProtocolStore(path)`` opens an existing store; ``ProtocolStore.create`` makes one.
 
@@ -141,7 +154,7 @@ class ProtocolStore:
             raise ValueError(f"{len(ids) - len(set(ids))} duplicate image id(s) among the candidates")
         if path.exists():
             raise FileExistsError(f"protocol store {path} already exists; it holds verdicts and is never overwritten")
-        tokens = {n: secrets.token_urlsafe(24) for n in names}
+        tokens = {n: _new_token() for n in names}
         with atomic_path(path) as tmp:
             con = sqlite3.connect(tmp)
             try:
@@ -313,7 +326,7 @@ class ProtocolStore:
         order = [a.name for a in self.annotators()]
         s1, s3 = self._latest(rows, order)
         state = self._outcome(rows, order)
-        reached3 = state.status == "stage3" or (state.status == "final" and state.stage == 3)
+        reached3 = _reached_stage3(state)
         mine = next((r.as_dict() for r in s1 if r.annotator == who.name), None)
         view = {
             "image": cand.image,
@@ -346,14 +359,14 @@ class ProtocolStore:
             return [
                 {"image": img, "done": (img, 3) in mine or o.status == "final"}
                 for img, o in outcomes.items()
-                if o.status == "stage3" or (o.status == "final" and o.stage == 3)
+                if _reached_stage3(o)
             ]
         raise ProtocolError(f"stage must be 1 or 3, got {stage!r}")
 
     def progress(self) -> list[dict]:
         """Per annotator: Stage-1 verdicts given / pool size, Stage-3 verdicts given / disputed images."""
         outcomes = self.outcomes()
-        disputed = {img for img, o in outcomes.items() if o.status == "stage3" or (o.status == "final" and o.stage == 3)}
+        disputed = {img for img, o in outcomes.items() if _reached_stage3(o)}
         done: dict[tuple[str, int], set] = defaultdict(set)
         for r in self.rows():
             done[(r.annotator, r.stage)].add(r.image)

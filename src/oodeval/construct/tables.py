@@ -16,12 +16,15 @@ class indices or class names separated by ``;`` or ``|``; empty = assigned to no
 from __future__ import annotations
 
 import csv
+import io
 import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["IDManifest", "Reannotation", "read_manifest", "read_class_names", "read_reannotation", "confusion_counts"]
+__all__ = [
+    "IDManifest", "Reannotation", "read_manifest", "read_class_names", "read_reannotation", "confusion_counts", "csv_text",
+]  # fmt: skip
 
 _SPLIT = re.compile(r"[;|]")
 
@@ -81,6 +84,15 @@ def _read_csv(path: Path, what: str) -> tuple[list[str], list[dict[str, str]]]:
                 raise ValueError(f"{what} {path} row {reader.line_num}: more fields than the {len(header)} header columns")
             rows.append({k.strip(): (v or "").strip() for k, v in row.items()})
     return header, rows
+
+
+def csv_text(header: list[str] | tuple[str, ...], rows: list[list]) -> str:
+    """CSV text (``\\n`` line ends) of a header and rows, for writing with ``write_text_atomic``."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(header)
+    w.writerows(rows)
+    return buf.getvalue()
 
 
 def _parse_int(value: str) -> int | None:

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from .images import read_idx
-from .manifest import Manifest, list_images
+from .manifest import IMAGE_EXTENSIONS, Manifest, list_images
 
 __all__ = ["DatasetSpec", "REGISTRY", "DEBIAN_FASHION_MNIST", "default_data_root", "resolve", "status", "register_dataset"]
 
@@ -95,7 +95,9 @@ def _split_folders(labelled: bool, classes: int | None = None) -> Callable[[Path
                 if classes is not None and len(m.class_names or []) != classes:
                     raise ValueError(f"{sub} has {len(m.class_names or [])} class folders, expected {classes}")
                 if names is not None and m.class_names != names:
-                    raise ValueError(f"{folder}: the splits have different class folders")
+                    odd = sorted(set(m.class_names or []) ^ set(names))
+                    raise ValueError(f"{folder}: the splits have different class folders "
+                                     f"({len(odd)} class folders lie in only one split, e.g. {odd[:3]})")
                 names = m.class_names
             m.paths = [f"{split}/{p}" for p in m.paths]
             m.split = [split] * len(m)
@@ -306,7 +308,7 @@ def resolve(name_or_path: str | os.PathLike, data_root: str | os.PathLike | None
         subdirs = [p for p in path.iterdir() if p.is_dir() and not p.name.startswith(".")]
         loose = [p for p in path.iterdir() if p.is_file() and not p.name.startswith(".")]
         return Manifest.from_image_folder(path, labelled=bool(subdirs) and not any(
-            p.suffix.lower() in (".jpg", ".jpeg", ".png", ".bmp", ".webp") for p in loose))
+            p.suffix.lower() in IMAGE_EXTENSIONS for p in loose))
     if ":" in text and not path.exists():
         base, split = text.rsplit(":", 1)
         return resolve(base, root, strict=strict).select(split=split)

@@ -169,12 +169,12 @@ def format_tables(tables: dict[str, list[dict]]) -> str:
     return "\n\n".join(blocks) + "\n  (* = best in the column; FPR@95 lower is better, AUROC higher is better)\n"
 
 
-def _subsampling(results: Path, n: int, draws: int, seed: int):
-    """The report's Tab. A6 view (stats.subsample, standard_error, rank_stability) at draw size n."""
+def _subsampling(df, results: Path, n: int, draws: int, seed: int):
+    """The report's Tab. A6 view (stats.subsample, standard_error, rank_stability) at draw size n;
+    ``df`` is the loaded results table at ``results``."""
     from ..report.subsampling import model_scores, subsampling_table
-    from ..results import load_results
 
-    scores = model_scores(load_results(results), results, MODEL_LABEL)
+    scores = model_scores(df, results, MODEL_LABEL)
     return subsampling_table(scores, n, draws=draws, seed=seed, model=MODEL_LABEL)
 
 
@@ -270,8 +270,8 @@ def _run(
 
     t = step(5, "tables")
     tables = ood_tables(summary.results)
-    sub = _subsampling(summary.results, subsample_n, draws, seed)
     df = load_results(summary.results)
+    sub = _subsampling(df, summary.results, subsample_n, draws, seed)
     acc = df[(df["model"] == MODEL_LABEL) & (df["status"] == "ok")]["id_accuracy"]
     lines = [
         "",

@@ -6,6 +6,7 @@ the paper's defaults overridden by the given hyperparameters.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import pkgutil
 
@@ -38,10 +39,11 @@ def register(name: str):
     return deco
 
 
+@functools.cache
 def _load() -> None:
-    """Import every module of this package; each registers its classes with @register."""
+    """Import every detector module of this package once; each registers its classes with @register."""
     for info in pkgutil.iter_modules(__path__):
-        if info.name != "base":
+        if info.name != "base" and not info.name.startswith("_"):
             importlib.import_module(f"{__name__}.{info.name}")
 
 
@@ -62,13 +64,13 @@ def supported(train: FeatureSet | None, test: FeatureSet, candidates: list[str] 
     """The detectors among ``candidates`` (default: all 21) whose needs the FeatureSets meet."""
     _load()
     out = []
-    for name in candidates or names():
+    for name in names() if candidates is None else candidates:
         cls = REGISTRY[name]
+        if cls.fit_needs and train is None:
+            continue
         try:
             test.require(cls.needs)
             if cls.fit_needs:
-                if train is None:
-                    continue
                 train.require(cls.fit_needs)
         except ValueError:
             continue

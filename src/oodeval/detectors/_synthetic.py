@@ -10,15 +10,11 @@ and low activation: z = relu(0.3 + 0.7 eps). Logits are W z + b; the NAC state o
 from __future__ import annotations
 
 import numpy as np
+from scipy.special import softmax
 
 from ..features import FeatureSet
 
 __all__ = ["synthetic_problem"]
-
-
-def _softmax(f: np.ndarray) -> np.ndarray:
-    e = np.exp(f - f.max(axis=1, keepdims=True))
-    return e / e.sum(axis=1, keepdims=True)
 
 
 def synthetic_problem(
@@ -58,7 +54,7 @@ def synthetic_problem(
             fc = zc @ weight.T.astype(np.float64) + bias
             f[e] = fc
             if nac:
-                st[e] = zc * ((_softmax(fc) - 1.0 / n_classes) @ weight.astype(np.float64))
+                st[e] = zc * ((softmax(fc, axis=1) - 1.0 / n_classes) @ weight.astype(np.float64))
         extras = {"nac/pre_logits": st} if nac else {}
         return FeatureSet(z, labels=y, logits=f, weight=weight, bias=bias, extras=extras,
                           meta={"dataset": "synthetic-ood" if ood else "synthetic-id", "seed": seed})

@@ -45,9 +45,9 @@ class CnC(Detector):
         c = f.shape[1]
         if c < 2:
             raise ValueError(f"cnc needs K+1 >= 2 logit columns, got {c}")
-        k = self.outlier_class % c if -c <= self.outlier_class < c else None
-        if k is None:
+        if not -c <= self.outlier_class < c:
             raise ValueError(f"outlier_class {self.outlier_class} is outside the {c} logit columns")
+        k = self.outlier_class % c
         rest = np.delete(f, k, axis=1)
         logodds = logsumexp(rest, axis=1) - f[:, k]
         if self.form == "logodds":

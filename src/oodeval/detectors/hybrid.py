@@ -6,7 +6,7 @@ import numpy as np
 
 from ..features import FeatureSet
 from . import register
-from ._common import as64, chunks, energy, head_logits
+from ._common import as64, chunks, energy, head_logits, scatter
 from .base import Detector
 
 __all__ = ["ViM", "vim_dim"]
@@ -47,19 +47,15 @@ class ViM(Detector):
             raise ValueError(f"vim dim must be in [1, {d - 1}] for {d}-d features, got {k}")
         self.principal_dim_ = k
         self.origin_ = -np.linalg.pinv(w) @ b
-        cov = np.zeros((d, d))
-        for sl in chunks(len(z), d):
-            c = as64(z[sl]) - self.origin_
-            cov += c.T @ c
-        cov /= len(z)
-        evals, evecs = np.linalg.eigh(cov)
+        s, n = scatter(z, self.origin_)
+        evals, evecs = np.linalg.eigh(s / n)
         order = np.argsort(evals)[::-1]
         self.residual_basis_ = np.ascontiguousarray(evecs[:, order[k:]])
         max_logit, residual = 0.0, 0.0
         for sl in chunks(len(z), max(d, w.shape[0])):
             zc = as64(z[sl])
             max_logit += head_logits(zc, w, b).max(axis=1).sum()
-            residual += np.linalg.norm((zc - self.origin_) @ self.residual_basis_, axis=1).sum()
+            residual += self.residual_norm(zc).sum()
         self.alpha_ = float(max_logit / residual) if residual > 0 else 0.0
 
     def residual_norm(self, z: np.ndarray) -> np.ndarray:

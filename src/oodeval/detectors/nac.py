@@ -23,6 +23,7 @@ from scipy.special import expit
 
 from ..features import FeatureSet
 from . import register
+from ._common import chunks
 from .base import Detector
 
 __all__ = ["NAC", "NAC_DEFAULTS", "nac_grid"]
@@ -136,10 +137,9 @@ class NAC(Detector):
             cov, grid, alpha = self.coverage_[name], self.grids_[name], self.params_[name]["alpha"]
             if state.shape[1] != cov.shape[0]:
                 raise ValueError(f"nac layer {name}: fitted on {cov.shape[0]} neurons, got {state.shape[1]}")
-            step = max(1, 4_000_000 // state.shape[1])
-            for start in range(0, len(x), step):
-                s = expit(alpha * np.asarray(state[start : start + step], dtype=np.float64))
+            for sl in chunks(len(x), state.shape[1]):
+                s = expit(alpha * np.asarray(state[sl], dtype=np.float64))
                 idx = _interval(s, grid)
                 vals = np.where(idx >= 0, cov[np.arange(cov.shape[0])[None, :], np.maximum(idx, 0)], 0.0)
-                total[start : start + step] += vals.mean(axis=1)
+                total[sl] += vals.mean(axis=1)
         return total / len(self.layers_)

@@ -127,6 +127,11 @@ class ExperimentConfig:
     id_classes: Path | None = None
     name: str = "experiment"
 
+    def detectors_for(self, model: ModelSpec) -> tuple[DetectorSpec, ...] | None:
+        """The detector list of ``model``: its own, else the experiment's list for its kind
+        (``detectors`` or ``zeroshot``); None when none is given (every supported one runs)."""
+        return model.detectors or (self.detectors if model.kind == "supervised" else self.zeroshot)
+
 
 def _fail(where: str, msg: str) -> ValueError:
     return ValueError(f"experiment file: {where}: {msg}")

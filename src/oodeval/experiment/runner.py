@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .._io import atomic_path, hash_json
+from .._io import hash_json, save_npy_atomic
 from ..features import FeatureSet
 from ..results import (
     ALL_SPLIT,
@@ -83,12 +83,6 @@ def _error_text(exc: BaseException) -> str:
     return msg if len(msg) < 2000 else msg[:2000] + " ..."
 
 
-def _save_npy(path: Path, arr: np.ndarray) -> None:
-    with atomic_path(path) as tmp:
-        with open(tmp, "wb") as fh:
-            np.save(fh, np.ascontiguousarray(arr, dtype=np.float64))
-
-
 # ---------------------------------------------------------------------------- features
 FeatureFn = Callable[[ModelSpec, "str | None", DatasetSpec, str, ExperimentConfig], FeatureSet]
 
@@ -144,8 +138,9 @@ def split_values(fs: FeatureSet, ds: DatasetSpec, cfg: ExperimentConfig) -> np.n
 def _split_masks(values: np.ndarray | None, column: str | None) -> dict[str, np.ndarray | None]:
     out: dict[str, np.ndarray | None] = {ALL_SPLIT: None}
     if values is not None:
-        for v in sorted({str(x) for x in values.tolist()}):
-            out[f"{column}={v}"] = np.array([str(x) == v for x in values.tolist()])
+        text = np.array([str(x) for x in values.tolist()], dtype=object)
+        for v in sorted(set(text)):
+            out[f"{column}={v}"] = text == v
     return out
 
 
@@ -218,10 +213,11 @@ class _Run:
     splits: dict[str, dict[str, np.ndarray | None]] = field(default_factory=dict)
     specs: list[DetectorSpec] = field(default_factory=list)
     context: dict = field(default_factory=dict)
+    id_accuracy: float | None = None  # computed once per run, on first use
 
 
 def _specs_for(run: _Run, cfg: ExperimentConfig) -> list[DetectorSpec]:
-    given = run.model.detectors or (cfg.detectors if run.model.kind == "supervised" else cfg.zeroshot)
+    given = cfg.detectors_for(run.model)
     if given is not None:
         return list(given)
     if run.model.kind == "supervised":
@@ -265,7 +261,7 @@ def _plan_run(run: _Run, cfg: ExperimentConfig, features: FeatureFn) -> None:
         from .zeroshot import build_context
 
         try:
-            run.context = build_context(run.model, run.weights, cfg, run.feats["id_test"])
+            run.context = build_context(run.model, run.weights, cfg)
         except Exception as exc:  # noqa: BLE001
             run.errors["id_test"] = f"zero-shot text side failed: {_error_text(exc)}"
     try:
@@ -277,7 +273,7 @@ def _plan_run(run: _Run, cfg: ExperimentConfig, features: FeatureFn) -> None:
         run.specs = [DetectorSpec("*")]
 
 
-def _split_cells(table: pd.DataFrame, done: set[tuple]) -> dict[tuple, int]:
+def _split_cells(done: set[tuple]) -> dict[tuple, int]:
     """Number of done split cells (split != all) per key without its split."""
     out: dict[tuple, int] = {}
     for key in done:
@@ -290,7 +286,7 @@ def _split_cells(table: pd.DataFrame, done: set[tuple]) -> dict[tuple, int]:
 def _settled(run: _Run, cfg: ExperimentConfig, done: set[tuple], split_done: dict[tuple, int]) -> int | None:
     """The number of cells of a run when every one of them is already done (known without its
     features: an explicit detector list, and split cells already in the table), else None."""
-    specs = run.model.detectors or (cfg.detectors if run.model.kind == "supervised" else cfg.zeroshot)
+    specs = cfg.detectors_for(run.model)
     if specs is None or (cfg.sweeps and run.model.kind == "zero-shot"):
         return None
     n = 0
@@ -334,7 +330,7 @@ def run_experiment(
     summary = RunSummary(results=cfg.results)
     runs: list[_Run] = []
     settled_cells = 0
-    split_done = _split_cells(table, done)
+    split_done = _split_cells(done)
     for model in cfg.models:
         groups: dict[str | None, list[int]] = {}
         for i, seed in enumerate(cfg.seeds):
@@ -429,14 +425,16 @@ def _run_detector(run: _Run, spec: DetectorSpec, cells: list, cfg: ExperimentCon
             scorer.fit(train)
             summary.fits += 1
             id_scores = scorer.score(run.feats["id_test"])
-            acc = _id_accuracy(run.model, run.feats["id_test"], run.context)
+            if run.id_accuracy is None:
+                run.id_accuracy = _id_accuracy(run.model, run.feats["id_test"], run.context)
+            acc = run.id_accuracy
         except Exception as exc:  # noqa: BLE001 - recorded, the grid goes on
             log.debug("detector %s failed", spec.name, exc_info=True)
             fail(hp_cells, _error_text(exc), t0)
             continue
         folder = scores_dir(cfg.results) / hash_json([run.model.label, run.weights or "", spec.name, _hp_key(spec), hpj])
         id_file = folder / "id.npy"
-        _save_npy(id_file, id_scores)
+        save_npy_atomic(id_file, np.asarray(id_scores, dtype=np.float64))
         fit_seconds = time.perf_counter() - t0
         datasets: dict[str, list] = {}
         for cell in hp_cells:
@@ -456,7 +454,7 @@ def _run_detector(run: _Run, spec: DetectorSpec, cells: list, cfg: ExperimentCon
                     mask = run.splits[label][split]
                     ood = ood_all if mask is None else ood_all[mask]
                     ood_file = folder / f"{hash_json([label, split])}.npy"
-                    _save_npy(ood_file, ood)
+                    save_npy_atomic(ood_file, np.asarray(ood, dtype=np.float64))
                     row = _evaluate(id_scores, ood, seed, cfg.bootstrap_draws)
                     row.update(
                         status="ok",

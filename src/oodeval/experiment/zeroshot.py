@@ -43,10 +43,13 @@ def _class_names(cfg: ExperimentConfig) -> list[str]:
 
 def _encoder(model: ModelSpec, weights: str | None, cfg: ExperimentConfig):
     """An ``oodeval.zeroshot.text.TextEncoder`` for the model's text tower, cached under the store."""
+    import torch
+
     from ..zeroshot.models import load_clip
     from ..zeroshot.text import TextEncoder
 
-    net, tokenizer, name = load_clip(model.name, weights=weights, device="cpu" if cfg.device == "auto" else cfg.device)
+    device = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    net, tokenizer, name = load_clip(model.name, weights=weights, device=device)
     return TextEncoder(net, tokenizer, name, weights=weights, cache_dir=cfg.store / "text")
 
 
@@ -69,7 +72,7 @@ def vocabulary_label(name: str | None) -> str | None:
     return Path(name).stem if ("/" in name or "." in Path(name).name) else name
 
 
-def build_context(model: ModelSpec, weights: str | None, cfg: ExperimentConfig, id_test: FeatureSet) -> dict:
+def build_context(model: ModelSpec, weights: str | None, cfg: ExperimentConfig) -> dict:
     """``{"id_text": (C, E), "vocab": callable(name) -> (M, E) | None}`` for a zero-shot model run.
 
     Label embeddings come from the model's ``features`` table when given there as ``.npy`` files

@@ -133,10 +133,6 @@ class Backbone:
     info: dict = field(default_factory=dict)
     _probe: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
 
-    @property
-    def has_logits(self) -> bool:
-        return self.kind == "timm" or self._probe is not None
-
     def to(self, device: torch.device | str) -> Backbone:
         self.model.to(device)
         if self._probe is not None:

@@ -268,6 +268,7 @@ def _run(job: _Job) -> Path:
     timing = {"images": 0, "seconds": 0.0}
 
     bb = load_backbone(job.model, job.weights, pretrained=job.pretrained, model_kwargs=job.model_kwargs, head=job.head).to(dev)
+    split = split_transform(bb.transform)
     layers = None
     if job.taps:
         from .taps import default_nac_layers
@@ -276,7 +277,6 @@ def _run(job: _Job) -> Path:
     if mine:
         if done:
             log.info("resuming %s: %d of %d shards already written", job.entry.name, len(done), n_shards)
-        split = split_transform(bb.transform)
         run = _Runner(bb, dev, job.amp, layers, job.patch_features, split)
         batches = [list(range(s, min(s + job.batch_size, stop)))
                    for i in mine for stop in [min((i + 1) * size, n)] for s in range(i * size, stop, job.batch_size)]
@@ -322,7 +322,7 @@ def _run(job: _Job) -> Path:
             "model": job.model, "weights": None if job.weights is None else str(job.weights),
             "weights_hash": job.weights_hash, "pretrained": job.pretrained, "model_kwargs": job.model_kwargs or {},
             "head": None if job.head is None else str(job.head),
-            "preprocessing": {**bb.preprocessing, "tensor_tail_batched": split_transform(bb.transform) is not None},
+            "preprocessing": {**bb.preprocessing, "tensor_tail_batched": split is not None},
             "image_mode": bb.image_mode, "dataset": manifest.name,
             "manifest_hash": manifest.content_hash(), "class_names": manifest.class_names, "key": job.key,
             "taps": layers, "patch_features": job.patch_features, "precision": "bf16" if job.amp else "fp32",

@@ -117,7 +117,7 @@ class FeatureSet:
                         missing.append(f"extra arrays '{key}' (extract with --taps)")
                 elif key not in self.extras:
                     missing.append(f"extra array '{key}'")
-            elif need not in FIELDS and not need.startswith("extra:"):
+            elif need not in FIELDS:
                 raise ValueError(f"unknown requirement {need!r}")
         if missing:
             src = self.meta.get("dataset", "this FeatureSet")

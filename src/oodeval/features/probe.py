@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..metrics import accuracy
 from .featureset import FeatureSet
 
 __all__ = ["train_probe", "probe_accuracy", "save_probe"]
@@ -70,12 +71,9 @@ def probe_accuracy(fs: FeatureSet, weight: np.ndarray, bias: np.ndarray, chunk: 
     idx = np.flatnonzero(np.asarray(fs.labels) >= 0)
     if idx.size == 0:
         raise ValueError("no labelled rows to measure accuracy on")
-    correct = 0
-    for s in range(0, idx.size, chunk):
-        sel = idx[s : s + chunk]
-        pred = (np.asarray(fs.features[sel], dtype=np.float32) @ weight.T + bias).argmax(1)
-        correct += int((pred == np.asarray(fs.labels)[sel]).sum())
-    return correct / idx.size
+    pred = np.concatenate([(np.asarray(fs.features[idx[s : s + chunk]], dtype=np.float32) @ weight.T + bias).argmax(1)
+                           for s in range(0, idx.size, chunk)])
+    return accuracy(pred, np.asarray(fs.labels)[idx])
 
 
 def save_probe(path: str | Path, weight: np.ndarray, bias: np.ndarray, info: dict) -> Path:

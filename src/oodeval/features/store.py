@@ -26,7 +26,7 @@ from .._io import atomic_path, write_json_atomic
 from ..data.manifest import Manifest
 from .featureset import FeatureSet
 
-__all__ = ["entry_path", "partial_path", "shard_path", "write_shard", "read_shard", "done_shards", "assemble", "weights_digest", "plan"]
+__all__ = ["entry_path", "partial_path", "shard_path", "write_shard", "done_shards", "assemble", "weights_digest", "plan"]
 
 _SLUG = re.compile(r"[^A-Za-z0-9._+-]+")
 
@@ -63,13 +63,6 @@ def write_shard(path: Path, rows: np.ndarray, arrays: dict[str, np.ndarray], fai
         np.savez(fh, **payload)
         fh.flush()
         os.fsync(fh.fileno())
-
-
-def read_shard(path: Path) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray, list[str]]:
-    """``(rows, arrays, failed, errors)`` of one shard (no pickles)."""
-    with np.load(path, allow_pickle=False) as z:
-        arrays = {k[2:].replace("|", "/"): z[k] for k in z.files if k.startswith("a|")}
-        return z["rows"], arrays, z["failed"], [str(e) for e in z["errors"]]
 
 
 def weights_digest(path: str | Path, store: Path) -> str:

@@ -41,12 +41,16 @@ def default_nac_layers(model: nn.Module) -> list[str]:
     gives the classifier input and blocks[-2], blocks[-3], blocks[-4]. Models without
     ``feature_info`` get ``["pre_logits"]``.
     """
-    info = getattr(model, "feature_info", None)
-    modules: list[str] = []
-    if info is not None:
-        entries = info.get_dicts() if hasattr(info, "get_dicts") else list(info)
-        modules = [e["module"] for e in entries]
+    modules = [e["module"] for e in _feature_info(model)]
     return [PRE_LOGITS] + modules[-2:-5:-1]
+
+
+def _feature_info(model: nn.Module) -> list[dict]:
+    """timm's ``feature_info`` entries (dicts with ``module``, ``num_chs``, ...); [] without it."""
+    info = getattr(model, "feature_info", None)
+    if info is None:
+        return []
+    return info.get_dicts() if hasattr(info, "get_dicts") else list(info)
 
 
 def pool_state(t: Tensor, channels: int | None = None) -> Tensor:
@@ -70,14 +74,6 @@ class NacPass:
     logits: Tensor
     features: Tensor
     states: dict[str, Tensor]
-
-
-def _channels(model: nn.Module) -> dict[str, int]:
-    info = getattr(model, "feature_info", None)
-    if info is None:
-        return {}
-    entries = info.get_dicts() if hasattr(info, "get_dicts") else list(info)
-    return {e["module"]: int(e["num_chs"]) for e in entries}
 
 
 def forward_with_nac(model: nn.Module, images: Tensor, layers: list[str]) -> NacPass:
@@ -125,7 +121,7 @@ def forward_with_nac(model: nn.Module, images: Tensor, layers: list[str]) -> Nac
     finally:
         for h in hooks:
             h.remove()
-    channels = _channels(model)
+    channels = {e["module"]: int(e["num_chs"]) for e in _feature_info(model)}
     states = {}
     for name, g in zip(layers, grads):
         o = captured[name].detach()

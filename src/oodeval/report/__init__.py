@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .._io import write_text_atomic
+from .._io import atomic_path, write_text_atomic
 from ..results import ALL_SPLIT, load_cell_scores, load_results
 from . import figures as figs
 from .cnc import cnc_summary
@@ -37,8 +37,6 @@ def save_sweep(results: str | Path, sweep: str, model: str, dataset: str, sizes,
     a name containing "wordnet" or a curve with param "M" is drawn as Fig. A2 (log x), otherwise
     Fig. A1. A curve with the same (sweep, model, dataset) is replaced.
     """
-    from .._io import atomic_path
-
     param = ""
     if isinstance(sizes, dict):
         param = str(sizes.get("param", ""))

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ..metrics import fpr_at_tpr
 from ..results import ALL_SPLIT, load_cell_scores
 from ..stats import rank_stability, standard_error, subsample
 from .views import Cell, View, add_det, pct
@@ -45,7 +46,7 @@ def model_scores(df: pd.DataFrame, results_path: Path, model: str) -> dict[str, 
 
 def chunked_subsample(id_scores: np.ndarray, ood_scores: np.ndarray, n: int, draws: int, seed: int):
     """``stats.subsample`` in chunks of draws (seeds seed, seed+1, ...) to bound memory; returns
-    (fpr (K, draws), full_fpr (K,), population)."""
+    (fpr (K, draws), full_fpr (K,))."""
     m = ood_scores.shape[-1]
     step = max(1, min(draws, _CHUNK // max(m, 1)))
     parts = []
@@ -54,7 +55,7 @@ def chunked_subsample(id_scores: np.ndarray, ood_scores: np.ndarray, n: int, dra
         res = subsample(id_scores, ood_scores, n, draws=min(step, draws - start), seed=seed + i)
         parts.append(res.fpr)
         full = res.full_fpr
-    return np.concatenate(parts, axis=1), full, m
+    return np.concatenate(parts, axis=1), full
 
 
 def subsampling_table(scores: dict, n: int, draws: int = 1000, seed: int = 0, model: str = "") -> View:
@@ -75,13 +76,13 @@ def subsampling_table(scores: dict, n: int, draws: int = 1000, seed: int = 0, mo
         id_m = np.stack([dets[d][0] for d in names])
         ood_m = np.stack([dets[d][1] for d in names])
         N = ood_m.shape[1]
-        full = np.array([_full_fpr(id_m[k], ood_m[k]) for k in range(len(names))])
+        full = np.array([fpr_at_tpr(id_m[k], ood_m[k]) for k in range(len(names))])
         b = int(np.argmin(full))
         row = {"Dataset": dataset, "N": str(N), "n/N (%)": f"{100 * min(n, N) / N:.1f}", "full": pct(full[b], 2), "detector": Cell(names[b], muted=True)}
         if N <= n:
             row.update({"mean": "–", "bias": "–", "std": "–", "closed form": pct(standard_error(full[b], N), 2), "rho": "–"})
         else:
-            fpr, full_fpr, _ = chunked_subsample(id_m, ood_m, n, draws, seed)
+            fpr, full_fpr = chunked_subsample(id_m, ood_m, n, draws, seed)
             d = fpr[b]
             try:
                 rho = rank_stability(fpr, full_fpr) if len(names) > 1 and np.ptp(full_fpr) > 0 else float("nan")
@@ -100,12 +101,6 @@ def subsampling_table(scores: dict, n: int, draws: int = 1000, seed: int = 0, mo
     return View("tabA6", title, caption, pd.DataFrame(rows))
 
 
-def _full_fpr(id_scores: np.ndarray, ood_scores: np.ndarray) -> float:
-    from ..metrics import fpr_at_tpr
-
-    return fpr_at_tpr(id_scores, ood_scores)
-
-
 def subsampling_curves(scores: dict, draws: int = 1000, seed: int = 0, points: int = 8, max_sets: int = 6) -> dict:
     """Fig. A4 data: dataset -> {"n": sizes, "mean", "std" (FPR@95 fractions over draws), "full", "detector"}.
 
@@ -116,7 +111,7 @@ def subsampling_curves(scores: dict, draws: int = 1000, seed: int = 0, points: i
     for dataset in ranked:
         dets = scores[dataset]
         names = list(dets)
-        full = np.array([_full_fpr(*dets[d]) for d in names])
+        full = np.array([fpr_at_tpr(*dets[d]) for d in names])
         b = int(np.argmin(full))
         id_s, ood_s = dets[names[b]]
         N = ood_s.size
@@ -125,7 +120,7 @@ def subsampling_curves(scores: dict, draws: int = 1000, seed: int = 0, points: i
         sizes = np.unique(np.geomspace(10, N - 1, points).astype(int))
         means, stds = [], []
         for n in sizes:
-            fpr, _, _ = chunked_subsample(id_s, ood_s, int(n), draws, seed)
+            fpr, _ = chunked_subsample(id_s, ood_s, int(n), draws, seed)
             means.append(fpr[0].mean())
             stds.append(fpr[0].std(ddof=1))
         out[dataset] = {"n": sizes, "mean": np.array(means), "std": np.array(stds), "full": full[b], "detector": names[b]}

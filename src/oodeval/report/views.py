@@ -69,7 +69,8 @@ def order_detectors(labels: list[str]) -> list[str]:
         zs = zs_names()
     except Exception:  # noqa: BLE001 - zero-shot package optional for ordering
         zs = []
-    paper = detectors.names() + [n for n in zs if n not in detectors.names()]
+    supervised = detectors.names()
+    paper = supervised + [n for n in zs if n not in supervised]
     rank = {n: i for i, n in enumerate(paper)}
 
     def key(label: str) -> tuple:

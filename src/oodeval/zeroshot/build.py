@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -27,7 +28,8 @@ def read_id_names(spec: str) -> tuple[list[str], list[str] | None]:
         raise ValueError(f"ID names file {path} has no names")
     dup = len(names) - len(set(names))
     if dup:
-        raise ValueError(f"ID names file {path} repeats {dup} names")
+        repeated = [n for n, count in Counter(names).items() if count > 1]
+        raise ValueError(f"ID names file {path} repeats {dup} names, e.g. {repeated[:3]}")
     return names, None
 
 

@@ -8,6 +8,7 @@ order; ``oracle`` reads a benchmark manifest's OOD labels.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,7 +39,8 @@ class Vocabulary:
             raise ValueError(f"unknown vocabulary kind {self.kind!r}; known: {', '.join(KINDS)}")
         dup = len(self.labels) - len(set(self.labels))
         if dup:
-            raise ValueError(f"vocabulary has {dup} repeated labels")
+            repeated = [x for x, n in Counter(self.labels).items() if n > 1]
+            raise ValueError(f"vocabulary has {dup} repeated labels, e.g. {repeated[:3]}")
         expected = _content_hash(self.kind, self.labels)
         if self.content_hash and self.content_hash != expected:
             raise ValueError(f"content hash {self.content_hash} does not match the labels ({expected})")
