@@ -235,3 +235,21 @@ def test_results_table_reads_in_duckdb(grid):
     assert best == pytest.approx(df["fpr95"].min())
     keys = con.execute(f"SELECT {', '.join(KEY)} FROM read_parquet(?)", [str(summary.results)]).df()
     assert not keys.duplicated().any()
+
+
+def test_bootstrap_mode_is_configurable_and_recorded(tmp_path):
+    paths = make_sets(tmp_path)
+    widths = {}
+    for fixed in (True, False):
+        cfg = config(tmp_path, paths, seeds=[0], bootstrap_fixed_id=fixed, detectors=["msp", "energy"])
+        cfg["results"] = str(tmp_path / f"out{fixed}" / "results.parquet")
+        df = load_results(run_experiment(cfg, progress=False).results)
+        assert (df["bootstrap_fixed_id"] == fixed).all()
+        for m in ("fpr95", "auroc"):
+            assert (df[f"{m}_lo"] <= df[m] + 1e-12).all() and (df[m] <= df[f"{m}_hi"] + 1e-12).all()
+        widths[fixed] = float((df["auroc_hi"] - df["auroc_lo"]).mean())
+    # resampling the ID set as well can only add variance to the AUROC estimate
+    assert widths[False] > widths[True]
+    bad = config(tmp_path, paths, bootstrap_fixed_id="yes")
+    with pytest.raises(ValueError, match="bootstrap_fixed_id"):
+        run_experiment(bad, progress=False)

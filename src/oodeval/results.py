@@ -54,6 +54,7 @@ _INFO = {
     "n_ood": "Int64",
     "id_accuracy": "float64",
     "bootstrap_draws": "Int64",
+    "bootstrap_fixed_id": "boolean",
     "scores_id": "string",
     "scores_ood": "string",
     "seconds": "float64",

@@ -7,6 +7,7 @@ relative paths are relative to the experiment file's folder. See ``docs/experime
     results = "results.parquet"       # the one results table
     seeds = [0]                       # bootstrap seeds (runs); see seed_detectors
     bootstrap_draws = 1000
+    bootstrap_fixed_id = true         # resample OOD only, ID threshold fixed (paper App. C); false: both
 
     [datasets]
     id_train = "imagefolder:train"    # fits the detectors (supervised models only)
@@ -35,7 +36,7 @@ KINDS = ("supervised", "zero-shot")
 _ROLES = ("id_train", "id_test")
 
 _TOP = {
-    "name", "store", "results", "data_root", "seeds", "bootstrap_draws", "device", "batch_size",
+    "name", "store", "results", "data_root", "seeds", "bootstrap_draws", "bootstrap_fixed_id", "device", "batch_size",
     "num_workers", "retry_failed", "seed_detectors", "datasets", "models", "detectors", "zeroshot", "sweeps",
 }  # fmt: skip
 _DATASETS = {"id_train", "id_test", "ood", "split_column", "id_classes"}
@@ -118,6 +119,7 @@ class ExperimentConfig:
     results: Path = Path("results.parquet")
     data_root: Path | None = None
     bootstrap_draws: int = 1000
+    bootstrap_fixed_id: bool = True
     device: str = "auto"
     batch_size: int = 64
     num_workers: int = 0
@@ -407,6 +409,7 @@ def load_config(source: str | Path | dict | ExperimentConfig, base_dir: str | Pa
         results=_path(_typed(t, "results", str, "top level", "results.parquet"), base),
         data_root=_path(_typed(t, "data_root", str, "top level"), base),
         bootstrap_draws=draws,
+        bootstrap_fixed_id=_typed(t, "bootstrap_fixed_id", bool, "top level", True),
         device=_typed(t, "device", str, "top level", "auto"),
         batch_size=batch,
         num_workers=_typed(t, "num_workers", int, "top level", 0),

@@ -393,6 +393,7 @@ def _base_info(run: _Run, spec: DetectorSpec, cfg: ExperimentConfig) -> dict:
         "id_train": cfg.id_train.label if cfg.id_train else None,
         "id_test": cfg.id_test.label,
         "bootstrap_draws": cfg.bootstrap_draws,
+        "bootstrap_fixed_id": cfg.bootstrap_fixed_id,
     }
 
 
@@ -455,7 +456,7 @@ def _run_detector(run: _Run, spec: DetectorSpec, cells: list, cfg: ExperimentCon
                     ood = ood_all if mask is None else ood_all[mask]
                     ood_file = folder / f"{hash_json([label, split])}.npy"
                     save_npy_atomic(ood_file, np.asarray(ood, dtype=np.float64))
-                    row = _evaluate(id_scores, ood, seed, cfg.bootstrap_draws)
+                    row = _evaluate(id_scores, ood, seed, cfg.bootstrap_draws, cfg.bootstrap_fixed_id)
                     row.update(
                         status="ok",
                         id_accuracy=acc,
@@ -469,13 +470,14 @@ def _run_detector(run: _Run, spec: DetectorSpec, cells: list, cfg: ExperimentCon
                     record(_row(key, status="error", error=_error_text(exc), seconds=time.perf_counter() - t2, **info))
 
 
-def _evaluate(id_scores: np.ndarray, ood: np.ndarray, seed: int, draws: int) -> dict:
-    """Metrics (fractions) and percentile 95% bootstrap bounds of one cell."""
+def _evaluate(id_scores: np.ndarray, ood: np.ndarray, seed: int, draws: int, fixed_id: bool = True) -> dict:
+    """Metrics (fractions) and percentile 95% bootstrap bounds of one cell (``stats.bootstrap``:
+    OOD resampled with the ID set fixed, or both sets resampled when ``fixed_id`` is False)."""
     from ..metrics import evaluate
     from ..stats import bootstrap, confidence_interval
 
     out: dict = dict(evaluate(id_scores, ood))
-    boot = bootstrap(id_scores, ood, draws=draws, seed=seed)
+    boot = bootstrap(id_scores, ood, draws=draws, seed=seed, fixed_id=fixed_id)
     for m in BOOTSTRAPPED:
         lo, hi = confidence_interval(boot[m][0])
         out[f"{m}_lo"], out[f"{m}_hi"] = float(lo), float(hi)
