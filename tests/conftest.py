@@ -7,6 +7,24 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 
 import pytest
 
+#: Debian packages the suite reads (scripts/setup.sh installs them when run as root)
+DEBIAN_FILES = {
+    "dataset-fashion-mnist": "/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz",
+    "wordnet-base": "/usr/share/wordnet/data.noun",
+    "chromium": "/usr/bin/chromium",
+    "chromium-driver": "/usr/bin/chromedriver",
+}
+
+
+def pytest_sessionstart(session) -> None:
+    """Fail at once, naming the packages, instead of skipping the tests that need them."""
+    missing = [pkg for pkg, path in DEBIAN_FILES.items() if not os.path.exists(path)]
+    if missing:
+        raise pytest.UsageError(
+            f"Debian packages missing: {', '.join(missing)}; `make test` installs them when run as root "
+            "(scripts/setup.sh), or install them with apt-get"
+        )
+
 TINY_CLIP = "oodeval-tiny-vit"
 TINY_CLIP_CONFIG = {
     "embed_dim": 32,

@@ -8,7 +8,6 @@ import pytest
 
 from oodeval.data import resolve
 from oodeval.demo.data import (
-    FASHION_MNIST_DIR,
     ID_CLASSES,
     NEAR_OOD_CLASSES,
     SET_NAMES,
@@ -19,7 +18,6 @@ from oodeval.demo.data import (
 )
 from oodeval.demo.run import to_toml
 
-pytestmark = pytest.mark.skipif(not FASHION_MNIST_DIR.is_dir(), reason="Debian dataset-fashion-mnist not installed")
 
 TINY = DemoSizes(id_train=60, id_test=30, near_ood=20, digits=10, photos=16, uniform=5, gaussian=5)
 

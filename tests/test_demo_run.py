@@ -8,11 +8,9 @@ import pytest
 
 from oodeval import detectors
 from oodeval.cli import main
-from oodeval.demo.data import FASHION_MNIST_DIR
 from oodeval.demo.run import OOD_LABELS, run_demo
 from oodeval.results import load_results
 
-pytestmark = pytest.mark.skipif(not FASHION_MNIST_DIR.is_dir(), reason="Debian dataset-fashion-mnist not installed")
 
 
 @pytest.fixture(scope="module")

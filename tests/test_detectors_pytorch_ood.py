@@ -7,13 +7,12 @@ remove them (NNGuide's bank: we hand it our seeded random subset).
 
 import numpy as np
 import pytest
+import pytorch_ood.detector as pood
 import torch
 from scipy.stats import spearmanr
 
-pood = pytest.importorskip("pytorch_ood.detector")
-
-from oodeval import detectors  # noqa: E402
-from oodeval.detectors._synthetic import synthetic_problem  # noqa: E402
+from oodeval import detectors
+from oodeval.detectors._synthetic import synthetic_problem
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import re
-import shutil
 
 import numpy as np
 import pytest
@@ -113,7 +112,6 @@ def test_cli_report(report, tmp_path, capsys):
     assert cli.main(["report", str(tmp_path / "none.parquet"), "--out", str(tmp_path / "r2")]) == 2
 
 
-@pytest.mark.skipif(not (shutil.which("chromium") and shutil.which("chromedriver")), reason="needs Debian chromium + chromium-driver")
 def test_html_renders_in_headless_chromium(report, tmp_path):
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
