@@ -24,6 +24,7 @@ from .metrics import (
     _fpr_from_counts,
     _k_for_tpr,
     check_scores,
+    grouped_counts,
 )
 
 __all__ = [
@@ -151,10 +152,7 @@ def rank_stability(per_draw: np.ndarray, full: np.ndarray) -> float:
 def _collapsed_bins(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Grouped counts with runs of ID-only values merged: FPR@tpr, AUROC and detection error
     depend only on these bins, so resampling the bins resamples the metric exactly."""
-    values, inverse = np.unique(np.concatenate([x, y]), return_inverse=True)
-    g = values.size
-    I = np.bincount(inverse[: x.size], minlength=g)[::-1]
-    O = np.bincount(inverse[x.size :], minlength=g)[::-1]
+    I, O = grouped_counts(x, y)
     bin_id = np.cumsum(np.r_[True, (O[1:] > 0) | (O[:-1] > 0)]) - 1
     nb = bin_id[-1] + 1
     return np.bincount(bin_id, weights=I, minlength=nb), np.bincount(bin_id, weights=O, minlength=nb)
