@@ -10,6 +10,17 @@ from oodeval.features import FeatureSet
 from oodeval.features.taps import default_nac_layers, forward_with_nac, nac_states
 
 
+# float32 conv/linear reductions reorder with batch size and threading; their rounding error is a few
+# ulps of the layer's largest value (measured ~9), not of each element, so near-zero entries get an
+# absolute tolerance of 64 float32 ulps of the layer's scale.
+ULPS = 64 * np.finfo(np.float32).eps
+
+
+def assert_close_at_layer_scale(got, want):
+    scale = float(want.abs().max())
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=ULPS * scale)
+
+
 @pytest.fixture(scope="module")
 def model():
     torch.manual_seed(0)
@@ -36,7 +47,7 @@ def test_states_match_independent_derivations(model, images):
     # pre_logits: for the linear head, dL/dz = W^T (softmax(f) - 1/C) in closed form
     w = model.get_classifier().weight.detach()
     grad = (torch.softmax(out.logits.double(), 1) - 1 / 7) @ w.double()
-    torch.testing.assert_close(out.states["pre_logits"].double(), out.features.double() * grad, rtol=1e-4, atol=1e-9)
+    assert_close_at_layer_scale(out.states["pre_logits"].double(), out.features.double() * grad)
     # layer3: retain_grad + backward, then sum-pool output and gradient separately
     kept = {}
     hook = model.layer3.register_forward_hook(lambda m, i, o: kept.setdefault("o", o))
@@ -47,7 +58,7 @@ def test_states_match_independent_derivations(model, images):
     (-torch.log_softmax(logits, 1).mean(1).sum()).backward()
     ref = kept["o"].sum((2, 3)) * kept["o"].grad.sum((2, 3))
     model.zero_grad(set_to_none=True)
-    torch.testing.assert_close(out.states["layer3"], ref.detach(), rtol=1e-4, atol=1e-10)
+    assert_close_at_layer_scale(out.states["layer3"], ref.detach())
     assert float(out.states["layer3"].abs().max()) > 0
 
 
@@ -55,7 +66,7 @@ def test_each_sample_state_is_its_own(model, images):
     _, batch = nac_states(model, images, ["pre_logits", "layer2"])
     _, single = nac_states(model, images[2:3], ["pre_logits", "layer2"])
     for k in batch:
-        torch.testing.assert_close(batch[k][2:3], single[k], rtol=1e-4, atol=1e-10)
+        assert_close_at_layer_scale(batch[k][2:3], single[k])
 
 
 def test_bad_calls_are_refused(model, images):
