@@ -44,8 +44,15 @@ def data():
     return train, test
 
 
+def create(name, **hp):
+    """The detector on its float64 path: these tests check formulas at float64 tolerances
+    (the float32 path is checked against it in test_detectors_precision.py)."""
+    det = detectors.create(name, **hp)
+    return det.set_params(precision="float64") if "precision" in det.get_params() else det
+
+
 def run(name, train, test, **hp):
-    return detectors.create(name, **hp).fit(train).score(test)
+    return create(name, **hp).fit(train).score(test)
 
 
 def f64(a):
@@ -83,7 +90,7 @@ def test_react(data):
     train, test = data
     c = np.percentile(f64(train.features).ravel(), 90)
     ref = energy_ref(np.minimum(test.features, c), test.weight, test.bias)
-    det = detectors.create("react").fit(train)
+    det = create("react").fit(train)
     assert det.threshold_ == pytest.approx(c, rel=1e-12)
     np.testing.assert_allclose(det.score(test), ref, rtol=1e-10)
 
@@ -192,7 +199,7 @@ def test_neco(data):
     d = int(np.argmax(np.cumsum(pca.explained_variance_ratio_) >= 0.9)) + 1
     xs = ss.transform(f64(test.features))
     ref = np.linalg.norm(pca.transform(xs)[:, :d], axis=1) / np.linalg.norm(xs, axis=1)
-    det = detectors.create("neco").fit(train)
+    det = create("neco").fit(train)
     assert det.n_components_ == d
     np.testing.assert_allclose(det.score(test), ref, rtol=1e-8)
     ref3 = np.linalg.norm(pca.transform(xs)[:, :3], axis=1) / np.linalg.norm(xs, axis=1)
@@ -216,7 +223,7 @@ def test_vim(data):
 
 def test_nnguide(data):
     train, test = data
-    det = detectors.create("nnguide", k=4, bank_fraction=0.5, seed=3).fit(train)
+    det = create("nnguide", k=4, bank_fraction=0.5, seed=3).fit(train)
     bank = det.bank_index_
     assert bank.size == 45 and np.array_equal(bank, np.unique(bank))
     e_bank = logsumexp(f64(train.logits)[bank], axis=1)

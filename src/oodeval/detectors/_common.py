@@ -12,6 +12,8 @@ from collections.abc import Iterator
 import numpy as np
 import scipy.sparse
 
+from ._backend import Compute
+
 __all__ = [
     "chunk_rows", "chunks", "as64", "l2_normalise", "energy", "log_softmax", "logsumexp_rows",
     "max_softmax", "class_means", "scatter", "mean_rows", "onehot", "pinv_sym", "chunked_percentile", "head_logits", "labelled",
@@ -97,30 +99,40 @@ def onehot(labels: np.ndarray, classes: np.ndarray) -> scipy.sparse.csr_matrix:
     return scipy.sparse.csr_matrix((np.ones(n), (np.arange(n), col)), shape=(n, classes.size))
 
 
+def _stat_compute(comp: Compute | None) -> Compute:
+    return Compute("float64") if comp is None else comp
+
+
 def class_means(
-    features: np.ndarray, labels: np.ndarray, classes: np.ndarray, normalise: bool = False
+    features: np.ndarray,
+    labels: np.ndarray,
+    classes: np.ndarray,
+    normalise: bool = False,
+    comp: Compute | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per-class means (K, D) float64 and counts (K,) over rows with label in ``classes``.
 
-    Rows with label -1 are skipped; ``normalise`` l2-normalises each row first.
+    Rows with label -1 are skipped; ``normalise`` l2-normalises each row first. Sums accumulate
+    in float64 whatever ``comp``'s product precision.
     """
+    comp = _stat_compute(comp)
     d = features.shape[1]
-    sums = np.zeros((classes.size, d))
+    sums = comp.zeros((classes.size, d))
     counts = np.zeros(classes.size)
-    for sl in chunks(len(features), d):
+    for sl in comp.chunks(len(features), d):
         y = np.asarray(labels[sl])
         keep = y >= 0
         if not keep.any():
             continue
-        z = as64(features[sl][keep])
+        z = comp.put(features[sl][keep])
         if normalise:
-            z = l2_normalise(z)
-        oh = onehot(y[keep], classes)
-        sums += oh.T @ z
-        counts += np.asarray(oh.sum(axis=0)).ravel()
+            z = comp.normalise(z)
+        group = np.searchsorted(classes, y[keep])
+        sums += comp.groupsum(z, group, classes.size)
+        counts += np.bincount(group, minlength=classes.size)
     if (counts == 0).any():
         raise ValueError(f"{int((counts == 0).sum())} of {classes.size} classes have no training rows")
-    return sums / counts[:, None], counts
+    return comp.get(sums) / counts[:, None], counts
 
 
 def scatter(
@@ -129,41 +141,48 @@ def scatter(
     labels: np.ndarray | None = None,
     classes: np.ndarray | None = None,
     normalise: bool = False,
+    comp: Compute | None = None,
 ) -> tuple[np.ndarray, int]:
-    """Sum of outer products (z - c)(z - c)^T in float64 and the row count.
+    """Sum of outer products (z - c)(z - c)^T, accumulated in float64, and the row count.
 
     ``center`` is one vector (D,), or per-class means (K, D) indexed by ``labels`` (rows with
-    label -1 skipped). Divide by the count for the maximum-likelihood covariance.
+    label -1 skipped). Divide by the count for the maximum-likelihood covariance. Rows are
+    centred before the product (no E[zz^T] - mu mu^T cancellation); with ``comp`` in float32
+    each chunk's product is an sgemm added to the float64 sum.
     """
+    comp = _stat_compute(comp)
     d = features.shape[1]
-    out = np.zeros((d, d))
+    out = comp.zeros((d, d))
+    center = comp.put(center)
     n = 0
-    for sl in chunks(len(features), d):
-        z = as64(features[sl])
+    for sl in comp.chunks(len(features), d):
+        rows = features[sl]
         if labels is not None:
             y = np.asarray(labels[sl])
             keep = y >= 0
-            z = z[keep]
+            z = comp.put(rows[keep])
             if normalise:
-                z = l2_normalise(z)
+                z = comp.normalise(z)
             z = z - center[np.searchsorted(classes, y[keep])]
         else:
+            z = comp.put(rows)
             if normalise:
-                z = l2_normalise(z)
+                z = comp.normalise(z)
             z = z - center
         out += z.T @ z
         n += z.shape[0]
-    return out, n
+    return comp.get(out), n
 
 
-def mean_rows(features: np.ndarray, normalise: bool = False) -> np.ndarray:
+def mean_rows(features: np.ndarray, normalise: bool = False, comp: Compute | None = None) -> np.ndarray:
     """Mean row in float64, accumulated in chunks."""
+    comp = _stat_compute(comp)
     d = features.shape[1]
-    total = np.zeros(d)
-    for sl in chunks(len(features), d):
-        z = as64(features[sl])
-        total += (l2_normalise(z) if normalise else z).sum(axis=0)
-    return total / len(features)
+    total = comp.zeros((d,))
+    for sl in comp.chunks(len(features), d):
+        z = comp.put(features[sl])
+        total += comp.colsum(comp.normalise(z) if normalise else z)
+    return comp.get(total) / len(features)
 
 
 def pinv_sym(a: np.ndarray) -> np.ndarray:

@@ -3,7 +3,9 @@
 Each reshapes the penultimate feature z (or the head W) and reads out the energy
 logsumexp(W z' + b) with T = 1. They work on the pooled feature z (N, D) the FeatureSet stores,
 which is what the papers' ImageNet ResNet-50 results use (ASH/SCALE act on the (B, 2048, 1, 1)
-map after average pooling).
+map after average pooling). ``precision="float32"`` (default): the shaping and the head product
+in float32, the shaping sums and the log-sum-exp in float64; "float64": all in float64. DICE also
+takes ``device`` (None = numpy, or a torch device).
 """
 
 from __future__ import annotations
@@ -12,16 +14,18 @@ import numpy as np
 
 from ..features import FeatureSet
 from . import register
-from ._common import as64, chunked_percentile, chunks, energy, mean_rows
+from ._backend import Compute, compute_of
+from ._common import as64, chunked_percentile, mean_rows
 from .base import Detector
 
 __all__ = ["ReAct", "ASHS", "SCALE", "DICE", "ash_s_features", "scale_features"]
 
 
-def _energy_of(x: FeatureSet, shape, weight: np.ndarray, bias: np.ndarray) -> np.ndarray:
+def _energy_of(comp: Compute, x: FeatureSet, shape, weight: np.ndarray, bias: np.ndarray) -> np.ndarray:
+    """logsumexp(shape(z) W^T + b) per row: product in ``comp``'s precision, the sum in float64."""
     z = x.features
-    w64, b64 = as64(weight), as64(bias)
-    out = [energy(shape(as64(z[sl])) @ w64.T + b64) for sl in chunks(len(z), max(z.shape[1], w64.shape[0]))]
+    w, b = comp.put(weight).T, comp.put(bias)
+    out = [comp.get(comp.logsumexp(shape(comp.put(z[sl])) @ w + b)) for sl in comp.chunks(len(z), max(z.shape[1], w.shape[1]))]
     return np.concatenate(out)
 
 
@@ -52,7 +56,7 @@ def ash_s_features(z: np.ndarray, percentile: float) -> np.ndarray:
     vals = np.take_along_axis(z, top, axis=1)
     kept = np.zeros_like(z)
     np.put_along_axis(kept, top, vals, axis=1)
-    kept *= np.exp(_ratio(z.sum(axis=1), vals.sum(axis=1)))[:, None]
+    kept *= np.exp(_ratio(_sum64(z), _sum64(vals))).astype(z.dtype)[:, None]
     return kept
 
 
@@ -60,8 +64,12 @@ def scale_features(z: np.ndarray, percentile: float) -> np.ndarray:
     """SCALE: multiply the whole row by exp(s1 / s2), no pruning (s2 = sum of the top k)."""
     d = z.shape[1]
     k = _keep(d, percentile)
-    s2 = np.partition(z, d - k, axis=1)[:, d - k :].sum(axis=1)
-    return z * np.exp(_ratio(z.sum(axis=1), s2))[:, None]
+    s2 = _sum64(np.partition(z, d - k, axis=1)[:, d - k :])
+    return z * np.exp(_ratio(_sum64(z), s2)).astype(z.dtype)[:, None]
+
+
+def _sum64(a: np.ndarray) -> np.ndarray:
+    return a.sum(axis=1, dtype=np.float64)
 
 
 @register("react")
@@ -76,8 +84,9 @@ class ReAct(Detector):
     needs = ("features", "head")
     fit_needs = ("features",)
 
-    def __init__(self, percentile: float = 90.0) -> None:
+    def __init__(self, percentile: float = 90.0, precision: str = "float32") -> None:
         self.percentile = percentile
+        self.precision = precision
 
     def _fit(self, train: FeatureSet) -> None:
         if not 0 <= self.percentile <= 100:
@@ -85,7 +94,7 @@ class ReAct(Detector):
         self.threshold_ = chunked_percentile(train.features, self.percentile)
 
     def _score(self, x: FeatureSet) -> np.ndarray:
-        return _energy_of(x, lambda z: np.minimum(z, self.threshold_), x.weight, x.bias)
+        return _energy_of(compute_of(self), x, lambda z: np.minimum(z, self.threshold_), x.weight, x.bias)
 
 
 @register("ash_s")
@@ -100,12 +109,13 @@ class ASHS(Detector):
 
     needs = ("features", "head")
 
-    def __init__(self, percentile: float = 90.0) -> None:
+    def __init__(self, percentile: float = 90.0, precision: str = "float32") -> None:
         self.percentile = percentile
+        self.precision = precision
 
     def _score(self, x: FeatureSet) -> np.ndarray:
         _check_percentile(self.percentile, "ash_s")
-        return _energy_of(x, lambda z: ash_s_features(z, self.percentile), x.weight, x.bias)
+        return _energy_of(compute_of(self), x, lambda z: ash_s_features(z, self.percentile), x.weight, x.bias)
 
 
 @register("scale")
@@ -120,12 +130,13 @@ class SCALE(Detector):
 
     needs = ("features", "head")
 
-    def __init__(self, percentile: float = 85.0) -> None:
+    def __init__(self, percentile: float = 85.0, precision: str = "float32") -> None:
         self.percentile = percentile
+        self.precision = precision
 
     def _score(self, x: FeatureSet) -> np.ndarray:
         _check_percentile(self.percentile, "scale")
-        return _energy_of(x, lambda z: scale_features(z, self.percentile), x.weight, x.bias)
+        return _energy_of(compute_of(self), x, lambda z: scale_features(z, self.percentile), x.weight, x.bias)
 
 
 @register("dice")
@@ -141,13 +152,15 @@ class DICE(Detector):
     needs = ("features", "head")
     fit_needs = ("features", "head")
 
-    def __init__(self, p: float = 70.0) -> None:
+    def __init__(self, p: float = 70.0, precision: str = "float32", device: str | None = None) -> None:
         self.p = p
+        self.precision = precision
+        self.device = device
 
     def _fit(self, train: FeatureSet) -> None:
         if not 0 <= self.p < 100:
             raise ValueError(f"dice p must be in [0, 100), got {self.p}")
-        self.mean_feature_ = mean_rows(train.features)
+        self.mean_feature_ = mean_rows(train.features, comp=compute_of(self))
         contrib = self.mean_feature_[None, :] * as64(train.weight)
         self.threshold_ = float(np.percentile(contrib, self.p))
         self.masked_weight_ = as64(train.weight) * (contrib > self.threshold_)
@@ -156,4 +169,4 @@ class DICE(Detector):
     def _score(self, x: FeatureSet) -> np.ndarray:
         if x.weight.shape != self.masked_weight_.shape:
             raise ValueError(f"dice was fitted with a {self.masked_weight_.shape} head, got {x.weight.shape}")
-        return _energy_of(x, lambda z: z, self.masked_weight_, self.bias_)
+        return _energy_of(compute_of(self), x, lambda z: z, self.masked_weight_, self.bias_)

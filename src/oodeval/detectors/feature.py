@@ -1,17 +1,17 @@
 """Feature-based detectors reading class centroids or decision geometry: cosine, MCM, fDBD, NECO.
 
 (The Mahalanobis family and kNN, also feature-based, live in mahalanobis.py and neighbours.py;
-NAC in nac.py.)
+NAC in nac.py.) Each takes ``precision`` ("float32" products with float64 sums, the default, or
+"float64") and ``device`` (None = numpy, or a torch device); see ``_backend``.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from scipy.special import softmax
-
 from ..features import FeatureSet
 from . import register
-from ._common import as64, chunks, class_means, head_logits, l2_normalise, labelled, mean_rows, scatter
+from ._backend import compute_of
+from ._common import as64, class_means, l2_normalise, labelled, mean_rows, scatter
 from .base import Detector
 
 __all__ = ["Cosine", "MCM", "FDBD", "NECO"]
@@ -21,15 +21,23 @@ class _CentroidBase(Detector):
     needs = ("features",)
     fit_needs = ("features", "labels")
 
+    def __init__(self, precision: str = "float32", device: str | None = None) -> None:
+        self.precision = precision
+        self.device = device
+
     def _fit(self, train: FeatureSet) -> None:
         _, self.classes_ = labelled(train.labels, type(self).__name__)
-        means, _ = class_means(train.features, train.labels, self.classes_)
+        means, _ = class_means(train.features, train.labels, self.classes_, comp=compute_of(self))
         self.centroids_ = l2_normalise(means)
 
-    def _cosines(self, x: FeatureSet):
-        z = x.features
-        for sl in chunks(len(z), max(z.shape[1], len(self.centroids_))):
-            yield l2_normalise(as64(z[sl])) @ self.centroids_.T
+    def _scores(self, x: FeatureSet, readout) -> np.ndarray:
+        """readout(cosines of a chunk) per chunk, concatenated as float64."""
+        comp = compute_of(self)
+        z, cent = x.features, comp.put(self.centroids_).T
+        out = []
+        for sl in comp.chunks(len(z), max(z.shape[1], cent.shape[1])):
+            out.append(comp.get(readout(comp, comp.normalise(comp.put(z[sl])) @ cent)))
+        return np.concatenate(out)
 
 
 @register("cosine")
@@ -42,7 +50,7 @@ class Cosine(_CentroidBase):
     """
 
     def _score(self, x: FeatureSet) -> np.ndarray:
-        return np.concatenate([c.max(axis=1) for c in self._cosines(x)])
+        return self._scores(x, lambda comp, c: comp.rowmax(c))
 
 
 @register("mcm")
@@ -54,13 +62,16 @@ class MCM(_CentroidBase):
     (Fi-ImageNet-1k paper Sec. 2.1). Default T = 1 (DESIGN.md).
     """
 
-    def __init__(self, t: float = 1.0) -> None:
+    def __init__(self, t: float = 1.0, precision: str = "float32", device: str | None = None) -> None:
         self.t = t
+        self.precision = precision
+        self.device = device
 
     def _score(self, x: FeatureSet) -> np.ndarray:
         if not self.t > 0:
             raise ValueError(f"mcm temperature t must be > 0, got {self.t}")
-        return np.concatenate([softmax(c / self.t, axis=1).max(axis=1) for c in self._cosines(x)])
+        # max softmax = 1 / sum_c exp((cos_c - max cos) / T): exp in the product dtype, sum in float64
+        return self._scores(x, lambda comp, c: 1.0 / comp.rowsum(comp.exp((c - comp.rowmax(c)[:, None]) / self.t)))
 
 
 @register("fdbd")
@@ -76,8 +87,12 @@ class FDBD(Detector):
     needs = ("features", "head")
     fit_needs = ("features", "head")
 
+    def __init__(self, precision: str = "float32", device: str | None = None) -> None:
+        self.precision = precision
+        self.device = device
+
     def _fit(self, train: FeatureSet) -> None:
-        self.train_mean_ = mean_rows(train.features)
+        self.train_mean_ = mean_rows(train.features, comp=compute_of(self))
         w = as64(train.weight)
         sq = np.einsum("cd,cd->c", w, w)
         dist = np.sqrt(np.maximum(sq[:, None] + sq[None, :] - 2.0 * (w @ w.T), 0.0))
@@ -91,14 +106,16 @@ class FDBD(Detector):
         c = x.weight.shape[0]
         if self.inv_boundary_norm_.shape != (c, c):
             raise ValueError(f"fdbd was fitted with {len(self.inv_boundary_norm_)} classes, got {c}")
+        comp = compute_of(self)
+        w, b = comp.put(x.weight).T, comp.put(x.bias)
+        inv, mean = comp.put(self.inv_boundary_norm_), comp.put(self.train_mean_)
         out = []
-        for sl in chunks(len(z), max(z.shape[1], c)):
-            zc = as64(z[sl])
-            f = head_logits(zc, x.weight, x.bias)
-            y = f.argmax(axis=1)
-            gap = np.abs(f[np.arange(len(f)), y][:, None] - f)
-            dist = (gap * self.inv_boundary_norm_[y]).sum(axis=1) / (c - 1)
-            out.append(dist / np.linalg.norm(zc - self.train_mean_, axis=1))
+        for sl in comp.chunks(len(z), max(z.shape[1], c)):
+            zc = comp.put(z[sl])
+            f = zc @ w + b
+            gap = comp.rowmax(f)[:, None] - f  # f_y - f_c >= 0, y = argmax f
+            dist = comp.rowdot(gap, inv[comp.argmax(f)]) / (c - 1)
+            out.append(comp.get(dist / comp.rownorm(zc - mean)))
         return np.concatenate(out)
 
 
@@ -119,15 +136,25 @@ class NECO(Detector):
     needs = ("features",)
     fit_needs = ("features",)
 
-    def __init__(self, variance: float = 0.9, dim: int | None = None, maxlogit: bool = False) -> None:
+    def __init__(
+        self,
+        variance: float = 0.9,
+        dim: int | None = None,
+        maxlogit: bool = False,
+        precision: str = "float32",
+        device: str | None = None,
+    ) -> None:
         self.variance = variance
         self.dim = dim
         self.maxlogit = maxlogit
+        self.precision = precision
+        self.device = device
 
     def _fit(self, train: FeatureSet) -> None:
         z = train.features
-        self.mean_ = mean_rows(z)
-        s, n = scatter(z, self.mean_)
+        comp = compute_of(self)
+        self.mean_ = mean_rows(z, comp=comp)
+        s, n = scatter(z, self.mean_, comp=comp)
         var = np.diag(s) / n
         self.scale_ = np.where(var > 0, np.sqrt(var), 1.0)
         corr = s / n / np.outer(self.scale_, self.scale_)
@@ -151,11 +178,13 @@ class NECO(Detector):
         if self.maxlogit:
             x.require(("logits",), "neco(maxlogit=True)")
         z = x.features
+        comp = compute_of(self)
+        mean, scale, comps = comp.put(self.mean_), comp.put(self.scale_), comp.put(self.components_)
         out = []
-        for sl in chunks(len(z), z.shape[1]):
-            s = (as64(z[sl]) - self.mean_) / self.scale_
-            ratio = np.linalg.norm(s @ self.components_, axis=1) / np.linalg.norm(s, axis=1)
+        for sl in comp.chunks(len(z), z.shape[1]):
+            s = (comp.put(z[sl]) - mean) / scale
+            ratio = comp.get(comp.rownorm(s @ comps) / comp.rownorm(s))
             if self.maxlogit:
-                ratio = ratio * as64(x.logits[sl]).max(axis=1)
+                ratio = ratio * np.asarray(x.logits[sl]).max(axis=1)
             out.append(ratio)
         return np.concatenate(out)

@@ -6,7 +6,8 @@ import numpy as np
 
 from ..features import FeatureSet
 from . import register
-from ._common import as64, chunks, energy, head_logits, scatter
+from ._backend import compute_of
+from ._common import as64, scatter
 from .base import Detector
 
 __all__ = ["ViM", "vim_dim"]
@@ -31,13 +32,17 @@ class ViM(Detector):
     mean_train(max f) / mean_train(||(z - u) R||), fitted on ID train. D' (``dim``) defaults to
     the paper's rule: 1000 if D >= 2048, 512 if D >= 768, else D / 2. f = W z + b from the head.
     The release uses np.linalg.eig on the symmetric covariance; eigh is the right routine.
+    ``precision`` ("float32" products with float64 sums, default, or "float64") and ``device``
+    (None = numpy, or a torch device): see ``_backend``.
     """
 
     needs = ("features", "head")
     fit_needs = ("features", "head")
 
-    def __init__(self, dim: int | None = None) -> None:
+    def __init__(self, dim: int | None = None, precision: str = "float32", device: str | None = None) -> None:
         self.dim = dim
+        self.precision = precision
+        self.device = device
 
     def _fit(self, train: FeatureSet) -> None:
         z, w, b = train.features, as64(train.weight), as64(train.bias)
@@ -47,25 +52,31 @@ class ViM(Detector):
             raise ValueError(f"vim dim must be in [1, {d - 1}] for {d}-d features, got {k}")
         self.principal_dim_ = k
         self.origin_ = -np.linalg.pinv(w) @ b
-        s, n = scatter(z, self.origin_)
+        comp = compute_of(self)
+        s, n = scatter(z, self.origin_, comp=comp)
         evals, evecs = np.linalg.eigh(s / n)
         order = np.argsort(evals)[::-1]
         self.residual_basis_ = np.ascontiguousarray(evecs[:, order[k:]])
-        max_logit, residual = 0.0, 0.0
-        for sl in chunks(len(z), max(d, w.shape[0])):
-            zc = as64(z[sl])
-            max_logit += head_logits(zc, w, b).max(axis=1).sum()
-            residual += self.residual_norm(zc).sum()
-        self.alpha_ = float(max_logit / residual) if residual > 0 else 0.0
+        max_logit, residual = self._parts(comp, train.features, train.weight, train.bias)
+        self.alpha_ = float(max_logit.sum() / residual.sum()) if residual.sum() > 0 else 0.0
 
     def residual_norm(self, z: np.ndarray) -> np.ndarray:
-        """||(z - u) R|| for float rows z (the virtual logit before scaling by alpha)."""
+        """||(z - u) R|| in float64 for rows z (the virtual logit before scaling by alpha)."""
         return np.linalg.norm((as64(z) - self.origin_) @ self.residual_basis_, axis=1)
 
+    def _parts(self, comp, z: np.ndarray, weight: np.ndarray, bias: np.ndarray, readout=None):
+        """(readout of the logits, ||(z - u) R||) per row as float64; readout defaults to max f."""
+        w, b = comp.put(weight).T, comp.put(bias)
+        origin, basis = comp.put(self.origin_), comp.put(self.residual_basis_)
+        readout = readout or comp.rowmax
+        logit, residual = [], []
+        for sl in comp.chunks(len(z), max(z.shape[1], w.shape[1])):
+            zc = comp.put(z[sl])
+            logit.append(comp.get(readout(zc @ w + b)))
+            residual.append(comp.get(comp.rownorm((zc - origin) @ basis)))
+        return np.concatenate(logit), np.concatenate(residual)
+
     def _score(self, x: FeatureSet) -> np.ndarray:
-        z = x.features
-        out = []
-        for sl in chunks(len(z), max(z.shape[1], x.weight.shape[0])):
-            zc = as64(z[sl])
-            out.append(energy(head_logits(zc, x.weight, x.bias)) - self.alpha_ * self.residual_norm(zc))
-        return np.concatenate(out)
+        comp = compute_of(self)
+        energy, residual = self._parts(comp, x.features, x.weight, x.bias, comp.logsumexp)
+        return energy - self.alpha_ * residual

@@ -1,6 +1,7 @@
 """Logit-based detectors: MSP, MaxLogit, KL-Matching, Energy, GEN (paper Sec. 2.1, group i).
 
-All read only the logits f (N, C); scores are computed in float64 over row chunks.
+All read only the logits f (N, C), over row chunks. ``precision="float32"`` (default): exp and
+products in float32, every sum over classes accumulated in float64; "float64": all in float64.
 """
 
 from __future__ import annotations
@@ -9,28 +10,40 @@ import numpy as np
 
 from ..features import FeatureSet
 from . import register
-from ._common import as64, chunks, energy, log_softmax, max_softmax, onehot
+from ._backend import Compute, compute_of
+from ._common import chunks
 from .base import Detector
 
 __all__ = ["MSP", "MaxLogit", "KLMatching", "Energy", "GEN"]
 
 
-def _per_chunk(x: FeatureSet, fn) -> np.ndarray:
+def _per_chunk(x: FeatureSet, fn, comp: Compute) -> np.ndarray:
+    """fn(logit chunk on the backend) for every row chunk, concatenated as float64."""
     f = x.logits
-    return np.concatenate([fn(as64(f[sl])) for sl in chunks(len(f), f.shape[1])])
+    return np.concatenate([comp.get(fn(comp.put(f[sl]))) for sl in comp.chunks(len(f), f.shape[1])])
+
+
+def _max_softmax(comp: Compute, f):
+    """1 / sum_c exp(f_c - max f): exp in the product precision, the sum in float64."""
+    return 1.0 / comp.rowsum(comp.exp(f - comp.rowmax(f)[:, None]))
 
 
 @register("msp")
 class MSP(Detector):
     """Maximum softmax probability, s = max_c softmax(f)_c (Hendrycks & Gimpel, ICLR 2017).
 
-    No hyperparameters. Computed as 1 / sum_c exp(f_c - max f), which never overflows.
+    Computed as 1 / sum_c exp(f_c - max f), which never overflows. Only hyperparameter:
+    ``precision`` of the exp (the sum is float64 either way).
     """
 
     needs = ("logits",)
 
+    def __init__(self, precision: str = "float32") -> None:
+        self.precision = precision
+
     def _score(self, x: FeatureSet) -> np.ndarray:
-        return _per_chunk(x, max_softmax)
+        comp = compute_of(self)
+        return _per_chunk(x, lambda f: _max_softmax(comp, f), comp)
 
 
 @register("maxlogit")
@@ -40,7 +53,8 @@ class MaxLogit(Detector):
     needs = ("logits",)
 
     def _score(self, x: FeatureSet) -> np.ndarray:
-        return _per_chunk(x, lambda f: f.max(axis=1))
+        f = x.logits
+        return np.concatenate([np.asarray(f[sl]).max(axis=1) for sl in chunks(len(f), f.shape[1])])
 
 
 @register("energy")
@@ -52,13 +66,15 @@ class Energy(Detector):
 
     needs = ("logits",)
 
-    def __init__(self, t: float = 1.0) -> None:
+    def __init__(self, t: float = 1.0, precision: str = "float32") -> None:
         self.t = t
+        self.precision = precision
 
     def _score(self, x: FeatureSet) -> np.ndarray:
         if not self.t > 0:
             raise ValueError(f"energy temperature t must be > 0, got {self.t}")
-        return _per_chunk(x, lambda f: energy(f, self.t))
+        comp = compute_of(self)
+        return _per_chunk(x, lambda f: comp.logsumexp(f if self.t == 1 else f / self.t) * self.t, comp)
 
 
 @register("gen")
@@ -67,27 +83,30 @@ class GEN(Detector):
 
     Liu, Lochman & Zach, "GEN: Pushing the limits of softmax-based OOD detection", CVPR 2023.
     Defaults g = 0.1 and M = 100 (the paper's ImageNet setting; its release uses the same);
-    M is capped at the number of classes.
+    M is capped at the number of classes. The top M are found on the logits (softmax is
+    monotone); their p_c and 1 - p_c are computed in float64 whatever ``precision``, so
+    p_c close to 1 keeps its (1 - p_c)^g.
     """
 
     needs = ("logits",)
 
-    def __init__(self, gamma: float = 0.1, m: int = 100) -> None:
+    def __init__(self, gamma: float = 0.1, m: int = 100, precision: str = "float32") -> None:
         self.gamma = gamma
         self.m = m
+        self.precision = precision
 
     def _score(self, x: FeatureSet) -> np.ndarray:
         if self.m < 1:
             raise ValueError(f"gen needs m >= 1, got {self.m}")
         g = self.gamma
+        comp = compute_of(self)
 
         def fn(f: np.ndarray) -> np.ndarray:
-            p = np.exp(log_softmax(f))
-            m = min(int(self.m), p.shape[1])
-            top = np.partition(p, p.shape[1] - m, axis=1)[:, p.shape[1] - m :]
-            return -np.sum(top**g * (1.0 - top) ** g, axis=1)
+            m = min(int(self.m), f.shape[1])
+            log_top = comp.topk(f, m) - comp.logsumexp(f)[:, None]  # float64 log p of the top M
+            return -np.sum(np.exp(g * log_top) * (-np.expm1(log_top)) ** g, axis=1)
 
-        return _per_chunk(x, fn)
+        return _per_chunk(x, fn, comp)
 
 
 @register("kl_matching")
@@ -103,30 +122,37 @@ class KLMatching(Detector):
     needs = ("logits",)
     fit_needs = ("logits",)
 
-    def __init__(self, eps: float = 1e-12) -> None:
+    def __init__(self, eps: float = 1e-12, precision: str = "float32", device: str | None = None) -> None:
         self.eps = eps
+        self.precision = precision
+        self.device = device
 
     def _fit(self, train: FeatureSet) -> None:
         f = train.logits
         c = f.shape[1]
-        sums = np.zeros((c, c))
+        comp = compute_of(self)
+        sums = comp.zeros((c, c))
         counts = np.zeros(c)
-        for sl in chunks(len(f), c):
-            p = np.exp(log_softmax(f[sl]))
-            k = p.argmax(axis=1)
-            sums += onehot(k, np.arange(c)).T @ p
+        for sl in comp.chunks(len(f), c):
+            logits = comp.put(f[sl])
+            p = comp.exp(logits - comp.logsumexp(logits)[:, None])
+            k = comp.get(comp.argmax(logits)).astype(np.int64)
+            sums += comp.groupsum(p, k, c)
             counts += np.bincount(k, minlength=c)
+        sums = comp.get(sums)
         seen = counts > 0
         self.templates_ = sums[seen] / counts[seen, None]
         self.template_classes_ = np.flatnonzero(seen)
         self.log_templates_ = np.log(np.maximum(self.templates_, self.eps))
 
     def _score(self, x: FeatureSet) -> np.ndarray:
-        def fn(f: np.ndarray) -> np.ndarray:
-            logp = log_softmax(f)
-            p = np.exp(logp)
-            neg_entropy = np.sum(np.where(p > 0, p * logp, 0.0), axis=1)
-            kl = neg_entropy[:, None] - p @ self.log_templates_.T
-            return -kl.min(axis=1)
+        comp = compute_of(self)
+        log_t = comp.put(self.log_templates_.T)
 
-        return _per_chunk(x, fn)
+        def fn(f):
+            logp = f - comp.logsumexp(f)[:, None]  # float64
+            p = comp.exp(logp)
+            kl = comp.rowdot(p, logp)[:, None] - comp.put(p) @ log_t
+            return -comp.rowmin(kl)
+
+        return _per_chunk(x, fn, comp)

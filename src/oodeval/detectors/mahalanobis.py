@@ -4,6 +4,8 @@ Class-conditional Gaussians with one shared covariance fitted on ID-train featur
 true labels (rows labelled -1 are ignored). Means and scatter accumulate in float64 in two
 chunked passes (means first, then the scatter of the class-centred rows, which avoids the
 cancellation of E[zz^T] - mu mu^T); the precision is the eigh-based pseudo-inverse.
+Hyperparameters of all four: ``precision`` ("float32" products with float64 accumulation, the
+default, or "float64") and ``device`` (None = numpy, or a torch device); see ``_backend``.
 """
 
 from __future__ import annotations
@@ -12,24 +14,11 @@ import numpy as np
 
 from ..features import FeatureSet
 from . import register
-from ._common import as64, chunks, class_means, l2_normalise, labelled, pinv_sym, scatter
+from ._backend import compute_of
+from ._common import class_means, labelled, pinv_sym, scatter
 from .base import Detector
 
 __all__ = ["Mahalanobis", "RelativeMahalanobis", "MahalanobisPP", "RelativeMahalanobisPP"]
-
-
-def _min_sq_distance(z: np.ndarray, means: np.ndarray, precision: np.ndarray, const: np.ndarray) -> np.ndarray:
-    """min_c (z - mu_c)^T P (z - mu_c) for float64 rows z, via z'Pz - 2 z'P mu_c + mu_c'P mu_c
-    (``const`` = mu_c'P mu_c, precomputed at fit)."""
-    zp = z @ precision
-    quad = np.einsum("nd,nd->n", zp, z)
-    cross = zp @ means.T
-    return np.maximum(quad[:, None] - 2.0 * cross + const[None, :], 0.0).min(axis=1)
-
-
-def _sq_distance(z: np.ndarray, mean: np.ndarray, precision: np.ndarray) -> np.ndarray:
-    c = z - mean
-    return np.einsum("nd,nd->n", c @ precision, c)
 
 
 class _MahalanobisBase(Detector):
@@ -38,12 +27,17 @@ class _MahalanobisBase(Detector):
     normalise = False
     relative = False
 
+    def __init__(self, precision: str = "float32", device: str | None = None) -> None:
+        self.precision = precision
+        self.device = device
+
     def _fit(self, train: FeatureSet) -> None:
         who = type(self).__name__
+        comp = compute_of(self)
         _, classes = labelled(train.labels, who)
         self.classes_ = classes
-        self.means_, self.counts_ = class_means(train.features, train.labels, classes, self.normalise)
-        s, n = scatter(train.features, self.means_, train.labels, classes, self.normalise)
+        self.means_, self.counts_ = class_means(train.features, train.labels, classes, self.normalise, comp)
+        s, n = scatter(train.features, self.means_, train.labels, classes, self.normalise, comp)
         self.covariance_ = s / n
         self.precision_ = pinv_sym(self.covariance_)
         self.mean_norms_ = np.einsum("cd,cd->c", self.means_ @ self.precision_, self.means_)
@@ -56,18 +50,27 @@ class _MahalanobisBase(Detector):
             self.background_precision_ = pinv_sym(self.background_covariance_)
 
     def _score(self, x: FeatureSet) -> np.ndarray:
+        """-min_c (z - mu_c)' P (z - mu_c) as z'Pz - 2 z'P mu_c + mu_c'P mu_c: the two products
+        in the product precision, z'Pz and the sum in float64 (mu_c'P mu_c from fit, float64)."""
         z = x.features
         if z.shape[1] != self.means_.shape[1]:
             raise ValueError(f"{type(self).__name__} was fitted on {self.means_.shape[1]}-d features, got {z.shape[1]}")
+        comp = compute_of(self)
+        prec, means, const = comp.put(self.precision_), comp.put(self.means_), comp.put(self.mean_norms_, "float64")
+        if self.relative:
+            bg_mean, bg_prec = comp.put(self.background_mean_), comp.put(self.background_precision_)
         out = []
-        for sl in chunks(len(z), max(z.shape[1], len(self.means_))):
-            c = as64(z[sl])
+        for sl in comp.chunks(len(z), max(z.shape[1], len(self.means_))):
+            c = comp.put(z[sl])
             if self.normalise:
-                c = l2_normalise(c)
-            d = _min_sq_distance(c, self.means_, self.precision_, self.mean_norms_)
+                c = comp.normalise(c)
+            zp = c @ prec
+            d = comp.rowmin(comp.rowdot(zp, c)[:, None] - 2.0 * (zp @ means.T) + const[None, :])
+            d = d * (d > 0)
             if self.relative:
-                d = d - _sq_distance(c, self.background_mean_, self.background_precision_)
-            out.append(-d)
+                r = c - bg_mean
+                d = d - comp.rowdot(r @ bg_prec, r)
+            out.append(comp.get(-d))
         return np.concatenate(out)
 
 

@@ -1,43 +1,55 @@
-"""Nearest-neighbour detectors: deep kNN and NNGuide (exact search through faiss IndexFlatIP).
+"""Nearest-neighbour detectors: deep kNN and NNGuide, exact search by blocked products + top-k.
 
-Banks are l2-normalised float32 rows added to the index in chunks, so fitting never holds more
-than the index (one float32 copy of the bank) plus one chunk. Queries run in chunks too.
+The bank is the l2-normalised ID-train rows (NNGuide: times their energy), stored as one array
+in the product precision. Search is exact: for each chunk of queries, the inner products with a
+block of bank rows (one sgemm in float32, the default) are reduced to their k largest, merged
+with the running k largest of the earlier blocks, so memory is the bank plus one (queries x
+block) matrix. On a torch device the bank is moved to the device once per ``score`` call
+(N D 4 bytes in float32); queries and blocks stream through it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
-import faiss
 import numpy as np
 
 from ..features import FeatureSet
 from . import register
-from ._common import chunks, energy, l2_normalise
+from ._backend import Compute, compute_of
+from ._common import energy
 from .base import Detector
 
-__all__ = ["KNN", "NNGuide"]
+__all__ = ["KNN", "NNGuide", "top_similarities"]
 
-#: queries per faiss search call (bounds the (q, k) result arrays)
-QUERY_CHUNK = 4096
-
-
-def _normalised32(z: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(l2_normalise(np.asarray(z, dtype=np.float32)), dtype=np.float32)
+#: bank rows per block of the search (numpy, torch)
+BLOCK_ROWS = {False: 16384, True: 131072}
 
 
-def _flat_ip(d: int, rows, n: int) -> faiss.IndexFlatIP:
-    index = faiss.IndexFlatIP(d)
-    for sl in chunks(n, d):
-        index.add(np.ascontiguousarray(rows(sl), dtype=np.float32))
-    return index
+def _bank(comp: Compute, z: np.ndarray, rows: np.ndarray | None, weight=None) -> np.ndarray:
+    """Host bank in the product precision: normalised rows of z (subset ``rows``), times ``weight``."""
+    host = Compute(comp.precision)
+    n = len(z) if rows is None else len(rows)
+    bank = np.empty((n, z.shape[1]), dtype=host.dtype)
+    for sl in host.chunks(n, z.shape[1]):
+        b = host.normalise(host.put(z[sl] if rows is None else z[rows[sl]]))
+        bank[sl] = b if weight is None else b * host.put(weight(sl))[:, None]
+    return bank
 
 
-def _search(index: faiss.IndexFlatIP, z: np.ndarray, k: int) -> Iterator[np.ndarray]:
-    """Top-k inner products (descending) of the l2-normalised rows of z, one query chunk at a time."""
-    for start in range(0, len(z), QUERY_CHUNK):
-        sims, _ = index.search(_normalised32(z[start : start + QUERY_CHUNK]), k)
-        yield sims.astype(np.float64)
+def top_similarities(comp: Compute, bank: np.ndarray, z: np.ndarray, k: int) -> Iterator[np.ndarray]:
+    """The k largest inner products (unordered, float64) of each l2-normalised row of z with the
+    bank rows, exactly, one query chunk at a time."""
+    block = min(len(bank), BLOCK_ROWS[comp.device is not None])
+    dev_bank = comp.put(bank)
+    for sl in comp.chunks(len(z), block):
+        q = comp.normalise(comp.put(z[sl]))
+        best = None
+        for start in range(0, len(bank), block):
+            sims = q @ dev_bank[start : start + block].T
+            top = comp.topk(sims, min(k, sims.shape[1]))
+            best = top if best is None else comp.topk(comp.concat([best, top]), k)
+        yield comp.get(best)
 
 
 @register("knn")
@@ -45,8 +57,8 @@ class KNN(Detector):
     """Deep kNN: s = -|| z/|z| - b_(k) ||, the distance to the k-th nearest normalised ID-train feature.
 
     Sun et al., "Out-of-distribution detection with deep nearest neighbors", ICML 2022. Bank:
-    every ID-train feature, l2-normalised (the paper's alpha = 100%). Exact search with faiss
-    IndexFlatIP; distance = sqrt(2 - 2 cos). Default k = 1000, the paper's ImageNet setting
+    every ID-train feature, l2-normalised (the paper's alpha = 100%). Exact search (blocked
+    products + top-k, as faiss IndexFlatIP does it); distance = sqrt(2 - 2 cos). Default k = 1000, the paper's ImageNet setting
     (1.28M bank); the paper uses k = 50 for CIFAR-10 (50k bank). Choose k roughly in proportion
     to the bank (about 1 per 1000 train images) or tune it on held-out ID data; k must not exceed
     the bank size. ``bank_fraction`` < 1 keeps a seeded random subset (the paper's alpha).
@@ -56,22 +68,29 @@ class KNN(Detector):
     needs = ("features",)
     fit_needs = ("features",)
 
-    def __init__(self, k: int = 1000, bank_fraction: float = 1.0, seed: int = 0) -> None:
+    def __init__(
+        self,
+        k: int = 1000,
+        bank_fraction: float = 1.0,
+        seed: int = 0,
+        precision: str = "float32",
+        device: str | None = None,
+    ) -> None:
         self.k = k
         self.bank_fraction = bank_fraction
         self.seed = seed
+        self.precision = precision
+        self.device = device
 
     def _fit(self, train: FeatureSet) -> None:
         z = train.features
         subset = _bank_rows(len(z), self.bank_fraction, self.seed, int(self.k), "knn")
         self.bank_index_ = np.arange(len(z)) if subset is None else subset
-        if subset is None:
-            self.index_ = _flat_ip(z.shape[1], lambda sl: _normalised32(z[sl]), len(z))
-        else:
-            self.index_ = _flat_ip(z.shape[1], lambda sl: _normalised32(z[subset[sl]]), len(subset))
+        self.bank_ = _bank(compute_of(self), z, subset)
 
     def _score(self, x: FeatureSet) -> np.ndarray:
-        sims = np.concatenate([s[:, -1] for s in _search(self.index_, x.features, int(self.k))])
+        top = top_similarities(compute_of(self), self.bank_, x.features, int(self.k))
+        sims = np.concatenate([t.min(axis=1) for t in top])
         return -np.sqrt(np.maximum(2.0 - 2.0 * sims, 0.0))
 
 
@@ -107,24 +126,30 @@ class NNGuide(Detector):
     needs = ("features", "logits")
     fit_needs = ("features", "logits")
 
-    def __init__(self, k: int = 10, bank_fraction: float = 0.01, seed: int = 0) -> None:
+    def __init__(
+        self,
+        k: int = 10,
+        bank_fraction: float = 0.01,
+        seed: int = 0,
+        precision: str = "float32",
+        device: str | None = None,
+    ) -> None:
         self.k = k
         self.bank_fraction = bank_fraction
         self.seed = seed
+        self.precision = precision
+        self.device = device
 
     def _fit(self, train: FeatureSet) -> None:
         z, f = train.features, train.logits
         idx = _bank_rows(len(z), self.bank_fraction, self.seed, int(self.k), "nnguide")
         self.bank_index_ = np.arange(len(z)) if idx is None else idx
-
-        def rows(sl: slice) -> np.ndarray:
-            i = self.bank_index_[sl]
-            return _normalised32(z[i]) * energy(f[i])[:, None].astype(np.float32)
-
-        self.index_ = _flat_ip(z.shape[1], rows, len(self.bank_index_))
+        self.bank_ = _bank(compute_of(self), z, self.bank_index_, lambda sl: energy(f[self.bank_index_[sl]]))
 
     def _score(self, x: FeatureSet) -> np.ndarray:
-        guidance = np.concatenate([s.mean(axis=1) for s in _search(self.index_, x.features, int(self.k))])
+        comp = compute_of(self)
+        top = top_similarities(comp, self.bank_, x.features, int(self.k))
+        guidance = np.concatenate([t.mean(axis=1) for t in top])
         f = x.logits
-        conf = np.concatenate([energy(f[sl]) for sl in chunks(len(f), f.shape[1])])
+        conf = np.concatenate([comp.get(comp.logsumexp(comp.put(f[sl]))) for sl in comp.chunks(len(f), f.shape[1])])
         return conf * guidance

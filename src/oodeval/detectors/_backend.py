@@ -1,0 +1,162 @@
+"""Where and in what precision the detectors' dense products run: numpy or torch, float32 or float64.
+
+``precision="float32"`` (every detector's default): matrix products in float32 (sgemm), and every
+reduction that becomes a score or a fitted statistic (row sums, norms, log-sum-exp, scatter
+matrices, means) accumulated in float64; scores come back float64. ``"float64"``: everything in
+float64 (the reference path). ``device=None`` (default) computes with numpy; ``"cpu"``, ``"cuda"``
+or ``"cuda:N"`` with torch on that device, in row chunks whose size is fixed by
+:data:`TORCH_CHUNK_ELEMENTS`, so the device memory needed does not grow with N.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["Compute", "compute_of", "PRECISIONS", "TORCH_CHUNK_ELEMENTS"]
+
+PRECISIONS = ("float32", "float64")
+#: values per row chunk on a torch device (64M: 256 MB of float32 per chunk operand)
+TORCH_CHUNK_ELEMENTS = 64_000_000
+
+
+@dataclass(frozen=True)
+class Compute:
+    """A precision and a device; ``put`` moves a host array there, ``get`` brings a result back
+    as float64 numpy, and the row reductions accumulate in float64 on either backend."""
+
+    precision: str = "float32"
+    device: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
+        if self.device is not None:
+            import torch
+
+            dev = torch.device(self.device)  # raises on a malformed name
+            if dev.type == "cuda" and not torch.cuda.is_available():
+                raise ValueError(f"device {self.device!r} requested but torch sees no CUDA device")
+            if dev.type not in ("cpu", "cuda"):
+                raise ValueError(f"device must be None, 'cpu' or 'cuda[:N]', got {self.device!r}")
+
+    @property
+    def dtype(self):
+        """The product dtype (numpy or torch)."""
+        if self.device is None:
+            return np.dtype(self.precision)
+        import torch
+
+        return getattr(torch, self.precision)
+
+    def rows(self, width: int) -> int:
+        """Rows per chunk for rows of ``width`` values."""
+        if self.device is None:
+            from ._common import chunk_rows  # _common imports this module
+
+            return chunk_rows(width)
+        return max(256, TORCH_CHUNK_ELEMENTS // max(1, int(width)))
+
+    def chunks(self, n: int, width: int) -> Iterator[slice]:
+        step = self.rows(width)
+        for start in range(0, n, step):
+            yield slice(start, min(n, start + step))
+
+    def put(self, a, dtype=None):
+        """Host (or backend) array -> backend array in the product dtype (or ``dtype``, e.g. "float64")."""
+        if self.device is None:
+            return np.asarray(a, dtype=dtype or self.dtype)
+        import torch
+
+        dt = self.dtype if dtype is None else getattr(torch, dtype)
+        t = a if isinstance(a, torch.Tensor) else torch.as_tensor(np.asarray(a))
+        return t.to(device=self.device, dtype=dt)
+
+    def get(self, a) -> np.ndarray:
+        """Backend array -> float64 numpy."""
+        if self.device is None:
+            return np.asarray(a, dtype=np.float64)
+        return a.detach().to("cpu", dtype=_torch().float64).numpy()
+
+    def rowsum(self, a):
+        """Row sums accumulated in float64."""
+        if self.device is None:
+            return a.sum(axis=1, dtype=np.float64)
+        return a.sum(dim=1, dtype=_torch().float64)
+
+    def rowdot(self, a, b):
+        """sum_j a_ij b_ij per row, accumulated in float64."""
+        return self.rowsum(a * b)
+
+    def rownorm(self, a):
+        """Euclidean row norms, accumulated in float64."""
+        return self.rowsum(a * a) ** 0.5
+
+    def rowmax(self, a):
+        return a.max(axis=1) if self.device is None else a.amax(dim=1)
+
+    def rowmin(self, a):
+        return a.min(axis=1) if self.device is None else a.amin(dim=1)
+
+    def argmax(self, a):
+        return a.argmax(axis=1) if self.device is None else a.argmax(dim=1)
+
+    def exp(self, a):
+        return np.exp(a) if self.device is None else a.exp()
+
+    def logsumexp(self, a):
+        """log sum_c exp(a_c) per row: exp in the product dtype, the sum in float64."""
+        m = self.rowmax(a)
+        total = self.rowsum(self.exp(a - m[:, None]))
+        log = np.log if self.device is None else _torch().log
+        return m + log(total)
+
+    def normalise(self, a, eps: float = 1e-12):
+        """Rows divided by their Euclidean norm (norm accumulated in float64)."""
+        norm = self.rownorm(a)
+        norm = np.maximum(norm, eps) if self.device is None else norm.clamp_min(eps)
+        return a / norm[:, None].astype(a.dtype) if self.device is None else a / norm[:, None].to(a.dtype)
+
+    def topk(self, a, k: int):
+        """The k largest values of each row (in no particular order)."""
+        if self.device is None:
+            return np.partition(a, a.shape[1] - k, axis=1)[:, a.shape[1] - k :]
+        return a.topk(k, dim=1, sorted=False).values
+
+    def colsum(self, a):
+        """Column sums accumulated in float64."""
+        if self.device is None:
+            return a.sum(axis=0, dtype=np.float64)
+        return a.sum(dim=0, dtype=_torch().float64)
+
+    def zeros(self, shape: tuple[int, ...]):
+        """A float64 accumulator on the backend."""
+        if self.device is None:
+            return np.zeros(shape)
+        return _torch().zeros(shape, dtype=_torch().float64, device=self.device)
+
+    def groupsum(self, a, group: np.ndarray, n_groups: int):
+        """(n_groups, D) float64 sums of the rows of ``a`` by their group index (host ints)."""
+        if self.device is None:
+            from ._common import onehot
+
+            return np.asarray(onehot(group, np.arange(n_groups)).T @ a)
+        out = self.zeros((n_groups, a.shape[1]))
+        idx = _torch().as_tensor(group, device=self.device)
+        return out.index_add_(0, idx, a.to(_torch().float64))
+
+    def concat(self, parts: list, axis: int = 1):
+        return np.concatenate(parts, axis=axis) if self.device is None else _torch().cat(parts, dim=axis)
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+def compute_of(det) -> Compute:
+    """The Compute of a detector from its ``precision`` / ``device`` hyperparameters."""
+    return Compute(getattr(det, "precision", "float64"), getattr(det, "device", None))

@@ -1,0 +1,79 @@
+"""float32 fast path vs the float64 path, and the torch backend (on CPU) vs numpy."""
+
+import numpy as np
+import pytest
+from scipy.stats import spearmanr
+
+from oodeval import detectors
+from oodeval.detectors._backend import Compute
+from oodeval.detectors._synthetic import synthetic_problem
+
+#: every detector with a precision hyperparameter (all but nac and maxlogit, which compute nothing in floats)
+PRECISION = [n for n in detectors.names() if n not in ("nac", "maxlogit")]
+#: the heavy detectors with a torch backend
+TORCH = ["kl_matching", "dice", "mahalanobis", "relative_mahalanobis", "mahalanobis_pp",
+         "relative_mahalanobis_pp", "knn", "cosine", "mcm", "fdbd", "neco", "vim", "nnguide"]  # fmt: skip
+HP = {"knn": {"k": 20}}
+
+
+@pytest.fixture(scope="module")
+def problem():
+    # C = 20 classes, D = 192: products long enough for float32 rounding to show
+    return synthetic_problem(n_classes=20, dim=192, n_train=2000, n_test=400, n_ood=400, seed=3, nac=False)
+
+
+def scores(name, problem, **hp):
+    train, test, ood = problem
+    det = detectors.create(name, **HP.get(name, {}), **hp).fit(train)
+    return np.concatenate([det.score(test), det.score(ood)])
+
+
+@pytest.mark.parametrize("name", PRECISION)
+def test_float32_path_ranks_like_float64(problem, name):
+    fast = scores(name, problem)
+    ref = scores(name, problem, precision="float64")
+    assert fast.dtype == np.float64
+    assert spearmanr(fast, ref).statistic >= 0.99999
+    assert not np.array_equal(fast, ref)  # the products really ran in float32
+
+
+@pytest.mark.parametrize("name", TORCH)
+def test_torch_backend_matches_numpy(problem, name):
+    # float64 on both backends: the same formula, so agreement to float64 rounding
+    ref = scores(name, problem, precision="float64")
+    got = scores(name, problem, precision="float64", device="cpu")
+    np.testing.assert_allclose(got, ref, rtol=1e-9, atol=1e-9 * np.abs(ref).max())
+    # float32 on torch ranks like the float64 reference
+    fast = scores(name, problem, device="cpu")
+    assert spearmanr(fast, ref).statistic >= 0.99999
+
+
+def test_torch_backend_is_chunked(problem, monkeypatch):
+    from oodeval.detectors import _backend
+
+    ref = scores("mahalanobis", problem, precision="float64", device="cpu")
+    monkeypatch.setattr(_backend, "TORCH_CHUNK_ELEMENTS", 1000)  # 256 rows per chunk: 8 chunks of train
+    assert Compute(device="cpu").rows(192) == 256
+    got = scores("mahalanobis", problem, precision="float64", device="cpu")
+    np.testing.assert_allclose(got, ref, rtol=1e-9, atol=1e-9 * np.abs(ref).max())
+
+
+def test_exact_knn_with_small_blocks(problem, monkeypatch):
+    from oodeval.detectors import neighbours
+
+    train, test, _ = problem
+    z = train.features / np.linalg.norm(train.features, axis=1, keepdims=True)
+    q = test.features / np.linalg.norm(test.features, axis=1, keepdims=True)
+    kth = np.sort(q.astype(np.float64) @ z.T.astype(np.float64), axis=1)[:, -20]
+    monkeypatch.setattr(neighbours, "BLOCK_ROWS", {False: 300, True: 300})  # 7 blocks, merged top-k
+    for device in (None, "cpu"):
+        got = detectors.create("knn", k=20, device=device).fit(train).score(test)
+        np.testing.assert_allclose(got, -np.sqrt(np.maximum(2 - 2 * kth, 0)), rtol=1e-5, atol=1e-6)
+
+
+def test_bad_precision_or_device_is_a_clear_error(problem):
+    train = problem[0]
+    with pytest.raises(ValueError, match="precision must be one of"):
+        detectors.create("mahalanobis", precision="float16").fit(train)
+    with pytest.raises(ValueError, match="device must be None"):
+        detectors.create("knn", k=5, device="meta").fit(train)
