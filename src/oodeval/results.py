@@ -7,13 +7,24 @@ Metric columns are fractions in [0, 1] (``oodeval.metrics``); the bootstrapped o
 and its message in ``error``; its metrics are NaN. Per-cell scores live beside the table
 (``scores_id`` / ``scores_ood`` are paths relative to the table's folder).
 
-Every write replaces the whole file through :func:`oodeval._io.atomic_path`, so readers (pandas,
-DuckDB, pyarrow) never see a half-written table.
+On disk a table is a Parquet dataset of parts: the main file at the table's path plus the
+part files under ``<stem>.parts/`` beside it. Each writer (one detector fit of the in-process
+grid, one job of a Slurm or local executor) adds its rows as a new part file, written
+atomically under a unique name, so any number of processes write concurrently and nothing is
+lost; :func:`load_results` merges the main file and every part (a later row replaces an earlier
+one with the same key), and :func:`compact_results` folds the parts into the main file (under a
+lock, deleting only the parts it folded in). Every file is replaced through
+:func:`oodeval._io.atomic_path`, so readers (pandas, DuckDB, pyarrow) never see a half-written one.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
+import socket
+import time
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +42,9 @@ __all__ = [
     "empty_results",
     "load_results",
     "save_results",
+    "write_part",
+    "compact_results",
+    "parts_dir",
     "merge_results",
     "done_keys",
     "load_cell_scores",
@@ -94,18 +108,75 @@ def _conform(df: pd.DataFrame) -> pd.DataFrame:
     return df[list(COLUMNS) + extra].reset_index(drop=True)
 
 
-def load_results(path: str | Path) -> pd.DataFrame:
-    """The table at ``path`` (an empty table when the file does not exist yet)."""
+def parts_dir(path: str | Path) -> Path:
+    """The folder of the table's part files, ``<stem>.parts`` beside it."""
     path = Path(path)
-    if not path.exists():
-        return empty_results()
-    if path.is_dir():
-        raise ValueError(f"results path {path} is a folder; expected a .parquet file")
+    return path.parent / f"{path.stem}.parts"
+
+
+def _part_files(path: Path) -> list[Path]:
+    """Part files in write order (names start with the nanosecond time of writing)."""
+    folder = parts_dir(path)
+    return sorted(folder.glob("part-*.parquet")) if folder.is_dir() else []
+
+
+def _read_table(path: Path) -> pd.DataFrame:
     df = pd.read_parquet(path)
     missing = [k for k in KEY if k not in df.columns]
     if missing:
         raise ValueError(f"{path} is not an oodeval results table: it lacks key column(s) {', '.join(missing)}")
     return _conform(df)
+
+
+def load_results(path: str | Path) -> pd.DataFrame:
+    """The table at ``path``: its main file merged with its parts (an empty table when neither
+    exists yet). A part folded into the main file while being read triggers a re-read."""
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"results path {path} is a folder; expected a .parquet file")
+    for _ in range(10):
+        parts = _part_files(path)
+        try:
+            frames = [_read_table(path)] if path.exists() else []
+            frames += [_read_table(p) for p in parts]
+        except FileNotFoundError:  # a concurrent compact_results folded a part in: read again
+            continue
+        return _merge_all(frames)
+    raise RuntimeError(f"{path}: parts kept disappearing while reading (10 attempts)")
+
+
+def write_part(df: pd.DataFrame, path: str | Path) -> Path | None:
+    """Add the rows of ``df`` to the table at ``path`` as a new part file (atomic, uniquely
+    named, safe with any number of concurrent writers); None when ``df`` has no rows."""
+    if len(df) == 0:
+        return None
+    name = f"part-{time.time_ns():020d}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}.parquet"
+    return save_results(df, parts_dir(path) / name)
+
+
+def compact_results(path: str | Path) -> bool:
+    """Fold the table's part files into its main file (atomically) and delete those parts.
+
+    Holds an exclusive lock on the parts folder, so two compactions never interleave; parts
+    written meanwhile are left for the next compaction. False when there was nothing to fold.
+    """
+    path = Path(path)
+    folder = parts_dir(path)
+    if not folder.is_dir():
+        return False
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        parts = _part_files(path)
+        if not parts:
+            return False
+        frames = [_read_table(path)] if path.exists() else []
+        save_results(_merge_all(frames + [_read_table(p) for p in parts]), path)
+        for p in parts:
+            p.unlink()
+        return True
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def save_results(df: pd.DataFrame, path: str | Path) -> Path:
@@ -124,6 +195,15 @@ def merge_results(old: pd.DataFrame, new: pd.DataFrame) -> pd.DataFrame:
     if len(old) == 0:
         return _conform(new)
     both = pd.concat([_conform(old), _conform(new)], ignore_index=True)
+    return both.drop_duplicates(subset=list(KEY), keep="last").reset_index(drop=True)
+
+
+def _merge_all(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """Conformed frames stacked in order; a later row replaces an earlier one with the same key."""
+    frames = [f for f in frames if len(f)]
+    if not frames:
+        return empty_results()
+    both = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
     return both.drop_duplicates(subset=list(KEY), keep="last").reset_index(drop=True)
 
 

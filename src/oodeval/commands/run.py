@@ -13,6 +13,36 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--check", action="store_true", help="validate the file and print the grid, compute nothing")
     p.add_argument("--report", type=Path, default=None, metavar="DIR", help="also write the report into DIR afterwards")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+    p.add_argument(
+        "--executor",
+        choices=("inprocess", "local", "slurm"),
+        default="inprocess",
+        help="where the work runs: this process (default), or submitit jobs on this machine or on Slurm",
+    )
+    p.add_argument(
+        "--executor-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a submitit parameter for --executor local/slurm (e.g. slurm_partition=gpu, timeout_min=600, "
+        "gpus_per_node=1, max_jobs=50); repeatable",
+    )
+
+
+def executor_options(pairs: list[str]) -> dict:
+    """``KEY=VALUE`` strings as a dict; values parsed as JSON where they are (numbers, true), else text."""
+    import json
+
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--executor-option expects KEY=VALUE, got {pair!r}")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
 
 
 def run(args: argparse.Namespace) -> int:
@@ -31,7 +61,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"  ID train {cfg.id_train.label if cfg.id_train else '-'}, ID test {cfg.id_test.label}; OOD: {', '.join(d.label for d in cfg.ood)}")
         print(f"  results -> {cfg.results}")
         return 0
-    summary = run_experiment(cfg, progress=not args.no_progress)
+    options = executor_options(args.executor_option)
+    if options and args.executor == "inprocess":
+        raise ValueError("--executor-option needs --executor local or slurm")
+    summary = run_experiment(cfg, progress=not args.no_progress, executor=args.executor, executor_options=options)
     print(summary)
     for err in summary.errors[:10]:
         print(f"  failed: {err}")

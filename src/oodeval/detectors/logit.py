@@ -135,7 +135,7 @@ class KLMatching(Detector):
         counts = np.zeros(c)
         for sl in comp.chunks(len(f), c):
             logits = comp.put(f[sl])
-            p = comp.exp(logits - comp.logsumexp(logits)[:, None])
+            p = comp.exp(logits - comp.put(comp.logsumexp(logits))[:, None])
             k = comp.get(comp.argmax(logits)).astype(np.int64)
             sums += comp.groupsum(p, k, c)
             counts += np.bincount(k, minlength=c)
@@ -150,9 +150,9 @@ class KLMatching(Detector):
         log_t = comp.put(self.log_templates_.T)
 
         def fn(f):
-            logp = f - comp.logsumexp(f)[:, None]  # float64
+            logp = f - comp.put(comp.logsumexp(f))[:, None]
             p = comp.exp(logp)
-            kl = comp.rowdot(p, logp)[:, None] - comp.put(p) @ log_t
+            kl = comp.rowdot(p, logp)[:, None] - p @ log_t
             return -comp.rowmin(kl)
 
         return _per_chunk(x, fn, comp)

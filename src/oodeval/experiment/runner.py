@@ -5,9 +5,12 @@ FeatureSets come from the store (``oodeval.features.extract``, cached) or from p
 each detector configuration is fitted ONCE on ID-train (once per seed only for seeded detectors
 when ``seed_detectors = true``), scores ID-test once and every OOD set once;
 each (dataset, split, seed) cell then gets ``oodeval.metrics.evaluate`` and percentile 95% CIs from
-``oodeval.stats.bootstrap`` (seeded by the cell's seed). After every cell the whole table is
-rewritten atomically, so an interruption loses at most the cell in flight; a failing cell is
-recorded with its error and the grid goes on.
+``oodeval.stats.bootstrap`` (seeded by the cell's seed). The cells of each detector fit are
+added to the table as one results part (``oodeval.results.write_part``; also when interrupted),
+and the parts are folded into the main file once at the end, so the table is never rewritten
+per cell and a killed process loses at most the detector in flight; a failing cell is recorded
+with its error and the grid goes on. ``executor="local"`` / ``"slurm"`` runs the same work as
+submitit jobs (``oodeval.experiment.executors``).
 """
 
 from __future__ import annotations
@@ -29,21 +32,26 @@ from ..results import (
     ALL_SPLIT,
     BOOTSTRAPPED,
     KEY,
+    compact_results,
     done_keys,
     hp_json,
     load_results,
-    merge_results,
-    save_results,
+    write_part,
 )
 from .config import DatasetSpec, DetectorSpec, ExperimentConfig, ModelSpec, load_config
 from .zeroshot import vocabulary_label
 
-__all__ = ["run_experiment", "RunSummary", "scores_dir"]
+__all__ = ["run_experiment", "RunSummary", "scores_dir", "EXECUTORS"]
 
 log = logging.getLogger(__name__)
 
 #: hyperparameter names through which a seeded detector receives the cell's seed
 SEED_PARAMS = ("seed", "random_state")
+#: where the grid's work runs: in this process (default), or as submitit jobs
+EXECUTORS = ("inprocess", "local", "slurm")
+#: a unit of work: (model label, weights or "", detector name, hyperparameter key); the last
+#: two are None for a model whose detectors are only known from its features
+Unit = tuple[str, str, "str | None", "str | None"]
 
 
 @dataclass
@@ -283,10 +291,13 @@ def _split_cells(done: set[tuple]) -> dict[tuple, int]:
     return out
 
 
-def _settled(run: _Run, cfg: ExperimentConfig, done: set[tuple], split_done: dict[tuple, int]) -> int | None:
-    """The number of cells of a run when every one of them is already done (known without its
-    features: an explicit detector list, and split cells already in the table), else None."""
-    specs = cfg.detectors_for(run.model)
+def _settled(
+    run: _Run, cfg: ExperimentConfig, done: set[tuple], split_done: dict[tuple, int], specs: list | None = None
+) -> int | None:
+    """The number of cells of a run (of its ``specs``, default all) when every one of them is
+    already done (known without its features: an explicit detector list, and split cells
+    already in the table), else None."""
+    specs = cfg.detectors_for(run.model) if specs is None else specs
     if specs is None or (cfg.sweeps and run.model.kind == "zero-shot"):
         return None
     n = 0
@@ -317,20 +328,29 @@ def run_experiment(
     *,
     progress: bool = True,
     features: FeatureFn | None = None,
+    executor: str = "inprocess",
+    executor_options: dict | None = None,
 ) -> RunSummary:
     """Run (or resume) the grid of ``config`` and return a :class:`RunSummary`; ``.results`` is
     the Parquet table's path. ``features`` replaces the FeatureSet source (default:
-    :func:`extract_features`)."""
-    from tqdm.auto import tqdm
-
+    :func:`extract_features`). ``executor``: "inprocess" (default), or "local" / "slurm" to fan
+    the work out as submitit jobs with ``executor_options`` passed to ``update_parameters``
+    (see :mod:`oodeval.experiment.executors`)."""
     cfg = load_config(config)
     features = features or extract_features
-    table = load_results(cfg.results)
-    done = done_keys(table, include_errors=not cfg.retry_failed)
-    summary = RunSummary(results=cfg.results)
-    runs: list[_Run] = []
-    settled_cells = 0
-    split_done = _split_cells(done)
+    if executor not in EXECUTORS:
+        raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
+    if executor != "inprocess":
+        from .executors import run_distributed
+
+        return run_distributed(cfg, executor, executor_options or {}, features, progress)
+    return run_units(cfg, features, progress=progress)
+
+
+def _model_runs(cfg: ExperimentConfig, done: set[tuple], split_done: dict[tuple, int]) -> tuple[list[_Run], int]:
+    """The model runs (a model with one weights file and its seeds) with cells left to compute,
+    and the number of cells of the settled ones."""
+    runs, settled = [], 0
     for model in cfg.models:
         groups: dict[str | None, list[int]] = {}
         for i, seed in enumerate(cfg.seeds):
@@ -338,14 +358,77 @@ def run_experiment(
         for weights, seeds in groups.items():
             run = _Run(model, weights, seeds)
             n = _settled(run, cfg, done, split_done)
-            if n is not None:  # every cell done: no features needed, nothing re-extracted or re-hashed
-                settled_cells += n
-                continue
-            _plan_run(run, cfg, features)
-            runs.append(run)
+            if n is None:
+                runs.append(run)
+            else:  # every cell done: no features needed, nothing re-extracted or re-hashed
+                settled += n
+    return runs, settled
+
+
+def pending_units(cfg: ExperimentConfig) -> tuple[list[Unit], int]:
+    """The units of work with cells left (one per (model run, detector) where the experiment
+    lists the detectors, else one per model run), known without loading any features, and the
+    number of cells already done outside them."""
+    table = load_results(cfg.results)
+    done = done_keys(table, include_errors=not cfg.retry_failed)
+    split_done = _split_cells(done)
+    runs, settled = _model_runs(cfg, done, split_done)
+    units: list[Unit] = []
+    for run in runs:
+        specs = cfg.detectors_for(run.model)
+        if specs is None or (cfg.sweeps and run.model.kind == "zero-shot"):
+            units.append((run.model.label, run.weights or "", None, None))
+            continue
+        for spec in specs:
+            n = _settled(run, cfg, done, split_done, [spec])
+            if n is None:
+                units.append((run.model.label, run.weights or "", spec.name, _hp_key(spec)))
+            else:
+                settled += n
+    return units, settled
+
+
+def run_units(
+    cfg: ExperimentConfig,
+    features: FeatureFn,
+    units: list[Unit] | None = None,
+    *,
+    progress: bool = True,
+    compact: bool = True,
+    sweeps: bool = True,
+) -> RunSummary:
+    """Compute the missing cells of ``units`` (default: the whole grid) in this process.
+
+    Each detector's rows go to the table as one results part; with ``compact`` the parts are
+    folded into the main file at the end (a job of a distributed run leaves that to its
+    coordinator). ``sweeps``: also run the zero-shot vocabulary sweeps of the experiment.
+    """
+    from tqdm.auto import tqdm
+
+    table = load_results(cfg.results)
+    done = done_keys(table, include_errors=not cfg.retry_failed)
+    summary = RunSummary(results=cfg.results)
+    split_done = _split_cells(done)
+    runs, settled_cells = _model_runs(cfg, done, split_done)
+
+    def wanted(run: _Run, spec: DetectorSpec | None) -> bool:
+        if units is None:
+            return True
+        for label, weights, name, hp in units:
+            if (label, weights) == (run.model.label, run.weights or "") and (
+                name is None or spec is None or (name, hp) == (spec.name, _hp_key(spec))
+            ):
+                return True
+        return False
+
+    runs = [r for r in runs if wanted(r, None) or (sweeps and cfg.sweeps and r.model.kind == "zero-shot")]
+    for run in runs:
+        _plan_run(run, cfg, features)
     plans = []
     for run in runs:
         for spec in run.specs:
+            if not wanted(run, spec):
+                continue
             cells = [
                 (_cell_key(run, spec, ds.label, split, seed), ds.label, split, seed)
                 for ds in cfg.ood
@@ -353,20 +436,23 @@ def run_experiment(
                 for seed in run.seeds
             ]
             plans.append((run, spec, cells))
-    summary.total = settled_cells + sum(len(c) for _, _, c in plans)
+    summary.total = (settled_cells if units is None else 0) + sum(len(c) for _, _, c in plans)
     todo = sum(1 for _, _, cells in plans for c in cells if c[0] not in done)
     summary.skipped = summary.total - todo
     bar = tqdm(total=summary.total, initial=summary.skipped, unit="cell", desc=f"{cfg.name} cells", disable=not progress)
-    state = {"table": table}
+    pending: list[dict] = []
 
     def record(row: dict) -> None:
-        state["table"] = merge_results(state["table"], pd.DataFrame([row]))
-        save_results(state["table"], cfg.results)
+        pending.append(row)
         summary.computed += 1
         if row["status"] != "ok":
             summary.failed += 1
             summary.errors.append(f"{row['model']}/{row['detector']}/{row['dataset']}/{row['split']}: {row['error']}")
         bar.update(1)
+
+    def flush() -> None:
+        write_part(pd.DataFrame(pending), cfg.results)
+        pending.clear()
 
     try:
         for run, spec, cells in plans:
@@ -374,9 +460,13 @@ def run_experiment(
             if todo_cells:
                 bar.set_postfix_str(f"{run.model.label} / {spec.display}")
                 _run_detector(run, spec, todo_cells, cfg, record, summary)
+                flush()
     finally:
         bar.close()
-    if cfg.sweeps:
+        flush()
+        if compact:
+            compact_results(cfg.results)
+    if sweeps and cfg.sweeps:
         from .zeroshot import run_sweeps
 
         for run in runs:

@@ -1,0 +1,126 @@
+"""The grid as submitit jobs: ``oodeval run EXP --executor local|slurm``.
+
+Two stages, each a set of independent jobs: (1) feature extraction per (model run, dataset)
+whose features come from the store (precomputed folders need none); (2) one job per (model
+run, detector) where the experiment lists its detectors, else per model run: it loads the
+cached features, fits the detector once and evaluates its missing cells (``run_units``). Every
+job writes its rows as its own results part (``oodeval.results.write_part``), so jobs on any
+number of nodes write concurrently and nothing is lost; the coordinator folds the parts into
+the main table when the jobs are done. A job that dies (killed, out of memory, time limit)
+leaves its cells missing, is listed in the summary, and a rerun computes only those cells.
+
+``executor_options`` go to submitit's ``update_parameters`` (e.g. ``timeout_min``,
+``slurm_partition``, ``cpus_per_task``, ``gpus_per_node``, ``mem_gb``), except ``max_jobs``:
+the most jobs in flight at once (default: the CPU count for "local", unlimited for "slurm").
+Job logs and pickles live in ``<results stem>.jobs/`` beside the table.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from ..results import compact_results
+from .config import ExperimentConfig
+from .runner import RunSummary, Unit, pending_units, run_units
+
+__all__ = ["run_distributed", "jobs_dir"]
+
+log = logging.getLogger(__name__)
+
+#: seconds between polls of the jobs in flight
+POLL_SECONDS = 0.5
+
+
+def jobs_dir(results: Path) -> Path:
+    """The folder of submitit's job logs and pickles, beside the results table."""
+    return results.parent / f"{results.stem}.jobs"
+
+
+def _extract_job(cfg: ExperimentConfig, features, label: str, weights: str, role: str) -> None:
+    model = next(m for m in cfg.models if m.label == label)
+    ds = cfg.id_test if role == "id_test" else cfg.id_train if role == "id_train" else next(d for d in cfg.ood if d.label == role)
+    features(model, weights or None, ds, role, cfg)
+
+
+def _units_job(cfg: ExperimentConfig, features, units: list[Unit]) -> RunSummary:
+    return run_units(cfg, features, units, progress=False, compact=False, sweeps=False)
+
+
+def _extractions(cfg: ExperimentConfig, units: list[Unit]) -> list[tuple[str, str, str]]:
+    """(model label, weights, role) of every dataset a pending unit reads from the store."""
+    out: dict[tuple[str, str, str], None] = {}
+    models = {m.label: m for m in cfg.models}
+    for label, weights, _, _ in units:
+        model = models[label]
+        roles = ["id_test"] + [d.label for d in cfg.ood]
+        if model.kind == "supervised" and cfg.id_train is not None:
+            roles.insert(0, "id_train")
+        for role in roles:
+            if role not in model.features:
+                out[(label, weights, role)] = None
+    return list(out)
+
+
+def _executor(kind: str, folder: Path, options: dict):
+    import submitit
+
+    ex = submitit.AutoExecutor(folder=folder, cluster="local" if kind == "local" else "slurm")
+    params = {"name": "oodeval"}
+    params.update(options)
+    ex.update_parameters(**params)
+    return ex
+
+
+def _run_jobs(ex, calls: Iterable[tuple[str, Callable, tuple]], max_jobs: int | None, summary: RunSummary) -> list:
+    """Submit ``(what, fn, args)`` calls with at most ``max_jobs`` in flight; return the
+    results of those that finished (a failed job is listed in ``summary.errors``)."""
+    queue, running, results = list(calls), [], []
+    while queue or running:
+        while queue and (max_jobs is None or len(running) < max_jobs):
+            what, fn, args = queue.pop(0)
+            running.append((what, ex.submit(fn, *args)))
+        still = []
+        for what, job in running:
+            if not job.done():
+                still.append((what, job))
+                continue
+            try:
+                results.append(job.result())
+            except Exception as exc:  # noqa: BLE001 - a dead job: its cells stay missing, a rerun does them
+                log.debug("job %s failed", what, exc_info=True)
+                summary.errors.append(f"job {what} ({job.job_id}) did not finish: {type(exc).__name__}: {str(exc)[:500]}")
+        running = still
+        if running:
+            time.sleep(POLL_SECONDS)
+    return results
+
+
+def run_distributed(cfg: ExperimentConfig, kind: str, options: dict, features, progress: bool) -> RunSummary:
+    """Run the pending units of ``cfg`` as submitit jobs of ``kind`` ("local" or "slurm")."""
+    options = dict(options)
+    max_jobs = options.pop("max_jobs", os.cpu_count() if kind == "local" else None)
+    ex = _executor(kind, jobs_dir(cfg.results), options)
+    summary = RunSummary(results=cfg.results)
+    units, settled = pending_units(cfg)
+    summary.total = summary.skipped = settled
+    extractions = _extractions(cfg, units)
+    if extractions:
+        calls = [(f"extract {m}/{r}", _extract_job, (cfg, features, m, w, r)) for m, w, r in extractions]
+        _run_jobs(ex, calls, max_jobs, summary)
+    calls = [(f"{u[0]}/{u[2] or '*'}", _units_job, (cfg, features, [u])) for u in units]
+    for part in _run_jobs(ex, calls, max_jobs, summary):
+        summary.total += part.total
+        summary.skipped += part.skipped
+        summary.computed += part.computed
+        summary.failed += part.failed
+        summary.fits += part.fits
+        summary.errors += part.errors
+    compact_results(cfg.results)
+    if cfg.sweeps:
+        sweep = run_units(cfg, features, [], progress=progress, compact=False, sweeps=True)
+        summary.errors += sweep.errors
+    return summary
