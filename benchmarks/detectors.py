@@ -75,43 +75,61 @@ def exp_passes(name: str, n_train: int, n_score: int, c: int) -> list[int]:
     return table.get(name, [])
 
 
-def floor_seconds(shapes: list[tuple[int, int, int]], exps: list[int], cache: dict) -> float:
-    """Seconds of the float32 products ``shapes`` and exp passes ``exps``, each timed on one
-    chunk of rows and scaled to the full count."""
-    total = 0.0
+def _timed(fn, device: str | None) -> tuple[float, float]:
+    """(wall, CPU) seconds of fn() after one warm-up call (synchronised on a CUDA device)."""
+    sync = (lambda: None) if device is None or not device.startswith("cuda") else __import__("torch").cuda.synchronize
+    fn()
+    sync()
+    c0, t0 = time.process_time(), time.perf_counter()
+    fn()
+    sync()
+    return time.perf_counter() - t0, time.process_time() - c0
+
+
+def floor_seconds(shapes: list[tuple[int, int, int]], exps: list[int], cache: dict, device: str | None) -> tuple[float, float]:
+    """(wall, CPU) seconds of the float32 products ``shapes`` and exp passes ``exps`` on
+    ``device`` (None = numpy), each timed on one chunk of rows and scaled to the full count."""
+    wall = cpu = 0.0
+    if device is None:
+        rand = lambda *shape: np.random.default_rng(0).standard_normal(shape, dtype=np.float32)  # noqa: E731
+        exp = np.exp
+    else:
+        import torch
+
+        rand = lambda *shape: torch.randn(*shape, device=device)  # noqa: E731
+        exp = torch.exp
+    budget = 4_000_000 if device is None else 64_000_000
     for m, k, n in shapes:
         if (m, k, n) not in cache:
-            rows = min(m, max(256, 4_000_000 // max(k, n)))
-            a = np.random.default_rng(0).standard_normal((rows, k), dtype=np.float32)
-            b = np.random.default_rng(1).standard_normal((k, n), dtype=np.float32)
-            a @ b  # warm-up
-            t0 = time.perf_counter()
-            a @ b
-            cache[(m, k, n)] = (time.perf_counter() - t0) * m / rows
-        total += cache[(m, k, n)]
+            rows = min(m, max(256, budget // max(k, n)))
+            a, b = rand(rows, k), rand(k, n)
+            w, c = _timed(lambda: a @ b, device)
+            cache[(m, k, n)] = (w * m / rows, c * m / rows)
+        wall, cpu = wall + cache[(m, k, n)][0], cpu + cache[(m, k, n)][1]
     for count in exps:
         if ("exp", count) not in cache:
-            size = min(count, 4_000_000)
-            a = np.random.default_rng(0).standard_normal(size, dtype=np.float32)
-            t0 = time.perf_counter()
-            np.exp(a)
-            cache[("exp", count)] = (time.perf_counter() - t0) * count / size
-        total += cache[("exp", count)]
-    return total
+            size = min(count, budget)
+            a = rand(size)
+            w, c = _timed(lambda: exp(a), device)
+            cache[("exp", count)] = (w * count / size, c * count / size)
+        wall, cpu = wall + cache[("exp", count)][0], cpu + cache[("exp", count)][1]
+    return wall, cpu
 
 
-def run_ours(name: str, train: FeatureSet, score_sets: list[FeatureSet], hp: dict) -> tuple[float, float, float, object]:
-    """(wall s, CPU s, peak traced MB, fitted detector) of fit + scoring every set."""
-    tracemalloc.start()
-    tracemalloc.reset_peak()
+def run_ours(name: str, train: FeatureSet, score_sets: list[FeatureSet], hp: dict, trace: bool = True) -> tuple[float, float, float, object]:
+    """(wall s, CPU s, peak traced MB or NaN, fitted detector) of fit + scoring every set."""
+    if trace:
+        tracemalloc.start()
+        tracemalloc.reset_peak()
     c0, t0 = time.process_time(), time.perf_counter()
     det = detectors.create(name, **hp).fit(train)
     for fs in score_sets:
-        det.score(fs)
+        det.score(fs)  # scores come back to the host: every device queue is drained
     seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
-    peak = tracemalloc.get_traced_memory()[1]
-    tracemalloc.stop()
-    return seconds, cpu, peak / 2**20, det
+    peak = tracemalloc.get_traced_memory()[1] / 2**20 if trace else float("nan")
+    if trace:
+        tracemalloc.stop()
+    return seconds, cpu, peak, det
 
 
 def run_pood(name: str, train: FeatureSet, score_sets: list[FeatureSet], max_rows: int, k: int) -> tuple[float, bool]:
@@ -199,17 +217,23 @@ def main() -> None:
     ap.add_argument("--dim", type=int, default=1024)
     ap.add_argument("--detectors", default=None, help="comma-separated subset")
     ap.add_argument("--precision", default="float32", choices=("float32", "float64"), help="oodeval's precision")
+    ap.add_argument("--device", default=None, help="torch device for the detectors that take one (default: numpy)")
+    ap.add_argument("--train", type=int, default=None, help="ID-train rows (overrides --scale)")
+    ap.add_argument("--test", type=int, default=None, help="ID-test and OOD rows each (overrides --scale)")
     ap.add_argument("--no-pood", action="store_true", help="skip pytorch-ood")
     ap.add_argument("--pood-rows", type=int, default=2000, help="rows timed for pytorch-ood's slow predicts")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
-    n_train, n_test = int(200_000 * args.scale), int(50_000 * args.scale)
+    n_train = args.train or int(200_000 * args.scale)
+    n_test = args.test or int(50_000 * args.scale)
+    if args.device is not None:
+        args.no_pood = True  # pytorch-ood runs on the CPU here; the comparison is a CPU one
     t0 = time.perf_counter()
     train, test, ood = synthetic_problem(args.classes, args.dim, n_train, n_test, n_test, seed=args.seed, nac=False)
     print(f"data: {args.classes} classes, D={args.dim}, train {n_train}, test {n_test}, OOD {n_test} "
           f"(generated in {time.perf_counter() - t0:.1f}s); threads: OMP_NUM_THREADS="
           f"{os.environ.get('OMP_NUM_THREADS', 'unset')}, cpus {os.cpu_count()}; "
-          f"sgemm {sgemm_gflops():.0f} GFLOP/s; oodeval precision {args.precision}")  # fmt: skip
+          f"sgemm {sgemm_gflops():.0f} GFLOP/s; oodeval precision {args.precision}, device {args.device or 'numpy'}")  # fmt: skip
     knn_k = 1000 if n_train >= 100_000 else max(1, n_train // 200)
     print(f"knn k = {knn_k} for both libraries")
     hps = {"knn": {"k": knn_k}}
@@ -217,23 +241,32 @@ def main() -> None:
     cache: dict = {}
     n_score = 2 * n_test
     detectors.create("msp")  # import every detector module before timing
-    print(f"{'detector':<24}{'wall s':>8}{'cpu s':>8}{'peak MB':>8}{'floor s':>9}{'/floor':>7}"
-          f"{'pytorch-ood s':>15}{'pood/ours':>10}")  # fmt: skip
+    if args.device is not None:
+        import torch
+
+        torch.ones(1, device=args.device).sum().item()  # import and initialise torch before timing
+    print(f"{'detector':<24}{'wall s':>8}{'cpu s':>8}{'peak MB':>8}{'floor s':>9}{'/floor':>7}{'cpu/fl':>7}"
+          + ("" if args.no_pood else f"{'pytorch-ood s':>15}{'pood/ours':>10}"))  # fmt: skip
     tot = {"ours": 0.0, "pood": 0.0, "ours_noknn": 0.0, "pood_noknn": 0.0}
     for name in names:
         hp = dict(hps.get(name, {}))
-        if "precision" in detectors.create(name).get_params():
+        params = detectors.create(name).get_params()
+        if "precision" in params:
             hp["precision"] = args.precision
-        secs, cpu, peak, det = run_ours(name, train, [test, ood], hp)
+        if args.device is not None:
+            if "device" not in params:
+                continue  # numpy-only detector: nothing to time on the device
+            hp["device"] = args.device
+        secs, cpu, peak, det = run_ours(name, train, [test, ood], hp, trace=args.device is None)
         fitted = {"n_components_": det.n_components_} if name == "neco" else {}
         shapes = products(name, n_train, n_score, args.dim, args.classes, {**hp, **fitted})
         exps = exp_passes(name, n_train, n_score, args.classes)
         line = f"{name:<24}{secs:>8.2f}{cpu:>8.2f}{peak:>8.0f}"
         if shapes or exps:
-            ref = floor_seconds(shapes, exps, cache)
-            line += f"{ref:>9.2f}{secs / ref:>7.2f}"
+            ref, ref_cpu = floor_seconds(shapes, exps, cache, args.device)
+            line += f"{ref:>9.2f}{secs / ref:>7.2f}{cpu / ref_cpu:>7.2f}"
         else:
-            line += f"{'-':>9}{'-':>7}"
+            line += f"{'-':>9}{'-':>7}{'-':>7}"
         if name in SHARED and not args.no_pood:
             try:
                 ps, extra = run_pood(name, train, [test, ood], args.pood_rows, knn_k)
@@ -250,6 +283,7 @@ def main() -> None:
             tot["ours"] += secs
             tot["ours_noknn"] += 0 if name == "knn" else secs
         print(line + ("" if shapes or exps else "   (no floating-point work: max of the logits)"), flush=True)
+    print("/floor = wall / float32 floor wall; cpu/fl = CPU time / floor CPU time (robust on a shared machine)")
     for label, ours, pood, target in (("shared total", tot["ours"], tot["pood"], 300),
                                       ("shared total without knn", tot["ours_noknn"], tot["pood_noknn"], 60)):  # fmt: skip
         line = f"{label:<24}{ours:>8.2f}  (full-size target <= {target} s)"

@@ -191,10 +191,12 @@ def pinv_sym(a: np.ndarray) -> np.ndarray:
 
 
 def chunked_percentile(values: np.ndarray, q: float, bins: int = 1 << 16) -> float:
-    """Exactly ``np.percentile(values.ravel(), q)`` (linear interpolation) in two chunked passes.
+    """Exactly ``np.percentile(values.ravel(), q)`` (linear interpolation) in chunked passes.
 
     Pass 1 finds min/max and a histogram; pass 2 keeps only the values in the bins that hold the
-    two order statistics the interpolation needs, so memory stays O(bins + chunk).
+    two order statistics the interpolation needs, so memory stays O(bins + chunk). Bins are
+    computed in the values' own float dtype (one monotone function in both passes, which is all
+    exactness needs); the kept values are sorted and interpolated in float64.
     """
     if not 0 <= q <= 100:
         raise ValueError(f"percentile must be in [0, 100], got {q}")
@@ -203,32 +205,34 @@ def chunked_percentile(values: np.ndarray, q: float, bins: int = 1 << 16) -> flo
         raise ValueError("cannot take a percentile of 0 values")
     width = values.shape[1] if values.ndim == 2 else 1
     rows = values.reshape(len(values), -1) if values.ndim >= 1 else values.reshape(1, 1)
+    dtype = rows.dtype if rows.dtype in (np.float32, np.float64) else np.dtype(np.float64)
     lo, hi = np.inf, -np.inf
     for sl in chunks(len(rows), width):
-        c = as64(rows[sl])
-        lo, hi = min(lo, c.min()), max(hi, c.max())
+        c = np.asarray(rows[sl], dtype=dtype)
+        lo, hi = min(lo, float(c.min())), max(hi, float(c.max()))
     if not (np.isfinite(lo) and np.isfinite(hi)):
         raise ValueError("cannot take a percentile of non-finite values")
     rank = (flat_n - 1) * q / 100.0
     k0, k1 = int(np.floor(rank)), int(np.ceil(rank))
     if lo == hi:
         return float(lo)
-    step = (hi - lo) / bins
+    lo_t, scale = dtype.type(lo), dtype.type(bins / (hi - lo))
 
     def bin_of(c: np.ndarray) -> np.ndarray:
-        return np.minimum(((c - lo) / step).astype(np.int64), bins - 1)
+        idx = ((c - lo_t) * scale).astype(np.intp).ravel()
+        return np.minimum(idx, bins - 1, out=idx)
 
     counts = np.zeros(bins, dtype=np.int64)
     for sl in chunks(len(rows), width):
-        counts += np.bincount(bin_of(as64(rows[sl]).ravel()), minlength=bins)
+        counts += np.bincount(bin_of(np.asarray(rows[sl], dtype=dtype)), minlength=bins)
     cum = np.cumsum(counts)
     b0, b1 = int(np.searchsorted(cum, k0 + 1)), int(np.searchsorted(cum, k1 + 1))
     before = int(cum[b0 - 1]) if b0 > 0 else 0
     kept = []
     for sl in chunks(len(rows), width):
-        c = as64(rows[sl]).ravel()
+        c = np.asarray(rows[sl], dtype=dtype).ravel()
         idx = bin_of(c)
         kept.append(c[(idx >= b0) & (idx <= b1)])
-    sel = np.sort(np.concatenate(kept))
+    sel = np.sort(np.concatenate(kept).astype(np.float64))
     v0, v1 = sel[k0 - before], sel[k1 - before]
     return float(v0 + (v1 - v0) * (rank - k0))
