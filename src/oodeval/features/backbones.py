@@ -31,7 +31,9 @@ __all__ = ["Backbone", "load_backbone", "load_open_clip", "load_state_dict_file"
 
 
 def parse_model_name(model: str) -> tuple[str, str, str | None]:
-    """``(kind, name, tag)`` for ``timm:<name>``, ``<name>``, ``open_clip:<arch>[@<tag>]``."""
+    """``(kind, name, tag)`` for ``timm:<name>``, ``<name>``, ``open_clip:<arch>[@<tag>]``, and
+    ``package.module:factory`` (kind ``python``: user code returning an ``nn.Module``, see
+    :mod:`oodeval.features.module`)."""
     if model.startswith("open_clip:"):
         arch = model[len("open_clip:") :]
         arch, _, tag = arch.partition("@")
@@ -40,6 +42,8 @@ def parse_model_name(model: str) -> tuple[str, str, str | None]:
         return "open_clip", arch, tag or None
     if model.startswith("timm:"):
         model = model[len("timm:") :]
+    elif ":" in model:
+        return "python", model, None
     if not model:
         raise ValueError("empty model name")
     return "timm", model, None
@@ -291,6 +295,13 @@ def _load(model: str, kind: str, name: str, tag: str | None, weights, pretrained
                 "transform": repr(preprocess)}
         bb = Backbone(net, "open_clip", model, preprocess, prep, "RGB", tokenizer=tokenizer,
                       info={"feature_dim": int(getattr(visual, "output_dim", 0)) or None})
+    elif kind == "python":
+        from .module import load_factory, module_backbone
+
+        net, transform = load_factory(name, model_kwargs)
+        if weights is not None:
+            _load_into(net, weights)
+        bb = module_backbone(net, transform, name=model)
     else:
         bb = _load_timm(name, None if weights is None else str(weights), pretrained, dict(model_kwargs or {}))
     bb.info["weights"] = None if weights is None else str(weights)
