@@ -167,3 +167,16 @@ hyperparameters = {{ n_fit = 24 }}
     assert (df["status"] == "ok").all(), df["error"].tolist()
     assert set(df["detector"]) == {"energy", "vim", "nac"} and (df["model"] == "CIFAR ResNet-18").all()
     assert "CIFAR ResNet-18" in (tmp_path / "report" / "report.html").read_text()
+
+
+def test_small_defects_name_cache_layout_and_repr(data, tmp_path):
+    from oodeval.data import REGISTRY
+    from oodeval.features.extract import extract
+
+    kw = {"model_kwargs": {"num_classes": 3}, "progress": False, "device": "cpu"}
+    plain = extract("test_resnet", data / "val", tmp_path, **kw)
+    assert extract("timm:test_resnet", data / "val", tmp_path, **kw) == plain  # one entry, not two
+    fs = FeatureSet.load(plain)
+    text = repr(fs)
+    assert len(text) < 300 and "features=(12, " in text and "test_resnet" in text
+    assert REGISTRY["ninco-clean-cood"].layout.startswith("ninco-clean/cood/**")

@@ -63,6 +63,15 @@ class FeatureSet:
         self.labels = np.asarray(self.labels)
         self.validate()
 
+    def __repr__(self) -> str:
+        """Shapes and provenance only (the metadata can run to many kilobytes)."""
+        shape = lambda a: None if a is None else tuple(a.shape)  # noqa: E731
+        parts = [f"features={shape(self.features)}", f"logits={shape(self.logits)}", f"head={shape(self.weight)}"]
+        if self.extras:
+            parts.append(f"extras={sorted(self.extras)}")
+        parts += [f"{k}={self.meta[k]!r}" for k in ("model", "dataset") if k in self.meta]
+        return f"FeatureSet({', '.join(parts)})"
+
     def __len__(self) -> int:
         return int(self.features.shape[0])
 
