@@ -125,6 +125,7 @@ def run(args: argparse.Namespace) -> int:
     from ..zeroshot.vocabulary import Vocabulary
 
     cmd = args.vocab_cmd
+    _check_out(args)
     if cmd in ("wordnet", "sweep"):
         check_weights(args)
     if cmd == "wordnet":
@@ -178,6 +179,23 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def is_sweep_file():
+    """Recogniser of an existing sweep-curve JSON, the only file ``vocab sweep --out`` replaces."""
+    from .._io import json_has_keys
+
+    return json_has_keys("param", "x", "fpr95")
+
+
+def _check_out(args) -> None:
+    """Refuse an ``--out`` that is not free or oodeval's own output of the same kind, before any work."""
+    from .._io import check_output
+    from ..zeroshot.vocabulary import is_vocabulary_file
+
+    if getattr(args, "out", None) is not None:
+        sweep = args.vocab_cmd == "sweep"
+        check_output(args.out, "vocabulary sweep" if sweep else "vocabulary", is_own=is_sweep_file() if sweep else is_vocabulary_file)
+
+
 def _sweep(args) -> int:
     from ..features import FeatureSet
     from ..zeroshot.build import read_id_names
@@ -207,6 +225,6 @@ def _sweep(args) -> int:
     if args.out:
         from .._io import write_json_atomic
 
-        write_json_atomic(args.out, curve)
+        write_json_atomic(args.out, curve, "vocabulary sweep", is_sweep_file())
         print(f"wrote {args.out}")
     return 0
