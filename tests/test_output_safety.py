@@ -210,13 +210,18 @@ def test_cnc_demo_and_zeroshot_refuse_before_any_work(foreign, capsys, tmp_path:
                                       "--ood-features", tmp_path / "nowhere", "--out", t], foreign)  # fmt: skip
 
 
-def test_construct_export(foreign, capsys, tmp_path: Path) -> None:
+def test_construct_export_and_url_templates(foreign, capsys, tmp_path: Path) -> None:
     from oodeval.construct.synthetic import make_synthetic_dataset
 
     d = make_synthetic_dataset(tmp_path / "data", n_classes=3, per_class=4, unassigned=0.5, seed=0)
     work = tmp_path / "work"
     assert main(["construct", "candidates", str(work), "--manifest", str(d.manifest), "--reannotation", str(d.reannotation)]) == 0
     assert main(["construct", "init", str(work), "--stage1", "a", "b", "--stage3", "c"]) == 0
+    for option, template, message in [("--image-url-template", "https://x/{id}", "found {id}"),
+                                       ("--search-template", "g=https://x/?u={0}", "found {0}")]:  # fmt: skip
+        assert main(["construct", "evidence", str(work), option, template]) == 2
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err
     export = ["construct", "export", work, "--allow-pending", "--out"]
     refused_by_cli(capsys, lambda t: export + [t], foreign)
     assert main([str(a) for a in export + [work / "export"]]) == 0 and main([str(a) for a in export + [work / "export"]]) == 0
@@ -305,10 +310,10 @@ def test_errors_one_line_exit_codes_and_verbose_anywhere(monkeypatch, capsys) ->
     assert main(["fake"]) == 130 and "interrupted; completed work is kept" in capsys.readouterr().err
 
 
-def test_nested_sub_commands_name_themselves_and_accept_v(tmp_path: Path, capsys) -> None:
+def test_nested_sub_commands_accept_v(tmp_path: Path, capsys) -> None:
     assert main(["vocab", "union", str(tmp_path / "missing.json"), "--out", str(tmp_path / "u.json"), "-v"]) == 2
     err = capsys.readouterr().err
-    assert "Traceback" in err and "oodeval vocab union: error: vocabulary file" in err
+    assert "Traceback" in err and "oodeval vocab: error: vocabulary file" in err
 
 
 def test_known_tracebacks_are_now_clear_errors(sets: Path, tmp_path: Path, capsys) -> None:

@@ -36,12 +36,11 @@ def _command_modules() -> dict[str, object]:
 
 
 def _everywhere(parser: argparse.ArgumentParser) -> None:
-    """Give every (nested) sub-command ``-v`` and record its full name for error messages."""
+    """Give every (nested) sub-command ``-v``."""
     for action in parser._actions:  # argparse offers no public walk over sub-parsers
         if isinstance(action, argparse._SubParsersAction):
             for sub in action.choices.values():
                 sub.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help=_VERBOSE_HELP)
-                sub.set_defaults(_prog=sub.prog)
                 _everywhere(sub)
 
 
@@ -97,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2
-    prog = getattr(args, "_prog", f"oodeval {args.command}")
+    prog = f"oodeval {args.command}"
     handler, before = _route_logs(args.verbose)
     try:
         return int(args._run(args) or 0)
