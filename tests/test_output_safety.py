@@ -28,6 +28,7 @@ from oodeval.detectors._synthetic import synthetic_problem
 from oodeval.features import FeatureSet
 from oodeval.features.backbones import load_state_dict_file, save_head
 from oodeval.features.probe import save_probe
+from oodeval.report import save_sweep
 from oodeval.results import save_results
 from oodeval.zeroshot.vocabulary import Vocabulary
 
@@ -260,6 +261,26 @@ def test_python_save_functions(sets: Path, foreign, tmp_path: Path) -> None:
     refused_by_call(lambda p: save_results(table, p), foreign)
     save_results(table, tmp_path / "r.parquet")
     save_results(table, tmp_path / "r.parquet")
+    sweeps = tmp_path / "t.sweeps.parquet"  # where the sweeps of results table t.parquet go
+    sweeps.write_bytes(b"a user's file")
+    refused_by_call(lambda p: save_sweep(tmp_path / "t.parquet", "wordnet", "m", "d", [1, 2], [0.5, 0.4]), [sweeps])
+    for _ in range(2):
+        save_sweep(tmp_path / "r.parquet", "wordnet", "m", "d", [1, 2], [0.5, 0.4])
+
+
+def test_cnc_checkpoints_replace_only_their_own(foreign, tmp_path: Path) -> None:
+    import torch
+
+    from oodeval.cnc.train import TrainConfig, save_checkpoint
+
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.MultiStepLR(opt, milestones=[1])
+    save = lambda p: save_checkpoint(p, model, opt, sched, TrainConfig(), {"epochs_done": 1})  # noqa: E731
+    refused_by_call(save, foreign)
+    save(tmp_path / "ckpt")
+    save(tmp_path / "ckpt")
+    assert marker_kind(tmp_path / "ckpt") == "CnC checkpoint"
 
 
 def test_failed_extraction_leaves_no_partial_folder(tmp_path: Path) -> None:

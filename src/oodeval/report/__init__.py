@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .._io import atomic_path, claim_folder, parquet_has_columns, write_text_atomic
+from .._io import atomic_path, check_output, claim_folder, parquet_has_columns, write_text_atomic
 from ..results import ALL_SPLIT, load_cell_scores, load_results
 from . import figures as figs
 from .cnc import cnc_summary
@@ -21,6 +21,8 @@ from .tables import best_per_model, dataset_by_model, detector_by_model, split_r
 from .views import Figure, View, add_det, full_split, prepare
 
 __all__ = ["write_report", "build_views", "sweeps_path", "save_sweep"]
+
+_is_sweeps_table = parquet_has_columns("sweep", "size", "fpr95")
 
 
 def sweeps_path(results: str | Path) -> Path:
@@ -45,13 +47,13 @@ def save_sweep(results: str | Path, sweep: str, model: str, dataset: str, sizes,
     fpr95 = np.asarray(fpr95, dtype=np.float64)
     if sizes.shape != fpr95.shape or sizes.ndim != 1 or sizes.size == 0:
         raise ValueError(f"sizes and fpr95 must be equal-length 1-d arrays, got {sizes.shape} and {fpr95.shape}")
-    path = sweeps_path(results)
+    path = check_output(sweeps_path(results), "sweeps table", is_own=_is_sweeps_table)
     new = pd.DataFrame({"sweep": sweep, "param": param, "model": model, "dataset": dataset, "size": sizes, "fpr95": fpr95})
     if path.exists():
         old = pd.read_parquet(path)
         old = old[~((old["sweep"] == sweep) & (old["model"] == model) & (old["dataset"] == dataset))]
         new = pd.concat([old, new], ignore_index=True)
-    with atomic_path(path, "sweeps table", parquet_has_columns("sweep", "size", "fpr95")) as tmp:
+    with atomic_path(path, "sweeps table", _is_sweeps_table) as tmp:
         new.to_parquet(tmp, index=False)
     return path
 
