@@ -179,21 +179,23 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def is_sweep_file():
-    """Recogniser of an existing sweep-curve JSON, the only file ``vocab sweep --out`` replaces."""
+def _out_kind(args):
+    """(kind, recogniser) of ``--out``: only an earlier file of the same kind is replaced."""
     from .._io import json_has_keys
+    from ..zeroshot.vocabulary import is_vocabulary_file
 
-    return json_has_keys("param", "x", "fpr95")
+    if args.vocab_cmd == "sweep":
+        return "vocabulary sweep", json_has_keys("param", "x", "fpr95")
+    return "vocabulary", is_vocabulary_file
 
 
 def _check_out(args) -> None:
-    """Refuse an ``--out`` that is not free or oodeval's own output of the same kind, before any work."""
+    """Refuse an ``--out`` that is neither free nor oodeval's own output of the same kind, before any work."""
     from .._io import check_output
-    from ..zeroshot.vocabulary import is_vocabulary_file
 
     if getattr(args, "out", None) is not None:
-        sweep = args.vocab_cmd == "sweep"
-        check_output(args.out, "vocabulary sweep" if sweep else "vocabulary", is_own=is_sweep_file() if sweep else is_vocabulary_file)
+        kind, is_own = _out_kind(args)
+        check_output(args.out, kind, is_own=is_own)
 
 
 def _sweep(args) -> int:
@@ -225,6 +227,6 @@ def _sweep(args) -> int:
     if args.out:
         from .._io import write_json_atomic
 
-        write_json_atomic(args.out, curve, "vocabulary sweep", is_sweep_file())
+        write_json_atomic(args.out, curve, *_out_kind(args))
         print(f"wrote {args.out}")
     return 0
