@@ -191,12 +191,12 @@ def _run(
     out: str | Path, quick: bool, seed: int, epochs: int | None, draws: int | None, subsample_n: int | None,
     data_root: str | Path | None, batch_size: int, progress: bool, stream: TextIO,
 ) -> DemoResult:
-    from .._io import write_text_atomic
+    from .._io import claim_folder, write_text_atomic
     from ..experiment import run_experiment
     from ..report import write_report
     from ..results import load_results
 
-    out = Path(out).resolve()
+    out = claim_folder(Path(out).resolve(), "demo", lambda p: (p / "experiment.toml").is_file())
     root = Path(data_root).resolve() if data_root else out / "data"
     sizes = DemoSizes.quick() if quick else DemoSizes()
     config = TrainConfig(seed=seed, **({"epochs": 2, "batch_size": 64} if quick else {}))

@@ -23,13 +23,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .._io import hash_json, save_npy_atomic
+from .._io import check_output, claim_folder, hash_json, save_npy_atomic
 from ..features import FeatureSet
 from ..results import (
     ALL_SPLIT,
     KEY,
     done_keys,
     hp_json,
+    is_results_table,
     load_results,
     merge_results,
     save_results,
@@ -324,6 +325,8 @@ def run_experiment(
 
     cfg = load_config(config)
     features = features or extract_features
+    check_output(cfg.results, "results table", is_own=is_results_table)  # refused before any work
+    claim_folder(scores_dir(cfg.results), "run scores", is_own=lambda _: cfg.results.is_file())
     table = load_results(cfg.results)
     done = done_keys(table, include_errors=not cfg.retry_failed)
     summary = RunSummary(results=cfg.results)

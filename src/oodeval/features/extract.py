@@ -250,6 +250,10 @@ def extract(
 
             dist.barrier()  # no rank tears the group down while another still communicates
         return path
+    except BaseException:
+        if rank == 0:
+            st.discard_unstarted(st.partial_path(store, key))
+        raise
     finally:
         if created:
             import torch.distributed as dist
