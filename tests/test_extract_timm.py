@@ -196,3 +196,13 @@ def test_cli_extract_probe_and_errors(folder: Path, tmp_path: Path, capsys: pyte
     assert probed.meta["head"].endswith("h.safetensors") and probed.weight.shape == (2, probed.features.shape[1])
     assert main(["extract", "--model", "test_resnet", "--dataset", "no-such-set", "--store", str(tmp_path)]) == 2
     assert "unknown dataset 'no-such-set'" in capsys.readouterr().err
+
+
+def test_corrupt_weights_file_is_a_clear_error_not_a_traceback(folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from oodeval.cli import main
+
+    bad = tmp_path / "w.safetensors"
+    bad.write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00not json")
+    args = ["extract", "--model", "test_resnet", "--dataset", str(folder), "--store", str(tmp_path / "s"), "--weights", str(bad), "--quiet"]
+    assert main(args) == 2
+    assert f"{bad} is not a readable safetensors file" in capsys.readouterr().err

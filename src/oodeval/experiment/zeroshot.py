@@ -142,7 +142,7 @@ def default_zeroshot_specs(id_test: FeatureSet | None) -> list[DetectorSpec]:
 def run_sweeps(model: ModelSpec, feats: dict[str, FeatureSet], context: dict, errors: dict, cfg: ExperimentConfig, summary) -> None:
     """Fig. A2 curves of one zero-shot model run on every OOD set, via ``oodeval.zeroshot.sweeps.sweep_prefix``,
     recorded with :func:`oodeval.report.save_sweep`; curves already recorded are skipped, failures
-    are added to ``summary.errors``."""
+    are added to the summary's errors."""
     import pandas as pd
 
     from ..report import save_sweep, sweeps_path
@@ -166,4 +166,4 @@ def run_sweeps(model: ModelSpec, feats: dict[str, FeatureSet], context: dict, er
                 curve = sweep_prefix(*unit_fs, context["id_text"], negatives, sizes, scorer=sweep.scorer, **sweep.hyperparameters)
                 save_sweep(cfg.results, sweep.name, model.label, ds.label, curve)
             except Exception as exc:  # noqa: BLE001 - recorded, the rest goes on
-                summary.errors.append(f"sweep {sweep.name} {model.label}/{ds.label}: {type(exc).__name__}: {exc}")
+                summary.add_error(f"sweep {sweep.name} {model.label}/{ds.label}", f"{type(exc).__name__}: {exc}")

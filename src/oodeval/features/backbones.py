@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -62,9 +63,13 @@ def load_state_dict_file(path: str | Path) -> dict[str, torch.Tensor]:
     if not path.is_file():
         raise FileNotFoundError(f"weights file {path} does not exist")
     if path.suffix == ".safetensors":
+        from safetensors import SafetensorError
         from safetensors.torch import load_file
 
-        sd: Any = load_file(str(path), device="cpu")
+        try:
+            sd: Any = load_file(str(path), device="cpu")
+        except (SafetensorError, OSError) as exc:
+            raise ValueError(f"{path} is not a readable safetensors file: {exc}") from exc
     else:
         try:
             sd = torch.load(path, map_location="cpu", weights_only=True)
@@ -253,7 +258,12 @@ def load_open_clip(model: str, weights: str | Path | None = None, pretrained: st
     if weights is not None:
         if not Path(weights).is_file():
             raise FileNotFoundError(f"weights file {weights} does not exist")
-        open_clip.load_checkpoint(net, str(weights), strict=True, weights_only=True)
+        from safetensors import SafetensorError
+
+        try:
+            open_clip.load_checkpoint(net, str(weights), strict=True, weights_only=True)
+        except (SafetensorError, pickle.UnpicklingError, EOFError, OSError) as exc:
+            raise ValueError(f"weights file {weights} cannot be read: {type(exc).__name__}: {exc}") from exc
     net.eval()
     return net, preprocess, open_clip.get_tokenizer(arch)
 
