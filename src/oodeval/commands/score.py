@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 HELP = "fit post-hoc detectors on ID-train features and report FPR@95 / AUROC per OOD set"
@@ -39,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
 
     from .._io import atomic_path
     from ..features import FeatureSet
-    from ..scoring import evaluate_detectors, format_table, parse_hyperparameters
+    from ..scoring import evaluate_detectors, failures, format_table, parse_hyperparameters
 
     names = [n.strip() for n in args.detectors.split(",") if n.strip()] if args.detectors else None
     hps = parse_hyperparameters(args.set)
@@ -54,4 +55,9 @@ def run(args: argparse.Namespace) -> int:
         with atomic_path(args.out) as tmp:
             pd.DataFrame(rows).to_csv(tmp, index=False)
         print(f"wrote {args.out}")
-    return 0
+    failed = failures(rows)
+    for line in failed:
+        print(f"  failed: {line}", file=sys.stderr)
+    if failed:
+        print(f"oodeval score: {len(failed)} of {len(rows)} (detector, OOD set) results failed; the others are above", file=sys.stderr)
+    return 1 if failed else 0
