@@ -145,7 +145,7 @@ def endpoint():
 
 
 def test_llm_siblings_filter_cache_and_replay(endpoint, tmp_path, monkeypatch, wndb):
-    from oodeval.llm import ChatClient
+    from oodeval.llm import ChatClient, LLMError
     from oodeval.zeroshot.llm_vocab import generate_siblings, siblings_vocabulary
     from oodeval.zeroshot.wordnet import synonyms
 
@@ -161,8 +161,12 @@ def test_llm_siblings_filter_cache_and_replay(endpoint, tmp_path, monkeypatch, w
     assert "20" in FakeLLM.calls[-1]["body"]["messages"][0]["content"]
     cached = " ".join(p.read_text() for p in (tmp_path / "llm").glob("*.json"))
     assert len(list((tmp_path / "llm").glob("*.json"))) == 2 and "sk-secret" not in cached
-    offline = ChatClient("http://127.0.0.1:9/v1", "fake-gpt", cache_dir=tmp_path / "llm", offline=True)
+    offline = ChatClient(endpoint, "fake-gpt", cache_dir=tmp_path / "llm", offline=True)
     assert generate_siblings(offline, ids, generation=0, synonyms=syn, progress=False) == per
+    # another endpoint serving a model of the same name is not answered from this endpoint's cache
+    other = ChatClient("http://127.0.0.1:9/v1", "fake-gpt", cache_dir=tmp_path / "llm", offline=True)
+    with pytest.raises(LLMError, match="offline and no cached response"):
+        generate_siblings(other, ids, generation=0, synonyms=syn, progress=False)
     generate_siblings(client, ids, generation=1, synonyms=syn, progress=False)
     assert len(FakeLLM.calls) == 5  # another generation is another request
     vocab = siblings_vocabulary(per)
