@@ -318,7 +318,7 @@ def test_check_validates_weights_model_names_and_datasets_offline(tmp_path, caps
     exp.write_text(bad)
     assert cli.main(["run", str(exp), "--check"]) == 2
     err = capsys.readouterr().err
-    assert "2 problem(s)" in err and "timm has no model 'no_such_net'" in err and "unknown dataset 'data/nothing-here'" in err
+    assert "2 problem(s)" in err and "timm has no model 'no_such_net'" in err and "dataset 'nothing-here': " + str(tmp_path / "data" / "nothing-here") + " does not exist" in err
 
 
 def test_shipped_example_check_says_exactly_what_it_needs(capsys):
@@ -329,6 +329,6 @@ def test_shipped_example_check_says_exactly_what_it_needs(capsys):
     err = capsys.readouterr().err
     for needed in ("resnet50_a1_in1k.safetensors does not exist", "convnext_base.safetensors does not exist",
                    "clip_b16.bin does not exist", "dataset 'imagenet1k-val'", "dataset 'ninco'",
-                   "vocab/wordnet.json does not exist", "vocab/wordnet_ranked.json does not exist"):  # fmt: skip
+                   "vocab/wordnet.json does not exist", "vocab/wordnet_ranked.json does not exist", "data/imagenet-train does not exist"):  # fmt: skip
         assert needed in err, needed
     assert "id_classes" not in err  # 'imagenet1k' names the built-in list, not a file

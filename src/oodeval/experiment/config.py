@@ -179,9 +179,10 @@ def _id_classes(value: str | None, base: Path) -> Path | None:
 
 
 def _dataset_name(value: str, base: Path) -> str:
-    """A registry name stays as it is; a relative path that exists beside the file is made absolute."""
+    """A registry name stays as it is; a relative path (one with a ``/``, or one that exists beside
+    the file) is made absolute against the file's folder."""
     p = Path(value).expanduser()
-    if not p.is_absolute() and (base / p).exists():
+    if not p.is_absolute() and ("/" in value or (base / p).exists()):
         return str(base / p)
     return value
 
@@ -218,7 +219,7 @@ def _detector(entry: Any, where: str, known: set[str], base: Path, zeroshot: boo
     if zeroshot and _registry(True)[name].uses_negatives != (vocab is not None):
         raise _fail(where, f"{name!r} needs a `vocabulary` (a Vocabulary JSON or a text file)" if vocab is None
                     else f"{name!r} takes no vocabulary; only {', '.join(n for n, c in _registry(True).items() if c.uses_negatives)} do")
-    return DetectorSpec(name, dict(hp), _typed(t, "label", str, where, ""), None if vocab is None else _dataset_name(vocab, base))
+    return DetectorSpec(name, dict(hp), _typed(t, "label", str, where, ""), None if vocab is None else str(_path(vocab, base)))
 
 
 def _registry(zeroshot: bool) -> dict:
@@ -304,7 +305,7 @@ def _sweep(entry: Any, i: int, base: Path) -> SweepSpec:
     _check_hyperparameters(scorer, hp, where, True)
     return SweepSpec(
         _typed(t, "name", str, where, required=True),
-        _dataset_name(_typed(t, "vocabulary", str, where, required=True), base),
+        str(_path(_typed(t, "vocabulary", str, where, required=True), base)),
         tuple(sizes),
         scorer,
         dict(hp),
