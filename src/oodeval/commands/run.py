@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     what = f"{summary.failed + summary.failed_kept} of {summary.total} cell(s)" + (f" and {sweeps} sweep(s)" if sweeps else "")
     print(
         f"oodeval run: {what} failed; every error is in the 'error' column of the rows with status == 'error' in {summary.results} "
-        "(sweeps: above); rerun with -v for tracebacks",
+        f"(sweeps: above); `oodeval run --check {args.experiment}` lists missing inputs, -v shows tracebacks",
         file=sys.stderr,
     )
     return 1
