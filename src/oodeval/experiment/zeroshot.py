@@ -105,6 +105,7 @@ def zeroshot_scores(spec: DetectorSpec, hp: dict, fs: FeatureSet, context: dict)
     from ..zeroshot.scorers import create
 
     scorer = create(spec.name, **hp)
+    fs.check_finite(["features"] + [f"extra:{k}" for k in fs.extras if k == "patch_features"], spec.name)
     image = FeatureSet(features=_unit(fs.features), labels=fs.labels, extras=_normalised_extras(fs))
     negatives = context["vocab"](spec.vocabulary) if scorer.uses_negatives else None
     if scorer.uses_negatives and negatives is None:
