@@ -14,7 +14,8 @@ atomically under a unique name, so any number of processes write concurrently an
 lost; :func:`load_results` merges the main file and every part (a later row replaces an earlier
 one with the same key), and :func:`compact_results` folds the parts into the main file (under a
 lock, deleting only the parts it folded in). Every file is replaced through
-:func:`oodeval._io.atomic_path`, so readers (pandas, DuckDB, pyarrow) never see a half-written one.
+:func:`oodeval._io.atomic_path`, so readers (pandas, DuckDB, pyarrow) never see a half-written one;
+an existing file is replaced only when it is a results table itself (anything else is refused).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ._io import atomic_path
+from ._io import atomic_path, claim_folder, parquet_has_columns
 
 __all__ = [
     "KEY",
@@ -45,6 +46,7 @@ __all__ = [
     "write_part",
     "compact_results",
     "parts_dir",
+    "PARTS_KIND",
     "merge_results",
     "done_keys",
     "load_cell_scores",
@@ -53,6 +55,10 @@ __all__ = [
 KEY = ("model", "weights", "detector", "hyperparameters", "dataset", "split", "seed")
 METRICS = ("fpr95", "tnr95", "auroc", "aupr_in", "aupr_out", "detection_error")
 BOOTSTRAPPED = ("fpr95", "tnr95", "auroc", "detection_error")
+#: recognises an existing results table, the only file :func:`save_results` replaces
+is_results_table = parquet_has_columns(*KEY)
+#: the oodeval output kind of a table's parts folder
+PARTS_KIND = "results parts"
 #: the ``split`` value of a cell over the whole OOD set
 ALL_SPLIT = "all"
 
@@ -151,7 +157,7 @@ def write_part(df: pd.DataFrame, path: str | Path) -> Path | None:
     if len(df) == 0:
         return None
     name = f"part-{time.time_ns():020d}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}.parquet"
-    return save_results(df, parts_dir(path) / name)
+    return save_results(df, claim_folder(parts_dir(path), PARTS_KIND) / name)
 
 
 def compact_results(path: str | Path) -> bool:
@@ -183,7 +189,7 @@ def save_results(df: pd.DataFrame, path: str | Path) -> Path:
     """Write ``df`` to ``path`` as Parquet atomically (temporary file, then one rename)."""
     path = Path(path)
     df = _conform(df)
-    with atomic_path(path) as tmp:
+    with atomic_path(path, "results table", is_results_table) as tmp:
         df.to_parquet(tmp, index=False)
     return path
 

@@ -23,9 +23,9 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from ..results import compact_results
+from ..results import compact_results, load_results
 from .config import ExperimentConfig
-from .runner import RunSummary, Unit, pending_units, run_units
+from .runner import RunSummary, Unit, _failed_kept, pending_units, run_units
 
 __all__ = ["run_distributed", "jobs_dir"]
 
@@ -92,7 +92,7 @@ def _run_jobs(ex, calls: Iterable[tuple[str, Callable, tuple]], max_jobs: int | 
                 results.append(job.result())
             except Exception as exc:  # noqa: BLE001 - a dead job: its cells stay missing, a rerun does them
                 log.debug("job %s failed", what, exc_info=True)
-                summary.errors.append(f"job {what} ({job.job_id}) did not finish: {type(exc).__name__}: {str(exc)[:500]}")
+                summary.add_error(f"job {what} ({job.job_id})", f"did not finish: {type(exc).__name__}: {str(exc)[:500]}")
         running = still
         if running:
             time.sleep(POLL_SECONDS)
@@ -113,14 +113,25 @@ def run_distributed(cfg: ExperimentConfig, kind: str, options: dict, features, p
         _run_jobs(ex, calls, max_jobs, summary)
     calls = [(f"{u[0]}/{u[2] or '*'}", _units_job, (cfg, features, [u])) for u in units]
     for part in _run_jobs(ex, calls, max_jobs, summary):
-        summary.total += part.total
-        summary.skipped += part.skipped
-        summary.computed += part.computed
-        summary.failed += part.failed
-        summary.fits += part.fits
-        summary.errors += part.errors
+        _absorb(summary, part)
     compact_results(cfg.results)
     if cfg.sweeps:
-        sweep = run_units(cfg, features, [], progress=progress, compact=False, sweeps=True)
-        summary.errors += sweep.errors
+        sweep = run_units(cfg, features, [], progress=progress, sweeps=True)
+        summary.failed_kept = sweep.failed_kept
+        _absorb(summary, sweep)
+    elif not cfg.retry_failed:
+        summary.failed_kept = _failed_kept(load_results(cfg.results), cfg)
     return summary
+
+
+def _absorb(summary: RunSummary, part: RunSummary) -> None:
+    """Add a job's counts and errors to the coordinator's summary."""
+    summary.total += part.total
+    summary.skipped += part.skipped
+    summary.computed += part.computed
+    summary.failed += part.failed
+    summary.fits += part.fits
+    summary.errors += part.errors
+    for message, (n, first) in part.error_counts.items():
+        total, first_seen = summary.error_counts.get(message, (0, first))
+        summary.error_counts[message] = (total + n, first_seen)
