@@ -4,8 +4,8 @@ Full size (``--scale 1``): 1000 classes, D = 1024, 200k ID-train, 50k ID-test, 5
 For every detector that runs on cached features/logits (all but nac, which needs per-layer
 states) it prints fit+score wall seconds and CPU seconds, the peak of numpy allocations
 (tracemalloc), and the ratio to its float32 floor: the dense products the detector cannot avoid
-(sgemm, timed alone) plus, for softmax readouts, one float32 exp pass over the logits. The
-machine's sgemm GFLOP/s is measured and printed. pytorch-ood 0.4.0's implementation of the same
+(sgemm, timed alone) plus, for softmax readouts, a float32 row max, exp and row sum over the
+logits (and GEN's top-M selection). The machine's sgemm GFLOP/s is measured and printed. pytorch-ood 0.4.0's implementation of the same
 detector runs on the same arrays with the same k; where its predict cost is far beyond ours
 (per-class loops), it is timed on ``--pood-rows`` rows and extrapolated linearly (marked ``*``).
 Totals of the shared detectors are printed with and without kNN, against the issue's full-size
@@ -66,13 +66,18 @@ def sgemm_gflops() -> float:
     return 2 * 2048**3 / best / 1e9
 
 
-def exp_passes(name: str, n_train: int, n_score: int, c: int) -> list[int]:
-    """Element counts of the float32 exp passes over logits a softmax readout cannot avoid."""
-    table = {"msp": [n_score * c], "energy": [n_score * c], "gen": [n_score * c],
-             "kl_matching": [n_train * c, n_score * c], "react": [n_score * c], "ash_s": [n_score * c],
-             "scale": [n_score * c], "dice": [n_score * c], "vim": [n_score * c], "mcm": [n_score * c],
-             "nnguide": [n_score * c]}  # fmt: skip
+def softmax_passes(name: str, n_train: int, n_score: int, c: int) -> list[tuple[int, int]]:
+    """(rows, C) logit matrices a softmax readout must pass over: a row max, an exp, a row sum."""
+    table = {"msp": [(n_score, c)], "energy": [(n_score, c)], "gen": [(n_score, c)],
+             "kl_matching": [(n_train, c), (n_score, c)], "react": [(n_score, c)], "ash_s": [(n_score, c)],
+             "scale": [(n_score, c)], "dice": [(n_score, c)], "vim": [(n_score, c)], "mcm": [(n_score, c)],
+             "nnguide": [(n_score, c)]}  # fmt: skip
     return table.get(name, [])
+
+
+def selections(name: str, n_score: int, c: int) -> list[tuple[int, int, int]]:
+    """(rows, C, M) top-M selections a detector's formula itself needs (GEN sums the M largest p)."""
+    return [(n_score, c, min(100, c))] if name == "gen" else []
 
 
 def _timed(fn, device: str | None) -> tuple[float, float]:
@@ -86,18 +91,20 @@ def _timed(fn, device: str | None) -> tuple[float, float]:
     return time.perf_counter() - t0, time.process_time() - c0
 
 
-def floor_seconds(shapes: list[tuple[int, int, int]], exps: list[int], cache: dict, device: str | None) -> tuple[float, float]:
-    """(wall, CPU) seconds of the float32 products ``shapes`` and exp passes ``exps`` on
-    ``device`` (None = numpy), each timed on one chunk of rows and scaled to the full count."""
+def floor_seconds(shapes: list[tuple[int, int, int]], softmax: list[tuple[int, int]], cache: dict, device: str | None,
+                  select: list[tuple[int, int, int]] = ()) -> tuple[float, float]:  # fmt: skip
+    """(wall, CPU) seconds of the float32 products ``shapes``, the softmax passes (row max, exp,
+    row sum) over the ``softmax`` matrices and the top-M ``select``ions on ``device`` (None =
+    numpy), each timed on one chunk of rows and scaled to the full count."""
     wall = cpu = 0.0
     if device is None:
         rand = lambda *shape: np.random.default_rng(0).standard_normal(shape, dtype=np.float32)  # noqa: E731
-        exp = np.exp
+        passes = lambda a: (a.max(axis=1), np.exp(a), a.sum(axis=1))  # noqa: E731
     else:
         import torch
 
         rand = lambda *shape: torch.randn(*shape, device=device)  # noqa: E731
-        exp = torch.exp
+        passes = lambda a: (a.amax(dim=1), a.exp(), a.sum(dim=1))  # noqa: E731
     budget = 4_000_000 if device is None else 64_000_000
     for m, k, n in shapes:
         if (m, k, n) not in cache:
@@ -106,13 +113,21 @@ def floor_seconds(shapes: list[tuple[int, int, int]], exps: list[int], cache: di
             w, c = _timed(lambda: a @ b, device)
             cache[(m, k, n)] = (w * m / rows, c * m / rows)
         wall, cpu = wall + cache[(m, k, n)][0], cpu + cache[(m, k, n)][1]
-    for count in exps:
-        if ("exp", count) not in cache:
-            size = min(count, budget)
-            a = rand(size)
-            w, c = _timed(lambda: exp(a), device)
-            cache[("exp", count)] = (w * count / size, c * count / size)
-        wall, cpu = wall + cache[("exp", count)][0], cpu + cache[("exp", count)][1]
+    for m, n in softmax:
+        if ("softmax", m, n) not in cache:
+            rows = min(m, max(256, budget // n))
+            a = rand(rows, n)
+            w, c = _timed(lambda: passes(a), device)
+            cache[("softmax", m, n)] = (w * m / rows, c * m / rows)
+        wall, cpu = wall + cache[("softmax", m, n)][0], cpu + cache[("softmax", m, n)][1]
+    for m, n, k in select:
+        if ("select", m, n, k) not in cache:
+            rows = min(m, max(256, budget // n))
+            a = rand(rows, n)
+            top = (lambda: np.partition(a, n - k, axis=1)) if device is None else (lambda: a.topk(k, dim=1, sorted=False))
+            w, c = _timed(top, device)
+            cache[("select", m, n, k)] = (w * m / rows, c * m / rows)
+        wall, cpu = wall + cache[("select", m, n, k)][0], cpu + cache[("select", m, n, k)][1]
     return wall, cpu
 
 
@@ -260,10 +275,10 @@ def main() -> None:
         secs, cpu, peak, det = run_ours(name, train, [test, ood], hp, trace=args.device is None)
         fitted = {"n_components_": det.n_components_} if name == "neco" else {}
         shapes = products(name, n_train, n_score, args.dim, args.classes, {**hp, **fitted})
-        exps = exp_passes(name, n_train, n_score, args.classes)
+        softmax = softmax_passes(name, n_train, n_score, args.classes)
         line = f"{name:<24}{secs:>8.2f}{cpu:>8.2f}{peak:>8.0f}"
-        if shapes or exps:
-            ref, ref_cpu = floor_seconds(shapes, exps, cache, args.device)
+        if shapes or softmax:
+            ref, ref_cpu = floor_seconds(shapes, softmax, cache, args.device, selections(name, n_score, args.classes))
             line += f"{ref:>9.2f}{secs / ref:>7.2f}{cpu / ref_cpu:>7.2f}"
         else:
             line += f"{'-':>9}{'-':>7}{'-':>7}"
@@ -282,7 +297,7 @@ def main() -> None:
         elif name in SHARED:
             tot["ours"] += secs
             tot["ours_noknn"] += 0 if name == "knn" else secs
-        print(line + ("" if shapes or exps else "   (no floating-point work: max of the logits)"), flush=True)
+        print(line + ("" if shapes or softmax else "   (no floating-point work: max of the logits)"), flush=True)
     print("/floor = wall / float32 floor wall; cpu/fl = CPU time / floor CPU time (robust on a shared machine)")
     for label, ours, pood, target in (("shared total", tot["ours"], tot["pood"], 300),
                                       ("shared total without knn", tot["ours_noknn"], tot["pood_noknn"], 60)):  # fmt: skip

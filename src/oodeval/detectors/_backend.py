@@ -106,12 +106,18 @@ class Compute:
     def exp(self, a):
         return np.exp(a) if self.device is None else a.exp()
 
-    def logsumexp(self, a):
-        """log sum_c exp(a_c) per row: exp in the product dtype, the sum in float64."""
+    def shifted_expsum(self, a):
+        """(max_c a_c, sum_c exp(a_c - max)) per row: exp in the product dtype (one temporary,
+        exponentiated in place), the sum in float64."""
         m = self.rowmax(a)
-        total = self.rowsum(self.exp(a - m[:, None]))
-        log = np.log if self.device is None else _torch().log
-        return m + log(total)
+        e = a - m[:, None]
+        e = np.exp(e, out=e) if self.device is None else e.exp_()
+        return m, self.rowsum(e)
+
+    def logsumexp(self, a):
+        """log sum_c exp(a_c) per row, float64 (see :meth:`shifted_expsum`)."""
+        m, total = self.shifted_expsum(a)
+        return m + (np.log(total) if self.device is None else total.log())
 
     def normalise(self, a, eps: float = 1e-12):
         """Rows divided by their Euclidean norm (norm accumulated in float64)."""

@@ -71,7 +71,7 @@ class MCM(_CentroidBase):
         if not self.t > 0:
             raise ValueError(f"mcm temperature t must be > 0, got {self.t}")
         # max softmax = 1 / sum_c exp((cos_c - max cos) / T): exp in the product dtype, sum in float64
-        return self._scores(x, lambda comp, c: 1.0 / comp.rowsum(comp.exp((c - comp.rowmax(c)[:, None]) / self.t)))
+        return self._scores(x, lambda comp, c: 1.0 / comp.shifted_expsum(c / self.t)[1])
 
 
 @register("fdbd")

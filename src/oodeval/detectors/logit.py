@@ -25,7 +25,7 @@ def _per_chunk(x: FeatureSet, fn, comp: Compute) -> np.ndarray:
 
 def _max_softmax(comp: Compute, f):
     """1 / sum_c exp(f_c - max f): exp in the product precision, the sum in float64."""
-    return 1.0 / comp.rowsum(comp.exp(f - comp.rowmax(f)[:, None]))
+    return 1.0 / comp.shifted_expsum(f)[1]
 
 
 @register("msp")

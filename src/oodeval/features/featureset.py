@@ -46,7 +46,10 @@ def _nonfinite(arrays: dict[str, np.ndarray], chunk_elements: int = 1 << 24) -> 
         flat = arr.reshape(1, -1) if arr.ndim < 2 else arr
         count, first = 0, None
         for start in range(0, flat.shape[0], rows):
-            bad = ~np.isfinite(np.asarray(flat[start : start + rows]))
+            chunk = np.asarray(flat[start : start + rows])
+            if np.isfinite(chunk.sum()):  # NaN/inf propagate: a finite sum means every value is finite
+                continue
+            bad = ~np.isfinite(chunk)
             if bad.any():
                 per_row = bad.reshape(bad.shape[0], -1).sum(axis=1)
                 count += int(per_row.sum())
