@@ -5,7 +5,8 @@ For every detector that runs on cached features/logits (all but nac, which needs
 states) it prints fit+score wall seconds and CPU seconds, the peak of numpy allocations
 (tracemalloc), and the ratio to its float32 floor: the dense products the detector cannot avoid
 (sgemm, timed alone) plus, for softmax readouts, a float32 row max, exp and row sum over the
-logits (and GEN's top-M selection). The machine's sgemm GFLOP/s is measured and printed. pytorch-ood 0.4.0's implementation of the same
+logits, and the selections the formula needs (GEN's top M per row, ReAct's train percentile,
+one linear-time partition). The machine's sgemm GFLOP/s is measured and printed. pytorch-ood 0.4.0's implementation of the same
 detector runs on the same arrays with the same k; where its predict cost is far beyond ours
 (per-class loops), it is timed on ``--pood-rows`` rows and extrapolated linearly (marked ``*``).
 Totals of the shared detectors are printed with and without kNN, against the issue's full-size
@@ -75,9 +76,10 @@ def softmax_passes(name: str, n_train: int, n_score: int, c: int) -> list[tuple[
     return table.get(name, [])
 
 
-def selections(name: str, n_score: int, c: int) -> list[tuple[int, int, int]]:
-    """(rows, C, M) top-M selections a detector's formula itself needs (GEN sums the M largest p)."""
-    return [(n_score, c, min(100, c))] if name == "gen" else []
+def selections(name: str, n_train: int, n_score: int, d: int, c: int) -> list[tuple[int, int, int]]:
+    """(rows, n, k) selections a detector's formula itself needs: GEN sums the M largest p of each
+    row; ReAct's clip is the 90th percentile of all n_train D train activations (one row)."""
+    return {"gen": [(n_score, c, c - min(100, c))], "react": [(1, n_train * d, int(0.9 * n_train * d))]}.get(name, [])
 
 
 def _timed(fn, device: str | None) -> tuple[float, float]:
@@ -94,8 +96,8 @@ def _timed(fn, device: str | None) -> tuple[float, float]:
 def floor_seconds(shapes: list[tuple[int, int, int]], softmax: list[tuple[int, int]], cache: dict, device: str | None,
                   select: list[tuple[int, int, int]] = ()) -> tuple[float, float]:  # fmt: skip
     """(wall, CPU) seconds of the float32 products ``shapes``, the softmax passes (row max, exp,
-    row sum) over the ``softmax`` matrices and the top-M ``select``ions on ``device`` (None =
-    numpy), each timed on one chunk of rows and scaled to the full count."""
+    row sum) over the ``softmax`` matrices and the partitions ``select`` on ``device`` (None =
+    numpy), each timed on one chunk and scaled linearly to the full size."""
     wall = cpu = 0.0
     if device is None:
         rand = lambda *shape: np.random.default_rng(0).standard_normal(shape, dtype=np.float32)  # noqa: E731
@@ -120,13 +122,14 @@ def floor_seconds(shapes: list[tuple[int, int, int]], softmax: list[tuple[int, i
             w, c = _timed(lambda: passes(a), device)
             cache[("softmax", m, n)] = (w * m / rows, c * m / rows)
         wall, cpu = wall + cache[("softmax", m, n)][0], cpu + cache[("softmax", m, n)][1]
-    for m, n, k in select:
+    for m, n, k in select:  # partition each of m rows of n values at position k
         if ("select", m, n, k) not in cache:
-            rows = min(m, max(256, budget // n))
-            a = rand(rows, n)
-            top = (lambda: np.partition(a, n - k, axis=1)) if device is None else (lambda: a.topk(k, dim=1, sorted=False))
+            rows, width = min(m, max(1, budget // n)), min(n, budget)
+            a, pos = rand(rows, width), min(width - 1, int(k * width / n))
+            top = (lambda: np.partition(a, pos, axis=1)) if device is None else (lambda: a.kthvalue(pos + 1, dim=1))
             w, c = _timed(top, device)
-            cache[("select", m, n, k)] = (w * m / rows, c * m / rows)
+            scale = m / rows * n / width
+            cache[("select", m, n, k)] = (w * scale, c * scale)
         wall, cpu = wall + cache[("select", m, n, k)][0], cpu + cache[("select", m, n, k)][1]
     return wall, cpu
 
@@ -278,7 +281,7 @@ def main() -> None:
         softmax = softmax_passes(name, n_train, n_score, args.classes)
         line = f"{name:<24}{secs:>8.2f}{cpu:>8.2f}{peak:>8.0f}"
         if shapes or softmax:
-            ref, ref_cpu = floor_seconds(shapes, softmax, cache, args.device, selections(name, n_score, args.classes))
+            ref, ref_cpu = floor_seconds(shapes, softmax, cache, args.device, selections(name, n_train, n_score, args.dim, args.classes))
             line += f"{ref:>9.2f}{secs / ref:>7.2f}{cpu / ref_cpu:>7.2f}"
         else:
             line += f"{'-':>9}{'-':>7}{'-':>7}"

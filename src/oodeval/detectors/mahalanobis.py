@@ -50,13 +50,13 @@ class _MahalanobisBase(Detector):
             self.background_precision_ = pinv_sym(self.background_covariance_)
 
     def _score(self, x: FeatureSet) -> np.ndarray:
-        """-min_c (z - mu_c)' P (z - mu_c) as z'Pz - 2 z'P mu_c + mu_c'P mu_c: the two products
-        in the product precision, z'Pz and the sum in float64 (mu_c'P mu_c from fit, float64)."""
+        """-min_c (z - mu_c)' P (z - mu_c) = -(z'Pz + min_c (mu_c'P mu_c - 2 z'P mu_c)): the two
+        products and the (N, C) term in the product precision, z'Pz accumulated in float64."""
         z = x.features
         if z.shape[1] != self.means_.shape[1]:
             raise ValueError(f"{type(self).__name__} was fitted on {self.means_.shape[1]}-d features, got {z.shape[1]}")
         comp = compute_of(self)
-        prec, means, const = comp.put(self.precision_), comp.put(self.means_), comp.put(self.mean_norms_, "float64")
+        prec, means, const = comp.put(self.precision_), comp.put(self.means_).T, comp.put(self.mean_norms_)
         if self.relative:
             bg_mean, bg_prec = comp.put(self.background_mean_), comp.put(self.background_precision_)
         out = []
@@ -65,7 +65,10 @@ class _MahalanobisBase(Detector):
             if self.normalise:
                 c = comp.normalise(c)
             zp = c @ prec
-            d = comp.rowmin(comp.rowdot(zp, c)[:, None] - 2.0 * (zp @ means.T) + const[None, :])
+            t = zp @ means
+            t *= -2.0
+            t += const
+            d = comp.rowdot(zp, c) + comp.rowmin(t)
             d = d * (d > 0)
             if self.relative:
                 r = c - bg_mean
