@@ -150,8 +150,9 @@ def run_ours(name: str, train: FeatureSet, score_sets: list[FeatureSet], hp: dic
     return seconds, cpu, peak, det
 
 
-def run_pood(name: str, train: FeatureSet, score_sets: list[FeatureSet], max_rows: int, k: int) -> tuple[float, bool]:
-    """Seconds of pytorch-ood's fit + predict on the same arrays (predict extrapolated if capped)."""
+def run_pood(name: str, train: FeatureSet, score_sets: list[FeatureSet], max_rows: int, k: int) -> tuple[float, float, bool]:
+    """(wall s, CPU s, extrapolated) of pytorch-ood's fit + predict on the same arrays (predict
+    extrapolated linearly where capped at ``max_rows``)."""
     import torch
     import pytorch_ood.detector as pood
 
@@ -165,7 +166,7 @@ def run_pood(name: str, train: FeatureSet, score_sets: list[FeatureSet], max_row
         lin.bias.copy_(b)
     on_maps = lambda m: lin(m.flatten(1))  # noqa: E731
     slow = {"mahalanobis", "relative_mahalanobis", "dice"}
-    t0 = time.perf_counter()
+    c0, t0 = time.process_time(), time.perf_counter()
     with torch.no_grad():
         if name in ("msp", "maxlogit", "energy", "gen"):
             det = {"msp": pood.MaxSoftmax(None), "maxlogit": pood.MaxLogit(None), "energy": pood.EnergyBased(None),
@@ -212,20 +213,21 @@ def run_pood(name: str, train: FeatureSet, score_sets: list[FeatureSet], max_row
             pred, use = det.predict_features, "features"
         else:
             raise KeyError(name)
-        fit_s = time.perf_counter() - t0
+        fit_s, fit_c = time.perf_counter() - t0, time.process_time() - c0
         extrapolated = False
-        score_s = 0.0
+        score_s = score_c = 0.0
         batch = 64 if name == "dice" else 4096
         for fs in score_sets:
             arr = np.asarray(fs.logits if use == "logits" else fs.features)
             rows = len(arr)
             if name in slow and rows > max_rows:
                 rows, extrapolated = max_rows, True
-            t1 = time.perf_counter()
+            c1, t1 = time.process_time(), time.perf_counter()
             for s in range(0, rows, batch):
                 pred(torch.from_numpy(arr[s : min(rows, s + batch)]))
             score_s += (time.perf_counter() - t1) * len(arr) / rows
-    return fit_s + score_s, extrapolated
+            score_c += (time.process_time() - c1) * len(arr) / rows
+    return fit_s + score_s, fit_c + score_c, extrapolated
 
 
 def main() -> None:
@@ -264,8 +266,9 @@ def main() -> None:
 
         torch.ones(1, device=args.device).sum().item()  # import and initialise torch before timing
     print(f"{'detector':<24}{'wall s':>8}{'cpu s':>8}{'peak MB':>8}{'floor s':>9}{'/floor':>7}{'cpu/fl':>7}"
-          + ("" if args.no_pood else f"{'pytorch-ood s':>15}{'pood/ours':>10}"))  # fmt: skip
-    tot = {"ours": 0.0, "pood": 0.0, "ours_noknn": 0.0, "pood_noknn": 0.0}
+          + ("" if args.no_pood else f"{'pood s':>10}{'pood cpu':>8} {'pood/ours':>9}"))  # fmt: skip
+    # totals over the shared detectors: [ours wall, ours CPU, pood wall, pood CPU], all / without knn
+    tot = {"all": np.zeros(4), "no knn": np.zeros(4)}
     for name in names:
         hp = dict(hps.get(name, {}))
         params = detectors.create(name).get_params()
@@ -287,27 +290,25 @@ def main() -> None:
             line += f"{'-':>9}{'-':>7}{'-':>7}"
         if name in SHARED and not args.no_pood:
             try:
-                ps, extra = run_pood(name, train, [test, ood], args.pood_rows, knn_k)
+                ps, pc, extra = run_pood(name, train, [test, ood], args.pood_rows, knn_k)
             except AssertionError:  # its Mahalanobis needs every class in the train set
-                print(line + f"{'n/a':>15}", flush=True)
+                print(line + f"{'n/a':>10}", flush=True)
                 continue
-            line += f"{ps:>14.2f}{'*' if extra else ' '}{ps / secs:>10.2f}"
-            tot["ours"] += secs
-            tot["pood"] += ps
-            if name != "knn":
-                tot["ours_noknn"] += secs
-                tot["pood_noknn"] += ps
-        elif name in SHARED:
-            tot["ours"] += secs
-            tot["ours_noknn"] += 0 if name == "knn" else secs
+            line += f"{ps:>10.2f}{pc:>8.2f}{'*' if extra else ' '}{pc / cpu:>9.2f}"
+        else:
+            ps = pc = 0.0
+        if name in SHARED:
+            for key in ("all",) if name == "knn" else ("all", "no knn"):
+                tot[key] += (secs, cpu, ps, pc)
         print(line + ("" if shapes or softmax else "   (no floating-point work: max of the logits)"), flush=True)
     print("/floor = wall / float32 floor wall; cpu/fl = CPU time / floor CPU time (robust on a shared machine)")
-    for label, ours, pood, target in (("shared total", tot["ours"], tot["pood"], 300),
-                                      ("shared total without knn", tot["ours_noknn"], tot["pood_noknn"], 60)):  # fmt: skip
-        line = f"{label:<24}{ours:>8.2f}  (full-size target <= {target} s)"
-        if pood:
-            line += f"  pytorch-ood {pood:.2f} s = {pood / ours:.1f}x ours"
+    for key, target in (("all", 300), ("no knn", 60)):
+        w, c, pw, pcpu = tot[key]
+        line = f"shared total ({key}): ours {w:.2f} s wall, {c:.2f} s CPU (full-size target <= {target} s wall on 2 cores)"
+        if pw:
+            line += f"; pytorch-ood {pw:.2f} s wall, {pcpu:.2f} s CPU = {pcpu / c:.1f}x ours in CPU time"
         print(line)
+    print("pood/ours = pytorch-ood CPU time / ours")
     print(f"max RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB; "
           "* = pytorch-ood predict timed on --pood-rows rows and extrapolated; shared = the "
           f"{len(SHARED)} detectors both libraries implement")  # fmt: skip
