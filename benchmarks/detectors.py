@@ -266,7 +266,7 @@ def main() -> None:
 
         torch.ones(1, device=args.device).sum().item()  # import and initialise torch before timing
     print(f"{'detector':<24}{'wall s':>8}{'cpu s':>8}{'peak MB':>8}{'floor s':>9}{'/floor':>7}{'cpu/fl':>7}"
-          + ("" if args.no_pood else f"{'pood s':>10}{'pood cpu':>8} {'pood/ours':>9}"))  # fmt: skip
+          + ("" if args.no_pood else f"{'pood s':>10}{'pood cpu':>9}{'pood/ours':>10}"))  # fmt: skip
     # totals over the shared detectors: [ours wall, ours CPU, pood wall, pood CPU], all / without knn
     tot = {"all": np.zeros(4), "no knn": np.zeros(4)}
     for name in names:
@@ -294,7 +294,7 @@ def main() -> None:
             except AssertionError:  # its Mahalanobis needs every class in the train set
                 print(line + f"{'n/a':>10}", flush=True)
                 continue
-            line += f"{ps:>10.2f}{pc:>8.2f}{'*' if extra else ' '}{pc / cpu:>9.2f}"
+            line += f"{ps:>10.2f}{pc:>8.2f}{'*' if extra else ' '}{pc / cpu:>10.2f}"
         else:
             ps = pc = 0.0
         if name in SHARED:
