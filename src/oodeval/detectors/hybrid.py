@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import scipy.linalg
 
 from ..features import FeatureSet
 from . import register
@@ -51,7 +52,9 @@ class ViM(Detector):
         if not 0 < k < d:
             raise ValueError(f"vim dim must be in [1, {d - 1}] for {d}-d features, got {k}")
         self.principal_dim_ = k
-        self.origin_ = -np.linalg.pinv(w) @ b
+        # u = -pinv(W) b, the minimum-norm least-squares solution (complete orthogonal
+        # factorisation: the same vector as the SVD pseudo-inverse, without forming it)
+        self.origin_ = -scipy.linalg.lstsq(w, b, lapack_driver="gelsy")[0]
         comp = compute_of(self)
         s, n = scatter(z, self.origin_, comp=comp)
         evals, evecs = np.linalg.eigh(s / n)
