@@ -6,21 +6,34 @@ products in float32, every sum over classes accumulated in float64; "float64": a
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 
 from ..features import FeatureSet
 from . import register
 from ._backend import Compute, compute_of
-from ._common import chunks
 from .base import Detector
 
 __all__ = ["MSP", "MaxLogit", "KLMatching", "Energy", "GEN"]
 
 
 def _per_chunk(x: FeatureSet, fn, comp: Compute) -> np.ndarray:
-    """fn(logit chunk on the backend) for every row chunk, concatenated as float64."""
+    """fn(logit chunk on the backend) for every row chunk, concatenated as float64. With numpy,
+    chunks run on a thread per core (numpy's elementwise passes are single-threaded and release
+    the GIL); the result does not depend on the number of threads."""
     f = x.logits
-    return np.concatenate([comp.get(fn(comp.put(f[sl]))) for sl in comp.chunks(len(f), f.shape[1])])
+    slices = list(comp.chunks(len(f), f.shape[1]))
+
+    def one(sl: slice) -> np.ndarray:
+        return comp.get(fn(comp.put(f[sl])))
+
+    workers = min(len(slices), os.cpu_count() or 1)
+    if comp.device is not None or workers < 2:
+        return np.concatenate([one(sl) for sl in slices])
+    with ThreadPoolExecutor(workers) as pool:
+        return np.concatenate(list(pool.map(one, slices)))
 
 
 def _max_softmax(comp: Compute, f):
@@ -53,8 +66,8 @@ class MaxLogit(Detector):
     needs = ("logits",)
 
     def _score(self, x: FeatureSet) -> np.ndarray:
-        f = x.logits
-        return np.concatenate([np.asarray(f[sl]).max(axis=1) for sl in chunks(len(f), f.shape[1])])
+        exact = Compute("float64" if x.logits.dtype == np.float64 else "float32")  # a max needs no wider type
+        return _per_chunk(x, lambda f: f.max(axis=1), exact)
 
 
 @register("energy")
