@@ -30,7 +30,7 @@ def test_score_command_prints_table_and_writes_csv(folders, capsys, tmp_path):
     assert main(argv) == 0
     printed = capsys.readouterr().out
     table = pd.read_csv(out)
-    assert len(table) == 21 * 2 and set(table.detector) == set(detectors.names())
+    assert len(table) == 21 * 2 and set(table.detector) == set(detectors.names("paper21"))
     assert set(table.ood) == {"far", "near"}
     assert "FPR@95 / AUROC (%)" in printed and "relative_mahalanobis_pp" in printed
     # the CSV holds exactly the metrics of the detector's own scores

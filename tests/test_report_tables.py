@@ -139,10 +139,10 @@ def test_views_without_data_are_omitted_with_a_note(tmp_path):
 def test_prepare_averages_over_seeds_and_names_hyperparameter_variants(tmp_path):
     df = pd.DataFrame(rows())
     extra = df[(df["detector"] == "energy") & (df["model"] == "resA")].copy()
-    extra["hyperparameters"] = '{"t":2.0}'
+    extra["hyperparameters"] = '{"temperature":2.0}'
     frame = prepare(pd.concat([df, extra]))
     dets = set(frame[frame["model"] == "resA"]["det"])
-    assert {'energy {}', 'energy {"t":2.0}', "msp"} <= dets
+    assert {'energy {}', 'energy {"temperature":2.0}', "msp"} <= dets
     near = frame[(frame["model"] == "resA") & (frame["det"] == "msp") & (frame["dataset"] == "near")]
     assert near["fpr95"].iloc[0] == pytest.approx(0.30) and near["runs"].iloc[0] == 2
 

@@ -18,7 +18,7 @@ __all__ = ["evaluate_detectors", "parse_hyperparameters", "format_table"]
 
 
 def parse_hyperparameters(items: list[str]) -> dict[str, dict[str, object]]:
-    """``["knn.k=50", "energy.t=2"]`` -> ``{"knn": {"k": 50}, "energy": {"t": 2.0}}``.
+    """``["knn.k=50", "energy.temperature=2"]`` -> ``{"knn": {"k": 50}, "energy": {"temperature": 2}}``.
 
     Values are parsed as JSON when possible (numbers, true/false, null, lists), else kept as text.
     """
@@ -66,8 +66,7 @@ def evaluate_detectors(
         names = detectors.supported(train, test)
         for o in oods.values():
             names = detectors.supported(train, o, names)
-    unknown = sorted(set(names) - set(detectors.names()))
-    unknown += sorted(set(hyperparameters) - set(detectors.names()))
+    unknown = sorted((set(names) | set(hyperparameters)) - set(detectors.names()))
     if unknown:
         raise ValueError(f"unknown detectors {unknown}; known: {', '.join(detectors.names())}")
     rows: list[dict] = []

@@ -54,7 +54,7 @@ def experiment_dict(out: Path, data_root: Path, model: TrainedModel, n_train: in
     from .. import detectors
 
     dets: list = []
-    for name in detectors.names():
+    for name in detectors.names("paper21"):
         dets.append({"name": name, "hyperparameters": {"k": _knn_k(n_train)}} if name == "knn" else name)
     return {
         "name": "oodeval-demo",

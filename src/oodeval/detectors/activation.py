@@ -64,7 +64,7 @@ def scale_features(z: np.ndarray, percentile: float) -> np.ndarray:
     return z * np.exp(_ratio(z.sum(axis=1), s2))[:, None]
 
 
-@register("react")
+@register("react", tags=("paper21", "activation"), order=6)
 class ReAct(Detector):
     """Energy + ReAct: s = logsumexp(W min(z, c) + b) (Sun, Guo & Li, NeurIPS 2021).
 
@@ -88,7 +88,7 @@ class ReAct(Detector):
         return _energy_of(x, lambda z: np.minimum(z, self.threshold_), x.weight, x.bias)
 
 
-@register("ash_s")
+@register("ash_s", tags=("paper21", "activation"), order=7)
 class ASHS(Detector):
     """ASH-S: keep the top (100 - p)% entries of z, scale by exp(s1 / s2), energy readout.
 
@@ -108,7 +108,7 @@ class ASHS(Detector):
         return _energy_of(x, lambda z: ash_s_features(z, self.percentile), x.weight, x.bias)
 
 
-@register("scale")
+@register("scale", tags=("paper21", "activation"), order=8)
 class SCALE(Detector):
     """SCALE: z * exp(s1 / s2) without pruning, energy readout.
 
@@ -128,7 +128,7 @@ class SCALE(Detector):
         return _energy_of(x, lambda z: scale_features(z, self.percentile), x.weight, x.bias)
 
 
-@register("dice")
+@register("dice", tags=("paper21", "activation"), order=9)
 class DICE(Detector):
     """DICE: energy with the head masked to its most contributing weights (Sun & Li, ECCV 2022).
 

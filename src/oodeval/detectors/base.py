@@ -25,6 +25,21 @@ class Detector(BaseEstimator):
 
     needs: ClassVar[tuple[str, ...]] = ()
     fit_needs: ClassVar[tuple[str, ...]] = ()
+    #: whether the detector reads a K+1 (CnC) model's outlier class; every other one sees the
+    #: K-way classifier of such a FeatureSet (:func:`oodeval.cnc.evaluate.id_view`)
+    reads_outlier_class: ClassVar[bool] = False
+
+    @classmethod
+    def suits(cls, x: FeatureSet) -> bool:
+        """Whether the default selection (:func:`oodeval.detectors.supported`) picks it for ``x``."""
+        return True
+
+    def _view(self, x: FeatureSet) -> FeatureSet:
+        if self.reads_outlier_class or x.meta.get("outlier_class") is None:
+            return x
+        from ..cnc.evaluate import id_view
+
+        return id_view(x)
 
     def fit(self, train: FeatureSet | None = None) -> Detector:
         """Learn all derived state from the ID-train FeatureSet (harmless where nothing is learnt)."""
@@ -34,7 +49,7 @@ class Detector(BaseEstimator):
             if train is None:
                 raise ValueError(f"{type(self).__name__} needs an ID-train FeatureSet to fit")
             train.require(self.fit_needs, type(self).__name__ + ".fit")
-            self._fit(train)
+            self._fit(self._view(train))
         self.fitted_ = True
         return self
 
@@ -45,7 +60,7 @@ class Detector(BaseEstimator):
         """Scores of the samples in ``x``: float64 (N,), higher = more in-distribution."""
         check_fitted(self)
         x.require(self.needs, type(self).__name__)
-        return as_scores(self._score(x), len(x), type(self).__name__)
+        return as_scores(self._score(self._view(x)), len(x), type(self).__name__)
 
     def _score(self, x: FeatureSet) -> np.ndarray:
         raise NotImplementedError

@@ -32,7 +32,7 @@ class _CentroidBase(Detector):
             yield l2_normalise(as64(z[sl])) @ self.centroids_.T
 
 
-@register("cosine")
+@register("cosine", tags=("paper21", "feature"), order=15)
 class Cosine(_CentroidBase):
     """s = max_c cos(z, mu_c), mu_c the mean ID-train feature of class c (true labels).
 
@@ -45,25 +45,26 @@ class Cosine(_CentroidBase):
         return np.concatenate([c.max(axis=1) for c in self._cosines(x)])
 
 
-@register("mcm")
+@register("mcm", tags=("paper21", "feature"), order=16)
 class MCM(_CentroidBase):
-    """s = max_c softmax_c(cos(z, mu_c) / T), the class-centroid form of MCM.
+    """s = max_c softmax_c(cos(z, mu_c) / tau), the class-centroid form of MCM.
 
     Ming et al., "Delving into OOD detection with vision-language representations" (MCM),
     NeurIPS 2022, applied to ID-train class-mean features instead of text embeddings
-    (Fi-ImageNet-1k paper Sec. 2.1). Default T = 1 (DESIGN.md).
+    (Fi-ImageNet-1k paper Sec. 2.1). Default ``tau`` = 1 (DESIGN.md); the zero-shot MCM names
+    its temperature ``tau`` too (default 0.01 there, on text embeddings).
     """
 
-    def __init__(self, t: float = 1.0) -> None:
-        self.t = t
+    def __init__(self, tau: float = 1.0) -> None:
+        self.tau = tau
 
     def _score(self, x: FeatureSet) -> np.ndarray:
-        if not self.t > 0:
-            raise ValueError(f"mcm temperature t must be > 0, got {self.t}")
-        return np.concatenate([softmax(c / self.t, axis=1).max(axis=1) for c in self._cosines(x)])
+        if not self.tau > 0:
+            raise ValueError(f"mcm temperature tau must be > 0, got {self.tau}")
+        return np.concatenate([softmax(c / self.tau, axis=1).max(axis=1) for c in self._cosines(x)])
 
 
-@register("fdbd")
+@register("fdbd", tags=("paper21", "feature"), order=17)
 class FDBD(Detector):
     """fDBD: mean feature distance to the decision boundaries, regularised by the feature norm.
 
@@ -102,7 +103,7 @@ class FDBD(Detector):
         return np.concatenate(out)
 
 
-@register("neco")
+@register("neco", tags=("paper21", "feature"), order=18)
 class NECO(Detector):
     """NECO: s = ||P_d x|| / ||x||, x the standardised feature, P_d the top-d PCA projection.
 

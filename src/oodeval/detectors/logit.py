@@ -20,7 +20,7 @@ def _per_chunk(x: FeatureSet, fn) -> np.ndarray:
     return np.concatenate([fn(as64(f[sl])) for sl in chunks(len(f), f.shape[1])])
 
 
-@register("msp")
+@register("msp", tags=("paper21", "logit"), order=1)
 class MSP(Detector):
     """Maximum softmax probability, s = max_c softmax(f)_c (Hendrycks & Gimpel, ICLR 2017).
 
@@ -33,7 +33,7 @@ class MSP(Detector):
         return _per_chunk(x, max_softmax)
 
 
-@register("maxlogit")
+@register("maxlogit", tags=("paper21", "logit"), order=2)
 class MaxLogit(Detector):
     """Maximum logit, s = max_c f_c (Hendrycks et al., "Scaling OOD detection", ICML 2022)."""
 
@@ -43,54 +43,54 @@ class MaxLogit(Detector):
         return _per_chunk(x, lambda f: f.max(axis=1))
 
 
-@register("energy")
+@register("energy", tags=("paper21", "logit"), order=4)
 class Energy(Detector):
-    """Energy score, s = T logsumexp(f / T) (Liu et al., NeurIPS 2020); default T = 1.
+    """Energy score, s = T logsumexp(f / T) (Liu et al., NeurIPS 2020); default T = ``temperature`` = 1.
 
     Higher = ID (the negative free energy).
     """
 
     needs = ("logits",)
 
-    def __init__(self, t: float = 1.0) -> None:
-        self.t = t
+    def __init__(self, temperature: float = 1.0) -> None:
+        self.temperature = temperature
 
     def _score(self, x: FeatureSet) -> np.ndarray:
-        if not self.t > 0:
-            raise ValueError(f"energy temperature t must be > 0, got {self.t}")
-        return _per_chunk(x, lambda f: energy(f, self.t))
+        if not self.temperature > 0:
+            raise ValueError(f"energy temperature must be > 0, got {self.temperature}")
+        return _per_chunk(x, lambda f: energy(f, self.temperature))
 
 
-@register("gen")
+@register("gen", tags=("paper21", "logit"), order=5)
 class GEN(Detector):
     """Generalized entropy, s = -sum over the M largest p_c of p_c^g (1 - p_c)^g.
 
     Liu, Lochman & Zach, "GEN: Pushing the limits of softmax-based OOD detection", CVPR 2023.
-    Defaults g = 0.1 and M = 100 (the paper's ImageNet setting; its release uses the same);
-    M is capped at the number of classes.
+    Defaults g = ``gamma`` = 0.1 and M = ``top_m`` = 100 (the paper's ImageNet setting; its
+    release uses the same); M is capped at the number of classes.
     """
 
     needs = ("logits",)
 
-    def __init__(self, gamma: float = 0.1, m: int = 100) -> None:
+    def __init__(self, gamma: float = 0.1, top_m: int = 100) -> None:
         self.gamma = gamma
-        self.m = m
+        self.top_m = top_m
 
     def _score(self, x: FeatureSet) -> np.ndarray:
-        if self.m < 1:
-            raise ValueError(f"gen needs m >= 1, got {self.m}")
+        if self.top_m < 1:
+            raise ValueError(f"gen needs top_m >= 1, got {self.top_m}")
         g = self.gamma
 
         def fn(f: np.ndarray) -> np.ndarray:
             p = np.exp(log_softmax(f))
-            m = min(int(self.m), p.shape[1])
+            m = min(int(self.top_m), p.shape[1])
             top = np.partition(p, p.shape[1] - m, axis=1)[:, p.shape[1] - m :]
             return -np.sum(top**g * (1.0 - top) ** g, axis=1)
 
         return _per_chunk(x, fn)
 
 
-@register("kl_matching")
+@register("kl_matching", tags=("paper21", "logit"), order=3)
 class KLMatching(Detector):
     """KL matching, s = -min_k KL(p || d_k) (Hendrycks et al., "Scaling OOD detection", ICML 2022).
 

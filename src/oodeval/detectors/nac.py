@@ -60,7 +60,7 @@ def _interval(s: np.ndarray, grid: np.ndarray) -> np.ndarray:
     return idx
 
 
-@register("nac")
+@register("nac", tags=("paper21", "feature"), order=19)
 class NAC(Detector):
     """NAC-UE (Liu et al., "Neuron activation coverage", ICLR 2024); see the module docstring.
 

@@ -40,7 +40,7 @@ def _search(index: faiss.IndexFlatIP, z: np.ndarray, k: int) -> Iterator[np.ndar
         yield sims.astype(np.float64)
 
 
-@register("knn")
+@register("knn", tags=("paper21", "feature"), order=14)
 class KNN(Detector):
     """Deep kNN: s = -|| z/|z| - b_(k) ||, the distance to the k-th nearest normalised ID-train feature.
 
@@ -92,7 +92,7 @@ def _bank_rows(n: int, fraction: float, seed: int, k: int, who: str) -> np.ndarr
     return np.sort(np.random.default_rng(seed).choice(n, size=size, replace=False))
 
 
-@register("nnguide")
+@register("nnguide", tags=("paper21", "hybrid"), order=21)
 class NNGuide(Detector):
     """NNGuide: s = E(x) * mean of the top-k of <z/|z|, E(b) b/|b|> over a bank b of ID train.
 

@@ -219,10 +219,9 @@ def _registry(zeroshot: bool) -> dict:
         from ..zeroshot.scorers import REGISTRY
 
         return REGISTRY
-    from .. import detectors as registry
+    from ..detectors import REGISTRY
 
-    registry._load()
-    return registry.REGISTRY
+    return REGISTRY
 
 
 def _check_hyperparameters(name: str, hp: dict, where: str, zeroshot: bool) -> None:

@@ -17,10 +17,7 @@ import numpy as np
 from ..features import FeatureSet
 from .config import DetectorSpec, ExperimentConfig, ModelSpec
 
-__all__ = ["run_sweeps", "build_context", "zeroshot_scores", "zeroshot_logits", "default_zeroshot_specs", "vocabulary_label", "LOGIT_SPACE"]
-
-#: the seven logit-space scorers of the paper's Tab. 1 (zero-shot rows)
-LOGIT_SPACE = ("mcm", "maxlogit", "energy", "gen", "entropy", "margin", "gl_mcm")
+__all__ = ["run_sweeps", "build_context", "zeroshot_scores", "zeroshot_logits", "default_zeroshot_specs", "vocabulary_label"]
 
 
 def _unit(x: np.ndarray) -> np.ndarray:
@@ -133,10 +130,18 @@ def zeroshot_logits(fs: FeatureSet, context: dict) -> np.ndarray | None:
 
 def default_zeroshot_specs(id_test: FeatureSet | None) -> list[DetectorSpec]:
     """The logit-space scorers the image FeatureSet supports (gl_mcm only with patch features)."""
-    out = [DetectorSpec(n) for n in LOGIT_SPACE if n != "gl_mcm"]
-    if id_test is not None and "patch_features" in id_test.extras:
-        out.append(DetectorSpec("gl_mcm"))
-    return out
+    from ..zeroshot.scorers import REGISTRY
+
+    def supported(needs: tuple[str, ...]) -> bool:
+        if id_test is None:
+            return needs == ("features",)
+        try:
+            id_test.require(needs)
+        except ValueError:
+            return False
+        return True
+
+    return [DetectorSpec(n) for n in REGISTRY.names("logit") if supported(REGISTRY[n].needs)]
 
 
 def run_sweeps(model: ModelSpec, feats: dict[str, FeatureSet], context: dict, errors: dict, cfg: ExperimentConfig, summary) -> None:

@@ -30,20 +30,23 @@ from sklearn.base import BaseEstimator
 
 from ..detectors.base import as_scores
 from ..features import FeatureSet
+from ..registry import Registry
 
 __all__ = [
     "ZeroShotScorer", "REGISTRY", "names", "create", "score_zeroshot", "similarity_logits",
     "MCM", "MaxLogit", "Energy", "GEN", "Entropy", "Margin", "GLMCM", "NegLabel", "EOE",
 ]  # fmt: skip
 
-REGISTRY: dict[str, type[ZeroShotScorer]] = {}
+REGISTRY = Registry("zero-shot scorer")
 
 
-def _register(name: str):
+def _register(name: str, order: int, vocabulary: bool = False):
+    """Register with tags "zeroshot" and "logit" (ID names only) or "needs-vocabulary" (negatives too)."""
+    register = REGISTRY.register(name, tags=("zeroshot", "needs-vocabulary" if vocabulary else "logit"), order=order)
+
     def deco(cls):
-        REGISTRY[name] = cls
-        cls.name = name
-        return cls
+        cls.uses_negatives = vocabulary
+        return register(cls)
 
     return deco
 
@@ -88,6 +91,7 @@ class ZeroShotScorer(BaseEstimator):
     """
 
     needs: ClassVar[tuple[str, ...]] = ("features",)
+    #: set by the registration (tag "needs-vocabulary")
     uses_negatives: ClassVar[bool] = False
     chunk_rows: ClassVar[int] = 2048
 
@@ -116,7 +120,7 @@ class ZeroShotScorer(BaseEstimator):
         raise NotImplementedError
 
 
-@_register("mcm")
+@_register("mcm", 1)
 class MCM(ZeroShotScorer):
     """max_c softmax_c(h't_c / tau) (MCM)."""
 
@@ -127,7 +131,7 @@ class MCM(ZeroShotScorer):
         return _max_softmax(similarity_logits(image.features, id_text, self.tau))
 
 
-@_register("maxlogit")
+@_register("maxlogit", 2)
 class MaxLogit(ZeroShotScorer):
     """max_c h't_c / tau."""
 
@@ -138,7 +142,7 @@ class MaxLogit(ZeroShotScorer):
         return similarity_logits(image.features, id_text, self.tau).max(axis=1)
 
 
-@_register("energy")
+@_register("energy", 3)
 class Energy(ZeroShotScorer):
     """T * logsumexp_c(l_c / T) on the tau-scaled logits (T = 1)."""
 
@@ -151,7 +155,7 @@ class Energy(ZeroShotScorer):
         return self.temperature * logsumexp(logits / self.temperature, axis=1)
 
 
-@_register("gen")
+@_register("gen", 4)
 class GEN(ZeroShotScorer):
     """-sum over the top-M probabilities of p^g (1-p)^g (GEN; g = 0.1, M = 100, capped at C)."""
 
@@ -175,7 +179,7 @@ class GEN(ZeroShotScorer):
         return -np.sum(top**self.gamma * rest**self.gamma, axis=1)
 
 
-@_register("entropy")
+@_register("entropy", 5)
 class Entropy(ZeroShotScorer):
     """Negative entropy of the ID posterior, sum_c p log p (0 for a one-hot posterior)."""
 
@@ -187,7 +191,7 @@ class Entropy(ZeroShotScorer):
         return np.sum(np.exp(logp) * logp, axis=1)
 
 
-@_register("margin")
+@_register("margin", 6)
 class Margin(ZeroShotScorer):
     """Gap between the two largest logits (``space="logit"``) or probabilities (``space="prob"``)."""
 
@@ -207,7 +211,7 @@ class Margin(ZeroShotScorer):
         return top2[:, 0] - top2[:, 1]
 
 
-@_register("gl_mcm")
+@_register("gl_mcm", 7)
 class GLMCM(ZeroShotScorer):
     """MCM + lambda * max_patches max_c softmax(patch logits) (GL-MCM; lambda = 1).
 
@@ -237,7 +241,7 @@ def _log_share(lse_id: np.ndarray, lse_neg: np.ndarray) -> np.ndarray:
     return lse_id - np.logaddexp(lse_id, lse_neg)
 
 
-@_register("neglabel")
+@_register("neglabel", 8, vocabulary=True)
 class NegLabel(ZeroShotScorer):
     """Eq. 3 with NegLabel's grouping (n_groups = 100, seed = 0). No negatives: the score is 1.
 
@@ -245,8 +249,6 @@ class NegLabel(ZeroShotScorer):
     dropped, the rest permuted with ``numpy.random.default_rng(seed)`` and split into G groups of
     equal size; when M < G every negative is its own group (G = M).
     """
-
-    uses_negatives = True
 
     def __init__(self, tau: float = 0.01, n_groups: int = 100, seed: int = 0) -> None:
         self.tau = tau
@@ -270,14 +272,12 @@ class NegLabel(ZeroShotScorer):
         return np.exp(_log_share(lse_id[:, None], lse_neg)).mean(axis=1)
 
 
-@_register("eoe")
+@_register("eoe", 9, vocabulary=True)
 class EOE(ZeroShotScorer):
     """max_ID p - beta * max_neg p, p = softmax over ID and negative logits (EOE; beta = 0.25).
 
     Without negatives it is MCM.
     """
-
-    uses_negatives = True
 
     def __init__(self, tau: float = 0.01, beta: float = 0.25) -> None:
         self.tau = tau
@@ -292,16 +292,15 @@ class EOE(ZeroShotScorer):
         return np.exp(id_logits.max(axis=1) - lse) - self.beta * np.exp(neg_logits.max(axis=1) - lse)
 
 
-def names() -> list[str]:
-    """The zero-shot scorer names: 7 logit-space, then the 2 vocabulary-based ones."""
-    return list(REGISTRY)
+def names(*tags: str) -> list[str]:
+    """Zero-shot scorer names carrying every tag in ``tags``: the 7 logit-space ones ("logit"),
+    then the 2 vocabulary-based ones ("needs-vocabulary")."""
+    return REGISTRY.names(*tags)
 
 
 def create(name: str, **hyperparameters) -> ZeroShotScorer:
     """A new scorer ``name`` with the paper's defaults overridden by ``hyperparameters``."""
-    if name not in REGISTRY:
-        raise KeyError(f"unknown zero-shot scorer {name!r}; known: {', '.join(REGISTRY)}")
-    return REGISTRY[name](**hyperparameters)
+    return REGISTRY.create(name, **hyperparameters)
 
 
 def score_zeroshot(
