@@ -184,7 +184,7 @@ def test_cli_extract_probe_and_errors(folder: Path, tmp_path: Path, capsys: pyte
     from oodeval.cli import main
 
     kw = json.dumps({"num_classes": 2, "pretrained_cfg_overlay": {"input_size": [3, 32, 32]}})
-    args = ["extract", "--model", "test_resnet", "--dataset", str(folder), "--store", str(tmp_path / "s"), "--model-kwargs", kw, "--quiet"]
+    args = ["extract", "--model", "test_resnet", "--dataset", str(folder), "--store", str(tmp_path / "s"), "--model-kwargs", kw, "--no-progress"]
     assert main(args) == 0
     out = capsys.readouterr().out
     entry = Path(out.splitlines()[0])

@@ -300,7 +300,7 @@ def test_failed_extraction_leaves_no_partial_folder(tmp_path: Path) -> None:
 
 
 def _fake_command(monkeypatch, run) -> None:
-    mod = types.SimpleNamespace(HELP="test", add_arguments=lambda p: p.add_argument("--x", default=None), run=run)
+    mod = types.SimpleNamespace(HELP="test", EXAMPLES=["oodeval fake"], add_arguments=lambda p: p.add_argument("--x", default=None), run=run)
     monkeypatch.setattr(cli, "_command_modules", lambda: {"fake": mod})
 
 

@@ -57,7 +57,7 @@ CORRUPTIONS: tuple[str, ...] = (
     "speckle_noise", "gaussian_blur", "spatter", "saturate",
 )  # fmt: skip
 
-#: the CnC pool of issue 8: the 18 corruptions it names (all but spatter)
+#: the default CnC pool: 18 of the 19 corruptions (all but spatter)
 DEFAULT_POOL: tuple[str, ...] = tuple(c for c in CORRUPTIONS if c != "spatter")
 
 PRESETS = ("cifar", "imagenet")

@@ -14,7 +14,7 @@ box at the border, as CutMix's ``rand_bbox`` and the CnC code do, so a clipped b
 than (1 - lambda) of the image; ``"inside"`` draws the top-left corner uniformly among the
 positions where the whole box fits, so the pasted area is (1 - lambda) H W up to rounding.
 Pool: the CnC code draws from the 15 ImageNet-C benchmark corruptions
-(``corruption_number = randint(15)``); the default pool here is the issue's list of 18
+(``corruption_number = randint(15)``); the default pool here is 18 of the 19
 (:data:`oodeval.cnc.corruptions.DEFAULT_POOL`, all but spatter); pass ``BENCHMARK_15`` for the
 code's pool or :data:`~oodeval.cnc.corruptions.CORRUPTIONS` for all 19.
 """

@@ -10,7 +10,13 @@ import argparse
 import sys
 from pathlib import Path
 
+from ._options import add_command, add_out, add_progress
+
 HELP = "CnC: train a K+1-class model on compounded-corruption outliers; evaluate it on a suite"
+EXAMPLES = [
+    "oodeval cnc train --dataset cifar10:train --model resnet18 --epochs 200 --seed 0 --out runs/cnc-s0",
+    "oodeval cnc evaluate --checkpoint runs/cnc-s0 runs/cnc-s1 runs/cnc-s2 --suite cnc-cifar10",
+]
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -22,7 +28,9 @@ def _ints(text: str) -> tuple[int, ...]:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="cnc_command", metavar="{train,evaluate}")
-    t = sub.add_parser("train", help="train (or resume) a CnC or plain model with timm", description=_TRAIN_DOC)
+    t = add_command(sub, "train", "train (or resume) a CnC or plain model with timm",
+                    "oodeval cnc train --dataset cifar10:train --model resnet18 --epochs 200 --seed 0 --out runs/cnc-s0",
+                    description=_TRAIN_DOC)
     t.add_argument("--dataset", required=True, help="ID training set: registry name (NAME:SPLIT), folder, CSV or .npz")
     t.add_argument("--model", default="resnet18", help="timm model name (random init; default resnet18)")
     t.add_argument("--epochs", type=int, default=10, help="epochs (default 10)")
@@ -34,9 +42,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     t.add_argument("--weight-decay", type=float, default=5e-4)
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--classes", type=_ints, default=None, help="keep these class ids as ID, e.g. 0,1,3,5,8,9")
-    t.add_argument("--corruptions", default=None, help="comma-separated corruption pool (default: the 18 of issue 8, all but spatter)")
+    t.add_argument("--corruptions", default=None, help="comma-separated corruption pool (default: 18 of the 19, all but spatter)")
     _data_args(t)
-    e = sub.add_parser("evaluate", help="TNR@TPR95, AUROC, detection error, ID accuracy; mean ± std over checkpoints")
+    e = add_command(sub, "evaluate", "TNR@TPR95, AUROC, detection error, ID accuracy; mean ± std over checkpoints",
+                    "oodeval cnc evaluate --checkpoint runs/cnc-s0 runs/cnc-s1 runs/cnc-s2 --suite cnc-cifar10 --json cnc.json",
+                    description=_EVALUATE_DOC)
     e.add_argument("--checkpoint", type=Path, nargs="+", required=True, help="checkpoint folders (one per seed)")
     e.add_argument("--suite", default=None, help="named suite (cnc-cifar10, openood-cifar10, demo-fmnist, ...)")
     e.add_argument("--id-test", default=None, help="ID test set (overrides the suite's)")
@@ -44,7 +54,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     e.add_argument("--ood", nargs="+", default=None, help="OOD sets (override the suite's)")
     e.add_argument("--detectors", nargs="+", default=None, help="default: cnc msp energy (CnC), msp energy (plain)")
     e.add_argument("--no-per-set", action="store_true", help="print only group and mean rows")
-    e.add_argument("--json", type=Path, default=None, help="write runs and aggregate as JSON here (an existing file only if it is an earlier evaluation)")
+    add_out(e, "CnC evaluation JSON (runs and aggregate)", flag="--json")
     _data_args(e)
     p.set_defaults(_cnc_help=p.format_help)
 
@@ -54,6 +64,11 @@ _TRAIN_DOC = (
     "(Hebbalaguppe et al. 2022). A checkpoint (safetensors + JSON) is written after every epoch; "
     "rerunning the same command resumes."
 )
+_EVALUATE_DOC = (
+    "Score each checkpoint's ID test set and OOD sets with the detectors (cnc reads the outlier class, every other "
+    "detector the first K logits) and print TNR@TPR95, AUROC, detection error and ID accuracy per OOD set, per group "
+    "and as the mean over sets, each as mean ± std over the checkpoints (one per seed)."
+)
 
 
 def _data_args(p: argparse.ArgumentParser) -> None:
@@ -61,7 +76,7 @@ def _data_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--channels", type=int, choices=(1, 3), default=None, help="1 grey / 3 RGB (default: as stored)")
     p.add_argument("--size", type=int, default=None, help="resize images to SIZE x SIZE")
     p.add_argument("--no-strict", action="store_true", help="accept registry datasets with unexpected counts")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_progress(p)
 
 
 def _select(images, labels, class_ids):

@@ -5,13 +5,21 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ._options import add_command
+
 HELP = "build an OOD benchmark from label errors: candidates, evidence, annotation app, export"
+EXAMPLES = [
+    "oodeval construct candidates work/ --manifest imagenet-val.csv --reannotation reimagenet.csv",
+    "oodeval construct serve work/",
+    "oodeval construct export work/ --out benchmark/",
+]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="construct_command", metavar="STEP", required=True)
 
-    c = sub.add_parser("candidates", help="select the images the reannotation assigned to no class; print counts by flag")
+    c = add_command(sub, "candidates", "select the images the reannotation assigned to no class; print counts by flag",
+                    "oodeval construct candidates work/ --manifest imagenet-val.csv --reannotation reimagenet.csv --classes classes.txt")
     c.add_argument("work", type=Path, help="work folder to create or update")
     c.add_argument("--manifest", type=Path, required=True, help="ID manifest CSV (path,label[,url,...])")
     c.add_argument("--reannotation", type=Path, required=True, help="reannotation CSV (path,reannotated,flag[,original_label])")
@@ -19,7 +27,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     c.add_argument("--root", type=Path, help="folder the manifest paths are relative to (default: the manifest's folder)")
     c.set_defaults(_step=_candidates)
 
-    e = sub.add_parser("evidence", help="build the per-image evidence JSON (C, D, E, and A/B when configured)")
+    e = add_command(sub, "evidence", "build the per-image evidence JSON (C, D, E, and A/B when configured)",
+                    "oodeval construct evidence work/ --image-embeddings feats/val --text-embeddings text.npy")
     e.add_argument("work", type=Path)
     e.add_argument("--image-embeddings", type=Path, help="(D) image embeddings aligned with the ID manifest: .npy or FeatureSet folder")
     e.add_argument("--text-embeddings", type=Path, help="(D) class text embeddings: (C, E) .npy, FeatureSet folder, or label-keyed .npz / text-cache folder")
@@ -36,20 +45,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     e.add_argument("--force", action="store_true", help="rebuild every piece instead of completing missing ones")
     e.set_defaults(_step=_evidence)
 
-    i = sub.add_parser("init", help="create the protocol store and print one access token per annotator")
+    i = add_command(sub, "init", "create the protocol store and print one access token per annotator",
+                    "oodeval construct init work/ --stage1 alice bob --stage3 carol")
     i.add_argument("work", type=Path)
     i.add_argument("--stage1", nargs=2, required=True, metavar="NAME", help="the two Stage-1 annotators")
     i.add_argument("--stage3", required=True, metavar="NAME", help="the third annotator who joins in Stage 3")
     i.set_defaults(_step=_init)
 
-    s = sub.add_parser("serve", help="run the annotation web app")
+    s = add_command(sub, "serve", "run the annotation web app",
+                    "oodeval construct serve work/ --port 8765")
     s.add_argument("work", type=Path)
     s.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1, this machine only)")
     s.add_argument("--port", type=int, default=8765)
     s.add_argument("--examples", type=int, default=4, help="example images per candidate ID class (default 4)")
     s.set_defaults(_step=_serve)
 
-    v = sub.add_parser("verdict", help="submit one verdict from the command line (scripting)")
+    v = add_command(sub, "verdict", "submit one verdict from the command line (scripting)",
+                    "oodeval construct verdict work/ --token TOKEN val/n01440764/x.JPEG ood --label 'tiger shark'")
     v.add_argument("work", type=Path)
     v.add_argument("--token", required=True, help="the annotator's access token")
     v.add_argument("--stage", type=int, choices=(1, 3), default=1)
@@ -61,11 +73,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     v.add_argument("--note")
     v.set_defaults(_step=_verdict)
 
-    st = sub.add_parser("status", help="images per state and progress per annotator")
+    st = add_command(sub, "status", "images per state and progress per annotator", "oodeval construct status work/")
     st.add_argument("work", type=Path)
     st.set_defaults(_step=_status)
 
-    x = sub.add_parser("export", help="write the OOD manifest, returned-to-ID and ambiguous lists and the outcome table")
+    x = add_command(sub, "export", "write the OOD manifest, returned-to-ID and ambiguous lists and the outcome table",
+                    "oodeval construct export work/ --out benchmark/")
     x.add_argument("work", type=Path)
     x.add_argument("--out", type=Path, help="export folder (default WORK/export)")
     x.add_argument("--allow-pending", action="store_true", help="export although some images are undecided")

@@ -5,6 +5,10 @@ from __future__ import annotations
 import argparse
 
 HELP = "list the named datasets and what is found under the data root (--data-root or $OODEVAL_DATA)"
+EXAMPLES = [
+    "oodeval datasets --data-root /data --layout",
+    "oodeval datasets ninco",
+]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

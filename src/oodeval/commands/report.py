@@ -5,12 +5,17 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ._options import add_out
+
 HELP = "write Markdown, LaTeX and one self-contained HTML report (tables + PNG figures) of a results table"
+EXAMPLES = [
+    "oodeval report results.parquet --out report/",
+]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("results", type=Path, help="results table (.parquet) written by `oodeval run`")
-    p.add_argument("--out", type=Path, required=True, metavar="DIR", help="output folder")
+    add_out(p, "report", folder=True, required=True)
     p.add_argument("--dataset", default=None, help="primary OOD set of Tabs. 1, A1, 2 (default: the first in the table)")
     p.add_argument("--model", default=None, help="model of Fig. 1, A4, ROC and Tab. A6 (default: the best supervised model)")
     p.add_argument("--n", type=int, default=None, help="draw size of Tab. A6 (default: the primary set's size)")

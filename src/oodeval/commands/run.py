@@ -5,14 +5,20 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ._options import add_progress
+
 HELP = "run (or resume) an experiment grid from a TOML/YAML file into one Parquet results table"
+EXAMPLES = [
+    "oodeval run examples/experiment.toml --check",
+    "oodeval run examples/experiment.toml --report report/",
+]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("experiment", type=Path, help="experiment file (.toml, .yaml or .yml); see docs/experiments.md")
     p.add_argument("--check", action="store_true", help="validate the file and print the grid, compute nothing")
     p.add_argument("--report", type=Path, default=None, metavar="DIR", help="also write the report into DIR afterwards")
-    p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+    add_progress(p)
 
 
 def run(args: argparse.Namespace) -> int:

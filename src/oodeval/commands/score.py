@@ -5,7 +5,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ._options import add_out, add_progress
+
 HELP = "fit post-hoc detectors on ID-train features and report FPR@95 / AUROC per OOD set"
+EXAMPLES = [
+    "oodeval score --train feats/train --test feats/test --ood ninco=feats/ninco --set knn.k=50 --out scores.csv",
+    "oodeval score --train feats/train --test feats/test --ood far=feats/far --detectors msp,energy,vim --set energy.temperature=2",
+]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -17,11 +23,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="comma-separated detector names (default: every detector the data supports)")  # fmt: skip
     p.add_argument("--set", action="append", default=[], metavar="DETECTOR.PARAM=VALUE",
                    help="override a hyperparameter, e.g. --set knn.k=50 (repeatable)")  # fmt: skip
-    p.add_argument("--out", type=Path, default=None, help="write the table as CSV here (an existing file only if it is an earlier score table)")
+    add_out(p, "score table (CSV)")
     p.add_argument("--draws", type=int, default=1000,
                    help="bootstrap resamples for the 95%% intervals in the CSV (OOD resampled, ID fixed; 0: none)")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
-    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    add_progress(p)
 
 
 def parse_oods(items: list[str]) -> dict[str, Path]:

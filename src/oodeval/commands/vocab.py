@@ -6,7 +6,13 @@ import argparse
 import os
 from pathlib import Path
 
+from ._options import add_command, add_device, add_out, add_pretrained, resolve_device, with_pretrained
+
 HELP = "build negative vocabularies (WordNet+NegMining, LLM siblings, EOE, union, oracle) and size sweeps"
+EXAMPLES = [
+    "oodeval vocab wordnet --model ViT-B-16@openai --pretrained --out vocab/wordnet.json",
+    "oodeval vocab union vocab/wordnet.json vocab/siblings.json --out vocab/union.json",
+]
 
 
 def _default_cache() -> Path:
@@ -16,14 +22,14 @@ def _default_cache() -> Path:
 def _add_model(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="[open_clip:]<arch>[@<tag>] (the tag sets QuickGELU), or a model-config .json path")
     p.add_argument("--weights", default=None, help="local checkpoint file")
-    p.add_argument("--pretrained", default=None, help="open_clip pretrained tag, or 'none' for random init")
+    add_pretrained(p, absent="refused unless --weights; say --pretrained none for a random-init model")
     p.add_argument("--seed", type=int, default=0, help="seed of a random-init model (default 0)")
     p.add_argument("--id-names", default="imagenet1k", help="'imagenet1k' or a file with one ID class name per line")
     p.add_argument("--templates", default="paper", choices=["paper", "openai", "name"], help="template set (default: paper, 8 of App. G)")
     p.add_argument("--cache", type=Path, default=None, help="text-embedding cache root (default $OODEVAL_CACHE/text-embeddings or ~/.cache/oodeval/text-embeddings)")
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--no-truncate", action="store_true", help="encode prompts at full context length")
-    p.add_argument("--device", default="cpu")
+    add_device(p)
 
 
 def _add_llm(p: argparse.ArgumentParser) -> None:
@@ -34,43 +40,50 @@ def _add_llm(p: argparse.ArgumentParser) -> None:
     p.add_argument("--llm-cache", type=Path, required=True, help="folder of cached raw responses (replayed offline)")
     p.add_argument("--offline", action="store_true", help="answer only from --llm-cache")
     p.add_argument("--temperature", type=float, default=None)
-    p.add_argument("--out", type=Path, required=True, help="vocabulary JSON to write")
+    add_out(p, "vocabulary JSON", required=True)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    sub = parser.add_subparsers(dest="vocab_cmd", required=True)
+    sub = parser.add_subparsers(dest="vocab_cmd", metavar="{wordnet,llm,eoe,union,oracle,sweep}", required=True)
 
-    p = sub.add_parser("wordnet", help="WordNet head lemmas (noun + adj) mined by NegMining")
+    p = add_command(sub, "wordnet", "WordNet head lemmas (noun + adj) mined by NegMining",
+                    "oodeval vocab wordnet --model ViT-B-16@openai --pretrained --M 10000 --out vocab/wordnet.json")
     _add_model(p)
     p.add_argument("--wordnet", type=Path, default=Path("/usr/share/wordnet"), help="WNDB folder (data.noun, data.adj)")
     p.add_argument("--M", default="5000", help="labels kept (default 5000; 'all' keeps the full ranking for sweeps)")
     p.add_argument("--percentile", type=float, default=95.0)
     p.add_argument("--keep-id-names", action="store_true", help="do not drop lexicon entries equal to an ID name")
-    p.add_argument("--out", type=Path, required=True)
+    add_out(p, "vocabulary JSON", required=True)
 
-    p = sub.add_parser("llm", help="LLM near siblings per ID class (default 20), ID names and WordNet synonyms removed")
+    p = add_command(sub, "llm", "LLM near siblings per ID class (default 20), ID names and WordNet synonyms removed",
+                    "oodeval vocab llm --llm-model gpt-4o --llm-cache llm-cache --k 20 --out vocab/siblings.json")
     _add_llm(p)
     p.add_argument("--k", type=int, default=20, help="siblings requested per class")
     p.add_argument("--generations", type=int, nargs="+", default=[0], help="generation indices to merge (default 0)")
     p.add_argument("--wordnet", type=Path, default=Path("/usr/share/wordnet"))
 
-    p = sub.add_parser("eoe", help="EOE envisioned outlier classes (far | near | fine_grained)")
+    p = add_command(sub, "eoe", "EOE envisioned outlier classes (far | near | fine_grained)",
+                    "oodeval vocab eoe --style near --llm-model gpt-4o --llm-cache llm-cache --out vocab/eoe-near.json")
     _add_llm(p)
     p.add_argument("--style", default="fine_grained", choices=["far", "near", "fine_grained"])
     p.add_argument("--n-classes", type=int, default=500)
     p.add_argument("--generation", type=int, default=0)
 
-    p = sub.add_parser("union", help="union of vocabularies, first occurrence kept")
+    p = add_command(sub, "union", "union of vocabularies, first occurrence kept",
+                    "oodeval vocab union vocab/wordnet.json vocab/siblings.json --out vocab/union.json")
     p.add_argument("inputs", type=Path, nargs="+")
-    p.add_argument("--out", type=Path, required=True)
+    add_out(p, "vocabulary JSON", required=True)
 
-    p = sub.add_parser("oracle", help="a benchmark's own OOD labels from a manifest column")
+    p = add_command(sub, "oracle", "a benchmark's own OOD labels from a manifest column",
+                    "oodeval vocab oracle ninco/manifest.csv --column ood_label --id-names imagenet1k --out vocab/oracle.json")
     p.add_argument("manifest", type=Path)
     p.add_argument("--column", default="ood_label")
     p.add_argument("--id-names", default=None, help="drop labels equal to these ID names ('imagenet1k' or file)")
-    p.add_argument("--out", type=Path, required=True)
+    add_out(p, "vocabulary JSON", required=True)
 
-    p = sub.add_parser("sweep", help="FPR@95 vs WordNet prefix size M (wordnet) or siblings per class k (siblings)")
+    p = add_command(sub, "sweep", "FPR@95 vs WordNet prefix size M (wordnet) or siblings per class k (siblings)",
+                    "oodeval vocab sweep wordnet --model ViT-B-16@openai --pretrained --vocab vocab/wordnet-all.json --id-features feats/id "
+                    "--ood-features feats/ood --values 100 1000 10000 --out sweep.json")
     p.add_argument("kind", choices=["wordnet", "siblings"])
     _add_model(p)
     p.add_argument("--vocab", type=Path, required=True, help="ranked NegMined vocabulary (wordnet) or llm-siblings vocabulary")
@@ -80,7 +93,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--scorer", default="neglabel", choices=["neglabel", "eoe"])
     p.add_argument("--n-groups", type=int, default=100, help="NegLabel groups (default 100)")
     p.add_argument("--sample-seed", type=int, default=0, help="seed of the per-class sibling order")
-    p.add_argument("--out", type=Path, default=None, help="curve JSON to write")
+    add_out(p, "curve JSON")
 
 
 def check_weights(args) -> None:
@@ -95,10 +108,15 @@ def _encoder(args):
     from ..zeroshot.text import TextEncoder
 
     check_weights(args)
-    model, tokenizer, name = load_clip(args.model, args.weights, args.pretrained, args.seed, args.device)
-    weights = args.weights or args.pretrained or f"random-init(seed={args.seed})"
+    model, download = with_pretrained(args.model, args.pretrained, "open_clip")
+    tag = model.partition("@")[2] if download else None
+    if download and not tag:
+        raise ValueError(f"--pretrained: {args.model} names no weights; give --pretrained TAG or --model ARCH@TAG")
+    device = resolve_device(args.device)
+    model, tokenizer, name = load_clip(model, args.weights, tag, args.seed, device)
+    weights = args.weights or tag or f"random-init(seed={args.seed})"
     return TextEncoder(model, tokenizer, name, weights, template_set(args.templates), args.cache or _default_cache(),
-                       args.batch_size, not args.no_truncate, args.device)
+                       args.batch_size, not args.no_truncate, device)
 
 
 def _print_stats(encoder) -> None:

@@ -5,7 +5,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ._options import add_out
+
 HELP = "score ID/OOD image embeddings with the zero-shot VLM scorers (MCM ... NegLabel, EOE) and print metrics"
+EXAMPLES = [
+    "oodeval zeroshot --model ViT-B-16@openai --pretrained --id-features feats/id --ood-features feats/ninco --scorers all --vocab vocab/wordnet.json",
+]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -17,7 +22,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scorers", default="logit", help="comma-separated names, 'logit' (the 7 logit-space ones) or 'all'")
     p.add_argument("--vocab", type=Path, default=None, help="negative vocabulary JSON (needed by neglabel, eoe)")
     p.add_argument("--tau", type=float, default=0.01)
-    p.add_argument("--out", type=Path, default=None, help="new folder (or an earlier one of this command) for <scorer>.id.npy / <scorer>.ood.npy and metrics.json")
+    add_out(p, "scores (<scorer>.id.npy, <scorer>.ood.npy) and metrics.json", folder=True)
 
 
 def run(args: argparse.Namespace) -> int:
