@@ -105,22 +105,14 @@ def _progress(names: list[str], enabled: bool):
 
 
 def format_table(rows: list[dict]) -> str:
-    """Text table: one line per detector, FPR@95 / AUROC (%) per OOD set."""
-    oods = list(dict.fromkeys(r["ood"] for r in rows))
-    dets = list(dict.fromkeys(r["detector"] for r in rows))
-    cell = {(r["detector"], r["ood"]): r for r in rows}
-    width = max([len("detector")] + [len(d) for d in dets])
-    head = f"{'detector':<{width}}" + "".join(f"  {o[:22]:>22}" for o in oods)
-    sub = f"{'':<{width}}" + "".join(f"  {'FPR@95 / AUROC (%)':>22}" for _ in oods)
-    lines = [head, sub]
-    for d in dets:
-        vals = []
-        for o in oods:
-            r = cell.get((d, o))
-            vals.append(f"  {100 * r['fpr95']:>10.2f} / {100 * r['auroc']:>6.2f}" if r else f"  {'-':>22}")
-        lines.append(f"{d:<{width}}" + "".join(f"{v:>24}" for v in vals))
-    return "\n".join(lines)
+    """Text table (pandas ``to_string``): one line per detector, FPR@95 / AUROC (%) per OOD set."""
+    import pandas as pd
 
+    df = pd.DataFrame(rows)
+    df["cell"] = [f"{100 * f:.2f} / {100 * a:.2f}" for f, a in zip(df["fpr95"], df["auroc"])]
+    table = df.pivot(index="detector", columns="ood", values="cell")
+    table = table.reindex(index=df["detector"].unique(), columns=df["ood"].unique()).fillna("-")
+    return "FPR@95 / AUROC (%) per OOD set\n" + table.rename_axis(index=None, columns=None).to_string()
 
 
 def cell_metrics(id_scores, ood_scores, seed: int = 0, draws: int = 1000, fixed_id: bool = True) -> dict:

@@ -139,7 +139,7 @@ def _fmt(v) -> str:
 
 
 def format_table(result: dict, per_set: bool = True, title: str | None = None) -> str:
-    """A plain-text table in percent: one row per (detector, OOD set / group / mean).
+    """A plain-text table in percent (pandas ``to_string``): one row per (detector, OOD set / group / mean).
 
     Accepts one :func:`evaluate_run` result or an :func:`aggregate` of several (mean ± std).
     """
@@ -152,11 +152,10 @@ def format_table(result: dict, per_set: bool = True, title: str | None = None) -
         items.append(("mean", entry["mean"]))
         for set_name, vals in items:
             rows.append([det, set_name] + [_fmt(vals[m]) for m in METRICS] + [acc])
-    widths = [max(len(r[i]) for r in rows + [header]) for i in range(len(header))]
+    import pandas as pd
+
     lines = [title] if title else []
-    lines.append("  ".join(h.ljust(w) for h, w in zip(header, widths)))
-    lines.append("  ".join("-" * w for w in widths))
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
+    lines.append(pd.DataFrame(rows, columns=header).to_string(index=False))
     if isinstance(result["id_accuracy"], Mapping):
         a = result["id_accuracy"]
         lines.append(f"(percent; mean ± std over {a['n']} runs, std with ddof={a['ddof']})")
