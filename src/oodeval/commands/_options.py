@@ -17,7 +17,9 @@ FROM_MODEL_NAME = "from-model-name"
 
 
 class Formatter(argparse.HelpFormatter):
-    """argparse's formatter, except that lines indented by two spaces (examples) stay as written."""
+    """argparse's formatter, except that blocks with lines indented by two spaces (examples) stay
+    as written. argparse's own ``RawDescriptionHelpFormatter`` would keep them too, but would also
+    stop wrapping the long descriptions."""
 
     def _fill_text(self, text: str, width: int, indent: str) -> str:
         out = []
