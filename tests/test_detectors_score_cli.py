@@ -70,3 +70,28 @@ def test_bad_input_gets_a_clear_error(folders, capsys):
         parse_hyperparameters(["knn=3"])
     assert parse_hyperparameters(["knn.k=50", "neco.maxlogit=true", "nac.layers=[\"a\"]"]) == {
         "knn": {"k": 50}, "neco": {"maxlogit": True}, "nac": {"layers": ["a"]}}  # fmt: skip
+
+
+def test_score_writes_a_results_table_that_report_reads(folders, tmp_path, capsys):
+    out = tmp_path / "res" / "score.parquet"
+    argv = ["score", "--train", str(folders / "train"), "--test", str(folders / "test"),
+            "--ood", f"far={folders / 'far'}", "--ood", f"near={folders / 'near'}",
+            "--detectors", "msp,knn,vim", "--set", "knn.k=5", "--draws", "50", "--no-progress"]  # fmt: skip
+    assert main([*argv, "--out", str(out)]) == 0
+    assert main([*argv, "--out", str(tmp_path / "score.csv")]) == 0
+    table, csv = pd.read_parquet(out), pd.read_csv(tmp_path / "score.csv")
+    ok = table[(table.status == "ok") & (table.split == "all")]
+    assert sorted(zip(ok.detector, ok.dataset)) == sorted(zip(csv.detector, csv.ood))
+    for r in csv.itertuples():  # the same cells, the same numbers as the CSV's
+        cell = ok[(ok.detector == r.detector) & (ok.dataset == r.ood)].iloc[0]
+        assert (cell.fpr95, cell.auroc) == pytest.approx((r.fpr95, r.auroc), abs=1e-15)
+        assert cell.fpr95_lo <= cell.fpr95 <= cell.fpr95_hi
+    assert set(ok[ok.detector == "knn"].hyperparameters) == {'{"k":5}'}
+    capsys.readouterr()
+    assert main([*argv, "--out", str(out)]) == 0  # a rerun computes nothing new
+    assert "0 cells computed, 6 already there" in capsys.readouterr().out
+    assert main(["report", str(out), "--out", str(tmp_path / "report"), "--draws", "20"]) == 0
+    html = (tmp_path / "report" / "report.html").read_text()
+    assert all(d in html for d in ("msp", "knn", "vim"))
+    assert main([*argv[:-1], "--draws", "0", "--out", str(tmp_path / "zero.parquet")]) == 2
+    assert "--draws must be at least 1" in capsys.readouterr().err

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 
 from .features import FeatureSet
 
-__all__ = ["evaluate_detectors", "parse_hyperparameters", "format_table"]
+__all__ = ["evaluate_detectors", "supported_names", "parse_hyperparameters", "format_table", "cell_metrics", "add_intervals"]
 
 
 def parse_hyperparameters(items: list[str]) -> dict[str, dict[str, object]]:
@@ -34,6 +34,16 @@ def parse_hyperparameters(items: list[str]) -> dict[str, dict[str, object]]:
             parsed = value
         out.setdefault(name.strip(), {})[param.strip()] = parsed
     return out
+
+
+def supported_names(train: FeatureSet | None, test: FeatureSet, oods: Mapping[str, FeatureSet]) -> list[str]:
+    """The registered detectors the ID-train, ID-test and every OOD FeatureSet support, in registry order."""
+    from . import detectors
+
+    names = detectors.supported(train, test)
+    for o in oods.values():
+        names = detectors.supported(train, o, names)
+    return names
 
 
 def evaluate_detectors(
@@ -63,9 +73,7 @@ def evaluate_detectors(
     hyperparameters = dict(hyperparameters or {})
     skip_failures = names is None
     if names is None:
-        names = detectors.supported(train, test)
-        for o in oods.values():
-            names = detectors.supported(train, o, names)
+        names = supported_names(train, test, oods)
     unknown = sorted((set(names) | set(hyperparameters)) - set(detectors.names()))
     if unknown:
         raise ValueError(f"unknown detectors {unknown}; known: {', '.join(detectors.names())}")

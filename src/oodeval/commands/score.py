@@ -23,7 +23,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="comma-separated detector names (default: every detector the data supports)")  # fmt: skip
     p.add_argument("--set", action="append", default=[], metavar="DETECTOR.PARAM=VALUE",
                    help="override a hyperparameter, e.g. --set knn.k=50 (repeatable)")  # fmt: skip
-    add_out(p, "score table (CSV)")
+    add_out(p, "table: a .csv score table, or a .parquet results table (the format of `oodeval run`, which "
+            "`oodeval report` reads; rerunning computes only the cells not yet in it)")
     p.add_argument("--draws", type=int, default=1000,
                    help="bootstrap resamples for the 95%% intervals in the CSV (OOD resampled, ID fixed; 0: none)")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
@@ -48,16 +49,20 @@ def run(args: argparse.Namespace) -> int:
 
     from .._io import atomic_path, check_output, csv_header_starts
     from ..features import FeatureSet
-    from ..scoring import add_intervals, evaluate_detectors, format_table, parse_hyperparameters
+    from ..results import is_results_table
+    from ..scoring import add_intervals, evaluate_detectors, format_table, parse_hyperparameters, supported_names
 
     is_score_table = csv_header_starts("detector", "ood")
+    parquet = args.out is not None and args.out.suffix == ".parquet"
     if args.out is not None:
-        check_output(args.out, "score table", is_own=is_score_table)
+        check_output(args.out, "results table" if parquet else "score table", is_own=is_results_table if parquet else is_score_table)
     names = [n.strip() for n in args.detectors.split(",") if n.strip()] if args.detectors else None
     hps = parse_hyperparameters(args.set)
     train = FeatureSet.load(args.train)
     test = FeatureSet.load(args.test)
     oods = {name: FeatureSet.load(folder) for name, folder in parse_oods(args.ood).items()}
+    if parquet:
+        return _results_table(args, train, names or supported_names(train, test, oods), hps, explicit=names is not None)
     scores: dict = {}
     rows = evaluate_detectors(train, test, oods, names, hps, scores_out=scores, progress=not args.no_progress)
     if not rows:
@@ -68,4 +73,45 @@ def run(args: argparse.Namespace) -> int:
         with atomic_path(args.out, "score table", is_score_table) as tmp:
             pd.DataFrame(rows).to_csv(tmp, index=False)
         print(f"wrote {args.out}")
+    return 0
+
+
+def _results_table(args: argparse.Namespace, train, names: list[str], hps: dict, explicit: bool) -> int:
+    """The same cells through the experiment grid (:func:`oodeval.experiment.run_experiment`) into a
+    results table: one model (the FeatureSets' ``meta["model"]``), seed ``--seed``, ``--draws``."""
+    import warnings
+
+    from ..experiment import run_experiment
+    from ..results import ALL_SPLIT, load_results
+    from ..scoring import format_table
+
+    if args.draws < 1:
+        raise ValueError("a results table (.parquet) carries 95% intervals: --draws must be at least 1")
+    if not names:
+        raise ValueError("no detector is supported by these FeatureSets")
+    unknown = sorted(set(hps) - set(names))
+    if unknown:
+        raise ValueError(f"--set names detectors that are not scored: {', '.join(unknown)}")
+    oods = parse_oods(args.ood)
+    label = str(train.meta.get("model") or "features")
+    folders = {"id_train": args.train, "id_test": args.test, **oods}
+    summary = run_experiment({
+        "name": "score", "results": str(args.out.resolve()), "store": str(args.out.resolve().parent / "store"),
+        "seeds": [args.seed], "bootstrap_draws": args.draws,
+        "datasets": {"id_train": "id_train", "id_test": "id_test", "ood": list(oods)},
+        "models": [{"name": label, "features": {role: str(Path(f).resolve()) for role, f in folders.items()}}],
+        "detectors": [{"name": n, "hyperparameters": hps.get(n, {})} for n in names],
+    }, progress=not args.no_progress)  # fmt: skip
+    table = load_results(args.out)
+    mine = table[(table["model"] == label) & (table["split"] == ALL_SPLIT) & (table["status"] == "ok")
+                 & table["detector"].isin(names) & table["dataset"].isin(list(oods))]  # fmt: skip
+    if len(mine):
+        print(format_table(mine.rename(columns={"dataset": "ood"}).to_dict("records")))
+    print(f"wrote {args.out} ({summary.computed} cells computed, {summary.skipped} already there); "
+          f"`oodeval report {args.out} --out DIR` makes the report")  # fmt: skip
+    if summary.failed:
+        if explicit:
+            raise ValueError(f"{summary.failed} cell(s) failed (recorded in the table): " + "; ".join(summary.errors))
+        for error in summary.errors:
+            warnings.warn(f"skipped {error}", stacklevel=2)
     return 0
