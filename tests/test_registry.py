@@ -1,5 +1,7 @@
 """One registry for detectors and zero-shot scorers: tags, order, creation, and every detector in `score`."""
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -41,7 +43,7 @@ def test_create_names_the_valid_names():
         detectors.create("energy", t=2.0)
     with pytest.raises(ValueError, match="zero-shot scorer gen has no hyperparameter m; .*top_m"):
         zeroshot.create("gen", m=5)
-    reg = Registry("widget")
+    reg = Registry("widget", "oodeval.test-widgets")
 
     @reg.register("b", tags=("x",))
     class B:
@@ -100,3 +102,48 @@ def test_every_registered_detector_runs_in_score(tmp_path, capsys):
     assert main([*argv, "--detectors", "cnc,msp"]) == 0 and "cnc" in capsys.readouterr().out
     assert "cnc" in detectors.supported(train, test)
     assert "cnc" not in detectors.supported(None, FeatureSet(test.features, logits=test.logits))
+
+
+def _doc_block(heading: str) -> str:
+    """The first Python block under ``heading`` in docs/extending.md."""
+    text = (Path(__file__).parents[1] / "docs" / "extending.md").read_text()
+    return text.split(heading, 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+
+
+def test_the_documented_plugin_detector_works_in_score(tmp_path, monkeypatch, capsys):
+    """docs/extending.md's detector, named in the entry-point group, runs in `oodeval score`."""
+    from importlib.metadata import EntryPoint
+
+    import oodeval.registry
+
+    (tmp_path / "doc_plugin_detectors.py").write_text(_doc_block("## A detector"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    plugin = EntryPoint(name="mine", value="doc_plugin_detectors", group="oodeval.detectors")
+    monkeypatch.setattr(oodeval.registry, "entry_points", lambda group: [plugin] if group == plugin.group else [])
+    reg = detectors.REGISTRY
+    for attr in ("_classes", "_tags", "_order"):  # restored after the test: the plugin stays out of the others
+        monkeypatch.setattr(reg, attr, dict(getattr(reg, attr)))
+    monkeypatch.setattr(reg, "_loaded", False)
+    assert detectors.names("feature")[-1] == "feature_norm" and "feature_norm" not in detectors.names("paper21")
+    _cnc_folders(tmp_path)
+    argv = ["score", "--train", str(tmp_path / "train"), "--test", str(tmp_path / "test"), "--ood", f"far={tmp_path / 'far'}",
+            "--detectors", "feature_norm", "--set", "feature_norm.p=1", "--draws", "0", "--no-progress", "--out", str(tmp_path / "s.csv")]  # fmt: skip
+    assert main(argv) == 0
+    row = pd.read_csv(tmp_path / "s.csv").iloc[0]
+    test, far = FeatureSet.load(tmp_path / "test"), FeatureSet.load(tmp_path / "far")
+    l1 = np.abs(np.asarray(test.features, np.float64)).sum(1), np.abs(np.asarray(far.features, np.float64)).sum(1)
+    assert row.detector == "feature_norm" and row.auroc == pytest.approx(auroc(*l1), abs=1e-12)
+
+
+def test_the_documented_zeroshot_scorer_registers(monkeypatch):
+    reg = zeroshot.REGISTRY
+    for attr in ("_classes", "_tags", "_order"):
+        monkeypatch.setattr(reg, attr, dict(getattr(reg, attr)))
+    exec(compile(_doc_block("## A zero-shot scorer"), "extending.md", "exec"), {})
+    assert zeroshot.names("logit")[-1] == "lse_margin" and not reg["lse_margin"].uses_negatives
+    rng = np.random.default_rng(0)
+    image, text = (a / np.linalg.norm(a, axis=1, keepdims=True) for a in (rng.normal(size=(5, 8)), rng.normal(size=(3, 8))))
+    logits = image @ text.T / 0.01
+    got = zeroshot.score_zeroshot("lse_margin", image, text)
+    # |logits| <= 1/tau = 100, so both sides carry float64 rounding of about 100 ulp(1) ~ 2e-14
+    np.testing.assert_allclose(got, logits.max(1) - np.log(np.exp(logits).sum(1)), rtol=0, atol=1e-12)

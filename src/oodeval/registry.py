@@ -3,7 +3,9 @@
 A :class:`Registry` maps names to classes, each registered with ``@REGISTRY.register(name,
 tags=(...), order=N)``. ``names(*tags)`` lists the names carrying every given tag, sorted by
 ``order`` (the paper's order; unordered entries follow in registration order), so no list of
-names is written twice. ``create(name, **hyperparameters)`` builds one and names the valid
+names is written twice. Packages extend a registry by naming a module in its entry-point group
+(``oodeval.detectors`` / ``oodeval.zeroshot_scorers``); the module is imported on first use and
+registers its classes, so they work in every command (docs/extending.md). ``create(name, **hyperparameters)`` builds one and names the valid
 hyperparameters when given an unknown one. Tags in use: "paper21" (the Fi-ImageNet-1k paper's 21
 post-hoc detectors), the paper's groups "logit", "activation", "feature", "hybrid", "cnc" (reads
 the outlier class of a K+1 model), "zeroshot" and "needs-vocabulary" (a negative vocabulary).
@@ -14,18 +16,21 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Callable, Iterator, Mapping
+from importlib.metadata import entry_points
 
 __all__ = ["Registry"]
 
 
 class Registry(Mapping[str, type]):
-    """name -> class, with tags and an order; ``load`` (optional) imports the registering modules
-    on first use so that importing the package stays light."""
+    """name -> class, with tags and an order. On first use ``load`` (optional) imports the
+    registering modules, then the modules of entry-point ``group`` are imported (plugins), so
+    that importing the package stays light."""
 
-    def __init__(self, kind: str, load: Callable[[], None] | None = None) -> None:
+    def __init__(self, kind: str, group: str, load: Callable[[], None] | None = None) -> None:
         self.kind = kind
+        self.group = group
         self._load = load
-        self._loaded = load is None
+        self._loaded = False
         self._classes: dict[str, type] = {}
         self._tags: dict[str, frozenset[str]] = {}
         self._order: dict[str, float] = {}
@@ -47,7 +52,10 @@ class Registry(Mapping[str, type]):
     def _ensure_loaded(self) -> None:
         if not self._loaded:
             self._loaded = True
-            self._load()
+            if self._load is not None:
+                self._load()
+            for plugin in entry_points(group=self.group):
+                plugin.load()
 
     def __getitem__(self, name: str) -> type:
         self._ensure_loaded()

@@ -25,7 +25,7 @@ def _load() -> None:
             importlib.import_module(f"{__name__}.{info.name}")
 
 
-REGISTRY = Registry("detector", load=_load)
+REGISTRY = Registry("detector", "oodeval.detectors", load=_load)
 register = REGISTRY.register
 
 

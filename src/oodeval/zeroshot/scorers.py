@@ -33,20 +33,21 @@ from ..features import FeatureSet
 from ..registry import Registry
 
 __all__ = [
-    "ZeroShotScorer", "REGISTRY", "names", "create", "score_zeroshot", "similarity_logits",
+    "ZeroShotScorer", "REGISTRY", "register", "names", "create", "score_zeroshot", "similarity_logits",
     "MCM", "MaxLogit", "Energy", "GEN", "Entropy", "Margin", "GLMCM", "NegLabel", "EOE",
 ]  # fmt: skip
 
-REGISTRY = Registry("zero-shot scorer")
+REGISTRY = Registry("zero-shot scorer", "oodeval.zeroshot_scorers")
 
 
-def _register(name: str, order: int, vocabulary: bool = False):
-    """Register with tags "zeroshot" and "logit" (ID names only) or "needs-vocabulary" (negatives too)."""
-    register = REGISTRY.register(name, tags=("zeroshot", "needs-vocabulary" if vocabulary else "logit"), order=order)
+def register(name: str, order: int | None = None, vocabulary: bool = False):
+    """Class decorator: register a :class:`ZeroShotScorer` with tags "zeroshot" and "logit" (ID
+    names only) or, with ``vocabulary``, "needs-vocabulary" (scored against negatives too)."""
+    add = REGISTRY.register(name, tags=("zeroshot", "needs-vocabulary" if vocabulary else "logit"), order=order)
 
     def deco(cls):
         cls.uses_negatives = vocabulary
-        return register(cls)
+        return add(cls)
 
     return deco
 
@@ -120,7 +121,7 @@ class ZeroShotScorer(BaseEstimator):
         raise NotImplementedError
 
 
-@_register("mcm", 1)
+@register("mcm", 1)
 class MCM(ZeroShotScorer):
     """max_c softmax_c(h't_c / tau) (MCM)."""
 
@@ -131,7 +132,7 @@ class MCM(ZeroShotScorer):
         return _max_softmax(similarity_logits(image.features, id_text, self.tau))
 
 
-@_register("maxlogit", 2)
+@register("maxlogit", 2)
 class MaxLogit(ZeroShotScorer):
     """max_c h't_c / tau."""
 
@@ -142,7 +143,7 @@ class MaxLogit(ZeroShotScorer):
         return similarity_logits(image.features, id_text, self.tau).max(axis=1)
 
 
-@_register("energy", 3)
+@register("energy", 3)
 class Energy(ZeroShotScorer):
     """T * logsumexp_c(l_c / T) on the tau-scaled logits (T = 1)."""
 
@@ -155,7 +156,7 @@ class Energy(ZeroShotScorer):
         return self.temperature * logsumexp(logits / self.temperature, axis=1)
 
 
-@_register("gen", 4)
+@register("gen", 4)
 class GEN(ZeroShotScorer):
     """-sum over the top-M probabilities of p^g (1-p)^g (GEN; g = 0.1, M = 100, capped at C)."""
 
@@ -179,7 +180,7 @@ class GEN(ZeroShotScorer):
         return -np.sum(top**self.gamma * rest**self.gamma, axis=1)
 
 
-@_register("entropy", 5)
+@register("entropy", 5)
 class Entropy(ZeroShotScorer):
     """Negative entropy of the ID posterior, sum_c p log p (0 for a one-hot posterior)."""
 
@@ -191,7 +192,7 @@ class Entropy(ZeroShotScorer):
         return np.sum(np.exp(logp) * logp, axis=1)
 
 
-@_register("margin", 6)
+@register("margin", 6)
 class Margin(ZeroShotScorer):
     """Gap between the two largest logits (``space="logit"``) or probabilities (``space="prob"``)."""
 
@@ -211,7 +212,7 @@ class Margin(ZeroShotScorer):
         return top2[:, 0] - top2[:, 1]
 
 
-@_register("gl_mcm", 7)
+@register("gl_mcm", 7)
 class GLMCM(ZeroShotScorer):
     """MCM + lambda * max_patches max_c softmax(patch logits) (GL-MCM; lambda = 1).
 
@@ -241,7 +242,7 @@ def _log_share(lse_id: np.ndarray, lse_neg: np.ndarray) -> np.ndarray:
     return lse_id - np.logaddexp(lse_id, lse_neg)
 
 
-@_register("neglabel", 8, vocabulary=True)
+@register("neglabel", 8, vocabulary=True)
 class NegLabel(ZeroShotScorer):
     """Eq. 3 with NegLabel's grouping (n_groups = 100, seed = 0). No negatives: the score is 1.
 
@@ -272,7 +273,7 @@ class NegLabel(ZeroShotScorer):
         return np.exp(_log_share(lse_id[:, None], lse_neg)).mean(axis=1)
 
 
-@_register("eoe", 9, vocabulary=True)
+@register("eoe", 9, vocabulary=True)
 class EOE(ZeroShotScorer):
     """max_ID p - beta * max_neg p, p = softmax over ID and negative logits (EOE; beta = 0.25).
 
