@@ -60,3 +60,11 @@ def test_pretrained_value_joins_the_model_name():
         with_pretrained("ViT-B-16@openai", "laion2b", "open_clip")
     with pytest.raises(ValueError, match="only timm and open_clip"):
         with_pretrained("my_models:net", "x", "python")
+
+
+def test_pretrained_errors_name_the_fix(tmp_path, capsys):
+    out = str(tmp_path / "v.json")
+    assert main(["vocab", "wordnet", "--model", "ViT-B-32", "--pretrained", "--out", out]) == 2
+    assert "ViT-B-32 names no weights; give --pretrained TAG or --model ARCH@TAG" in capsys.readouterr().err
+    assert main(["extract", "--model", "my_models:net", "--pretrained", "x", "--dataset", "d", "--store", str(tmp_path)]) == 2
+    assert "only timm and open_clip models have" in capsys.readouterr().err
