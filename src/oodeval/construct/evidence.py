@@ -15,15 +15,16 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import mimetypes
 import re
 from pathlib import Path
+from string import Formatter
 from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 import numpy as np
 
 from .._io import write_json_atomic
+from .candidates import check_not_initialised
 from .tables import confusion_counts
 
 if TYPE_CHECKING:
@@ -43,6 +44,8 @@ __all__ = [
     "parse_mllm_answer",
     "describe_image",
     "image_bytes",
+    "NotAnImageError",
+    "check_url_template",
     "build_evidence",
 ]
 
@@ -145,25 +148,50 @@ def confusion_topk(counts: dict, label: int, k: int = 5) -> list[tuple[int, int]
     return sorted(c.items(), key=lambda kv: (-kv[1], kv[0]))[:k]
 
 
+def check_url_template(template: str, field: str, what: str) -> None:
+    """ValueError unless ``template`` is an http(s) URL whose only ``str.format`` field is ``{field}``."""
+    try:
+        fields = {f for _, f, _, _ in Formatter().parse(template) if f is not None}
+    except ValueError as exc:
+        raise ValueError(f"{what} {template!r} is not a valid template: {exc}") from None
+    if fields != {field} or not template.startswith(("https://", "http://")):
+        other = ", ".join(sorted(f"{{{f}}}" for f in fields - {field})) or "none"
+        raise ValueError(f"{what} must be an http(s) URL whose only field is {{{field}}} (other fields: {other}), got {template!r}")
+
+
 def reverse_search_links(image_url: str, templates: dict[str, str] | None = None) -> list[dict]:
     """Evidence (B): ``[{service, url}]`` reverse image search links for a public image URL."""
     encoded = quote(image_url, safe="")
     for name, tpl in (templates or {}).items():
-        if "{url}" not in tpl or not tpl.startswith(("https://", "http://")):
-            raise ValueError(f"reverse-search template {name!r} must be an http(s) URL containing {{url}}, got {tpl!r}")
+        check_url_template(tpl, "url", f"reverse-search template {name!r}")
     return [{"service": name, "url": tpl.format(url=encoded)} for name, tpl in (templates or REVERSE_SEARCH).items()]
 
 
+#: raster formats served as they are (PIL format -> MIME type); any other format PIL opens is re-encoded as PNG
+SERVED_AS_IS = {"PNG": "image/png", "JPEG": "image/jpeg", "GIF": "image/gif", "WEBP": "image/webp"}
+
+
+class NotAnImageError(ValueError):
+    """A pool or example file that is not a raster image (an SVG, an HTML page, a corrupt file)."""
+
+
 def image_bytes(path: str | Path) -> tuple[bytes, str]:
-    """(bytes, MIME type) of an image file, or of ``FILE#K`` inside a container (re-encoded as PNG)."""
+    """(bytes, MIME type) of an image file or of ``FILE#K`` inside a container, typed from the bytes.
+
+    The file name decides nothing: the bytes must be a raster image that PIL opens. PNG, JPEG, GIF and
+    WebP are returned as they are, other raster formats (and container items) re-encoded as PNG;
+    anything else (SVG, HTML, ...) raises :class:`NotAnImageError`, a missing file FileNotFoundError.
+    """
+    import io
+
+    from PIL import Image, UnidentifiedImageError
+
+    from ..data.images import ImageError, open_image
+
     path = Path(path)
-    if path.is_file():
-        return path.read_bytes(), mimetypes.guess_type(path.name)[0] or "application/octet-stream"
-    if "#" in path.name:
-        import io
-
-        from ..data.images import ImageError, open_image
-
+    if not path.is_file():
+        if "#" not in path.name:
+            raise FileNotFoundError(f"image {path} does not exist")
         try:
             img = open_image(str(path))
         except (ImageError, OSError) as exc:
@@ -171,7 +199,18 @@ def image_bytes(path: str | Path) -> tuple[bytes, str]:
         buf = io.BytesIO()
         img.save(buf, format="PNG")
         return buf.getvalue(), "image/png"
-    raise FileNotFoundError(f"image {path} does not exist")
+    data = path.read_bytes()
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            fmt = img.format
+            if fmt in SERVED_AS_IS:
+                img.verify()
+                return data, SERVED_AS_IS[fmt]
+            buf = io.BytesIO()
+            img.convert("RGBA").save(buf, format="PNG")
+            return buf.getvalue(), "image/png"
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
+        raise NotAnImageError(f"{path.name} is not a raster image ({type(exc).__name__}: {exc}); it is not served") from None
 
 
 def _data_url(path: Path) -> str:
@@ -251,6 +290,11 @@ def build_evidence(
     """
     from tqdm import tqdm
 
+    check_not_initialised(project.folder, "evidence")
+    if image_url_template is not None:
+        check_url_template(image_url_template, "path", "--image-url-template")
+    for name, tpl in (search_templates or {}).items():
+        check_url_template(tpl, "url", f"reverse-search template {name!r}")
     names = project.class_names
     if (image_embeddings is None) != (text_embeddings is None):
         raise ValueError("evidence (D) needs both image embeddings and class text embeddings")
