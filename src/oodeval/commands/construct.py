@@ -151,10 +151,10 @@ def _init(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     from ..construct.app import bind_warning, make_server
 
-    server = make_server(args.work, args.host, args.port, examples=args.examples)
     warning = bind_warning(args.host)
     if warning:
         print(f"oodeval construct serve: warning: {warning}", file=sys.stderr)
+    server = make_server(args.work, args.host, args.port, examples=args.examples)
     host, port = server.server_address[:2]
     host = f"[{host}]" if ":" in host else host
     print(f"annotation app on http://{host}:{port}/  (open it and log in with your access token)")
