@@ -119,7 +119,7 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Security-Policy", CSP_IMAGE if image else CSP)
         self.send_header("X-Content-Type-Options", "nosniff")
         self.send_header("X-Frame-Options", "DENY")
-        self.send_header("Referrer-Policy", "no-referrer")
+        self.send_header("Referrer-Policy", "same-origin")  # "no-referrer" would make browsers send Origin: null
         self.send_header("Cross-Origin-Resource-Policy", "same-origin")
         self.send_header("Cache-Control", "no-store")
         super().end_headers()

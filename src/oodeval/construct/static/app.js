@@ -201,6 +201,7 @@ async function post(body, done) {
   state.busy = true;
   try {
     const res = await api("/api/verdict", { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) });
+    if (document.activeElement) document.activeElement.blur(); // the next keys navigate, not edit the last field
     await loadMe();
     await loadQueue(state.stage, done === "undo" ? res.image : null);
     const left = state.items.filter((i) => !i.done).length;
