@@ -139,4 +139,4 @@ def test_scripted_session(tmp_path, capsys, monkeypatch):
         assert int(r["fine_grained"]) == n_fine
         assert float(r["fine_grained_share"]) == pytest.approx(n_fine / n_ood if n_ood else 0.0, abs=1e-6)
         assert int(r["ood_concepts"]) == len({o[1] for o in outs if o[0] == "ood"})
-    assert "| all |" in (exp / "outcome.md").read_text()
+    assert "| all |" in (exp / "outcome.md").read_text() and "Consensus rule:" in (exp / "outcome.md").read_text()
