@@ -1,8 +1,10 @@
 """The annotation web app: sessions, headers, images typed from their bytes, malformed requests, binding."""
 
 import json
+import select
 import socket
 import threading
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -234,6 +236,13 @@ def test_broken_http_is_answered_and_never_holds_a_thread(served):
     assert answer.startswith(b"HTTP/1.0 400") and b"Content-Length must be a byte count" in answer
     answer = raw_exchange(base, (head + "Content-Length: 200\r\n\r\n{\"image\": ").encode())  # half a body, then silence
     assert answer.startswith(b"HTTP/1.0 408") and b"not received within 1 s" in answer
+    with socket.create_connection(("127.0.0.1", int(base.rsplit(":", 1)[1])), timeout=10) as s:  # a trickle of bytes
+        s.sendall((head + "Content-Length: 200\r\n\r\n").encode())
+        start = time.monotonic()
+        while not select.select([s], [], [], 0.3)[0] and time.monotonic() - start < 5:
+            s.sendall(b" ")  # every read gets a byte within the 1 s limit; the body as a whole is late
+        answer, took = s.recv(65536), time.monotonic() - start
+    assert answer.startswith(b"HTTP/1.0 408") and took < 4  # 200 bytes at this pace would take a minute
     answer = raw_exchange(base, (head + "\r\n").encode())
     assert answer.startswith(b"HTTP/1.0 411")
     assert raw_exchange(base, b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n", wait=5.0) == b""  # headers never finished: closed

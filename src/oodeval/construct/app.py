@@ -29,6 +29,7 @@ import json
 import logging
 import re
 import socket
+import time
 from functools import cached_property
 from http import HTTPStatus
 from http.cookies import CookieError, SimpleCookie
@@ -108,7 +109,7 @@ class Handler(BaseHTTPRequestHandler):
     error_content_type = "application/json"
     error_message_format = '{"error": "%(code)d %(message)s"}'
     app: AnnotationApp  # set by make_server
-    timeout = 30.0  # seconds a connection may take per read (a half-sent body cannot hold a thread)
+    timeout = 30.0  # seconds per read of the request line and headers, and for the whole body
 
     def log_message(self, fmt: str, *args) -> None:  # route access logs to logging
         log.debug("%s " + fmt, self.address_string(), *args)
@@ -274,11 +275,20 @@ class Handler(BaseHTTPRequestHandler):
         if length > MAX_BODY:
             self.close_connection = True
             raise HTTPError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"request body must be at most {MAX_BODY} bytes, got {length}")
+        deadline = time.monotonic() + self.timeout  # for the whole body, not per read (a trickle cannot hold a thread)
+        data = b""
         try:
-            data = self.rfile.read(length)
+            while len(data) < length:
+                self.connection.settimeout(max(deadline - time.monotonic(), 1e-3))
+                chunk = self.rfile.read1(length - len(data))
+                if not chunk:
+                    break
+                data += chunk
         except TimeoutError:
             self.close_connection = True
             raise HTTPError(HTTPStatus.REQUEST_TIMEOUT, f"request body not received within {self.timeout:g} s") from None
+        finally:
+            self.connection.settimeout(self.timeout)
         if len(data) < length:
             self.close_connection = True
             raise HTTPError(HTTPStatus.BAD_REQUEST, f"request body ended after {len(data)} of {length} bytes")
