@@ -44,7 +44,7 @@ def test_reverse_search_links_encode_the_url():
     assert links[3]["url"] == "https://tineye.com/search?url=https%3A%2F%2Fhost%2Fa%20b.jpg%3Fx%3D1%26y%3D2"
     own = reverse_search_links("https://h/x.png", {"Mine": "https://search.example/?img={url}"})
     assert own == [{"service": "Mine", "url": "https://search.example/?img=https%3A%2F%2Fh%2Fx.png"}]
-    with pytest.raises(ValueError, match="must be an http\\(s\\) URL whose only field is \\{url\\}"):
+    with pytest.raises(ValueError, match="must be an http\\(s\\) URL containing \\{url\\}"):
         reverse_search_links("https://h/x.png", {"Bad": "javascript:alert({url})"})
 
 
@@ -161,12 +161,12 @@ def test_evidence_cli_reads_featureset_folders(project, capsys):
 
 
 @pytest.mark.parametrize("option, template, shown", [
-    ("--image-url-template", "https://h/{id}", "other fields: {id}"),
-    ("--image-url-template", "https://h/{0}/{path}", "other fields: {0}"),
-    ("--image-url-template", "https://h/{}", "other fields: {}"),
+    ("--image-url-template", "https://h/{id}", "found {id}"),
+    ("--image-url-template", "https://h/{0}/{path}", "found {0}"),
+    ("--image-url-template", "https://h/{}", "found {}"),
     ("--image-url-template", "https://h/{path", "not a valid template"),
-    ("--search-template", "Mine=https://s.example/?u={url}&k={0}", "other fields: {0}"),
-    ("--search-template", "Mine=https://s.example/?u={id}", "other fields: {id}"),
+    ("--search-template", "Mine=https://s.example/?u={url}&k={0}", "found {0}"),
+    ("--search-template", "Mine=https://s.example/?u={id}", "found {id}"),
 ])
 def test_url_templates_with_other_fields_are_a_clear_error(project, capsys, option, template, shown):
     d, p = project

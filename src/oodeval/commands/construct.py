@@ -98,10 +98,16 @@ def _candidates(args: argparse.Namespace) -> int:
 
 
 def _evidence(args: argparse.Namespace) -> int:
-    from ..construct.candidates import load_project
-    from ..construct.candidates import check_not_initialised
-    from ..construct.evidence import build_evidence, load_embeddings, load_text_embeddings
+    from ..construct.candidates import check_not_initialised, load_project
+    from ..construct.evidence import build_evidence, check_templates, load_embeddings, load_text_embeddings
 
+    templates = {}
+    for item in args.search_template:
+        name, sep, url = item.partition("=")
+        if not sep or not name:
+            raise ValueError(f"--search-template wants NAME=URL, got {item!r}")
+        templates[name] = url
+    check_templates(args.image_url_template, templates)
     check_not_initialised(args.work, "evidence")
     project = load_project(args.work)
     img = load_embeddings(args.image_embeddings) if args.image_embeddings else None
@@ -114,12 +120,6 @@ def _evidence(args: argparse.Namespace) -> int:
 
         client = ChatClient(args.llm_base_url, args.llm_model, api_key_env=args.llm_key_env,
                             cache_dir=args.llm_cache or args.work / "llm-cache", offline=args.llm_offline)
-    templates = {}
-    for item in args.search_template:
-        name, sep, url = item.partition("=")
-        if not sep or not name:
-            raise ValueError(f"--search-template wants NAME=URL, got {item!r}")
-        templates[name] = url
     done = build_evidence(project, img, txt, args.top_k, args.confusions_k, client, args.image_url_template, args.force,
                           search_templates=templates or None)
     n = len(project.candidates)

@@ -16,8 +16,8 @@ import base64
 import hashlib
 import json
 import re
+import string
 from pathlib import Path
-from string import Formatter
 from typing import TYPE_CHECKING
 from urllib.parse import quote
 
@@ -46,6 +46,7 @@ __all__ = [
     "image_bytes",
     "NotAnImageError",
     "check_url_template",
+    "check_templates",
     "build_evidence",
 ]
 
@@ -149,21 +150,34 @@ def confusion_topk(counts: dict, label: int, k: int = 5) -> list[tuple[int, int]
 
 
 def check_url_template(template: str, field: str, what: str) -> None:
-    """ValueError unless ``template`` is an http(s) URL whose only ``str.format`` field is ``{field}``."""
+    """Refuse a URL template that does not use exactly the one placeholder ``{field}``."""
     try:
-        fields = {f for _, f, _, _ in Formatter().parse(template) if f is not None}
+        fields = {f for _, f, _, _ in string.Formatter().parse(template) if f is not None}
     except ValueError as exc:
-        raise ValueError(f"{what} {template!r} is not a valid template: {exc}") from None
-    if fields != {field} or not template.startswith(("https://", "http://")):
-        other = ", ".join(sorted(f"{{{f}}}" for f in fields - {field})) or "none"
-        raise ValueError(f"{what} must be an http(s) URL whose only field is {{{field}}} (other fields: {other}), got {template!r}")
+        raise ValueError(f"{what} {template!r} is not a valid template ({exc}); write literal braces as {{{{ and }}}}") from exc
+    if fields != {field}:
+        found = ", ".join("{" + f + "}" for f in sorted(fields)) or "none"
+        raise ValueError(f"{what} {template!r} must use the placeholder {{{field}}} and no other (found {found})")
+
+
+def _check_search_templates(templates: dict[str, str] | None) -> None:
+    for name, tpl in (templates or {}).items():
+        if not tpl.startswith(("https://", "http://")):
+            raise ValueError(f"reverse-search template {name!r} must be an http(s) URL containing {{url}}, got {tpl!r}")
+        check_url_template(tpl, "url", f"reverse-search template {name!r}")
+
+
+def check_templates(image_url_template: str | None, search_templates: dict[str, str] | None) -> None:
+    """The URL templates of evidence (B): ``{path}`` only in the image URL, ``{url}`` only in each search URL."""
+    if image_url_template:
+        check_url_template(image_url_template, "path", "image URL template")
+    _check_search_templates(search_templates)
 
 
 def reverse_search_links(image_url: str, templates: dict[str, str] | None = None) -> list[dict]:
     """Evidence (B): ``[{service, url}]`` reverse image search links for a public image URL."""
     encoded = quote(image_url, safe="")
-    for name, tpl in (templates or {}).items():
-        check_url_template(tpl, "url", f"reverse-search template {name!r}")
+    _check_search_templates(templates)
     return [{"service": name, "url": tpl.format(url=encoded)} for name, tpl in (templates or REVERSE_SEARCH).items()]
 
 
@@ -290,11 +304,8 @@ def build_evidence(
     """
     from tqdm import tqdm
 
+    check_templates(image_url_template, search_templates)
     check_not_initialised(project.folder, "evidence")
-    if image_url_template is not None:
-        check_url_template(image_url_template, "path", "--image-url-template")
-    for name, tpl in (search_templates or {}).items():
-        check_url_template(tpl, "url", f"reverse-search template {name!r}")
     names = project.class_names
     if (image_embeddings is None) != (text_embeddings is None):
         raise ValueError("evidence (D) needs both image embeddings and class text embeddings")
