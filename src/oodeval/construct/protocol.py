@@ -24,10 +24,10 @@ import sqlite3
 from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
-from threading import Lock
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from threading import Lock
 
 from .._io import atomic_path
 from .candidates import Candidate, Project, evidence_sha256, pool_sha256
@@ -132,7 +132,7 @@ _COLUMNS = "id, image, annotator, stage, verdict, ood_label, fine_grained, id_cl
 
 
 def _row(r: tuple) -> VerdictRow:
-    return VerdictRow(r[0], r[1], r[2], r[3], r[4], r[5], bool(r[6]), r[7], r[8], r[9], r[10])
+    return VerdictRow(*r[:6], bool(r[6]), *r[7:])
 
 
 class ProtocolStore:
