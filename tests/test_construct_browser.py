@@ -151,6 +151,14 @@ def test_page_states(app, browser):
     page.wait.until(lambda d: "waits for the joint review in Stage 3" in page.text("state"))
     assert browser.find_element(page.By.ID, "undo").get_attribute("disabled") is not None
     assert store.outcome(second) == Outcome("stage1")
+    page.keys("n")
+    page.at_image(second)
+    rows = len(store.rows())
+    page.keys("a")  # a verdict chosen, then Enter on "log out": it logs out and submits nothing
+    browser.execute_script("document.getElementById('logout').focus()")
+    page.keys(Keys.ENTER)
+    page.wait.until(lambda d: page.shown("login"))
+    assert len(store.rows()) == rows and store.outcome(second) == Outcome("stage1")
 
 
 def test_keyboard_walk_two_annotators_disagree_on_the_label_then_agree_in_stage3(app, browser, capsys):
