@@ -1,6 +1,7 @@
 """One CLI: every (nested) sub-command is described, shows an example, and spells shared options one way."""
 
 import argparse
+import re
 
 import pytest
 
@@ -35,8 +36,7 @@ def test_every_help_has_a_description_and_an_example(path, capsys):
     assert parser.description and len(parser.description) > 20
     example = text.split("examples:\n", 1)[1]
     assert example.startswith(f"  oodeval {' '.join(path)}".rstrip()) or "PYTHONPATH=. oodeval" in example
-    for word in ("issue", "--quiet"):
-        assert word not in text
+    assert not re.search(r"\bissue\b|--quiet", text)  # no internal wording, one progress option
 
 
 def test_shared_options_are_spelled_one_way():

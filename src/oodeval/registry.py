@@ -96,6 +96,6 @@ class Registry(Mapping[str, type]):
         unknown = sorted(set(hyperparameters) - set(params))
         if unknown and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
             raise ValueError(
-                f"{self.kind} {name} has no hyperparameter {', '.join(unknown)}; its hyperparameters: {', '.join(params) or 'none'}"
+                f"{self.kind} {name!r} has no hyperparameter(s) {', '.join(unknown)}; it takes: {', '.join(sorted(params)) or 'none'}"
             )
         return cls(**hyperparameters)

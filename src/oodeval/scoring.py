@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import json
 import time
-import warnings
 from collections.abc import Mapping
 
 from .features import FeatureSet
 
-__all__ = ["evaluate_detectors", "supported_names", "parse_hyperparameters", "format_table", "cell_metrics", "add_intervals"]
+__all__ = ["evaluate_detectors", "supported_names", "parse_hyperparameters", "format_table", "failures", "cell_metrics", "add_intervals"]
 
 
 def parse_hyperparameters(items: list[str]) -> dict[str, dict[str, object]]:
@@ -55,15 +54,16 @@ def evaluate_detectors(
     scores_out: dict | None = None,
     progress: bool = True,
 ) -> list[dict]:
-    """One row per (detector, OOD set): detector, ood, n_id, n_ood, fpr95, tnr95, auroc,
-    aupr_in, aupr_out, detection_error (fractions) and fit/score seconds.
+    """One row per (detector, OOD set): detector, ood, status ``ok``, n_id, n_ood, fpr95, tnr95,
+    auroc, aupr_in, aupr_out, detection_error (fractions), fit seconds and score seconds (ID test + that set).
 
     ``names`` defaults to every detector the FeatureSets support (:func:`detectors.supported`,
-    checked against the test and every OOD set); in that default mode a detector whose fit is
-    impossible on this data (e.g. knn's k above the bank size) is skipped with a warning naming
-    the reason. An explicitly named detector that fails raises ValueError naming what is missing.
-    ``hyperparameters`` maps a detector name to constructor overrides. When ``scores_out`` is a
-    dict it receives ``scores_out[detector] = {"id": ..., ood_name: ...}``.
+    checked against the test and every OOD set). A detector that fails (its fit, the ID-test set
+    or one OOD set: bad hyperparameters for this data, NaN/inf inputs, a set that does not match
+    the ID-train set) gets rows with status ``error`` and the message in ``error``, and the loop
+    goes on. ``hyperparameters`` maps a detector name to constructor overrides; an unknown detector
+    or hyperparameter name is a ValueError before anything runs. When ``scores_out`` is a dict it
+    receives ``scores_out[detector] = {"id": ..., ood_name: ...}`` for the sets that scored.
     """
     from . import detectors
     from .metrics import evaluate
@@ -71,37 +71,56 @@ def evaluate_detectors(
     if not oods:
         raise ValueError("evaluate_detectors needs at least one OOD FeatureSet")
     hyperparameters = dict(hyperparameters or {})
-    skip_failures = names is None
     if names is None:
         names = supported_names(train, test, oods)
     unknown = sorted((set(names) | set(hyperparameters)) - set(detectors.names()))
     if unknown:
         raise ValueError(f"unknown detectors {unknown}; known: {', '.join(detectors.names())}")
+    for name, hp in hyperparameters.items():
+        detectors.create(name, **hp)  # an unknown hyperparameter is an error before anything runs
     rows: list[dict] = []
-    bar = _progress(names, progress)
-    for name in bar:
+    for name in _progress(names, progress):
         det = detectors.create(name, **hyperparameters.get(name, {}))
         t0 = time.perf_counter()
         try:
+            stage = "fit on the ID-train set"
             det.fit(train)
             fit_s = time.perf_counter() - t0
             t0 = time.perf_counter()
+            stage = "scoring the ID-test set"
             id_scores = det.score(test)
-            ood_scores = {k: det.score(v) for k, v in oods.items()}
-        except (ValueError, RuntimeError) as err:
-            if skip_failures:
-                warnings.warn(f"skipped detector {name}: {err}", stacklevel=2)
+            id_s = time.perf_counter() - t0
+        except Exception as err:  # noqa: BLE001 - recorded as this detector's failure, the others go on
+            rows += [_failed(name, o, f"{stage}: {_message(err)}") for o in oods]
+            continue
+        out = {"id": id_scores}
+        for ood_name, fs in oods.items():
+            t1 = time.perf_counter()
+            try:
+                s = out[ood_name] = det.score(fs)
+            except Exception as err:  # noqa: BLE001
+                rows.append(_failed(name, ood_name, f"scoring OOD set {ood_name!r}: {_message(err)}"))
                 continue
-            raise ValueError(f"detector {name}: {err}") from err
-        score_s = time.perf_counter() - t0
-        if scores_out is not None:
-            scores_out[name] = {"id": id_scores, **ood_scores}
-        for ood_name, s in ood_scores.items():
-            row = {"detector": name, "ood": ood_name, "n_id": int(id_scores.size), "n_ood": int(s.size)}
+            row = {"detector": name, "ood": ood_name, "status": "ok", "n_id": int(id_scores.size), "n_ood": int(s.size)}
             row.update({k: float(v) for k, v in evaluate(id_scores, s).items()})
-            row.update(fit_seconds=round(fit_s, 4), score_seconds=round(score_s, 4))
+            row.update(fit_seconds=round(fit_s, 4), score_seconds=round(id_s + time.perf_counter() - t1, 4))
             rows.append(row)
+        if scores_out is not None:
+            scores_out[name] = out
     return rows
+
+
+def _message(err: BaseException) -> str:
+    return str(err) if isinstance(err, ValueError | RuntimeError) else f"{type(err).__name__}: {err}"
+
+
+def _failed(name: str, ood: str, message: str) -> dict:
+    return {"detector": name, "ood": ood, "status": "error", "error": message}
+
+
+def failures(rows: list[dict]) -> list[str]:
+    """``detector / ood: message`` for each failed row of :func:`evaluate_detectors`."""
+    return [f"{r['detector']} / {r['ood']}: {r['error']}" for r in rows if r.get("status") == "error"]
 
 
 def _progress(names: list[str], enabled: bool):
@@ -113,11 +132,14 @@ def _progress(names: list[str], enabled: bool):
 
 
 def format_table(rows: list[dict]) -> str:
-    """Text table (pandas ``to_string``): one line per detector, FPR@95 / AUROC (%) per OOD set."""
+    """Text table (pandas ``to_string``): one line per detector, FPR@95 / AUROC (%) per OOD set
+    ("failed" where that detector failed on that set, "-" where it did not run)."""
     import pandas as pd
 
-    df = pd.DataFrame(rows)
-    df["cell"] = [f"{100 * f:.2f} / {100 * a:.2f}" for f, a in zip(df["fpr95"], df["auroc"])]
+    df = pd.DataFrame(rows).reindex(columns=["detector", "ood", "status", "fpr95", "auroc"])
+    df["cell"] = [
+        "failed" if status == "error" else f"{100 * f:.2f} / {100 * a:.2f}" for status, f, a in zip(df["status"], df["fpr95"], df["auroc"])
+    ]
     table = df.pivot(index="detector", columns="ood", values="cell")
     table = table.reindex(index=df["detector"].unique(), columns=df["ood"].unique()).fillna("-")
     return "FPR@95 / AUROC (%) per OOD set\n" + table.rename_axis(index=None, columns=None).to_string()
@@ -147,11 +169,14 @@ def cell_metrics(id_scores, ood_scores, seed: int = 0, draws: int = 1000, fixed_
 def add_intervals(rows: list[dict], scores: Mapping[str, Mapping[str, object]], draws: int = 1000, seed: int = 0,
                   fixed_id: bool = True) -> list[dict]:
     """``rows`` of :func:`evaluate_detectors` with the bootstrap bounds of :func:`cell_metrics` added
-    (``scores`` is its ``scores_out``); ``draws=0`` returns the rows unchanged."""
+    (``scores`` is its ``scores_out``); failed rows and ``draws=0`` leave rows unchanged."""
     if draws == 0:
         return rows
     out = []
     for r in rows:
+        if r.get("status") == "error":
+            out.append(r)
+            continue
         s = scores[r["detector"]]
         cell = cell_metrics(s["id"], s[r["ood"]], seed=seed, draws=draws, fixed_id=fixed_id)
         out.append({**r, **{k: v for k, v in cell.items() if k.endswith(("_lo", "_hi"))},

@@ -36,10 +36,11 @@ def examples(*lines: str) -> str:
     return "examples:\n" + "\n".join(f"  {line}" for line in lines)
 
 
-def add_command(sub, name: str, help: str, example: str | list[str], description: str | None = None) -> argparse.ArgumentParser:
-    """A sub-command parser with a description (default: ``help``) and its example(s) in ``--help``."""
+def add_command(sub, name: str, help: str, example: str | list[str], description: str | None = None, **options) -> argparse.ArgumentParser:
+    """A sub-command parser with a description (default: ``help``) and its example(s) in ``--help``;
+    ``options`` go to ``add_parser``."""
     lines = [example] if isinstance(example, str) else list(example)
-    return sub.add_parser(name, help=help, description=description or help, epilog=examples(*lines), formatter_class=Formatter)
+    return sub.add_parser(name, help=help, description=description or help, epilog=examples(*lines), formatter_class=Formatter, **options)
 
 
 def add_progress(p: argparse.ArgumentParser) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from ._options import add_out, add_progress
@@ -50,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     from .._io import atomic_path, check_output, csv_header_starts
     from ..features import FeatureSet
     from ..results import is_results_table
-    from ..scoring import add_intervals, evaluate_detectors, format_table, parse_hyperparameters, supported_names
+    from ..scoring import add_intervals, evaluate_detectors, failures, format_table, parse_hyperparameters, supported_names
 
     is_score_table = csv_header_starts("detector", "ood")
     parquet = args.out is not None and args.out.suffix == ".parquet"
@@ -62,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     test = FeatureSet.load(args.test)
     oods = {name: FeatureSet.load(folder) for name, folder in parse_oods(args.ood).items()}
     if parquet:
-        return _results_table(args, train, names or supported_names(train, test, oods), hps, explicit=names is not None)
+        return _results_table(args, train, names or supported_names(train, test, oods), hps)
     scores: dict = {}
     rows = evaluate_detectors(train, test, oods, names, hps, scores_out=scores, progress=not args.no_progress)
     if not rows:
@@ -73,14 +74,17 @@ def run(args: argparse.Namespace) -> int:
         with atomic_path(args.out, "score table", is_score_table) as tmp:
             pd.DataFrame(rows).to_csv(tmp, index=False)
         print(f"wrote {args.out}")
-    return 0
+    failed = failures(rows)
+    for line in failed:
+        print(f"  failed: {line}", file=sys.stderr)
+    if failed:
+        print(f"oodeval score: {len(failed)} of {len(rows)} (detector, OOD set) results failed; the others are above", file=sys.stderr)
+    return 1 if failed else 0
 
 
-def _results_table(args: argparse.Namespace, train, names: list[str], hps: dict, explicit: bool) -> int:
+def _results_table(args: argparse.Namespace, train, names: list[str], hps: dict) -> int:
     """The same cells through the experiment grid (:func:`oodeval.experiment.run_experiment`) into a
     results table: one model (the FeatureSets' ``meta["model"]``), seed ``--seed``, ``--draws``."""
-    import warnings
-
     from ..experiment import run_experiment
     from ..results import ALL_SPLIT, load_results
     from ..scoring import format_table
@@ -103,15 +107,13 @@ def _results_table(args: argparse.Namespace, train, names: list[str], hps: dict,
         "detectors": [{"name": n, "hyperparameters": hps.get(n, {})} for n in names],
     }, progress=not args.no_progress)  # fmt: skip
     table = load_results(args.out)
-    mine = table[(table["model"] == label) & (table["split"] == ALL_SPLIT) & (table["status"] == "ok")
-                 & table["detector"].isin(names) & table["dataset"].isin(list(oods))]  # fmt: skip
-    if len(mine):
-        print(format_table(mine.rename(columns={"dataset": "ood"}).to_dict("records")))
+    mine = table[(table["model"] == label) & (table["split"] == ALL_SPLIT) & table["detector"].isin(names)
+                 & table["dataset"].isin(list(oods))]  # fmt: skip
+    print(format_table(mine.rename(columns={"dataset": "ood"}).to_dict("records")))
     print(f"wrote {args.out} ({summary.computed} cells computed, {summary.skipped} already there); "
           f"`oodeval report {args.out} --out DIR` makes the report")  # fmt: skip
+    for line in summary.errors:
+        print(f"  failed: {line}", file=sys.stderr)
     if summary.failed:
-        if explicit:
-            raise ValueError(f"{summary.failed} cell(s) failed (recorded in the table): " + "; ".join(summary.errors))
-        for error in summary.errors:
-            warnings.warn(f"skipped {error}", stacklevel=2)
-    return 0
+        print(f"oodeval score: {summary.failed} of {summary.total} cells failed (recorded in the table); the others are above", file=sys.stderr)
+    return 1 if summary.failed else 0
