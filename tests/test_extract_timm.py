@@ -204,7 +204,7 @@ def test_corrupt_weights_file_is_a_clear_error_not_a_traceback(folder: Path, tmp
 
     bad = tmp_path / "w.safetensors"
     bad.write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00not json")
-    args = ["extract", "--model", "test_resnet", "--dataset", str(folder), "--store", str(tmp_path / "s"), "--weights", str(bad), "--quiet"]
+    args = ["extract", "--model", "test_resnet", "--dataset", str(folder), "--store", str(tmp_path / "s"), "--weights", str(bad), "--no-progress"]
     assert main(args) == 2
     assert f"{bad} is not a readable safetensors file" in capsys.readouterr().err
 
@@ -216,7 +216,7 @@ def test_a_manifest_row_whose_file_is_missing_is_an_error_unless_skipped(folder:
     rows = [f"{folder / 'cat' / f'{i}.jpg'},0" for i in range(3)] + [f"{tmp_path / 'gone.jpg'},1"]
     csv.write_text("path,label\n" + "\n".join(rows) + "\n")
     args = ["extract", "--model", "test_resnet", "--dataset", str(csv), "--store", str(tmp_path / "s"),
-            "--model-kwargs", '{"num_classes": 2}', "--quiet"]  # fmt: skip
+            "--model-kwargs", '{"num_classes": 2}', "--no-progress"]  # fmt: skip
     assert main(args) == 2
     err = capsys.readouterr().err
     assert f"1 of 4 files in the manifest do not exist (e.g. {tmp_path / 'gone.jpg'})" in err and "--skip-missing" in err
