@@ -80,7 +80,9 @@ def forward_with_nac(model: nn.Module, images: Tensor, layers: list[str]) -> Nac
     """Run ``model`` once on ``images`` and return logits, pre-logit features and NAC states.
 
     The model must be in eval mode (BatchNorm statistics fixed, so each sample's gradient is its
-    own). Parameters get no gradients; all returned tensors are detached, float32.
+    own). Parameters get no gradients; all returned tensors are detached, float32; the returned
+    logits are the classifier applied in float32 to the returned features (the gradient flows
+    through the model's own, possibly autocast, logits).
     """
     if model.training:
         raise ValueError("forward_with_nac needs model.eval(): train-mode BatchNorm mixes samples")
@@ -126,7 +128,10 @@ def forward_with_nac(model: nn.Module, images: Tensor, layers: list[str]) -> Nac
     for name, g in zip(layers, grads):
         o = captured[name].detach()
         states[name] = (pool_state(o, channels.get(name)) * pool_state(g, channels.get(name))).float()
-    return NacPass(logits.detach().float(), captured[PRE_LOGITS].detach().float(), states)
+    features = captured[PRE_LOGITS].detach().float()
+    with torch.no_grad(), torch.autocast(device_type=features.device.type, enabled=False):
+        logits32 = classifier(features)  # the float32 head on the stored features, whatever the trunk's autocast
+    return NacPass(logits32.float(), features, states)
 
 
 def nac_states(model: nn.Module, images: Tensor, layers: list[str]) -> tuple[Tensor, dict[str, Tensor]]:
