@@ -46,17 +46,22 @@ def evaluate_detectors(
     progress: bool = True,
 ) -> list[dict]:
     """One row per (detector, OOD set): detector, ood, n_id, n_ood, fpr95, tnr95, auroc,
-    aupr_in, aupr_out, detection_error (fractions) and fit/score seconds.
+    aupr_in, aupr_out, detection_error (fractions), fit/score seconds, the backbone family and
+    the detector's full resolved hyperparameters (JSON).
 
     ``names`` defaults to every detector the FeatureSets support (:func:`detectors.supported`,
     checked against the test and every OOD set); in that default mode a detector whose fit is
     impossible on this data (e.g. knn's k above the bank size) is skipped with a warning naming
     the reason. An explicitly named detector that fails raises ValueError naming what is missing.
-    ``hyperparameters`` maps a detector name to constructor overrides. When ``scores_out`` is a
-    dict it receives ``scores_out[detector] = {"id": ..., ood_name: ...}``.
+    ``hyperparameters`` maps a detector name to constructor overrides; every other
+    hyperparameter that depends on the backbone recorded in ``train`` (or ``test`` when there is
+    no train set) takes that backbone's release default (:func:`detectors.defaults.resolve_defaults`).
+    When ``scores_out`` is a dict it receives ``scores_out[detector] = {"id": ..., ood_name: ...}``.
     """
     from . import detectors
+    from .detectors.defaults import backbone_family, resolve_defaults
     from .metrics import evaluate
+    from .results import hp_json
 
     if not oods:
         raise ValueError("evaluate_detectors needs at least one OOD FeatureSet")
@@ -71,9 +76,11 @@ def evaluate_detectors(
     if unknown:
         raise ValueError(f"unknown detectors {unknown}; known: {', '.join(detectors.names())}")
     rows: list[dict] = []
+    source = train if train is not None else test
+    family = backbone_family(source.meta.get("model"))
     bar = _progress(names, progress)
     for name in bar:
-        det = detectors.create(name, **hyperparameters.get(name, {}))
+        det = detectors.create(name, **resolve_defaults(name, source, hyperparameters.get(name)))
         t0 = time.perf_counter()
         try:
             det.fit(train)
@@ -92,7 +99,8 @@ def evaluate_detectors(
         for ood_name, s in ood_scores.items():
             row = {"detector": name, "ood": ood_name, "n_id": int(id_scores.size), "n_ood": int(s.size)}
             row.update({k: float(v) for k, v in evaluate(id_scores, s).items()})
-            row.update(fit_seconds=round(fit_s, 4), score_seconds=round(score_s, 4))
+            row.update(fit_seconds=round(fit_s, 4), score_seconds=round(score_s, 4), backbone=family,
+                       hyperparameters=hp_json(det.get_params()))
             rows.append(row)
     return rows
 

@@ -38,6 +38,7 @@ def run(args: argparse.Namespace) -> int:
     import pandas as pd
 
     from .._io import atomic_path
+    from ..detectors.defaults import describe
     from ..features import FeatureSet
     from ..scoring import evaluate_detectors, format_table, parse_hyperparameters
 
@@ -49,6 +50,7 @@ def run(args: argparse.Namespace) -> int:
     rows = evaluate_detectors(train, test, oods, names, hps, progress=not args.no_progress)
     if not rows:
         raise ValueError("no detector is supported by these FeatureSets")
+    print("\n".join(describe(list(dict.fromkeys(r["detector"] for r in rows)), train, hps)))
     print(format_table(rows))
     if args.out is not None:
         with atomic_path(args.out) as tmp:

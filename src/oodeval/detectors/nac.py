@@ -26,7 +26,7 @@ from . import register
 from ._common import chunks
 from .base import Detector
 
-__all__ = ["NAC", "NAC_DEFAULTS", "nac_grid"]
+__all__ = ["NAC", "NAC_DEFAULTS", "nac_grid", "fit_rows"]
 
 PREFIX = "nac/"
 
@@ -41,10 +41,11 @@ FALLBACK = "pre_logits"
 
 
 def nac_grid(m: int) -> np.ndarray:
-    """The release's interval edges: 2 (m // 2) points from 0 to 1.01 (log-spaced towards 0 and
-    towards 1, mirrored), then 1.2 appended."""
-    if m < 4:
-        raise ValueError(f"nac needs M >= 4 bins, got {m}")
+    """The release's m interval edges: m - 1 points from 0 to 1.01 (log-spaced towards 0 and
+    towards 1, mirrored), then 1.2 appended. The release builds m // 2 points per side, so an
+    odd M would silently become M - 1: it is refused."""
+    if m < 4 or m % 2:
+        raise ValueError(f"nac needs an even M >= 4 (bins per neuron), got {m}")
     half = m // 2
     x = np.linspace(1.0, np.sqrt(1e3), half)
     left = np.log(x) / np.log(1e3)
@@ -58,6 +59,33 @@ def _interval(s: np.ndarray, grid: np.ndarray) -> np.ndarray:
     idx = np.searchsorted(grid, s, side="right") - 1
     idx[(idx < 0) | (idx >= grid.size - 1)] = -1
     return idx
+
+
+def fit_rows(labels: np.ndarray, n_fit: int | None, seed: int) -> np.ndarray:
+    """The sorted ID-train rows NAC fits on: all when ``n_fit`` is None or >= N, else
+    floor(n_fit / K) rows per class (capped by the smallest class), drawn with ``seed``; the
+    release's class-balanced ``valid_num`` subset. Unlabelled data: n_fit rows at random.
+
+    Extraction calls this too, so NAC's taps are computed for exactly these rows.
+    """
+    labels = np.asarray(labels)
+    n = labels.shape[0]
+    if n_fit is None or n_fit >= n:
+        return np.arange(n)
+    if n_fit < 1:
+        raise ValueError(f"nac n_fit must be >= 1 (or None for all rows), got {n_fit}")
+    rng = np.random.default_rng(seed)
+    classes = np.unique(labels[labels >= 0])
+    if classes.size == 0:
+        return np.sort(rng.choice(n, size=int(n_fit), replace=False))
+    if n_fit < classes.size:
+        raise ValueError(
+            f"nac n_fit={n_fit} is below the {classes.size} classes of the train set: a class-balanced "
+            f"subset needs at least one row per class (use n_fit >= {classes.size}, or None for all rows)"
+        )
+    members = [np.flatnonzero(labels == c) for c in classes]
+    per = min(min(len(m) for m in members), int(n_fit) // classes.size)
+    return np.sort(np.concatenate([rng.choice(m, size=per, replace=False) for m in members]))
 
 
 @register("nac")
@@ -89,19 +117,6 @@ class NAC(Detector):
         p.update((self.layer_params or {}).get(layer, {}))
         return p
 
-    def _rows(self, train: FeatureSet) -> np.ndarray:
-        n = len(train)
-        if self.n_fit is None or self.n_fit >= n:
-            return np.arange(n)
-        rng = np.random.default_rng(self.seed)
-        labels = np.asarray(train.labels)
-        classes = np.unique(labels[labels >= 0])
-        if classes.size == 0:
-            return np.sort(rng.choice(n, size=int(self.n_fit), replace=False))
-        members = [np.flatnonzero(labels == c) for c in classes]
-        per = min(min(len(m) for m in members), max(1, int(self.n_fit) // classes.size))
-        return np.sort(np.concatenate([rng.choice(m, size=per, replace=False) for m in members]))
-
     def _fit(self, train: FeatureSet) -> None:
         found = sorted(k[len(PREFIX) :] for k in train.extras if k.startswith(PREFIX))
         layers = list(self.layers) if self.layers is not None else found
@@ -111,7 +126,7 @@ class NAC(Detector):
                 f"nac: the train set lacks NAC states {[PREFIX + n for n in missing or layers]}; "
                 f"it has {[PREFIX + n for n in found]}"
             )
-        rows = self._rows(train)
+        rows = fit_rows(train.labels, self.n_fit, self.seed)
         self.layers_ = layers
         self.fit_rows_ = rows
         self.grids_, self.coverage_, self.params_ = {}, {}, {}

@@ -146,18 +146,25 @@ def _split_masks(values: np.ndarray | None, column: str | None) -> dict[str, np.
 
 # ---------------------------------------------------------------------------- scorers
 class _Scorer:
-    """fit(train) / score(fs) over a post-hoc detector or a zero-shot scorer."""
+    """fit(train) / score(fs) over a post-hoc detector or a zero-shot scorer.
 
-    def __init__(self, model: ModelSpec, spec: DetectorSpec, hp: dict, context: dict) -> None:
+    A post-hoc detector takes the backbone defaults of ``source`` (the FeatureSet whose metadata
+    names the model) under the explicit ``hp``; ``resolved`` is the JSON of every hyperparameter
+    it runs with."""
+
+    def __init__(self, model: ModelSpec, spec: DetectorSpec, hp: dict, context: dict, source: FeatureSet | None = None) -> None:
         self.model, self.spec, self.hp, self.context = model, spec, hp, context
+        self.resolved = hp_json(hp)
         if model.kind == "supervised":
             from .. import detectors
+            from ..detectors.defaults import resolve_defaults
 
             try:
-                self.det = detectors.create(spec.name, **hp)
+                self.det = detectors.create(spec.name, **resolve_defaults(spec.name, source, hp))
             except TypeError as exc:
                 raise ValueError(f"detector {spec.name!r} rejects hyperparameters {hp}: {exc}") from exc
             self.fit_needs = self.det.fit_needs
+            self.resolved = hp_json(self.det.get_params())
 
     def fit(self, train: FeatureSet | None) -> None:
         if self.model.kind == "supervised":
@@ -386,8 +393,13 @@ def run_experiment(
 
 
 def _base_info(run: _Run, spec: DetectorSpec, cfg: ExperimentConfig) -> dict:
+    from ..detectors.defaults import backbone_family
+
+    source = run.feats.get("id_train", run.feats.get("id_test"))
     return {
         "kind": run.model.kind,
+        "backbone": backbone_family(source.meta.get("model") if source is not None else run.model.name),
+        "hyperparameters_resolved": None,
         "label": spec.display,
         "vocabulary": vocabulary_label(spec.vocabulary),
         "id_train": cfg.id_train.label if cfg.id_train else None,
@@ -411,6 +423,7 @@ def _run_detector(run: _Run, spec: DetectorSpec, cells: list, cfg: ExperimentCon
 
     for hpj, (hp, hp_cells) in by_hp.items():
         t0 = time.perf_counter()
+        info["hyperparameters_resolved"] = None
         if spec.name == "*":
             fail(hp_cells, run.errors.get("id_test") or "no detector applies to these features", t0)
             continue
@@ -419,8 +432,9 @@ def _run_detector(run: _Run, spec: DetectorSpec, cells: list, cfg: ExperimentCon
             fail(hp_cells, blocking, t0)
             continue
         try:
-            scorer = _Scorer(run.model, spec, hp, run.context)
             train = run.feats.get("id_train")
+            scorer = _Scorer(run.model, spec, hp, run.context, train if train is not None else run.feats.get("id_test"))
+            info["hyperparameters_resolved"] = scorer.resolved
             if run.model.kind == "supervised" and scorer.fit_needs and train is None:
                 raise RuntimeError(run.errors.get("id_train", "no ID-train features to fit on"))
             scorer.fit(train)

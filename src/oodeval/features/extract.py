@@ -270,9 +270,10 @@ def _run(job: _Job) -> Path:
     bb = load_backbone(job.model, job.weights, pretrained=job.pretrained, model_kwargs=job.model_kwargs, head=job.head).to(dev)
     split = split_transform(bb.transform)
     layers = None
-    if job.taps:
-        from .taps import default_nac_layers
+    from .taps import default_nac_layers, vit_depth
 
+    depth = vit_depth(bb.model) if bb.kind == "timm" else None
+    if job.taps:
         layers = list(job.nac_layers) if job.nac_layers else list(default_nac_layers(bb.model))
     if mine:
         if done:
@@ -325,7 +326,7 @@ def _run(job: _Job) -> Path:
             "preprocessing": {**bb.preprocessing, "tensor_tail_batched": split is not None},
             "image_mode": bb.image_mode, "dataset": manifest.name,
             "manifest_hash": manifest.content_hash(), "class_names": manifest.class_names, "key": job.key,
-            "taps": layers, "patch_features": job.patch_features, "precision": "bf16" if job.amp else "fp32",
+            "taps": layers, "depth": depth, "patch_features": job.patch_features, "precision": "bf16" if job.amp else "fp32",
             "device": dev.type, "world_size": world, "role": manifest.meta.get("role"),
             "timing_rank0": timing,
         }
