@@ -87,28 +87,36 @@ def _error_text(exc: BaseException) -> str:
 FeatureFn = Callable[[ModelSpec, "str | None", DatasetSpec, str, ExperimentConfig], FeatureSet]
 
 
+def _extract_options(model: ModelSpec, weights: str | None, cfg: ExperimentConfig) -> dict:
+    return {"weights": weights, "data_root": cfg.data_root, "batch_size": cfg.batch_size, "num_workers": cfg.num_workers,
+            "device": cfg.device, "model_kwargs": model.model_kwargs or None, "progress": True}
+
+
 def extract_features(model: ModelSpec, weights: str | None, ds: DatasetSpec, role: str, cfg: ExperimentConfig) -> FeatureSet:
     """The FeatureSet of ``ds`` under ``model``: a precomputed folder named in the model's
-    ``features`` table (by role ``id_train`` / ``id_test`` or OOD label), else the store."""
+    ``features`` table (by role ``id_train`` / ``id_test`` or OOD label), else the store.
+    NAC taps (``model.taps``) are extracted for the test and OOD sets here; on ID train only
+    for NAC's fitting rows (:func:`nac_fit_features`)."""
     if role in model.features:
         return FeatureSet.load(model.features[role])
     from ..features.extract import extract
 
-    path = extract(
-        model.name,
-        ds.name,
-        cfg.store,
-        weights=weights,
-        data_root=cfg.data_root,
-        taps=model.taps,
-        patch_features=model.patch_features,
-        batch_size=cfg.batch_size,
-        num_workers=cfg.num_workers,
-        device=cfg.device,
-        model_kwargs=model.model_kwargs or None,
-        progress=True,
-    )
+    taps = bool(model.taps) and role != "id_train"
+    path = extract(model.name, ds.name, cfg.store, taps=taps, patch_features=model.patch_features,
+                   **_extract_options(model, weights, cfg))  # fmt: skip
     return FeatureSet.load(path)
+
+
+def nac_fit_features(run: _Run, cfg: ExperimentConfig, n_fit: int | None, seed: int) -> FeatureSet:
+    """The tapped ID-train rows NAC fits on (``extract_nac_fit``), extracted once per (n_fit, seed)."""
+    key = f"nac-fit/{n_fit}/{seed}"
+    if key not in run.feats:
+        from ..features.extract import extract_nac_fit
+
+        path = extract_nac_fit(run.model.name, cfg.id_train.name, cfg.store, n_fit=n_fit, seed=seed,
+                               **_extract_options(run.model, run.weights, cfg))  # fmt: skip
+        run.feats[key] = FeatureSet.load(path)
+    return run.feats[key]
 
 
 def split_values(fs: FeatureSet, ds: DatasetSpec, cfg: ExperimentConfig) -> np.ndarray | None:
@@ -233,7 +241,10 @@ def _specs_for(run: _Run, cfg: ExperimentConfig) -> list[DetectorSpec]:
         test = run.feats.get("id_test")
         if test is None:
             return []
-        return [DetectorSpec(n) for n in detectors.supported(run.feats.get("id_train"), test)]
+        names = detectors.supported(run.feats.get("id_train"), test)
+        if _taps_nac_fit_rows(run, run.feats.get("id_train")) and detectors.supported(test, test, ["nac"]):
+            names = [n for n in detectors.names() if n in names or n == "nac"]  # NAC fits on its own tapped rows
+        return [DetectorSpec(n) for n in names]
     from .zeroshot import default_zeroshot_specs
 
     return default_zeroshot_specs(run.feats.get("id_test"))
@@ -434,6 +445,9 @@ def _run_detector(run: _Run, spec: DetectorSpec, cells: list, cfg: ExperimentCon
         try:
             train = run.feats.get("id_train")
             scorer = _Scorer(run.model, spec, hp, run.context, train if train is not None else run.feats.get("id_test"))
+            if spec.name == "nac" and _taps_nac_fit_rows(run, train):
+                train = nac_fit_features(run, cfg, scorer.det.n_fit, scorer.det.seed)
+                scorer = _Scorer(run.model, spec, hp, run.context, train)  # its layer defaults follow the tapped layers
             info["hyperparameters_resolved"] = scorer.resolved
             if run.model.kind == "supervised" and scorer.fit_needs and train is None:
                 raise RuntimeError(run.errors.get("id_train", "no ID-train features to fit on"))
@@ -482,6 +496,13 @@ def _run_detector(run: _Run, spec: DetectorSpec, cells: list, cfg: ExperimentCon
                 except Exception as exc:  # noqa: BLE001
                     log.debug("cell %s failed\n%s", key, traceback.format_exc())
                     record(_row(key, status="error", error=_error_text(exc), seconds=time.perf_counter() - t2, **info))
+
+
+def _taps_nac_fit_rows(run: _Run, train: FeatureSet | None) -> bool:
+    """Whether NAC's fitting rows must be extracted with taps: an extracted (not precomputed) ID
+    train set of a model with taps, which therefore holds no NAC states of its own."""
+    return (run.model.kind == "supervised" and bool(run.model.taps) and train is not None
+            and "id_train" not in run.model.features and not train.extras_with_prefix("nac/"))  # fmt: skip
 
 
 def _evaluate(id_scores: np.ndarray, ood: np.ndarray, seed: int, draws: int, fixed_id: bool = True) -> dict:

@@ -1,0 +1,94 @@
+"""NAC's taps (a backward pass per image) only for the ID-train rows NAC fits on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from oodeval import detectors
+from oodeval.data import Manifest
+from oodeval.experiment import run_experiment
+from oodeval.features import FeatureSet
+from oodeval.features import taps as taps_mod
+from oodeval.features.extract import extract, extract_nac_fit
+from oodeval.results import load_results
+
+KW = {"num_classes": 3, "pretrained_cfg_overlay": {"input_size": (3, 32, 32)}}
+
+
+def _folder(root: Path, classes: tuple[str, ...], n: int, seed: int) -> Path:
+    rng = np.random.default_rng(seed)
+    for c in classes:
+        (root / c).mkdir(parents=True)
+        for i in range(n):
+            Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(root / c / f"{i}.png")
+    return root
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("nacfit")
+    _folder(root / "train", ("a", "b", "c"), 5, 0)
+    _folder(root / "test", ("a", "b", "c"), 2, 1)
+    _folder(root / "ood", ("x",), 6, 2)
+    return root
+
+
+@pytest.fixture
+def tapped_rows(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts the images that go through NAC's forward + backward pass."""
+    seen: list[int] = []
+    real = taps_mod.forward_with_nac
+
+    def counting(model, images, layers):
+        seen.append(int(images.shape[0]))
+        return real(model, images, layers)
+
+    monkeypatch.setattr(taps_mod, "forward_with_nac", counting)
+    return seen
+
+
+def test_only_the_fitting_rows_are_tapped_and_nac_fits_the_same(data: Path, tmp_path: Path, tapped_rows: list[int]) -> None:
+    full_path = extract("test_resnet", data / "train", tmp_path, model_kwargs=KW, taps=True, batch_size=1, progress=False)
+    full = FeatureSet.load(full_path)
+    assert sum(tapped_rows) == 15
+    tapped_rows.clear()
+    fit_path = extract_nac_fit("test_resnet", data / "train", tmp_path, n_fit=7, seed=3, model_kwargs=KW, batch_size=1,
+                               progress=False)  # fmt: skip
+    fit = FeatureSet.load(fit_path)
+    assert sum(tapped_rows) == len(fit) == 6  # floor(7 / 3) = 2 rows per class: 6 backward passes instead of 15
+    assert np.bincount(fit.labels).tolist() == [2, 2, 2]
+    hp = {"n_fit": 7, "seed": 3, "layer_params": {k: {"alpha": 1.0} for k in ("pre_logits", "layer3", "layer2", "layer1")}}
+    on_full = detectors.create("nac", **hp).fit(full)
+    on_fit = detectors.create("nac", **hp).fit(fit)
+    assert on_fit.fit_rows_.tolist() == list(range(6))
+    # the very images NAC picks from a full tapped pass ...
+    full_paths = Manifest.from_csv(full_path / "manifest.csv").paths
+    assert Manifest.from_csv(fit_path / "manifest.csv").paths == [full_paths[i] for i in on_full.fit_rows_]
+    # ... with the same states up to float32 summation order (the backward pass's reductions are
+    # threaded): each state sums at most 256 spatial products, so 256 ulps of the layer's scale
+    for name in on_full.layers_:
+        want = np.asarray(full.extras[f"nac/{name}"][on_full.fit_rows_])
+        scale = float(np.abs(want).max())
+        np.testing.assert_allclose(fit.extras[f"nac/{name}"], want, rtol=0, atol=256 * np.finfo(np.float32).eps * scale)
+    # n_fit of None (or >= N) taps every row, under the plain entry name
+    every = extract_nac_fit("test_resnet", data / "train", tmp_path, n_fit=None, seed=0, model_kwargs=KW, progress=False)
+    assert FeatureSet.load(every).meta["dataset"] == full.meta["dataset"]
+
+
+def test_grid_taps_only_nac_fitting_rows(data: Path, tmp_path: Path, tapped_rows: list[int]) -> None:
+    cfg = {"results": str(tmp_path / "r.parquet"), "store": str(tmp_path / "store"), "bootstrap_draws": 20, "seeds": [0],
+           "batch_size": 4, "device": "cpu",
+           "datasets": {"id_train": str(data / "train"), "id_test": str(data / "test"), "ood": [str(data / "ood")]},
+           "models": [{"name": "test_resnet", "model_kwargs": KW}],
+           "detectors": [{"name": "nac", "hyperparameters": {"n_fit": 3}}, "energy"]}  # fmt: skip
+    df = load_results(run_experiment(cfg, progress=False)).set_index("detector")
+    assert (df["status"] == "ok").all(), df["error"].tolist()
+    assert sum(tapped_rows) == 3 + 6 + 6  # NAC's 3 fitting rows, the test set and the OOD set; not the 15 train images
+    assert df.loc["nac", "hyperparameters_resolved"].count('"n_fit":3') == 1
+    train_entries = [p for p in (tmp_path / "store" / "test_resnet").iterdir() if p.name.startswith("train")]
+    fits = {FeatureSet.load(p).meta["dataset"]: len(FeatureSet.load(p)) for p in train_entries}
+    assert fits == {"train": 15, "train.nac-fit-3-seed0": 3}
