@@ -136,7 +136,7 @@ def test_score_cli_prints_the_resolved_defaults(sets, tmp_path, capsys):
     text = capsys.readouterr().out
     assert code == 0
     assert "family vit" in text and "neco.maxlogit = True  [NECO release" in text
-    assert "ash_s.percentile = 95.0 (set explicitly, default not used)" in text
+    assert "ash_s.percentile = 80 (set explicitly; backbone default 95.0 [ASH release config/vit_config.yml" in text
     assert "nac.layer_params = norm 500/50/100, blocks.5.norm2 50/500/1" in text
     table = pd.read_csv(out)
     assert set(table["backbone"]) == {"vit"}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -92,3 +93,26 @@ def test_grid_taps_only_nac_fitting_rows(data: Path, tmp_path: Path, tapped_rows
     train_entries = [p for p in (tmp_path / "store" / "test_resnet").iterdir() if p.name.startswith("train")]
     fits = {FeatureSet.load(p).meta["dataset"]: len(FeatureSet.load(p)) for p in train_entries}
     assert fits == {"train": 15, "train.nac-fit-3-seed0": 3}
+
+
+def test_cli_extracts_the_fitting_rows_and_score_fits_nac_on_them(data: Path, tmp_path: Path, capsys, tapped_rows) -> None:
+    from oodeval import cli
+
+    kw = ["--model", "test_resnet", "--store", str(tmp_path), "--model-kwargs", json.dumps(KW), "--quiet", "--device", "cpu"]
+    paths = {}
+    for name, extra in (("train", []), ("fit", ["--nac-fit", "4", "--seed", "1"]), ("test", ["--taps"]), ("ood", ["--taps"])):
+        ds = data / ("train" if name == "fit" else name)
+        assert cli.main(["extract", "--dataset", str(ds), *kw, *extra]) == 0
+        paths[name] = capsys.readouterr().out.splitlines()[0]
+    assert sum(tapped_rows) == 3 + 6 + 6 and len(FeatureSet.load(paths["fit"])) == 3
+    base = ["score", "--train", paths["train"], "--test", paths["test"], "--ood", f"o={paths['ood']}", "--no-progress"]
+    assert cli.main([*base, "--nac-train", paths["fit"], "--detectors", "nac,energy", "--set", "nac.n_fit=4"]) == 0
+    out = capsys.readouterr().out
+    assert "nac.n_fit = 4 (set explicitly; backbone default 1000" in out and "\nnac " in out and "\nenergy " in out
+    # without --nac-train the untapped train set cannot serve NAC: it is left out of the default list
+    with pytest.warns(UserWarning, match="skipped detector knn"):
+        assert cli.main(base) == 0
+    assert "\nnac " not in capsys.readouterr().out
+    with pytest.warns(UserWarning, match="skipped detector knn"):
+        assert cli.main([*base, "--nac-train", paths["fit"]]) == 0
+    assert "\nnac " in capsys.readouterr().out

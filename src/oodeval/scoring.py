@@ -44,6 +44,7 @@ def evaluate_detectors(
     hyperparameters: Mapping[str, Mapping[str, object]] | None = None,
     scores_out: dict | None = None,
     progress: bool = True,
+    fit_sets: Mapping[str, FeatureSet] | None = None,
 ) -> list[dict]:
     """One row per (detector, OOD set): detector, ood, n_id, n_ood, fpr95, tnr95, auroc,
     aupr_in, aupr_out, detection_error (fractions), fit/score seconds, the backbone family and
@@ -57,6 +58,8 @@ def evaluate_detectors(
     hyperparameter that depends on the backbone recorded in ``train`` (or ``test`` when there is
     no train set) takes that backbone's release default (:func:`detectors.defaults.resolve_defaults`).
     When ``scores_out`` is a dict it receives ``scores_out[detector] = {"id": ..., ood_name: ...}``.
+    ``fit_sets`` maps a detector name to the FeatureSet it fits on instead of ``train`` (NAC's
+    tapped fitting rows, :func:`oodeval.features.extract.extract_nac_fit`).
     """
     from . import detectors
     from .detectors.defaults import backbone_family, resolve_defaults
@@ -67,10 +70,11 @@ def evaluate_detectors(
         raise ValueError("evaluate_detectors needs at least one OOD FeatureSet")
     hyperparameters = dict(hyperparameters or {})
     skip_failures = names is None
+    fit_sets = dict(fit_sets or {})
     if names is None:
-        names = detectors.supported(train, test)
+        names = [n for n in detectors.names() if detectors.supported(fit_sets.get(n, train), test, [n])]
         for o in oods.values():
-            names = detectors.supported(train, o, names)
+            names = [n for n in names if detectors.supported(fit_sets.get(n, train), o, [n])]
     unknown = sorted(set(names) - set(detectors.names()))
     unknown += sorted(set(hyperparameters) - set(detectors.names()))
     if unknown:
@@ -80,10 +84,11 @@ def evaluate_detectors(
     family = backbone_family(source.meta.get("model"))
     bar = _progress(names, progress)
     for name in bar:
-        det = detectors.create(name, **resolve_defaults(name, source, hyperparameters.get(name)))
+        fit_on = fit_sets.get(name, train)
+        det = detectors.create(name, **resolve_defaults(name, fit_on if fit_on is not None else source, hyperparameters.get(name)))
         t0 = time.perf_counter()
         try:
-            det.fit(train)
+            det.fit(fit_on)
             fit_s = time.perf_counter() - t0
             t0 = time.perf_counter()
             id_scores = det.score(test)

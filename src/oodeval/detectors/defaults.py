@@ -146,17 +146,19 @@ def resolve_defaults(name: str, source: FeatureSet | Mapping | None, explicit: M
 
 
 def describe(names: list[str], source: FeatureSet | Mapping | None, explicit: Mapping[str, Mapping] | None = None) -> list[str]:
-    """One line per backbone-dependent hyperparameter of ``names``: value and source, or "set
-    explicitly" where the user's value wins."""
+    """A line naming the backbone, then one line per backbone-dependent hyperparameter of
+    ``names``: its value and source, or the user's value where it wins."""
     explicit = explicit or {}
     meta, _, _ = _meta_and_taps(source)
     family = backbone_family(meta.get("model"))
     lines = [f"backbone {meta.get('model') or '(not recorded)'}: family {family}"]
     for name in names:
         for param, d in backbone_defaults(name, source).items():
-            given = param in explicit.get(name, {})
-            shown = _show(d.value)
-            lines.append(f"  {name}.{param} = {shown}" + (" (set explicitly, default not used)" if given else f"  [{d.source}]"))
+            mine = explicit.get(name, {})
+            if param in mine:
+                lines.append(f"  {name}.{param} = {_show(mine[param])} (set explicitly; backbone default {_show(d.value)} [{d.source}])")
+            else:
+                lines.append(f"  {name}.{param} = {_show(d.value)}  [{d.source}]")
     return lines
 
 
