@@ -12,8 +12,10 @@ Defaults are the release's ResNet-50 ImageNet configuration (``nac_imagenet.yml`
 avgpool (= ``pre_logits``) O=10, M=50, alpha=3000; layer3 O=500, M=50, alpha=300;
 layer2 O=50, M=500, alpha=0.01; layer1 O=5000, M=1000, alpha=1; fitted on ``n_fit`` = 1000
 ID-train samples drawn class-balanced with a seed (the release's ``valid_num``). O counts
-samples, so it only keeps its meaning with n_fit = 1000. Layers with other names (e.g. ViT
-blocks) fall back to the avgpool setting; override with ``layer_params``.
+samples, so it only keeps its meaning at the release's n_fit. Layers with other names fall back
+to the avgpool setting. The release's ViT setting (final norm and ``ln_2`` of the last three
+blocks, n_fit = 50,000) and the choice per backbone come from
+:func:`oodeval.detectors.defaults.resolve_defaults`; explicit ``layer_params`` / ``n_fit`` win.
 """
 
 from __future__ import annotations

@@ -16,7 +16,8 @@ scaled by sigmoid"). The sigmoid steepness alpha stays a detector hyperparameter
 Layers are module names of the model, plus the reserved name ``pre_logits``: the input of the
 classifier (``model.get_classifier()``), i.e. the pooled penultimate feature - for a ResNet the
 release's ``avgpool`` layer. :func:`default_nac_layers` gives the release's ImageNet choice for
-ResNets (avgpool, layer3, layer2, layer1) and the same rule for other timm nets.
+ResNets (avgpool, layer3, layer2, layer1) and ViTs (final norm, ``ln_2`` of the last three
+blocks), and the ResNet rule for other timm nets.
 """
 
 from __future__ import annotations
