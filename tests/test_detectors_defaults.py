@@ -186,3 +186,19 @@ def test_nac_refuses_odd_m_and_n_fit_below_the_class_count():
         detectors.create("nac", n_fit=None, layer_params={"pre_logits": {"M": 51}}).fit(train)
     with pytest.raises(ValueError, match="below the 10 classes"):
         detectors.create("nac", n_fit=5).fit(train)
+
+
+def test_grid_recomputes_cells_recorded_before_defaults_were_resolved(sets, tmp_path):
+    vit = {"id_train": str(sets["vit"]["train"]), "id_test": str(sets["vit"]["test"]), "ood": str(sets["vit"]["ood"])}
+    cfg = {"results": str(tmp_path / "r.parquet"), "bootstrap_draws": 20, "seeds": [0],
+           "datasets": {"id_train": "train", "id_test": "test", "ood": ["ood"]},
+           "models": [{"name": "vit", "features": vit}], "detectors": ["neco", "energy"]}  # fmt: skip
+    assert run_experiment(cfg, progress=False).computed == 2
+    assert run_experiment(cfg, progress=False).computed == 0
+    old = load_results(cfg["results"])  # a table written before per-backbone defaults: no resolved column
+    old.loc[old["detector"] == "neco", "hyperparameters_resolved"] = None
+    old.drop(columns=["backbone"]).to_parquet(cfg["results"])
+    again = run_experiment(cfg, progress=False)
+    assert (again.computed, again.skipped) == (1, 1)
+    df = load_results(cfg["results"]).set_index("detector")
+    assert json.loads(df.loc["neco", "hyperparameters_resolved"])["maxlogit"] is True

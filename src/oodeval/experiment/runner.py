@@ -323,6 +323,13 @@ def _settled(run: _Run, cfg: ExperimentConfig, done: set[tuple], split_done: dic
     return n
 
 
+def _current(table: pd.DataFrame) -> pd.DataFrame:
+    """The rows that count as done: a post-hoc cell recorded without its resolved hyperparameters
+    predates per-backbone defaults (it may have run with other values), so it is computed again."""
+    stale = (table["status"] == "ok") & (table["kind"] == "supervised") & table["hyperparameters_resolved"].isna()
+    return table[~stale.fillna(False).astype(bool)]
+
+
 def _row(key: tuple, **values) -> dict:
     row = dict(zip(KEY, key))
     row.update(values)
@@ -344,7 +351,7 @@ def run_experiment(
     cfg = load_config(config)
     features = features or extract_features
     table = load_results(cfg.results)
-    done = done_keys(table, include_errors=not cfg.retry_failed)
+    done = done_keys(_current(table), include_errors=not cfg.retry_failed)
     summary = RunSummary(results=cfg.results)
     runs: list[_Run] = []
     settled_cells = 0
