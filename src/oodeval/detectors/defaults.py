@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ..features import FeatureSet
-from .nac import NAC_DEFAULTS
+from .nac import NAC_DEFAULTS, NAC_N_FIT, NAC_VIT_BLOCKS, NAC_VIT_NORM
 
 __all__ = ["Default", "backbone_family", "backbone_defaults", "resolve_defaults", "describe", "FAMILIES"]
 
@@ -43,10 +43,6 @@ _ASH = {
     "vit": (95.0, "ASH release config/vit_config.yml: ash_s@95 (ViT)"),
     "densenet": (99.0, "ASH release config/densenet_config.yml: ash_s@99 (DenseNet-121)"),
 }
-NAC_VIT_NORM = {"O": 500, "M": 50, "alpha": 100.0}
-NAC_VIT_BLOCKS = ({"O": 50, "M": 500, "alpha": 1.0}, {"O": 10, "M": 500, "alpha": 10.0},
-                  {"O": 10, "M": 1000, "alpha": 1.0})  # fmt: skip
-NAC_N_FIT = {"resnet": 1000, "vit": 50000}
 
 
 @dataclass(frozen=True)

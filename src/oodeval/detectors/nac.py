@@ -28,7 +28,7 @@ from . import register
 from ._common import chunks
 from .base import Detector
 
-__all__ = ["NAC", "NAC_DEFAULTS", "nac_grid", "fit_rows"]
+__all__ = ["NAC", "NAC_DEFAULTS", "NAC_VIT_NORM", "NAC_VIT_BLOCKS", "NAC_N_FIT", "nac_grid", "fit_rows"]
 
 PREFIX = "nac/"
 
@@ -40,6 +40,13 @@ NAC_DEFAULTS: dict[str, dict[str, float]] = {
     "layer1": {"O": 5000, "M": 1000, "alpha": 1.0},
 }
 FALLBACK = "pre_logits"
+#: the release's ViT-B/16 ImageNet setting (``vit/nac_imagenet.yml``): the final LayerNorm, then
+#: ``ln_2`` of the last, second-last and third-last blocks
+NAC_VIT_NORM = {"O": 500, "M": 50, "alpha": 100.0}
+NAC_VIT_BLOCKS = ({"O": 50, "M": 500, "alpha": 1.0}, {"O": 10, "M": 500, "alpha": 10.0},
+                  {"O": 10, "M": 1000, "alpha": 1.0})  # fmt: skip
+#: the release's ``valid_num`` (fitting rows) per backbone family
+NAC_N_FIT = {"resnet": 1000, "vit": 50000}
 
 
 def nac_grid(m: int) -> np.ndarray:
