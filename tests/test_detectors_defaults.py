@@ -28,6 +28,8 @@ MODELS = {
     "vit": ("test_vit", TINY),
     "deit": ("deit_tiny_patch16_224", {**TINY, "img_size": 32, "depth": 2}),
     "convnext": ("test_convnext", TINY),
+    "swin": ("swin_tiny_patch4_window7_224", {**TINY, "img_size": 32, "window_size": 2, "embed_dim": 16,
+                                              "depths": [1, 1, 1, 1], "num_heads": [1, 1, 1, 1]}),
 }
 VIT_NORM = {"O": 500, "M": 50, "alpha": 100.0}
 VIT_BLOCKS = [{"O": 50, "M": 500, "alpha": 1.0}, {"O": 10, "M": 500, "alpha": 10.0}, {"O": 10, "M": 1000, "alpha": 1.0}]
