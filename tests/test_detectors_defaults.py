@@ -204,3 +204,21 @@ def test_grid_recomputes_cells_recorded_before_defaults_were_resolved(sets, tmp_
     assert (again.computed, again.skipped) == (1, 1)
     df = load_results(cfg["results"]).set_index("detector")
     assert json.loads(df.loc["neco", "hyperparameters_resolved"])["maxlogit"] is True
+
+
+def test_grid_takes_the_backbone_of_precomputed_features_without_a_recorded_model_from_its_name(tmp_path):
+    rng = np.random.default_rng(0)
+    w, b = rng.normal(size=(3, 6)).astype(np.float32), np.zeros(3, np.float32)
+    paths = {}
+    for role, n in (("id_train", 30), ("id_test", 12), ("ood", 12)):
+        z = np.abs(rng.normal(size=(n, 6))).astype(np.float32)
+        y = rng.integers(0, 3, n) if role != "ood" else None
+        paths[role] = str(FeatureSet(z, labels=y, logits=z @ w.T + b, weight=w, bias=b).save(tmp_path / role))
+    cfg = {"results": str(tmp_path / "r.parquet"), "bootstrap_draws": 20, "seeds": [0],
+           "datasets": {"id_train": "train", "id_test": "test", "ood": ["ood"]},
+           "models": [{"name": "deit_small_patch16_224", "features": paths}, {"name": "mine", "features": paths}],
+           "detectors": ["neco"]}  # fmt: skip
+    df = load_results(run_experiment(cfg, progress=False)).set_index("model")
+    assert df.loc["deit_small_patch16_224", "backbone"] == "vit" and df.loc["mine", "backbone"] == "unknown"
+    assert json.loads(df.loc["deit_small_patch16_224", "hyperparameters_resolved"])["maxlogit"] is True
+    assert json.loads(df.loc["mine", "hyperparameters_resolved"])["maxlogit"] is False
