@@ -96,11 +96,12 @@ def extract_features(model: ModelSpec, weights: str | None, ds: DatasetSpec, rol
     """The FeatureSet of ``ds`` under ``model``: a precomputed folder named in the model's
     ``features`` table (by role ``id_train`` / ``id_test`` or OOD label), else the store.
     NAC taps (``model.taps``) are extracted for the test and OOD sets here; on ID train only
-    for NAC's fitting rows (:func:`nac_fit_features`). A precomputed FeatureSet that records no
-    model is taken to come from the model's ``name`` (which then picks the backbone defaults)."""
+    for NAC's fitting rows (:func:`nac_fit_features`). A supervised model's precomputed FeatureSet
+    that records no model is taken to come from its ``name`` (which picks the backbone defaults)."""
     if role in model.features:
         fs = FeatureSet.load(model.features[role])
-        fs.meta.setdefault("model", model.name)
+        if model.kind == "supervised":
+            fs.meta.setdefault("model", model.name)
         return fs
     from ..features.extract import extract
 
