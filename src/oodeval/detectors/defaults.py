@@ -84,7 +84,9 @@ def _meta_and_taps(source: FeatureSet | Mapping | None) -> tuple[Mapping, list[s
 
 
 def _nac_layers(family: str, taps: list[str], depth: int | None) -> dict[str, dict]:
-    """Per-layer (O, M, alpha) of the recorded NAC taps for ``family``."""
+    """Per-layer (O, M, alpha) of the recorded NAC taps for ``family``. A ViT block's setting
+    depends on its distance from the last block: ``depth`` is the block count recorded at
+    extraction (``meta["depth"]``); without it the deepest tapped block counts as the last."""
     if family != "vit":  # ResNet's (O, M, alpha), deepest first, layer by layer
         return {name: dict(p) for name, p in zip(taps, NAC_DEFAULTS.values())}
     blocks = {}
