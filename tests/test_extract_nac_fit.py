@@ -44,9 +44,9 @@ def tapped_rows(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     seen: list[int] = []
     real = taps_mod.forward_with_nac
 
-    def counting(model, images, layers):
+    def counting(model, images, *args, **kwargs):
         seen.append(int(images.shape[0]))
-        return real(model, images, layers)
+        return real(model, images, *args, **kwargs)
 
     monkeypatch.setattr(taps_mod, "forward_with_nac", counting)
     return seen
@@ -90,9 +90,9 @@ def test_grid_taps_only_nac_fitting_rows(data: Path, tmp_path: Path, tapped_rows
     assert (df["status"] == "ok").all(), df["error"].tolist()
     assert sum(tapped_rows) == 3 + 6 + 6  # NAC's 3 fitting rows, the test set and the OOD set; not the 15 train images
     assert df.loc["nac", "hyperparameters_resolved"].count('"n_fit":3') == 1
-    train_entries = [p for p in (tmp_path / "store" / "test_resnet").iterdir() if p.name.startswith("train")]
-    fits = {FeatureSet.load(p).meta["dataset"]: len(FeatureSet.load(p)) for p in train_entries}
-    assert fits == {"train": 15, "train.nac-fit-3-seed0": 3}
+    entries = [FeatureSet.load(m.parent) for m in (tmp_path / "store").glob("*/*/meta.json")]
+    fits = {fs.meta["dataset"]: (len(fs), bool(fs.extras_with_prefix("nac/"))) for fs in entries}
+    assert fits == {"train": (15, False), "train.nac-fit-3-seed0": (3, True), "test": (6, True), "ood": (6, True)}
 
 
 def test_cli_extracts_the_fitting_rows_and_score_fits_nac_on_them(data: Path, tmp_path: Path, capsys, tapped_rows) -> None:
@@ -110,9 +110,7 @@ def test_cli_extracts_the_fitting_rows_and_score_fits_nac_on_them(data: Path, tm
     out = capsys.readouterr().out
     assert "nac.n_fit = 4 (set explicitly; backbone default 1000" in out and "\nnac " in out and "\nenergy " in out
     # without --nac-train the untapped train set cannot serve NAC: it is left out of the default list
-    with pytest.warns(UserWarning, match="skipped detector knn"):
-        assert cli.main(base) == 0
+    assert cli.main([*base, "--set", "knn.k=5"]) == 0
     assert "\nnac " not in capsys.readouterr().out
-    with pytest.warns(UserWarning, match="skipped detector knn"):
-        assert cli.main([*base, "--nac-train", paths["fit"]]) == 0
+    assert cli.main([*base, "--set", "knn.k=5", "--nac-train", paths["fit"]]) == 0
     assert "\nnac " in capsys.readouterr().out

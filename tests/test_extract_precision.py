@@ -50,3 +50,20 @@ def test_bf16_trunk_gives_float32_logits_of_the_stored_features(folder: Path, tm
     _assert_fp32_head(bf16)
     # a bf16 value cast to float32 has its 16 low mantissa bits zero; these logits use them
     assert (np.ascontiguousarray(bf16.logits).view(np.uint32) & 0xFFFF).any()
+
+
+def test_own_module_under_bf16_autocast_gives_float32_head_logits(folder: Path, tmp_path: Path) -> None:
+    import torch
+    from torchvision import transforms
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
+                              torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3)).eval()  # fmt: skip
+    tf = transforms.Compose([transforms.Resize((32, 32)), transforms.ToTensor()])
+    fp32 = FeatureSet.load(extract(net, folder, tmp_path, transform=tf, device="cpu", amp=False, progress=False))
+    bf16 = FeatureSet.load(extract(net, folder, tmp_path, transform=tf, device="cpu", amp=True, progress=False))
+    scale = float(np.abs(fp32.features).max())
+    assert float(np.abs(bf16.features - fp32.features).max()) > 1e3 * U32 * scale
+    _assert_fp32_head(fp32)
+    _assert_fp32_head(bf16)
+    assert (np.ascontiguousarray(bf16.logits).view(np.uint32) & 0xFFFF).any()

@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 
-HELP = "extract features, logits and head of a timm/open_clip model on a dataset into the feature store"
+HELP = "extract features, logits and head of a model (timm, open_clip or your own code) on a dataset into the feature store"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="timm name (timm:NAME or NAME) or open_clip:ARCH[@TAG]")
+    p.add_argument("--model", required=True, help="timm name (timm:NAME or NAME), open_clip:ARCH[@TAG], or package.module:factory (your code: "
+                   "returns (nn.Module, transform); see docs/own-model.md)")
     p.add_argument("--dataset", required=True, help="registry name, NAME:SPLIT, image folder or CSV manifest")
     p.add_argument("--store", required=True, help="feature store folder")
     p.add_argument("--weights", default=None, help="local weights file (.safetensors, or a torch checkpoint read weights_only)")
@@ -29,6 +30,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--amp", default=None, action=argparse.BooleanOptionalAction, help="bf16 autocast (default: on CUDA only)")
     p.add_argument("--shard-size", type=int, default=1024, help="rows per atomically written shard (default 1024)")
     p.add_argument("--no-strict", action="store_true", help="accept a registry dataset whose image count differs")
+    p.add_argument("--skip-missing", action="store_true", help="skip manifest rows whose file does not exist (default: an error)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -40,6 +42,7 @@ def run(args: argparse.Namespace) -> int:
         weights=args.weights, data_root=args.data_root, patch_features=args.patch_features, batch_size=args.batch_size,
         num_workers=args.workers, device=args.device, model_kwargs=args.model_kwargs, progress=not args.quiet,
         head=args.head, pretrained=args.pretrained, amp=args.amp, strict=not args.no_strict, shard_size=args.shard_size,
+        skip_missing=args.skip_missing,
         nac_layers=args.nac_layers.split(",") if args.nac_layers else None,
     )
     if args.nac_fit is not None:

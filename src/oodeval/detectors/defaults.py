@@ -67,6 +67,8 @@ def backbone_family(model: str | None) -> str:
     kind, name, _ = parse_model_name(model)
     if kind == "open_clip":
         return "resnet" if name.upper().startswith("RN") else "vit" if name.startswith("ViT") else "other"
+    if kind != "timm":  # a user's own nn.Module or factory
+        return "unknown"
     from timm.models import is_model, model_entrypoint, split_model_name_tag
 
     arch = split_model_name_tag(name)[0]

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .._io import hash_json, write_json_atomic
+from .._io import hash_json, json_has_keys, write_json_atomic
 
 __all__ = ["Vocabulary", "union", "oracle", "KINDS"]
 
@@ -22,6 +22,10 @@ KINDS = ("wordnet", "negmined", "llm-siblings", "eoe", "union", "oracle", "custo
 
 def _content_hash(kind: str, labels: Sequence[str]) -> str:
     return hash_json({"kind": kind, "labels": list(labels)})
+
+
+#: recognises an existing vocabulary JSON, the only file :meth:`Vocabulary.save` replaces
+is_vocabulary_file = json_has_keys("kind", "labels", "content_hash")
 
 
 @dataclass
@@ -56,18 +60,29 @@ class Vocabulary:
         return Vocabulary(self.labels[:m], self.kind, {**self.provenance, "prefix_of": self.content_hash, "M": m})
 
     def save(self, path: str | Path) -> None:
-        """Write as JSON atomically."""
+        """Write as JSON atomically; an existing file is replaced only when it is a vocabulary JSON."""
         write_json_atomic(path, {"kind": self.kind, "content_hash": self.content_hash, "size": len(self),
-                                 "provenance": self.provenance, "labels": self.labels})
+                                 "provenance": self.provenance, "labels": self.labels},
+                          "vocabulary", is_vocabulary_file)
 
     @classmethod
     def load(cls, path: str | Path) -> Vocabulary:
-        """Read a JSON written by :meth:`save`; the hash is checked."""
+        """Read a ``.json`` written by :meth:`save` (the hash is checked), or any other file as text
+        with one label per line: blank lines dropped, repeated labels kept once (first occurrence), kind "custom"."""
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"vocabulary file {path} does not exist")
-        data = json.loads(path.read_text())
-        return cls(data["labels"], data["kind"], data.get("provenance", {}), data.get("content_hash", ""))
+        if path.suffix.lower() != ".json":
+            lines = [ln.strip() for ln in path.read_text().splitlines() if ln.strip()]
+            labels = list(dict.fromkeys(lines))
+            if not labels:
+                raise ValueError(f"vocabulary file {path} has no labels")
+            return cls(labels, "custom", {"file": str(path), "repeated_labels_dropped": len(lines) - len(labels)})
+        try:
+            data = json.loads(path.read_text())
+            return cls(data["labels"], data["kind"], data.get("provenance", {}), data.get("content_hash", ""))
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise ValueError(f"vocabulary file {path} is not a Vocabulary JSON (keys labels, kind): {exc}") from exc
 
 
 def union(vocabularies: Sequence[Vocabulary]) -> Vocabulary:
