@@ -18,6 +18,8 @@ EXAMPLES = [
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--train", type=Path, required=True, help="ID-train FeatureSet folder")
     p.add_argument("--test", type=Path, required=True, help="ID-test FeatureSet folder")
+    p.add_argument("--nac-train", type=Path, default=None,
+                   help="the FeatureSet NAC fits on, when --train has no NAC states (`oodeval extract --nac-fit N`)")  # fmt: skip
     p.add_argument("--ood", action="append", required=True, metavar="NAME=DIR",
                    help="an OOD FeatureSet folder with its name (repeatable)")  # fmt: skip
     p.add_argument("--detectors", default=None,
@@ -49,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
     import pandas as pd
 
     from .._io import atomic_path, check_output, csv_header_starts
+    from ..detectors.defaults import describe
     from ..features import FeatureSet
     from ..results import is_results_table
     from ..scoring import add_intervals, evaluate_detectors, failures, format_table, parse_hyperparameters, supported_names
@@ -63,12 +66,21 @@ def run(args: argparse.Namespace) -> int:
     test = FeatureSet.load(args.test)
     oods = {name: FeatureSet.load(folder) for name, folder in parse_oods(args.ood).items()}
     if parquet:
+        if args.nac_train is not None:
+            raise ValueError("--nac-train works with a .csv output; for a results table, name NAC's fit set in an experiment file")
         return _results_table(args, train, names or supported_names(train, test, oods), hps)
+    fit_sets = {} if args.nac_train is None else {"nac": FeatureSet.load(args.nac_train)}
     scores: dict = {}
-    rows = evaluate_detectors(train, test, oods, names, hps, scores_out=scores, progress=not args.no_progress)
+    rows = evaluate_detectors(train, test, oods, names, hps, scores_out=scores, progress=not args.no_progress,
+                              fit_sets=fit_sets)  # fmt: skip
     if not rows:
         raise ValueError("no detector is supported by these FeatureSets")
     rows = add_intervals(rows, scores, draws=args.draws, seed=args.seed)
+    ran = list(dict.fromkeys(r["detector"] for r in rows))
+    print("\n".join(describe([n for n in ran if n not in fit_sets], train, hps)))
+    for name, fs in fit_sets.items():
+        if name in ran:
+            print("\n".join(describe([name], fs, hps)[1:]))
     print(format_table(rows))
     if args.out is not None:
         with atomic_path(args.out, "score table", is_score_table) as tmp:

@@ -4,6 +4,8 @@ Each detector class registers itself with ``@register(name, tags=..., order=...)
 (:class:`oodeval.registry.Registry`); ``names()`` lists every registered detector in the paper's
 order, ``names("paper21")`` the paper's 21, ``names("logit")`` one group; ``create(name,
 **hyperparameters)`` builds one with the paper's defaults overridden by the given hyperparameters.
+The defaults that depend on the backbone (NECO, ASH-S, NAC) come from
+``defaults.resolve_defaults(name, featureset, overrides)``, which ``oodeval score`` and ``oodeval run`` apply.
 """
 
 from __future__ import annotations
