@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-HELP = "write Markdown, LaTeX and one self-contained HTML report (tables + PNG figures) of a results table"
+HELP = "write Markdown, LaTeX and one self-contained HTML report (tables with CIs + PNG/PDF/SVG figures) of a results table"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -18,6 +18,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="sub-sampling seed (default 0)")
     p.add_argument("--sweeps", type=Path, default=None, help="vocabulary sweep table (default: <results stem>.sweeps.parquet if present)")
     p.add_argument("--title", default="oodeval report")
+    p.add_argument("--experiment", type=Path, default=None, metavar="EXP", help="experiment file: show only its declared configurations, and its near/far OOD groups (default: every configuration, each labelled)")
+    p.add_argument("--convention", choices=("paper", "openood"), default="paper", help="openood: add OpenOOD v1.5's OOD-positive FPR@95 beside the paper's (ID-positive) one")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -28,6 +30,7 @@ def run(args: argparse.Namespace) -> int:
     paths = write_report(
         args.results, args.out, primary=args.dataset, model=args.model, subsample_n=args.n,
         draws=args.draws, seed=args.seed, sweeps=args.sweeps, title=args.title,
+        experiment=args.experiment, convention=args.convention,
     )  # fmt: skip
     for key, path in paths.items():
         print(f"{key:>10}: {path}")

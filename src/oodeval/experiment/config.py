@@ -12,7 +12,7 @@ relative paths are relative to the experiment file's folder. See ``docs/experime
     [datasets]
     id_train = "imagefolder:train"    # fits the detectors (supervised models only)
     id_test = "imagefolder:val"
-    ood = ["ninco", { name = "data/fi", label = "Fi", split_column = "fine_grained" }]
+    ood = ["ninco", { name = "data/fi", label = "Fi", split_column = "fine_grained", group = "near" }]
 
     [[models]]
     name = "resnet50"
@@ -40,7 +40,7 @@ _TOP = {
     "num_workers", "retry_failed", "seed_detectors", "datasets", "models", "detectors", "zeroshot", "sweeps",
 }  # fmt: skip
 _DATASETS = {"id_train", "id_test", "ood", "split_column", "id_classes"}
-_OOD = {"name", "label", "split_column"}
+_OOD = {"name", "label", "split_column", "group"}
 _MODEL = {
     "name", "label", "weights", "kind", "model_kwargs", "taps", "patch_features", "features", "detectors",
 }  # fmt: skip
@@ -62,6 +62,14 @@ class DetectorSpec:
     def display(self) -> str:
         return self.label or self.name
 
+    @property
+    def result_key(self) -> str:
+        """The ``hyperparameters`` key of this configuration's rows in the results table: the
+        overrides, plus the vocabulary of a vocabulary scorer, as canonical JSON."""
+        from ..results import hp_json
+
+        return hp_json({**self.hyperparameters, **({"vocabulary": self.vocabulary} if self.vocabulary is not None else {})})
+
 
 @dataclass(frozen=True)
 class SweepSpec:
@@ -77,11 +85,13 @@ class SweepSpec:
 
 @dataclass(frozen=True)
 class DatasetSpec:
-    """A dataset: a registry name or a path, the label used in the results, an optional split column."""
+    """A dataset: a registry name or a path, the label used in the results, an optional split column,
+    and an optional group (e.g. ``near`` / ``far``) whose mean the report shows."""
 
     name: str
     label: str
     split_column: str | None = None
+    group: str | None = None
 
 
 @dataclass(frozen=True)
@@ -194,6 +204,7 @@ def _dataset(entry: Any, where: str, base: Path, split_column: str | None) -> Da
         _dataset_name(name, base),
         _typed(t, "label", str, where, _default_label(name)),
         _typed(t, "split_column", str, where, split_column),
+        _typed(t, "group", str, where),
     )
 
 

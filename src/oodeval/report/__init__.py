@@ -16,11 +16,15 @@ from ..results import ALL_SPLIT, load_cell_scores, load_results
 from . import figures as figs
 from .cnc import cnc_summary
 from .render import html_page, latex, markdown
+from .selection import select_configurations
 from .subsampling import model_scores, subsampling_curves, subsampling_table
 from .tables import best_per_model, dataset_by_model, detector_by_model, split_rows, vocabularies, vocabularies_by_dataset
-from .views import Figure, View, add_det, full_split, prepare
+from .views import Figure, View, add_det, best_row, full_split, prepare
 
-__all__ = ["write_report", "build_views", "sweeps_path", "save_sweep"]
+__all__ = ["write_report", "build_views", "sweeps_path", "save_sweep", "CONVENTIONS"]
+
+#: ``paper``: FPR@95 with ID positive (the papers'); ``openood`` adds OpenOOD v1.5's OOD-positive FPR@95 beside it
+CONVENTIONS = ("paper", "openood")
 
 
 def sweeps_path(results: str | Path) -> Path:
@@ -67,6 +71,19 @@ def _pick_model(frame: pd.DataFrame) -> str | None:
     return str(best.idxmin())
 
 
+def _with_openood(df: pd.DataFrame, results_path: Path) -> pd.DataFrame:
+    """``df`` with ``fpr95_openood`` (``metrics.fpr_ood_positive`` of each ok row's stored scores; NaN without them)."""
+    from ..metrics import fpr_ood_positive
+
+    values = []
+    for _, r in df.iterrows():
+        try:
+            values.append(fpr_ood_positive(*load_cell_scores(r, results_path)))
+        except (OSError, ValueError):
+            values.append(float("nan"))
+    return df.assign(fpr95_openood=values)
+
+
 def build_views(
     df: pd.DataFrame,
     results_path: Path,
@@ -76,8 +93,11 @@ def build_views(
     subsample_n: int | None = None,
     draws: int = 1000,
     seed: int = 0,
+    groups: dict[str, str] | None = None,
 ) -> tuple[list[View], dict]:
-    """Every table view, and the choices made (primary set, model, n) for the figures."""
+    """Every table view, and the choices made (primary set, model, n) for the figures.
+
+    ``groups`` maps OOD set -> group name (near / far ...) for Tab. A2's group means."""
     frame = prepare(df)
     datasets = list(dict.fromkeys(full_split(frame)["dataset"]))
     if primary is None and datasets:
@@ -91,7 +111,7 @@ def build_views(
     views = [
         best_per_model(frame, primary or ""),
         detector_by_model(frame, primary or ""),
-        dataset_by_model(frame, primary or ""),
+        dataset_by_model(frame, primary or "", groups),
         vocabularies(frame, primary or ""),
         vocabularies_by_dataset(frame, primary or ""),
         split_rows(frame),
@@ -102,7 +122,7 @@ def build_views(
     if scores and subsample_n:
         views.append(subsampling_table(scores, subsample_n, draws=draws, seed=seed, model=model))
     else:
-        views.append(View("tabA6", "Tab. A6 — sub-sampling", "", note="omitted: no stored scores for a model on the primary set"))
+        views.append(View("tabA6", "Tab. A6 — sub-sampling to the primary set's size", "", note="omitted: no stored scores for a model on the primary set"))
     views.append(cnc_summary(df))
     return views, {"frame": frame, "primary": primary, "model": model, "scores": scores, "n": subsample_n}
 
@@ -116,7 +136,7 @@ def _figures(df: pd.DataFrame, results_path: Path, choice: dict, fig_dir: Path, 
     fig1 = Figure("fig1", "Fig. 1 — best detector per OOD set", f"{model}: lowest FPR@95 over its detectors on every OOD set.")
     mf = f[f["model"] == model]
     if len(mf):
-        best = mf.loc[mf.groupby("dataset", sort=False)["fpr95"].idxmin(), ["dataset", "fpr95", "det"]]
+        best = pd.DataFrame([best_row(g) for _, g in mf.groupby("dataset", sort=False)])[["dataset", "fpr95", "det"]]
         fig1.path = figs.best_per_dataset(best, model, fig_dir / "fig1_best_per_dataset.png")
     else:
         fig1.note = "omitted: no results"
@@ -125,7 +145,10 @@ def _figures(df: pd.DataFrame, results_path: Path, choice: dict, fig_dir: Path, 
     roc = Figure("roc", "ROC curves", f"{model} on {primary}: the five detectors with the lowest FPR@95 (ID positive).")
     on_primary = scores.get(primary, {})
     if on_primary:
-        ranked = mf[mf["dataset"] == primary].sort_values("fpr95")["det"].tolist()[:5]
+        ranked, rest = [], mf[mf["dataset"] == primary]
+        while len(rest) and len(ranked) < 5:
+            ranked.append(best_row(rest)["det"])
+            rest = rest[rest["det"] != ranked[-1]]
         curves = {d: on_primary[d] for d in ranked if d in on_primary}
         roc.path = figs.roc_curves(curves, f"{model} — {primary}", fig_dir / "roc.png")
     else:
@@ -137,7 +160,7 @@ def _figures(df: pd.DataFrame, results_path: Path, choice: dict, fig_dir: Path, 
     rows = add_det(df[(df["status"] == "ok") & (df["split"] == ALL_SPLIT) & (df["dataset"] == primary) & df["vocabulary"].isna()])
     for m, g in rows.groupby("model", sort=False):
         g = g[g["seed"] == g["seed"].min()]
-        r = g.loc[g["fpr95"].idxmin()]
+        r = best_row(g)
         try:
             panels[m] = (r["det"], *load_cell_scores(r, results_path))
         except (OSError, ValueError):
@@ -182,21 +205,39 @@ def write_report(
     seed: int = 0,
     sweeps: str | Path | pd.DataFrame | None = None,
     title: str = "oodeval report",
+    experiment=None,
+    convention: str = "paper",
 ) -> dict[str, Path]:
-    """Write ``report.md``, ``report.tex``, ``report.html`` (self-contained) and ``figures/*.png``.
+    """Write ``report.md``, ``report.tex``, ``report.html`` (self-contained) and ``figures/*`` (PNG, PDF, SVG).
 
     ``results``: the Parquet table (or a :class:`~oodeval.experiment.RunSummary`); ``primary``: the
     OOD set of Tabs. 1, A1, 2 (default: the first in the table); ``model``: the model of Fig. 1, A4,
     ROC and Tab. A6 (default: the supervised model with the lowest mean best FPR@95); ``subsample_n``:
     the draw size of Tab. A6 (default: the primary set's size); ``draws``/``seed``: sub-sampling.
-    Returns ``{"markdown", "latex", "html", <figure key>: path, ...}``.
+    ``experiment`` (a path or :class:`~oodeval.experiment.ExperimentConfig`): show only its declared
+    configurations (:mod:`oodeval.report.selection`) and take its OOD groups; ``convention="openood"``
+    adds OpenOOD's OOD-positive FPR@95 beside the paper's.
+    Returns ``{"markdown", "latex", "html", <figure key>: PNG path, ...}``.
     """
+    if convention not in CONVENTIONS:
+        raise ValueError(f"convention must be one of {', '.join(CONVENTIONS)}, got {convention!r}")
     results = Path(getattr(results, "results", results))
     if not results.is_file():
         raise FileNotFoundError(f"results table {results} does not exist (run `oodeval run` first)")
     df = load_results(results)
     if len(df) == 0:
         raise ValueError(f"results table {results} has no rows")
+    if experiment is not None:
+        from ..experiment import load_config
+
+        experiment = load_config(experiment)
+    selection = select_configurations(df, experiment)
+    df = selection.rows
+    if len(df) == 0:
+        raise ValueError(f"results table {results} holds no cell of a configuration declared by experiment {experiment.name!r}")
+    if convention == "openood":
+        df = _with_openood(df, results)
+    groups = {d.label: d.group for d in experiment.ood if d.group} if experiment is not None else None
     out_dir = Path(out_dir)
     fig_dir = out_dir / "figures"
     fig_dir.mkdir(parents=True, exist_ok=True)
@@ -204,14 +245,17 @@ def write_report(
         sweeps = sweeps_path(results)
     if sweeps is not None and not isinstance(sweeps, pd.DataFrame):
         sweeps = pd.read_parquet(sweeps)
-    views, choice = build_views(df, results, primary=primary, model=model, subsample_n=subsample_n, draws=draws, seed=seed)
+    views, choice = build_views(df, results, primary=primary, model=model, subsample_n=subsample_n, draws=draws, seed=seed, groups=groups)
     figures = _figures(df, results, choice, fig_dir, draws, seed, sweeps)
     n_ok, n_err = int((df["status"] == "ok").sum()), int((df["status"] != "ok").sum())
     intro = (
         f"From {results.name}: {n_ok} evaluated cells ({n_err} failed, not shown), "
         f"{df['model'].nunique()} model(s), {df['dataset'].nunique()} OOD set(s), seeds {sorted(set(df['seed'].tolist()))}. "
         f"Primary OOD set: {choice['primary']}; figure model: {choice['model']}. Values in % (means over seeds); "
-        "FPR@95 lower is better, AUROC higher is better; ID is the positive class."
+        "FPR@95 lower is better, AUROC higher is better; ID is the positive class. Brackets: bootstrap 95% CIs "
+        f"({'OOD resampled, ID threshold fixed' if df['bootstrap_fixed_id'].fillna(True).all() else 'as recorded per cell'}; "
+        "bounds averaged over seeds). Best detector: lowest FPR@95 (highest AUROC for AUROC), ties to the better other "
+        f"metric, then the paper's detector order. {selection.statement}"
     )
     paths: dict[str, Path] = {"markdown": out_dir / "report.md", "latex": out_dir / "report.tex", "html": out_dir / "report.html"}
     write_text_atomic(paths["markdown"], markdown(title, intro, views, figures, out_dir))

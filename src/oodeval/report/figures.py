@@ -6,7 +6,7 @@
 - Fig. A4: mean FPR@95 over sub-sampling draws ± 2 std against n, full-set values dotted, the
   primary set as a black reference line and a gray line at the primary set's size.
 - Fig. A1 / A2: vocabulary-size curves (one gray line per model, the mean in blue) from sweep tables.
-Every figure is written atomically.
+Every figure is written atomically as PNG (200 dpi, for the HTML page) with PDF and SVG beside it.
 """
 
 from __future__ import annotations
@@ -19,13 +19,19 @@ from matplotlib.figure import Figure
 
 from .._io import atomic_path
 
-__all__ = ["save_png", "best_per_dataset", "roc_curves", "histograms", "subsampling_bands", "vocabulary_curves"]
+__all__ = ["save_figure", "FORMATS", "best_per_dataset", "roc_curves", "histograms", "subsampling_bands", "vocabulary_curves"]
 
 
-def save_png(fig: Figure, path: Path) -> Path:
-    """Write ``fig`` as PNG to ``path`` atomically."""
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
+FORMATS = ("png", "pdf", "svg")
+
+
+def save_figure(fig: Figure, path: Path) -> Path:
+    """Write ``fig`` to ``path`` (``.png``) and beside it as ``.pdf`` and ``.svg``, each atomically;
+    returns the PNG path."""
+    path = Path(path).with_suffix(".png")
+    for fmt in FORMATS:
+        with atomic_path(path.with_suffix(f".{fmt}")) as tmp:
+            fig.savefig(tmp, format=fmt, dpi=200 if fmt == "png" else None, bbox_inches="tight")
     return path
 
 
@@ -43,7 +49,7 @@ def best_per_dataset(best: pd.DataFrame, model: str, path: Path) -> Path:
     ax.set_xlim(0, 115)
     ax.set_xlabel("FPR@95 (%, lower is better)")
     ax.set_title(f"{model}: best detector per OOD set")
-    return save_png(fig, path)
+    return save_figure(fig, path)
 
 
 def roc_curves(curves: dict[str, tuple[np.ndarray, np.ndarray]], title: str, path: Path) -> Path:
@@ -62,7 +68,7 @@ def roc_curves(curves: dict[str, tuple[np.ndarray, np.ndarray]], title: str, pat
     ax.set_ylabel("TPR: ID accepted (%)")
     ax.set_title(title)
     ax.legend(fontsize=8, loc="lower right")
-    return save_png(fig, path)
+    return save_figure(fig, path)
 
 
 def histograms(panels: dict[str, tuple[str, np.ndarray, np.ndarray]], dataset: str, path: Path) -> Path:
@@ -81,8 +87,9 @@ def histograms(panels: dict[str, tuple[str, np.ndarray, np.ndarray]], dataset: s
         ax.axvline(np.sort(id_s)[::-1][k95 - 1], color="k", ls="--", lw=1, label="TPR95 threshold")
         ax.set_title(f"{model} / {det}", fontsize=9)
         ax.set_xlabel("score (higher = ID)")
+        ax.set_ylabel("density")
         ax.legend(fontsize=7)
-    return save_png(fig, path)
+    return save_figure(fig, path)
 
 
 def subsampling_bands(curves: dict, model: str, reference: tuple[str, float] | None, n_ref: int | None, path: Path) -> Path:
@@ -93,7 +100,7 @@ def subsampling_bands(curves: dict, model: str, reference: tuple[str, float] | N
         color = f"C{i}"
         m, s = 100 * c["mean"], 100 * c["std"]
         ax.plot(c["n"], m, color=color, label=f"{dataset} ({c['detector']})")
-        ax.fill_between(c["n"], m - 2 * s, m + 2 * s, color=color, alpha=0.2)
+        ax.fill_between(c["n"], np.clip(m - 2 * s, 0, 100), np.clip(m + 2 * s, 0, 100), color=color, alpha=0.2)
         ax.axhline(100 * c["full"], color=color, ls=":", lw=1)
     if reference is not None:
         ax.axhline(100 * reference[1], color="k", lw=1.5, label=f"{reference[0]} (full)")
@@ -101,10 +108,11 @@ def subsampling_bands(curves: dict, model: str, reference: tuple[str, float] | N
         ax.axvline(n_ref, color="0.6", lw=1)
     ax.set_xscale("log")
     ax.set_xlabel("draw size n (log)")
-    ax.set_ylabel("FPR@95 (%), mean ± 2 std over draws")
+    ax.set_ylabel("FPR@95 (%), mean ± 2 std over draws (clipped to [0, 100])")
+    ax.set_ylim(0, 100)
     ax.set_title(f"{model}: FPR@95 on random subsets")
     ax.legend(fontsize=7)
-    return save_png(fig, path)
+    return save_figure(fig, path)
 
 
 def vocabulary_curves(sweep: pd.DataFrame, title: str, xlabel: str, path: Path, log_x: bool = False) -> Path:
@@ -126,4 +134,4 @@ def vocabulary_curves(sweep: pd.DataFrame, title: str, xlabel: str, path: Path, 
     ax.set_ylabel("FPR@95 (%)")
     ax.set_title(title)
     ax.legend(fontsize=8)
-    return save_png(fig, path)
+    return save_figure(fig, path)

@@ -50,7 +50,11 @@ def markdown(title: str, intro: str, views: list[View], figures: list[Figure], b
     out += ["## Figures", ""]
     for f in figures:
         out += [f"### {f.title}", "", f.caption, ""]
-        out += [f"![{f.title}]({Path(f.path).relative_to(base).as_posix()})" if f.path else f"*{f.note}*", ""]
+        if f.path:
+            rel = Path(f.path).relative_to(base)
+            out += [f"![{f.title}]({rel.as_posix()})", "", f"Vector: [PDF]({rel.with_suffix('.pdf').as_posix()}), [SVG]({rel.with_suffix('.svg').as_posix()})", ""]
+        else:
+            out += [f"*{f.note}*", ""]
     return "\n".join(out)
 
 
@@ -77,7 +81,7 @@ def _tex_cell(c: Cell) -> str:
 
 
 def latex(title: str, intro: str, views: list[View], figures: list[Figure], base: Path) -> str:
-    """A standalone LaTeX document (booktabs tables, figures by relative path)."""
+    """A standalone LaTeX document (booktabs tables, figures as PDF by relative path)."""
     out = [
         r"\documentclass{article}",
         r"\usepackage[margin=1.5cm,landscape]{geometry}",
@@ -106,7 +110,7 @@ def latex(title: str, intro: str, views: list[View], figures: list[Figure], base
             out += [
                 r"\begin{figure}[ht]",
                 r"\centering",
-                rf"\includegraphics[width=0.7\linewidth]{{{Path(f.path).relative_to(base).as_posix()}}}",
+                rf"\includegraphics[width=0.7\linewidth]{{{Path(f.path).relative_to(base).with_suffix('.pdf').as_posix()}}}",
                 rf"\caption{{\textbf{{{_tex(f.title)}}}. {_tex(f.caption)}}}",
                 r"\end{figure}",
                 "",

@@ -10,7 +10,7 @@ import pandas as pd
 
 from ..results import ALL_SPLIT
 
-__all__ = ["Cell", "View", "Figure", "prepare", "add_det", "full_split", "pct", "order_detectors"]
+__all__ = ["Cell", "View", "Figure", "prepare", "add_det", "full_split", "pct", "pct_ci", "order_detectors", "best_row", "hp_text"]
 
 
 @dataclass(frozen=True)
@@ -59,8 +59,15 @@ def pct(value: float, digits: int = 1) -> str:
     return f"{100 * value:.{digits}f}"
 
 
-def order_detectors(labels: list[str]) -> list[str]:
-    """Detector labels in the paper's order (registry order), unknown ones after, alphabetically."""
+def pct_ci(value: float, lo: float = float("nan"), hi: float = float("nan"), digits: int = 1) -> str:
+    """A fraction as a percentage with its 95% CI: ``"65.0 [63.1, 66.9]"`` (the bounds left out when missing)."""
+    text = pct(value, digits)
+    if text == "–" or lo is None or hi is None or not (np.isfinite(lo) and np.isfinite(hi)):
+        return text
+    return f"{text} [{pct(lo, digits)}, {pct(hi, digits)}]"
+
+
+def _detector_rank() -> dict[str, int]:
     from .. import detectors
 
     try:
@@ -71,13 +78,44 @@ def order_detectors(labels: list[str]) -> list[str]:
         zs = []
     supervised = detectors.names()
     paper = supervised + [n for n in zs if n not in supervised]
-    rank = {n: i for i, n in enumerate(paper)}
+    return {n: i for i, n in enumerate(paper)}
 
-    def key(label: str) -> tuple:
-        base = label.split(" ", 1)[0].split("[", 1)[0]
-        return (rank.get(base, len(rank)), label)
 
-    return sorted(set(labels), key=key)
+def _label_key(label: str, rank: dict[str, int]) -> tuple:
+    base = label.split(" ", 1)[0].split("[", 1)[0]
+    return (rank.get(base, len(rank)), label)
+
+
+def order_detectors(labels: list[str]) -> list[str]:
+    """Detector labels in the paper's order (registry order), unknown ones after, alphabetically."""
+    rank = _detector_rank()
+    return sorted(set(labels), key=lambda label: _label_key(label, rank))
+
+
+def best_row(rows: pd.DataFrame, metric: str = "fpr95") -> pd.Series:
+    """The row naming the best detector, by the one rule every view, figure and console table uses:
+    lowest FPR@95 (``metric="fpr95"``) or highest AUROC (``metric="auroc"``); ties go to the better
+    other metric, then to the detector earlier in the paper's order, then to the label."""
+    if len(rows) == 0:
+        raise ValueError("best_row of no rows")
+    rank = _detector_rank()
+    other = "auroc" if metric == "fpr95" else "fpr95"
+    sign = {"fpr95": 1.0, "auroc": -1.0}
+    keys = [
+        (sign[metric] * r[metric], sign[other] * r[other], *_label_key(str(r["det"]), rank), i)
+        for i, (_, r) in enumerate(rows.iterrows())
+    ]
+    keys = [tuple(np.inf if isinstance(v, float) and np.isnan(v) else v for v in k) for k in keys]
+    return rows.iloc[min(keys)[-1]]
+
+
+def hp_text(hp_json_text: str) -> str:
+    """A configuration's overrides for display: ``{"k":5,"t":2.0}`` -> ``k=5, t=2.0``; ``{}`` -> ``defaults``."""
+    import json
+
+    hp = json.loads(hp_json_text) if hp_json_text else {}
+    hp.pop("vocabulary", None)
+    return ", ".join(f"{k}={v}" for k, v in hp.items()) or "defaults"
 
 
 def add_det(rows: pd.DataFrame) -> pd.DataFrame:
@@ -89,10 +127,8 @@ def add_det(rows: pd.DataFrame) -> pd.DataFrame:
     label = rows["label"].fillna(rows["detector"]).astype(str)
     vocab = rows["vocabulary"].astype("string")
     rows["det"] = np.where(vocab.isna(), label, label + "[" + vocab.fillna("") + "]")
-    hp = rows["hyperparameters"].astype(str)
-    hp = hp.where(vocab.isna(), hp.str.replace(r',?"vocabulary":"[^"]*"', "", regex=True).str.replace("{,", "{"))
     clash = rows.groupby(["model", "det"])["hyperparameters"].transform("nunique") > 1
-    rows.loc[clash, "det"] = rows.loc[clash, "det"] + " " + hp[clash]
+    rows.loc[clash, "det"] = rows.loc[clash, "det"] + " " + rows.loc[clash, "hyperparameters"].astype(str).map(hp_text)
     return rows
 
 
@@ -100,26 +136,21 @@ def prepare(df: pd.DataFrame) -> pd.DataFrame:
     """The ok rows with a display column ``det`` (label, plus vocabulary and hyperparameters
     where needed to tell configurations apart), averaged over seeds and weights.
 
-    Columns: model, kind, det, detector, vocabulary, dataset, split, fpr95, tnr95, auroc,
-    detection_error, id_accuracy, n_ood, runs.
+    Columns: model, kind, det, detector, hyperparameters, vocabulary, dataset, split, fpr95, tnr95,
+    auroc, detection_error, id_accuracy, n_ood, runs, the CI bounds ``fpr95_lo/hi``, ``auroc_lo/hi``
+    (each run's bootstrap bounds, averaged over runs) and ``fpr95_openood`` where the rows carry it.
     """
     ok = add_det(df[df["status"] == "ok"])
     if len(ok) == 0:
         return ok.assign(runs=pd.Series(dtype="int64"))
     vocab = ok["vocabulary"].astype("string")
-    keys = ["model", "kind", "det", "detector", "dataset", "split"]
+    keys = ["model", "kind", "det", "detector", "hyperparameters", "dataset", "split"]
     ok["vocabulary"] = vocab.fillna("")
+    means = ["fpr95", "tnr95", "auroc", "detection_error", "id_accuracy", "fpr95_lo", "fpr95_hi", "auroc_lo", "auroc_hi", "fpr95_openood"]
+    means = [m for m in means if m in ok.columns]
     agg = (
         ok.groupby(keys + ["vocabulary"], sort=False, dropna=False)
-        .agg(
-            fpr95=("fpr95", "mean"),
-            tnr95=("tnr95", "mean"),
-            auroc=("auroc", "mean"),
-            detection_error=("detection_error", "mean"),
-            id_accuracy=("id_accuracy", "mean"),
-            n_ood=("n_ood", "first"),
-            runs=("seed", "size"),
-        )
+        .agg(**{m: (m, "mean") for m in means}, n_ood=("n_ood", "first"), runs=("seed", "size"))
         .reset_index()
     )
     agg["vocabulary"] = agg["vocabulary"].replace("", None)

@@ -1,0 +1,159 @@
+"""Reports never tune on the test sets: configurations are declared or shown side by side, labelled;
+one tie rule for "best"; CIs, OpenOOD's convention, near/far groups and vector figures."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+import pytest
+from test_report_html import make_sets
+
+from oodeval import cli
+from oodeval.experiment import load_config, run_experiment
+from oodeval.metrics import fpr_ood_positive
+from oodeval.report import build_views, write_report
+from oodeval.report.selection import select_configurations
+from oodeval.report.views import best_row, prepare
+from oodeval.results import load_cell_scores, load_results
+
+
+def _config(tmp, paths, k: int) -> dict:
+    return {
+        "name": f"knn{k}",
+        "bootstrap_draws": 50,
+        "results": str(tmp / "results.parquet"),
+        "datasets": {"id_train": "t", "id_test": "v", "ood": [{"name": "small", "group": "near"}, {"name": "big", "group": "far"}]},
+        "models": [{"name": "synthetic", "features": paths}],
+        "detectors": ["msp", "energy", {"name": "knn", "hyperparameters": {"k": k}}],
+    }
+
+
+@pytest.fixture(scope="module")
+def two_knn(tmp_path_factory):
+    """The issue's case: a grid run with knn k=5, then the file changed to k=10 and rerun."""
+    tmp = tmp_path_factory.mktemp("sel")
+    paths = make_sets(tmp)
+    run_experiment(_config(tmp, paths, 5), progress=False)
+    summary = run_experiment(_config(tmp, paths, 10), progress=False)
+    return tmp, summary.results, _config(tmp, paths, 10)
+
+
+def _knn_fpr(results, k: int, dataset: str) -> float:
+    df = load_results(results)
+    return float(df[(df["detector"] == "knn") & (df["hyperparameters"] == f'{{"k":{k}}}') & (df["dataset"] == dataset)]["fpr95"].iloc[0])
+
+
+def test_without_experiment_both_configurations_are_labelled_and_named(two_knn):
+    tmp, results, _ = two_knn
+    paths = write_report(results, tmp / "all", draws=20)
+    md = paths["markdown"].read_text()
+    assert "knn on synthetic (k=5; k=10)" in md  # the rule states which detector has several configurations
+    views, _ = build_views(load_results(results), results, primary="small", draws=20)
+    a1 = next(v for v in views if v.key == "tabA1").frame
+    assert {"knn k=5", "knn k=10"} <= set(a1["Detector"])  # both shown, each labelled
+    assert "knn" not in set(a1["Detector"])
+    t1 = next(v for v in views if v.key == "tab1").frame
+    assert t1["FPR detector"].iloc[0] != "knn"  # a knn pick is always named with its configuration
+
+
+def test_declared_rule_shows_only_the_experiments_configuration(two_knn):
+    tmp, results, cfg = two_knn
+    sel = select_configurations(load_results(results), load_config(cfg))
+    assert set(sel.rows[sel.rows["detector"] == "knn"]["hyperparameters"]) == {'{"k":10}'}
+    assert "2 evaluated cell(s) of other configurations" in sel.statement  # k=5 on small and big
+    paths = write_report(results, tmp / "declared", draws=20, experiment=cfg)
+    md = paths["markdown"].read_text()
+    assert "declared by experiment 'knn10'" in md and "k=5" not in md
+    frame = prepare(sel.rows)
+    knn = frame[(frame["det"] == "knn") & (frame["dataset"] == "small")]
+    # the declared k=10 row, even where k=5 would have been better on the test set
+    assert knn["fpr95"].iloc[0] == _knn_fpr(results, 10, "small")
+
+
+def test_cli_report_with_experiment_and_openood_convention(two_knn, capsys):
+    tmp, results, cfg = two_knn
+    exp = tmp / "exp.toml"
+    exp.write_text(_toml(cfg))
+    out = tmp / "cli"
+    assert cli.main(["report", str(results), "--out", str(out), "--draws", "20", "--dataset", "small", "--experiment", str(exp), "--convention", "openood"]) == 0
+    md = (out / "report.md").read_text()
+    assert "FPR@95 (OpenOOD)" in md and "knn k=5" not in md
+    rows = _openood_rows(results)
+    views, _ = build_views(rows, results, primary="small", draws=20)
+    t1 = next(v for v in views if v.key == "tab1").frame.iloc[0]
+    row = rows[(rows["dataset"] == "small") & (rows["label"] == t1["FPR detector"])].iloc[0]
+    assert t1["FPR@95 (OpenOOD)"] == f"{100 * fpr_ood_positive(*load_cell_scores(row, results)):.1f}"
+    capsys.readouterr()
+
+
+def _openood_rows(results):
+    from oodeval.report import _with_openood
+
+    sel = select_configurations(load_results(results), None)
+    return _with_openood(sel.rows[sel.rows["hyperparameters"] != '{"k":5}'], results)
+
+
+def _toml(cfg: dict) -> str:
+    ood = ", ".join(f'{{ name = "{d["name"]}", group = "{d["group"]}" }}' for d in cfg["datasets"]["ood"])
+    feats = ", ".join(f'{k} = "{v}"' for k, v in cfg["models"][0]["features"].items())
+    return (
+        f'name = "{cfg["name"]}"\nresults = "{cfg["results"]}"\nbootstrap_draws = 50\n'
+        f'detectors = ["msp", "energy", {{ name = "knn", hyperparameters = {{ k = 10 }} }}]\n'
+        f'[datasets]\nid_train = "t"\nid_test = "v"\nood = [{ood}]\n'
+        f'[[models]]\nname = "synthetic"\nfeatures = {{ {feats} }}\n'
+    )
+
+
+def test_cis_in_every_cell_and_group_means(two_knn):
+    tmp, results, cfg = two_knn
+    paths = write_report(results, tmp / "groups", draws=20, experiment=cfg, primary="small")
+    md = paths["markdown"].read_text()
+    ci = re.compile(r"(\d+\.\d) \[(\d+\.\d), (\d+\.\d)\]")
+    found = ci.findall(md)
+    assert len(found) > 10
+    for v, lo, hi in found:
+        assert float(lo) <= float(v) <= float(hi)
+    assert "Mean (far)" in md  # the far group's mean row in Tab. A2 (big is the only other set)
+    for key in ("fig1", "roc", "hist", "figA4"):
+        png = paths[key]
+        assert png.with_suffix(".pdf").read_bytes()[:5] == b"%PDF-"
+        assert b"<svg" in png.with_suffix(".svg").read_bytes()[:2000]
+    assert "figures/fig1_best_per_dataset.pdf" in paths["latex"].read_text()
+
+
+def test_one_tie_rule_for_best():
+    rows = pd.DataFrame(
+        [
+            {"det": "energy", "fpr95": 0.5, "auroc": 0.80},
+            {"det": "msp", "fpr95": 0.5, "auroc": 0.80},
+            {"det": "knn", "fpr95": 0.5, "auroc": 0.90},
+            {"det": "vim", "fpr95": 0.6, "auroc": 0.95},
+        ]
+    )
+    assert best_row(rows)["det"] == "knn"  # equal FPR@95: the higher AUROC
+    assert best_row(rows.iloc[:2])["det"] == "msp"  # equal both: the paper's order (msp before energy)
+    assert best_row(rows.iloc[[1, 0]])["det"] == "msp" and best_row(rows.iloc[[0, 1]])["det"] == "msp"  # whatever the order
+    assert best_row(rows, "auroc")["det"] == "vim"
+    assert best_row(rows.iloc[:2], "auroc")["det"] == "msp"
+    with pytest.raises(ValueError):
+        best_row(rows.iloc[:0])
+
+
+def test_fig_a4_band_is_clipped_and_histogram_axes_labelled(tmp_path, monkeypatch):
+    from oodeval.report import figures
+
+    drawn = []
+    real = figures.save_figure
+    monkeypatch.setattr(figures, "save_figure", lambda fig, path: drawn.append(fig) or real(fig, path))
+    curves = {"x": {"n": np.array([10, 100]), "mean": np.array([0.02, 0.5]), "std": np.array([0.05, 0.3]), "full": 0.03, "detector": "msp"}}
+    figures.subsampling_bands(curves, "m", None, None, tmp_path / "a4.png")
+    ax = drawn[0].axes[0]
+    y = np.concatenate([p.vertices[:, 1] for p in ax.collections[0].get_paths()])
+    assert y.min() == 0 and y.max() == 100  # 2 - 10 and 50 + 60 clipped
+    assert ax.get_ylim() == (0, 100)
+    rng = np.random.default_rng(0)
+    figures.histograms({"m": ("msp", rng.normal(size=50), rng.normal(size=30))}, "ood", tmp_path / "h.png")
+    ax = drawn[1].axes[0]
+    assert ax.get_xlabel() and ax.get_ylabel() == "density"
