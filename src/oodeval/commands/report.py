@@ -19,6 +19,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sweeps", type=Path, default=None, help="vocabulary sweep table (default: <results stem>.sweeps.parquet if present)")
     p.add_argument("--title", default="oodeval report")
     p.add_argument("--experiment", type=Path, default=None, metavar="EXP", help="experiment file: show only its declared configurations, and its near/far OOD groups (default: every configuration, each labelled)")
+    p.add_argument("--gallery", type=Path, default=None, metavar="EXPORT", help="construction export folder (oodeval construct export): its ood.csv images make Fig. 2 / A5")
     p.add_argument("--convention", choices=("paper", "openood"), default="paper", help="openood: add OpenOOD v1.5's OOD-positive FPR@95 beside the paper's (ID-positive) one")
 
 
@@ -30,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
     paths = write_report(
         args.results, args.out, primary=args.dataset, model=args.model, subsample_n=args.n,
         draws=args.draws, seed=args.seed, sweeps=args.sweeps, title=args.title,
-        experiment=args.experiment, convention=args.convention,
+        experiment=args.experiment, convention=args.convention, gallery=args.gallery,
     )  # fmt: skip
     for key, path in paths.items():
         print(f"{key:>10}: {path}")

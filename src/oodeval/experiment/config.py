@@ -42,7 +42,7 @@ _TOP = {
 _DATASETS = {"id_train", "id_test", "ood", "split_column", "id_classes"}
 _OOD = {"name", "label", "split_column", "group"}
 _MODEL = {
-    "name", "label", "weights", "kind", "model_kwargs", "taps", "patch_features", "features", "detectors",
+    "name", "label", "weights", "head", "kind", "model_kwargs", "taps", "patch_features", "features", "detectors",
 }  # fmt: skip
 _DETECTOR = {"name", "label", "hyperparameters", "vocabulary"}
 _SWEEP = {"name", "vocabulary", "sizes", "scorer", "hyperparameters"}
@@ -96,13 +96,15 @@ class DatasetSpec:
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """A model: backbone name, weights (one, or one per seed), kind, extraction options,
-    precomputed FeatureSet folders by dataset role/label, and an optional detector list."""
+    """A model: backbone name, weights (one, or one per seed), an optional linear-probe head file
+    (``oodeval probe``) for a frozen backbone, kind, extraction options, precomputed FeatureSet
+    folders by dataset role/label, and an optional detector list."""
 
     name: str
     label: str
     weights: tuple[str | None, ...]
     kind: str = "supervised"
+    head: str | None = None
     model_kwargs: dict = field(default_factory=dict)
     taps: bool | None = False
     patch_features: bool = False
@@ -284,6 +286,7 @@ def _model(entry: Any, i: int, base: Path, n_seeds: int) -> ModelSpec:
         name=name,
         label=_typed(t, "label", str, where, name),
         weights=wt,
+        head=None if t.get("head") is None else str(_path(_typed(t, "head", str, where), base)),
         kind=kind,
         model_kwargs=dict(_typed(t, "model_kwargs", dict, where, {})),
         taps=_typed(t, "taps", bool, where, None),

@@ -107,6 +107,7 @@ def extract_features(model: ModelSpec, weights: str | None, ds: DatasetSpec, rol
         device=cfg.device,
         model_kwargs=model.model_kwargs or None,
         progress=True,
+        head=model.head,
     )
     return FeatureSet.load(path)
 

@@ -15,6 +15,8 @@ from .._io import atomic_path, write_text_atomic
 from ..results import ALL_SPLIT, load_cell_scores, load_results
 from . import figures as figs
 from .cnc import cnc_summary
+from .paper_views import benchmarks, clean_subsamples, eoe_prompts, gallery_items, supervised_models, tab3_model
+from .reference import comparison_view
 from .render import html_page, latex, markdown
 from .selection import select_configurations
 from .subsampling import model_scores, subsampling_curves, subsampling_table
@@ -107,14 +109,18 @@ def build_views(
     models = list(dict.fromkeys(frame["model"]))
     if model is not None and model not in models:
         raise ValueError(f"model {model!r} is not in the results; they hold: {', '.join(models)}")
+    t3_model = model or tab3_model(frame)
     model = model or _pick_model(frame)
+    p = primary or ""
     views = [
-        best_per_model(frame, primary or ""),
-        detector_by_model(frame, primary or ""),
-        dataset_by_model(frame, primary or "", groups),
-        vocabularies(frame, primary or ""),
-        vocabularies_by_dataset(frame, primary or ""),
-        split_rows(frame),
+        best_per_model(frame, p),
+        vocabularies(frame, p),
+        benchmarks(frame, p, t3_model),
+        detector_by_model(frame, p),
+        dataset_by_model(frame, p, groups),
+        clean_subsamples(frame, t3_model),
+        eoe_prompts(frame),
+        vocabularies_by_dataset(frame, p),
     ]
     scores = model_scores(df, results_path, model) if model else {}
     if subsample_n is None and primary in scores:
@@ -123,8 +129,21 @@ def build_views(
         views.append(subsampling_table(scores, subsample_n, draws=draws, seed=seed, model=model))
     else:
         views.append(View("tabA6", "Tab. A6 — sub-sampling to the primary set's size", "", note="omitted: no stored scores for a model on the primary set"))
-    views.append(cnc_summary(df))
+    views += [supervised_models(frame, p), split_rows(frame), cnc_summary(df), comparison_view(frame)]
     return views, {"frame": frame, "primary": primary, "model": model, "scores": scores, "n": subsample_n}
+
+
+def _gallery_figures(export: str | Path | None, fig_dir: Path, seed: int) -> list[Figure]:
+    out = []
+    for key, title, count, skip in (("fig2", "Fig. 2 — certified OOD images", 14, 0), ("figA5", "Fig. A5 — more certified OOD images", 42, 14)):
+        fg = Figure(key, title, "Verified OOD label in green, the original ImageNet-1k label the image was collected under in red (a seeded random draw of the construction export's ood.csv).")
+        items = gallery_items(export, count, skip, seed)
+        if items:
+            fg.path = figs.gallery(items, title, fig_dir / f"{key}_gallery.png")
+        else:
+            fg.note = "omitted: " + ("no construction export given (--gallery EXPORT_DIR)" if export is None else f"the export holds no more than {skip} OOD images")
+        out.append(fg)
+    return out
 
 
 def _figures(df: pd.DataFrame, results_path: Path, choice: dict, fig_dir: Path, draws: int, seed: int, sweeps: pd.DataFrame | None) -> list[Figure]:
@@ -180,6 +199,15 @@ def _figures(df: pd.DataFrame, results_path: Path, choice: dict, fig_dir: Path, 
     else:
         a4.note = "omitted: needs stored scores on at least one OOD set besides the primary one with 12 or more images"
     out.append(a4)
+    # Fig. A3: sweeps over k negatives per class from the merged pool
+    merged = sweeps[sweeps["sweep"].str.lower().str.startswith("merged")] if sweeps is not None and len(sweeps) else None
+    a3 = Figure("figA3", "Fig. A3 — size of the merged per-class negative pool", f"FPR@95 against k negatives kept per ID class, mean over models; solid: {primary}, dashed: the other OOD sets.")
+    if merged is not None and len(merged):
+        a3.path = figs.merged_pool(merged, primary, fig_dir / "figA3_merged_pool.png")
+        sweeps = sweeps.drop(merged.index)
+    else:
+        a3.note = "omitted: no sweep named 'merged...' (oodeval.report.save_sweep(results, 'merged_pool', model, dataset, sizes, fpr95))"
+    out.append(a3)
     # Fig. A1 / A2
     if sweeps is None or len(sweeps) == 0:
         out.append(Figure("figA1", "Fig. A1 / A2 — vocabulary-size curves", "", note="omitted: no vocabulary sweep data (oodeval.report.save_sweep)"))
@@ -207,6 +235,7 @@ def write_report(
     title: str = "oodeval report",
     experiment=None,
     convention: str = "paper",
+    gallery: str | Path | None = None,
 ) -> dict[str, Path]:
     """Write ``report.md``, ``report.tex``, ``report.html`` (self-contained) and ``figures/*`` (PNG, PDF, SVG).
 
@@ -216,7 +245,8 @@ def write_report(
     the draw size of Tab. A6 (default: the primary set's size); ``draws``/``seed``: sub-sampling.
     ``experiment`` (a path or :class:`~oodeval.experiment.ExperimentConfig`): show only its declared
     configurations (:mod:`oodeval.report.selection`) and take its OOD groups; ``convention="openood"``
-    adds OpenOOD's OOD-positive FPR@95 beside the paper's.
+    adds OpenOOD's OOD-positive FPR@95 beside the paper's; ``gallery``: a construction export folder
+    whose ``ood.csv`` images make Fig. 2 / A5.
     Returns ``{"markdown", "latex", "html", <figure key>: PNG path, ...}``.
     """
     if convention not in CONVENTIONS:
@@ -246,7 +276,7 @@ def write_report(
     if sweeps is not None and not isinstance(sweeps, pd.DataFrame):
         sweeps = pd.read_parquet(sweeps)
     views, choice = build_views(df, results, primary=primary, model=model, subsample_n=subsample_n, draws=draws, seed=seed, groups=groups)
-    figures = _figures(df, results, choice, fig_dir, draws, seed, sweeps)
+    figures = _figures(df, results, choice, fig_dir, draws, seed, sweeps) + _gallery_figures(gallery, fig_dir, seed)
     n_ok, n_err = int((df["status"] == "ok").sum()), int((df["status"] != "ok").sum())
     intro = (
         f"From {results.name}: {n_ok} evaluated cells ({n_err} failed, not shown), "

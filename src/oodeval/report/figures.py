@@ -6,6 +6,9 @@
 - Fig. A4: mean FPR@95 over sub-sampling draws ± 2 std against n, full-set values dotted, the
   primary set as a black reference line and a gray line at the primary set's size.
 - Fig. A1 / A2: vocabulary-size curves (one gray line per model, the mean in blue) from sweep tables.
+- Fig. A3: FPR@95 against k negatives per ID class from the merged pool, mean over models, one line
+  per OOD set (the primary set solid, the others dashed).
+- Fig. 2 / A5: a gallery of certified OOD images, the verified label in green, the original in red.
 Every figure is written atomically as PNG (200 dpi, for the HTML page) with PDF and SVG beside it.
 """
 
@@ -19,7 +22,7 @@ from matplotlib.figure import Figure
 
 from .._io import atomic_path
 
-__all__ = ["save_figure", "FORMATS", "best_per_dataset", "roc_curves", "histograms", "subsampling_bands", "vocabulary_curves"]
+__all__ = ["save_figure", "FORMATS", "merged_pool", "gallery", "best_per_dataset", "roc_curves", "histograms", "subsampling_bands", "vocabulary_curves"]
 
 
 FORMATS = ("png", "pdf", "svg")
@@ -134,4 +137,38 @@ def vocabulary_curves(sweep: pd.DataFrame, title: str, xlabel: str, path: Path, 
     ax.set_ylabel("FPR@95 (%)")
     ax.set_title(title)
     ax.legend(fontsize=8)
+    return save_figure(fig, path)
+
+
+def merged_pool(sweep: pd.DataFrame, primary: str, path: Path) -> Path:
+    """Fig. A3 from a sweep table (columns model, dataset, size, fpr95): the mean over models per
+    OOD set against k; the primary set solid, the others dashed."""
+    fig = Figure(figsize=(6, 4))
+    ax = fig.add_subplot()
+    for i, (dataset, g) in enumerate(sweep.groupby("dataset", sort=False)):
+        mean = g.groupby("size")["fpr95"].mean()
+        ax.plot(mean.index, 100 * mean.to_numpy(), color="k" if dataset == primary else f"C{i}", ls="-" if dataset == primary else "--", lw=2 if dataset == primary else 1.2, label=str(dataset))
+    ax.set_xlabel("negatives kept per ID class k")
+    ax.set_ylabel("FPR@95 (%), mean over models")
+    ax.set_title("Size of the merged per-class negative pool")
+    ax.legend(fontsize=7)
+    return save_figure(fig, path)
+
+
+def gallery(items: list[tuple[Path, str, str]], title: str, path: Path, cols: int = 7) -> Path:
+    """Images with the verified OOD label (green) above the original label (red)."""
+    from PIL import Image
+
+    rows = int(np.ceil(len(items) / cols))
+    fig = Figure(figsize=(2.1 * cols, 2.5 * rows))
+    for i, (image, verified, original) in enumerate(items):
+        ax = fig.add_subplot(rows, cols, i + 1)
+        with Image.open(image) as im:
+            im = im.convert("RGB")
+            im.thumbnail((256, 256))
+            ax.imshow(np.asarray(im))
+        ax.set_axis_off()
+        ax.set_title(verified, fontsize=8, color="green", pad=12)
+        ax.text(0.5, 1.01, original, transform=ax.transAxes, ha="center", va="bottom", fontsize=7, color="red")
+    fig.suptitle(title)
     return save_figure(fig, path)
