@@ -115,8 +115,8 @@ def eoe_prompts(frame: pd.DataFrame) -> View:
     eoe = f[(f["detector"] == "eoe") & f["vocabulary"].notna()]
     if len(eoe) == 0:
         return View("tabA4", title, caption, note="omitted: no EOE results with a vocabulary (add eoe scorers with one vocabulary per prompt)")
-    pg = eoe["vocabulary"].map(_prompt_and_generation)
-    eoe = eoe.assign(prompt=pg.str[0], gen=pg.str[1])
+    pg = [_prompt_and_generation(str(v)) for v in eoe["vocabulary"]]
+    eoe = eoe.assign(prompt=[p for p, _ in pg], gen=[g for _, g in pg])
     prompts = list(dict.fromkeys(eoe["prompt"]))
     mcm = f[(f["detector"] == "mcm") & f["vocabulary"].isna()]
     rows = []
