@@ -157,3 +157,74 @@ def test_fig_a4_band_is_clipped_and_histogram_axes_labelled(tmp_path, monkeypatc
     figures.histograms({"m": ("msp", rng.normal(size=50), rng.normal(size=30))}, "ood", tmp_path / "h.png")
     ax = drawn[1].axes[0]
     assert ax.get_xlabel() and ax.get_ylabel() == "density"
+
+
+def test_opt_in_search_on_validation_data_only(tmp_path):
+    from oodeval import detectors
+    from oodeval.features import FeatureSet
+    from oodeval.metrics import auroc, fpr_at_tpr
+
+    paths = make_sets(tmp_path)
+    train = FeatureSet.load(paths["id_train"])
+    rng = np.random.default_rng(11)
+    z_id = train.features[:60] + rng.normal(scale=0.3, size=train.features[:60].shape).astype(np.float32)
+    z_ood = (rng.normal(size=(50, train.features.shape[1])) * 2.0).astype(np.float32)
+    for name, z, y in (("val_id", z_id, train.labels[:60]), ("val_ood", z_ood, np.full(50, -1))):
+        fs = FeatureSet(features=z, labels=y, logits=z @ train.weight.T + train.bias, weight=train.weight, bias=train.bias)
+        paths[name.replace("val", "validation")] = str(fs.save(tmp_path / "feats" / name))
+    grid = [1, 3, 40]
+    cfg = {
+        "bootstrap_draws": 20,
+        "results": str(tmp_path / "results.parquet"),
+        "selection": {"validation_id": "val_id", "validation_ood": "val_ood"},
+        "datasets": {"id_train": "t", "id_test": "v", "ood": ["small", "big"]},
+        "models": [{"name": "synthetic", "features": paths}],
+        "detectors": ["msp", {"name": "knn", "search": {"k": grid}}],
+    }
+    summary = run_experiment(cfg, progress=False)
+    assert summary.failed == 0
+    df = load_results(summary.results)
+    knn = df[df["detector"] == "knn"]
+    assert set(knn["hyperparameters"]) == {'{"search":{"k":[1,3,40]}}'} and len(knn) == 2
+    # the choice, recomputed by hand on the validation sets (lowest FPR@95, ties: higher AUROC, then grid order)
+    val_id, val_ood = FeatureSet.load(paths["validation_id"]), FeatureSet.load(paths["validation_ood"])
+    keys = []
+    for k in grid:
+        det = detectors.create("knn", k=k).fit(train)
+        s_id, s_ood = det.score(val_id), det.score(val_ood)
+        keys.append((fpr_at_tpr(s_id, s_ood), -auroc(s_id, s_ood)))
+    chosen = grid[keys.index(min(keys))]
+    assert all(s.startswith(f"validation: k={chosen} chosen from k in [1, 3, 40]") for s in knn["selection"])
+    assert df[df["detector"] == "msp"]["selection"].isna().all()
+    # the test-set scores are those of the chosen k
+    test = FeatureSet.load(paths["id_test"])
+    id_scores, _ = load_cell_scores(knn.iloc[0], summary.results)
+    np.testing.assert_array_equal(id_scores, detectors.create("knn", k=chosen).fit(train).score(test))
+    md = write_report(summary.results, tmp_path / "rep", draws=10, experiment=cfg)["markdown"].read_text()
+    assert f"Chosen on validation data, never on a test set: knn on synthetic: validation: k={chosen}" in md
+    assert run_experiment(cfg, progress=False).computed == 0  # the search's cells are found again on a rerun
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"selection": {"validation_id": "v", "validation_ood": "x"}}, "validation_id 'v' is the test ID set"),
+        ({"selection": {"validation_id": "w", "validation_ood": "big"}}, "validation_ood 'big' is one of the test OOD sets"),
+        ({"selection": None}, "declare a search but there is no \\[selection\\]"),
+        ({"detectors": [{"name": "knn", "search": {"q": [1]}}]}, "'knn' has no hyperparameter\\(s\\) q"),
+        ({"detectors": [{"name": "knn", "search": {"k": []}}]}, "search values must be non-empty lists"),
+        ({"detectors": [{"name": "knn", "hyperparameters": {"k": 3}, "search": {"k": [1]}}]}, "k set both in hyperparameters and in search"),
+    ],
+)
+def test_search_config_errors(change, message):
+    cfg = {
+        "selection": {"validation_id": "w", "validation_ood": "x"},
+        "datasets": {"id_train": "t", "id_test": "v", "ood": ["small", "big"]},
+        "models": [{"name": "synthetic"}],
+        "detectors": [{"name": "knn", "search": {"k": [1, 2]}}],
+        **change,
+    }
+    if cfg["selection"] is None:
+        del cfg["selection"]
+    with pytest.raises(ValueError, match=message):
+        load_config(cfg)

@@ -234,10 +234,7 @@ def _specs_for(run: _Run, cfg: ExperimentConfig) -> list[DetectorSpec]:
 
 
 def _hp_key(spec: DetectorSpec) -> str:
-    hp = dict(spec.hyperparameters)
-    if spec.vocabulary is not None:
-        hp["vocabulary"] = spec.vocabulary
-    return hp_json(hp)
+    return spec.result_key
 
 
 def _cell_key(run: _Run, spec: DetectorSpec, dataset: str, split: str, seed: int) -> tuple:
@@ -249,6 +246,8 @@ def _plan_run(run: _Run, cfg: ExperimentConfig, features: FeatureFn) -> None:
     if run.model.kind == "supervised" and (cfg.id_train is not None or "id_train" in run.model.features):
         roles.insert(0, ("id_train", cfg.id_train or DatasetSpec("id_train", "id_train")))
     roles += [(d.label, d) for d in cfg.ood]
+    if cfg.selection is not None and any(s.search for s in cfg.detectors_for(run.model) or ()):
+        roles += [("validation_id", cfg.selection.validation_id), ("validation_ood", cfg.selection.validation_ood)]
     for role, ds in roles:
         try:
             run.feats[role] = features(run.model, run.weights, ds, role, cfg)
@@ -401,6 +400,16 @@ def _base_info(run: _Run, spec: DetectorSpec, cfg: ExperimentConfig) -> dict:
 def _run_detector(run: _Run, spec: DetectorSpec, cells: list, cfg: ExperimentConfig, record, summary: RunSummary) -> None:
     """Fit once per distinct (seeded) hyperparameter set, score once per dataset, evaluate every cell."""
     info = _base_info(run, spec, cfg)
+    if spec.search and not run.errors.get("id_test"):
+        from .validation import choose_on_validation
+
+        t0 = time.perf_counter()
+        try:
+            spec, info["selection"] = choose_on_validation(run, spec, cfg)
+        except Exception as exc:  # noqa: BLE001 - recorded, the grid goes on
+            for key, _, _, _ in cells:
+                record(_row(key, status="error", error=f"validation search failed: {_error_text(exc)}", seconds=time.perf_counter() - t0, **info))
+            return
     by_hp: dict[str, tuple[dict, list]] = {}
     for cell in cells:
         hp = _seeded_hp(run.model, spec, cell[3], cfg.seed_detectors)

@@ -10,6 +10,10 @@ tune hyperparameters on the test data, so the report applies one of two stated r
 - ``all`` (no experiment): every configuration is its own row, labelled with its hyperparameters
   (``knn k=5``, ``knn k=10``), and the report names each detector that has several, so a "best"
   among them is never chosen silently.
+
+A configuration declared with a ``search`` (``oodeval.experiment.validation``) is one declared
+configuration whose hyperparameters were chosen on the validation data named in the experiment; the
+report states each such choice as recorded with its rows (column ``selection``).
 """
 
 from __future__ import annotations
@@ -56,6 +60,15 @@ def _several(df: pd.DataFrame) -> list[str]:
     return out
 
 
+def _validation_choices(df: pd.DataFrame) -> str:
+    ok = df[(df["status"] == "ok") & df["selection"].notna()] if "selection" in df.columns else df.iloc[:0]
+    if len(ok) == 0:
+        return ""
+    choices = ok.drop_duplicates(["model", "detector", "hyperparameters", "weights"])
+    listed = "; ".join(f"{r['label'] or r['detector']} on {r['model']}: {r['selection']}" for _, r in choices.iterrows())
+    return f" Chosen on validation data, never on a test set: {listed}."
+
+
 def select_configurations(df: pd.DataFrame, experiment=None) -> Selection:
     """Apply the ``declared`` rule when ``experiment`` (an :class:`~oodeval.experiment.ExperimentConfig`)
     is given, else the ``all`` rule; see the module docstring."""
@@ -66,7 +79,7 @@ def select_configurations(df: pd.DataFrame, experiment=None) -> Selection:
             f"Configurations: those declared by experiment {experiment.name!r} (the defaults where it lists no detectors)"
             + (f"; {dropped} evaluated cell(s) of other configurations in the table are not shown." if dropped else ".")
         )
-        return Selection(df[keep], "declared", statement)
+        return Selection(df[keep], "declared", statement + _validation_choices(df[keep]))
     several = _several(df)
     statement = "Configurations: every configuration in the table is shown" + (
         "; detectors with several configurations appear once per configuration, labelled with its hyperparameters, "
@@ -74,4 +87,4 @@ def select_configurations(df: pd.DataFrame, experiment=None) -> Selection:
         if several
         else " (one per model and detector)."
     )
-    return Selection(df, "all", statement)
+    return Selection(df, "all", statement + _validation_choices(df))

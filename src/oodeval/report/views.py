@@ -115,7 +115,9 @@ def hp_text(hp_json_text: str) -> str:
 
     hp = json.loads(hp_json_text) if hp_json_text else {}
     hp.pop("vocabulary", None)
-    return ", ".join(f"{k}={v}" for k, v in hp.items()) or "defaults"
+    search = hp.pop("search", {})
+    parts = [f"{k}={v}" for k, v in hp.items()] + [f"{k} searched in {v}" for k, v in search.items()]
+    return ", ".join(parts) or "defaults"
 
 
 def add_det(rows: pd.DataFrame) -> pd.DataFrame:
