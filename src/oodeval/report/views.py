@@ -43,7 +43,7 @@ class View:
 
 @dataclass
 class Figure:
-    """One PNG figure of the report (``path`` None when omitted, with ``note`` saying why)."""
+    """One figure of the report: ``path`` its PNG (PDF and SVG beside it), None when omitted, with ``note`` saying why."""
 
     key: str
     title: str
