@@ -15,7 +15,7 @@ from .._io import atomic_path, write_text_atomic
 from ..results import ALL_SPLIT, load_cell_scores, load_results
 from . import figures as figs
 from .cnc import cnc_summary
-from .paper_views import benchmarks, clean_subsamples, eoe_prompts, gallery_items, supervised_models, tab3_model
+from .paper_views import CLEAN_SUFFIX, benchmarks, clean_subsamples, eoe_prompts, gallery_items, supervised_models
 from .reference import comparison_view
 from .render import html_page, latex, markdown
 from .selection import select_configurations
@@ -63,12 +63,17 @@ def save_sweep(results: str | Path, sweep: str, model: str, dataset: str, sizes,
 
 
 def _pick_model(frame: pd.DataFrame) -> str | None:
+    """The paper's model of Tab. 3, A3, A6 and Fig. 1, A4: the supervised model with the best ID-test
+    Top-1 (EVA02-L-448); without accuracies, the one with the lowest mean best FPR@95."""
     f = full_split(frame)
     f = f[f["vocabulary"].isna()]
     if len(f) == 0:
         return None
     sup = f[f["kind"] == "supervised"]
     f = sup if len(sup) else f
+    acc = f.groupby("model", sort=False)["id_accuracy"].mean()
+    if acc.notna().any():
+        return str(acc.idxmax())
     best = f.groupby(["model", "dataset"], sort=False)["fpr95"].min().groupby("model", sort=False).mean()
     return str(best.idxmin())
 
@@ -109,16 +114,15 @@ def build_views(
     models = list(dict.fromkeys(frame["model"]))
     if model is not None and model not in models:
         raise ValueError(f"model {model!r} is not in the results; they hold: {', '.join(models)}")
-    t3_model = model or tab3_model(frame)
     model = model or _pick_model(frame)
     p = primary or ""
     views = [
         best_per_model(frame, p),
         vocabularies(frame, p),
-        benchmarks(frame, p, t3_model),
+        benchmarks(frame, p, model),
         detector_by_model(frame, p),
         dataset_by_model(frame, p, groups),
-        clean_subsamples(frame, t3_model),
+        clean_subsamples(frame, model),
         eoe_prompts(frame),
         vocabularies_by_dataset(frame, p),
     ]
@@ -133,30 +137,31 @@ def build_views(
     return views, {"frame": frame, "primary": primary, "model": model, "scores": scores, "n": subsample_n}
 
 
-def _gallery_figures(export: str | Path | None, fig_dir: Path, seed: int) -> list[Figure]:
+def _gallery_figures(export: str | Path | None, fig_dir: Path, seed: int, formats: tuple[str, ...]) -> list[Figure]:
     out = []
     for key, title, count, skip in (("fig2", "Fig. 2 — certified OOD images", 14, 0), ("figA5", "Fig. A5 — more certified OOD images", 42, 14)):
         fg = Figure(key, title, "Verified OOD label in green, the original ImageNet-1k label the image was collected under in red (a seeded random draw of the construction export's ood.csv).")
         items = gallery_items(export, count, skip, seed)
         if items:
-            fg.path = figs.gallery(items, title, fig_dir / f"{key}_gallery.png")
+            fg.path = figs.save_figure(figs.gallery(items, title), fig_dir / f"{key}_gallery.png", formats)
         else:
             fg.note = "omitted: " + ("no construction export given (--gallery EXPORT_DIR)" if export is None else f"the export holds no more than {skip} OOD images")
         out.append(fg)
     return out
 
 
-def _figures(df: pd.DataFrame, results_path: Path, choice: dict, fig_dir: Path, draws: int, seed: int, sweeps: pd.DataFrame | None) -> list[Figure]:
+def _figures(df: pd.DataFrame, results_path: Path, choice: dict, fig_dir: Path, draws: int, seed: int, sweeps: pd.DataFrame | None, formats: tuple[str, ...]) -> list[Figure]:
     frame, primary, model, scores = choice["frame"], choice["primary"], choice["model"], choice["scores"]
     out: list[Figure] = []
     f = full_split(frame)
     f = f[f["vocabulary"].isna()]
     # Fig. 1
-    fig1 = Figure("fig1", "Fig. 1 — best detector per OOD set", f"{model}: lowest FPR@95 over its detectors on every OOD set.")
+    fig1 = Figure("fig1", "Fig. 1 — best detector per OOD set", f"{model}: lowest FPR@95 over its detectors on every full-size OOD set.")
     mf = f[f["model"] == model]
     if len(mf):
-        best = pd.DataFrame([best_row(g) for _, g in mf.groupby("dataset", sort=False)])[["dataset", "fpr95", "det"]]
-        fig1.path = figs.best_per_dataset(best, model, fig_dir / "fig1_best_per_dataset.png")
+        full_size = mf[~mf["dataset"].str.endswith(CLEAN_SUFFIX)]
+        best = pd.DataFrame([best_row(g) for _, g in full_size.groupby("dataset", sort=False)])[["dataset", "fpr95", "det"]]
+        fig1.path = figs.save_figure(figs.best_per_dataset(best, model), fig_dir / "fig1_best_per_dataset.png", formats)
     else:
         fig1.note = "omitted: no results"
     out.append(fig1)
@@ -169,7 +174,7 @@ def _figures(df: pd.DataFrame, results_path: Path, choice: dict, fig_dir: Path, 
             ranked.append(best_row(rest)["det"])
             rest = rest[rest["det"] != ranked[-1]]
         curves = {d: on_primary[d] for d in ranked if d in on_primary}
-        roc.path = figs.roc_curves(curves, f"{model} — {primary}", fig_dir / "roc.png")
+        roc.path = figs.save_figure(figs.roc_curves(curves, f"{model} — {primary}"), fig_dir / "roc.png", formats)
     else:
         roc.note = "omitted: no stored scores on the primary set"
     out.append(roc)
@@ -185,7 +190,7 @@ def _figures(df: pd.DataFrame, results_path: Path, choice: dict, fig_dir: Path, 
         except (OSError, ValueError):
             continue
     if panels:
-        hist.path = figs.histograms(dict(list(panels.items())[:9]), primary, fig_dir / "histograms.png")
+        hist.path = figs.save_figure(figs.histograms(dict(list(panels.items())[:9]), primary), fig_dir / "histograms.png", formats)
     else:
         hist.note = "omitted: no stored scores on the primary set"
     out.append(hist)
@@ -195,7 +200,7 @@ def _figures(df: pd.DataFrame, results_path: Path, choice: dict, fig_dir: Path, 
     curves = subsampling_curves(others, draws=draws, seed=seed) if others else {}
     if curves:
         ref = (primary, float(mf[mf["dataset"] == primary]["fpr95"].min())) if primary in set(mf["dataset"]) else None
-        a4.path = figs.subsampling_bands(curves, model, ref, choice["n"], fig_dir / "figA4_subsampling.png")
+        a4.path = figs.save_figure(figs.subsampling_bands(curves, model, ref, choice["n"]), fig_dir / "figA4_subsampling.png", formats)
     else:
         a4.note = "omitted: needs stored scores on at least one OOD set besides the primary one with 12 or more images"
     out.append(a4)
@@ -203,7 +208,7 @@ def _figures(df: pd.DataFrame, results_path: Path, choice: dict, fig_dir: Path, 
     merged = sweeps[sweeps["sweep"].str.lower().str.startswith("merged")] if sweeps is not None and len(sweeps) else None
     a3 = Figure("figA3", "Fig. A3 — size of the merged per-class negative pool", f"FPR@95 against k negatives kept per ID class, mean over models; solid: {primary}, dashed: the other OOD sets.")
     if merged is not None and len(merged):
-        a3.path = figs.merged_pool(merged, primary, fig_dir / "figA3_merged_pool.png")
+        a3.path = figs.save_figure(figs.merged_pool(merged, primary), fig_dir / "figA3_merged_pool.png", formats)
         sweeps = sweeps.drop(merged.index)
     else:
         a3.note = "omitted: no sweep named 'merged...' (oodeval.report.save_sweep(results, 'merged_pool', model, dataset, sizes, fpr95))"
@@ -217,7 +222,8 @@ def _figures(df: pd.DataFrame, results_path: Path, choice: dict, fig_dir: Path, 
                 log_x = "wordnet" in name.lower() or ("param" in gd and (gd["param"] == "M").any())
                 key = f"sweep{i}_{j}"
                 fg = Figure(key, f"Fig. {'A2' if log_x else 'A1'} — {name} on {dataset}", "FPR@95 against vocabulary size: gray per model, blue the mean.")
-                fg.path = figs.vocabulary_curves(gd, f"{name} — {dataset}", "pool size M" if log_x else "negatives per ID class k", fig_dir / f"{key}.png", log_x=log_x)
+                curve = figs.vocabulary_curves(gd, f"{name} — {dataset}", "pool size M" if log_x else "negatives per ID class k", log_x=log_x)
+                fg.path = figs.save_figure(curve, fig_dir / f"{key}.png", formats)
                 out.append(fg)
     return out
 
@@ -236,17 +242,18 @@ def write_report(
     experiment=None,
     convention: str = "paper",
     gallery: str | Path | None = None,
+    formats: tuple[str, ...] = figs.FORMATS,
 ) -> dict[str, Path]:
     """Write ``report.md``, ``report.tex``, ``report.html`` (self-contained) and ``figures/*`` (PNG, PDF, SVG).
 
     ``results``: the Parquet table (or a :class:`~oodeval.experiment.RunSummary`); ``primary``: the
-    OOD set of Tabs. 1, A1, 2 (default: the first in the table); ``model``: the model of Fig. 1, A4,
-    ROC and Tab. A6 (default: the supervised model with the lowest mean best FPR@95); ``subsample_n``:
+    OOD set of Tabs. 1, A1, 2 (default: the first in the table); ``model``: the model of Tab. 3, A3,
+    A6 and Fig. 1, A4, ROC (default: the supervised model with the best Top-1, as the paper); ``subsample_n``:
     the draw size of Tab. A6 (default: the primary set's size); ``draws``/``seed``: sub-sampling.
     ``experiment`` (a path or :class:`~oodeval.experiment.ExperimentConfig`): show only its declared
     configurations (:mod:`oodeval.report.selection`) and take its OOD groups; ``convention="openood"``
     adds OpenOOD's OOD-positive FPR@95 beside the paper's; ``gallery``: a construction export folder
-    whose ``ood.csv`` images make Fig. 2 / A5.
+    whose ``ood.csv`` images make Fig. 2 / A5; ``formats``: figure files besides the PNG (PDF, SVG).
     Returns ``{"markdown", "latex", "html", <figure key>: PNG path, ...}``.
     """
     if convention not in CONVENTIONS:
@@ -276,7 +283,7 @@ def write_report(
     if sweeps is not None and not isinstance(sweeps, pd.DataFrame):
         sweeps = pd.read_parquet(sweeps)
     views, choice = build_views(df, results, primary=primary, model=model, subsample_n=subsample_n, draws=draws, seed=seed, groups=groups)
-    figures = _figures(df, results, choice, fig_dir, draws, seed, sweeps) + _gallery_figures(gallery, fig_dir, seed)
+    figures = _figures(df, results, choice, fig_dir, draws, seed, sweeps, formats) + _gallery_figures(gallery, fig_dir, seed, formats)
     n_ok, n_err = int((df["status"] == "ok").sum()), int((df["status"] != "ok").sum())
     intro = (
         f"From {results.name}: {n_ok} evaluated cells ({n_err} failed, not shown), "

@@ -9,7 +9,8 @@
 - Fig. A3: FPR@95 against k negatives per ID class from the merged pool, mean over models, one line
   per OOD set (the primary set solid, the others dashed).
 - Fig. 2 / A5: a gallery of certified OOD images, the verified label in green, the original in red.
-Every figure is written atomically as PNG (200 dpi, for the HTML page) with PDF and SVG beside it.
+Each function returns a matplotlib Figure (Agg canvas); :func:`save_figure` writes it atomically as
+PNG (200 dpi, for the HTML page) with PDF and SVG beside it.
 """
 
 from __future__ import annotations
@@ -28,17 +29,20 @@ __all__ = ["save_figure", "FORMATS", "merged_pool", "gallery", "best_per_dataset
 FORMATS = ("png", "pdf", "svg")
 
 
-def save_figure(fig: Figure, path: Path) -> Path:
-    """Write ``fig`` to ``path`` (``.png``) and beside it as ``.pdf`` and ``.svg``, each atomically;
-    returns the PNG path."""
+def save_figure(fig: Figure, path: Path, formats: tuple[str, ...] = FORMATS) -> Path:
+    """Write ``fig`` to ``path`` (``.png``, always) and beside it in the other ``formats`` (PDF, SVG),
+    each atomically; returns the PNG path."""
+    unknown = sorted(set(formats) - set(FORMATS))
+    if unknown:
+        raise ValueError(f"figure format(s) {', '.join(unknown)} unknown; use {', '.join(FORMATS)}")
     path = Path(path).with_suffix(".png")
-    for fmt in FORMATS:
+    for fmt in ("png", *[f for f in FORMATS[1:] if f in formats]):
         with atomic_path(path.with_suffix(f".{fmt}")) as tmp:
             fig.savefig(tmp, format=fmt, dpi=200 if fmt == "png" else None, bbox_inches="tight")
     return path
 
 
-def best_per_dataset(best: pd.DataFrame, model: str, path: Path) -> Path:
+def best_per_dataset(best: pd.DataFrame, model: str) -> Figure:
     """Fig. 1 from ``best`` (columns dataset, fpr95, det), one bar per OOD set, sorted."""
     best = best.sort_values("fpr95")
     fig = Figure(figsize=(7, 0.45 * len(best) + 1.2))
@@ -52,10 +56,10 @@ def best_per_dataset(best: pd.DataFrame, model: str, path: Path) -> Path:
     ax.set_xlim(0, 115)
     ax.set_xlabel("FPR@95 (%, lower is better)")
     ax.set_title(f"{model}: best detector per OOD set")
-    return save_figure(fig, path)
+    return fig
 
 
-def roc_curves(curves: dict[str, tuple[np.ndarray, np.ndarray]], title: str, path: Path) -> Path:
+def roc_curves(curves: dict[str, tuple[np.ndarray, np.ndarray]], title: str) -> Figure:
     """ROC (TPR of ID vs FPR of OOD) for each detector: label -> (ID scores, OOD scores)."""
     from sklearn.metrics import roc_curve
 
@@ -71,10 +75,10 @@ def roc_curves(curves: dict[str, tuple[np.ndarray, np.ndarray]], title: str, pat
     ax.set_ylabel("TPR: ID accepted (%)")
     ax.set_title(title)
     ax.legend(fontsize=8, loc="lower right")
-    return save_figure(fig, path)
+    return fig
 
 
-def histograms(panels: dict[str, tuple[str, np.ndarray, np.ndarray]], dataset: str, path: Path) -> Path:
+def histograms(panels: dict[str, tuple[str, np.ndarray, np.ndarray]], dataset: str) -> Figure:
     """One panel per model: title -> (detector, ID scores, OOD scores); densities with shared bins."""
     k = len(panels)
     cols = min(k, 3)
@@ -92,10 +96,10 @@ def histograms(panels: dict[str, tuple[str, np.ndarray, np.ndarray]], dataset: s
         ax.set_xlabel("score (higher = ID)")
         ax.set_ylabel("density")
         ax.legend(fontsize=7)
-    return save_figure(fig, path)
+    return fig
 
 
-def subsampling_bands(curves: dict, model: str, reference: tuple[str, float] | None, n_ref: int | None, path: Path) -> Path:
+def subsampling_bands(curves: dict, model: str, reference: tuple[str, float] | None, n_ref: int | None) -> Figure:
     """Fig. A4 from :func:`oodeval.report.subsampling.subsampling_curves`."""
     fig = Figure(figsize=(7, 4.5))
     ax = fig.add_subplot()
@@ -115,10 +119,10 @@ def subsampling_bands(curves: dict, model: str, reference: tuple[str, float] | N
     ax.set_ylim(0, 100)
     ax.set_title(f"{model}: FPR@95 on random subsets")
     ax.legend(fontsize=7)
-    return save_figure(fig, path)
+    return fig
 
 
-def vocabulary_curves(sweep: pd.DataFrame, title: str, xlabel: str, path: Path, log_x: bool = False) -> Path:
+def vocabulary_curves(sweep: pd.DataFrame, title: str, xlabel: str, log_x: bool = False) -> Figure:
     """Fig. A1/A2: FPR@95 against vocabulary size, gray per model, blue the mean over models.
 
     ``sweep`` columns: model, size, fpr95 (fractions).
@@ -137,10 +141,10 @@ def vocabulary_curves(sweep: pd.DataFrame, title: str, xlabel: str, path: Path, 
     ax.set_ylabel("FPR@95 (%)")
     ax.set_title(title)
     ax.legend(fontsize=8)
-    return save_figure(fig, path)
+    return fig
 
 
-def merged_pool(sweep: pd.DataFrame, primary: str, path: Path) -> Path:
+def merged_pool(sweep: pd.DataFrame, primary: str) -> Figure:
     """Fig. A3 from a sweep table (columns model, dataset, size, fpr95): the mean over models per
     OOD set against k; the primary set solid, the others dashed."""
     fig = Figure(figsize=(6, 4))
@@ -152,10 +156,10 @@ def merged_pool(sweep: pd.DataFrame, primary: str, path: Path) -> Path:
     ax.set_ylabel("FPR@95 (%), mean over models")
     ax.set_title("Size of the merged per-class negative pool")
     ax.legend(fontsize=7)
-    return save_figure(fig, path)
+    return fig
 
 
-def gallery(items: list[tuple[Path, str, str]], title: str, path: Path, cols: int = 7) -> Path:
+def gallery(items: list[tuple[Path, str, str]], title: str, cols: int = 7) -> Figure:
     """Images with the verified OOD label (green) above the original label (red)."""
     from PIL import Image
 
@@ -171,4 +175,4 @@ def gallery(items: list[tuple[Path, str, str]], title: str, path: Path, cols: in
         ax.set_title(verified, fontsize=8, color="green", pad=12)
         ax.text(0.5, 1.01, original, transform=ax.transAxes, ha="center", va="bottom", fontsize=7, color="red")
     fig.suptitle(title)
-    return save_figure(fig, path)
+    return fig

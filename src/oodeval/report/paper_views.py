@@ -1,7 +1,7 @@
 """The paper's remaining views: Tab. 3, Tab. A3, Tab. A4 (EOE prompts), Tab. A7, and the data of
 Fig. A3 and Fig. 2 / A5.
 
-- Tab. 3: one supervised model (the paper: the best Top-1, EVA02-L-448) on every OOD set at full
+- Tab. 3: the figure model (the paper's: the best Top-1, EVA02-L-448) on every OOD set at full
   size, best FPR@95 and best AUROC over its detectors (named), the primary set last.
 - Tab. A3: each OOD set beside its NINCO-cleaned sub-sample, an OOD set labelled ``"<set> (clean)"``
   (as in ``examples/fi-imagenet-1k.toml``), same model and metrics, with n, the sub-sample's share and
@@ -25,16 +25,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .views import Cell, View, best_row, full_split, pct, pct_ci
+from .views import Cell, View, best_row, full_split, pct, row_ci
 
-__all__ = ["benchmarks", "clean_subsamples", "eoe_prompts", "supervised_models", "tab3_model", "gallery_items", "CLEAN_SUFFIX"]
+__all__ = ["benchmarks", "clean_subsamples", "eoe_prompts", "supervised_models", "gallery_items", "CLEAN_SUFFIX"]
 
 CLEAN_SUFFIX = " (clean)"
 _GENERATION = re.compile(r"^(?P<prompt>.+?)[-_.]gen(?P<gen>\d+)$")
 
-
-def _ci(r: pd.Series, metric: str) -> str:
-    return pct_ci(r[metric], r.get(f"{metric}_lo", np.nan), r.get(f"{metric}_hi", np.nan))
 
 
 def _supervised(frame: pd.DataFrame) -> pd.DataFrame:
@@ -42,18 +39,9 @@ def _supervised(frame: pd.DataFrame) -> pd.DataFrame:
     return f[f["vocabulary"].isna() & (f["kind"] == "supervised")]
 
 
-def tab3_model(frame: pd.DataFrame) -> str | None:
-    """The paper's choice for Tab. 3 / A3: the supervised model with the best ID-test Top-1."""
-    f = _supervised(frame)
-    if len(f) == 0:
-        return None
-    acc = f.groupby("model", sort=False)["id_accuracy"].mean()
-    return str(acc.idxmax()) if acc.notna().any() else str(f["model"].iloc[0])
-
-
 def _best_pair(g: pd.DataFrame) -> dict:
     r, a = best_row(g, "fpr95"), best_row(g, "auroc")
-    return {"FPR@95": _ci(r, "fpr95"), "FPR detector": Cell(r["det"], muted=True), "AUROC": _ci(a, "auroc"), "AUROC detector": Cell(a["det"], muted=True)}
+    return {"FPR@95": row_ci(r, "fpr95"), "FPR detector": Cell(r["det"], muted=True), "AUROC": row_ci(a, "auroc"), "AUROC detector": Cell(a["det"], muted=True)}
 
 
 def benchmarks(frame: pd.DataFrame, primary: str, model: str | None) -> View:
@@ -90,9 +78,9 @@ def clean_subsamples(frame: pd.DataFrame, model: str | None) -> View:
         n, m = int(g["n_ood"].iloc[0]), int(c["n_ood"].iloc[0])
         bf, bc = best_row(g), best_row(c)
         rows.append({
-            "Dataset": full, "n": str(n), "FPR@95": _ci(bf, "fpr95"), "detector": Cell(bf["det"], muted=True), "AUROC": _ci(best_row(g, "auroc"), "auroc"),
-            "n clean": str(m), "%": f"{100 * m / n:.1f}", "FPR@95 clean": _ci(bc, "fpr95"), "detector clean": Cell(bc["det"], muted=True),
-            "AUROC clean": _ci(best_row(c, "auroc"), "auroc"), "ΔFPR": f"{100 * (bc['fpr95'] - bf['fpr95']):+.1f}",
+            "Dataset": full, "n": str(n), "FPR@95": row_ci(bf, "fpr95"), "detector": Cell(bf["det"], muted=True), "AUROC": row_ci(best_row(g, "auroc"), "auroc"),
+            "n clean": str(m), "%": f"{100 * m / n:.1f}", "FPR@95 clean": row_ci(bc, "fpr95"), "detector clean": Cell(bc["det"], muted=True),
+            "AUROC clean": row_ci(best_row(c, "auroc"), "auroc"), "ΔFPR": f"{100 * (bc['fpr95'] - bf['fpr95']):+.1f}",
         })  # fmt: skip
     return View("tabA3", title, caption, pd.DataFrame(rows))
 
@@ -129,7 +117,7 @@ def eoe_prompts(frame: pd.DataFrame) -> View:
             if len(g) == 0:
                 cells[p] = (np.nan, "–")
             elif len(g) == 1:
-                cells[p] = (float(g["fpr95"].iloc[0]), _ci(g.iloc[0], "fpr95"))
+                cells[p] = (float(g["fpr95"].iloc[0]), row_ci(g.iloc[0], "fpr95"))
             else:
                 per_gen = g.groupby("gen")["fpr95"].mean()
                 std = f" ± {100 * per_gen.std(ddof=1):.1f}" if len(per_gen) > 1 else ""
@@ -165,8 +153,8 @@ def supervised_models(frame: pd.DataFrame, primary: str) -> View:
         known = m in ref.index
         rows.append({
             "Model": m, "Pre-training": ref.loc[m, "pretraining"] if known else "–", "Params": ref.loc[m, "params"] if known else "–",
-            "Top-1": pct(g["id_accuracy"].mean()), "FPR@95": _ci(r, "fpr95"), "FPR detector": Cell(r["det"], muted=True),
-            "AUROC": _ci(a, "auroc"), "AUROC detector": Cell(a["det"], muted=True), "_fpr": r["fpr95"],
+            "Top-1": pct(g["id_accuracy"].mean()), "FPR@95": row_ci(r, "fpr95"), "FPR detector": Cell(r["det"], muted=True),
+            "AUROC": row_ci(a, "auroc"), "AUROC detector": Cell(a["det"], muted=True), "_fpr": r["fpr95"],
         })  # fmt: skip
     table = pd.DataFrame(rows).sort_values("_fpr", ascending=False, kind="stable").drop(columns="_fpr")
     return View("tabA7", title, caption, table.reset_index(drop=True))

@@ -15,7 +15,7 @@ from importlib import resources
 import numpy as np
 import pandas as pd
 
-from .views import View, best_row, full_split, pct, pct_ci
+from .views import View, best_row, full_split, row_ci
 
 __all__ = ["TABLES", "load_reference", "comparison_view"]
 
@@ -42,7 +42,7 @@ def _entry(table: str, row: pd.Series, metric: str, ours: pd.Series | None, pape
     return {
         "Table": table, "Model": row["model"], "OOD set": row["dataset"], "Detector": what,
         "Metric": {"fpr95": "FPR@95", "auroc": "AUROC"}[metric],
-        "Ours [95% CI]": pct_ci(ours[metric], ours.get(f"{metric}_lo", np.nan), ours.get(f"{metric}_hi", np.nan)),
+        "Ours [95% CI]": row_ci(ours, metric),
         "Paper": f"{paper:.1f}", "Δ": f"{value - paper:+.1f}", "Flag": flag,
     }  # fmt: skip
 
@@ -53,13 +53,19 @@ def comparison_view(frame: pd.DataFrame) -> View:
     f = full_split(frame)
     logit = f[f["vocabulary"].isna()]
     out: list[dict | None] = []
+    models, datasets = set(f["model"]), set(f["dataset"])
+
+    def reference(name: str) -> pd.DataFrame:
+        """The rows of a reference table whose model (or, for Tab. A5, OOD set) the results hold."""
+        ref = load_reference(name)
+        return ref[ref["dataset"].isin(datasets)] if name == "tabA5" else ref[ref["model"].isin(models)]
 
     def cells(model: str, dataset: str, kind: str | None = None) -> pd.DataFrame:
         g = logit[(logit["model"] == model) & (logit["dataset"] == dataset)]
         return g if kind is None else g[g["kind"] == kind]
 
     for name in ("tab1", "tabA7"):
-        for _, r in load_reference(name).iterrows():
+        for _, r in reference(name).iterrows():
             r = r.copy()
             r["dataset"] = "Fi-ImageNet-1k"
             g = cells(r["model"], r["dataset"], r.get("kind") if isinstance(r.get("kind"), str) else None)
@@ -68,19 +74,19 @@ def comparison_view(frame: pd.DataFrame) -> View:
                     b = best_row(g, metric)
                     out.append(_entry(name, r, metric, b, float(r[metric]), f"best: {b['det']} (paper: {r[metric + '_detector']})"))
     for name in ("tabA2", "tab3"):
-        for _, r in load_reference(name).iterrows():
+        for _, r in reference(name).iterrows():
             g = cells(r["model"], r["dataset"], "supervised")
             if len(g):
                 for metric in ("fpr95", "auroc"):
                     b = best_row(g, metric)
                     out.append(_entry(name, r, metric, b, float(r[metric]), f"best: {b['det']}"))
-    for _, r in load_reference("tabA1").iterrows():
+    for _, r in reference("tabA1").iterrows():
         g = cells(r["model"], r["dataset"])
         g = g[g["det"] == r["detector"]]
         for metric in ("fpr95", "auroc"):
             out.append(_entry("tabA1", r, metric, g.iloc[0] if len(g) == 1 else None, float(r[metric]), r["detector"]))
     vocab = f[f["vocabulary"].notna()]
-    for _, r in load_reference("tab2").iterrows():
+    for _, r in reference("tab2").iterrows():
         if r["vocabulary"] == "logit-sp.":
             g = cells(r["model"], r["dataset"], "zero-shot")
             b = best_row(g) if len(g) else None
@@ -89,7 +95,7 @@ def comparison_view(frame: pd.DataFrame) -> View:
             b = g.iloc[0] if len(g) == 1 else None
         out.append(_entry("tab2", r, "fpr95", b, float(r["fpr95"]), r["vocabulary"]))
     zs = vocab[vocab["kind"] == "zero-shot"]
-    for _, r in load_reference("tabA5").iterrows():
+    for _, r in reference("tabA5").iterrows():
         g = zs[(zs["dataset"] == r["dataset"]) & (zs["vocabulary"] == r["vocabulary"])]
         if len(g):
             mean = pd.Series({"fpr95": g["fpr95"].mean()}) if len(g) > 1 else g.iloc[0]

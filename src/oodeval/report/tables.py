@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from ..results import ALL_SPLIT
-from .views import Cell, View, best_row, full_split, order_detectors, pct, pct_ci
+from .views import Cell, View, best_row, full_split, order_detectors, pct, row_ci
 
 __all__ = ["best_per_model", "detector_by_model", "dataset_by_model", "vocabularies", "vocabularies_by_dataset", "split_rows", "fpr_cell"]
 
@@ -38,16 +38,13 @@ def _models(frame: pd.DataFrame, kind: str | None = None) -> list[str]:
     return list(dict.fromkeys(f["model"]))
 
 
-def _ci(r: pd.Series, metric: str) -> str:
-    return pct_ci(r[metric], r.get(f"{metric}_lo", np.nan), r.get(f"{metric}_hi", np.nan))
-
 
 def fpr_cell(rows: pd.DataFrame, metric: str = "fpr95") -> tuple[float, str]:
     """(value, text) of ``rows``: one row gives its value with its CI, several their mean (no CI)."""
     if len(rows) == 0:
         return np.nan, "–"
     if len(rows) == 1:
-        return float(rows[metric].iloc[0]), _ci(rows.iloc[0], metric)
+        return float(rows[metric].iloc[0]), row_ci(rows.iloc[0], metric)
     value = float(rows[metric].mean())
     return value, pct(value)
 
@@ -81,12 +78,12 @@ def best_per_model(frame: pd.DataFrame, primary: str) -> View:
                 "Group": kind,
                 "Model": m,
                 "Top-1": Cell(pct(acc), bold=bool(np.isfinite(acc) and acc == hi_acc)),
-                "FPR@95": Cell(_ci(r, "fpr95"), bold=bool(r["fpr95"] == lo_fpr)),
+                "FPR@95": Cell(row_ci(r, "fpr95"), bold=bool(r["fpr95"] == lo_fpr)),
                 "FPR detector": r["det"],
             }
             if openood:
                 row["FPR@95 (OpenOOD)"] = pct(r[_OPENOOD])
-            row.update({"AUROC": Cell(_ci(a, "auroc"), bold=bool(a["auroc"] == hi_auc)), "AUROC detector": a["det"]})
+            row.update({"AUROC": Cell(row_ci(a, "auroc"), bold=bool(a["auroc"] == hi_auc)), "AUROC detector": a["det"]})
             rows.append(row)
     if openood:
         caption += " FPR@95 (OpenOOD): OpenOOD v1.5's OOD-positive FPR at 95% OOD recall of the same detector."
@@ -118,7 +115,7 @@ def detector_by_model(frame: pd.DataFrame, primary: str) -> View:
                 table[d][m] = Cell("–", muted=True)
                 continue
             r = g.loc[d]
-            text = f"{_ci(r, 'fpr95')} / {_ci(r, 'auroc')}" + (f" / {pct(r[_OPENOOD])}" if openood else "")
+            text = f"{row_ci(r, 'fpr95')} / {row_ci(r, 'auroc')}" + (f" / {pct(r[_OPENOOD])}" if openood else "")
             table[d][m] = Cell(text, bold=bool(r["fpr95"] == lo), underline=bool(r["auroc"] == hi))
     return View("tabA1", title, caption, pd.DataFrame(list(table.values())))
 
@@ -128,7 +125,7 @@ def _best_cells(f: pd.DataFrame) -> pd.DataFrame:
     out = []
     for (d, m), g in f.groupby(["dataset", "model"], sort=False):
         r, a = best_row(g, "fpr95"), best_row(g, "auroc")
-        out.append({"dataset": d, "model": m, "fpr95": r["fpr95"], "auroc": a["auroc"], "text": f"{_ci(r, 'fpr95')} / {_ci(a, 'auroc')}",
+        out.append({"dataset": d, "model": m, "fpr95": r["fpr95"], "auroc": a["auroc"], "text": f"{row_ci(r, 'fpr95')} / {row_ci(a, 'auroc')}",
                     "fpr_det": r["det"], "auroc_det": a["det"], "n_ood": r["n_ood"]})  # fmt: skip
     return pd.DataFrame(out)
 
@@ -204,7 +201,7 @@ def vocabularies(frame: pd.DataFrame, primary: str) -> View:
     for m in _models(v):
         lf = _no_vocab(f[f["model"] == m])
         logit = best_row(lf, "fpr95") if len(lf) else None
-        r = {"Model": m, "logit-sp.": "–" if logit is None else _ci(logit, "fpr95")}
+        r = {"Model": m, "logit-sp.": "–" if logit is None else row_ci(logit, "fpr95")}
         values["logit-sp."].append(np.nan if logit is None else logit["fpr95"])
         g = v[v["model"] == m]
         cells = {c: fpr_cell(g[g["col"] == c]) for c in cols}

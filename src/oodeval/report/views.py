@@ -10,7 +10,7 @@ import pandas as pd
 
 from ..results import ALL_SPLIT
 
-__all__ = ["Cell", "View", "Figure", "prepare", "add_det", "full_split", "pct", "pct_ci", "order_detectors", "best_row", "hp_text"]
+__all__ = ["Cell", "View", "Figure", "prepare", "add_det", "full_split", "pct", "pct_ci", "row_ci", "order_detectors", "best_row", "hp_text"]
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,11 @@ def pct_ci(value: float, lo: float = float("nan"), hi: float = float("nan"), dig
     if text == "–" or lo is None or hi is None or not (np.isfinite(lo) and np.isfinite(hi)):
         return text
     return f"{text} [{pct(lo, digits)}, {pct(hi, digits)}]"
+
+
+def row_ci(row: pd.Series, metric: str) -> str:
+    """``pct_ci`` of a prepared row's ``metric`` with its ``<metric>_lo`` / ``<metric>_hi`` bounds."""
+    return pct_ci(row[metric], row.get(f"{metric}_lo", np.nan), row.get(f"{metric}_hi", np.nan))
 
 
 def _detector_rank() -> dict[str, int]:
