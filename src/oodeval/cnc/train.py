@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .._io import atomic_path, hash_arrays
+from .._io import atomic_folder, check_output, hash_arrays
 from .corruptions import CORRUPTIONS, DEFAULT_POOL
 
 __all__ = [
@@ -41,6 +41,7 @@ __all__ = [
 ]  # fmt: skip
 
 CHECKPOINT_FORMAT = "oodeval.cnc.checkpoint/1"
+CHECKPOINT_KIND = "CnC checkpoint"
 
 
 @dataclass
@@ -185,12 +186,12 @@ def _versions() -> dict[str, str]:
 
 
 def save_checkpoint(folder: str | Path, model, optimizer, scheduler, config: TrainConfig, progress: dict) -> Path:
-    """Write the checkpoint folder atomically (replacing an older one)."""
+    """Write the checkpoint folder atomically, replacing an older checkpoint of oodeval's only."""
     from safetensors.torch import save_file
 
     folder = Path(folder)
     opt_tensors, opt_meta = _optimizer_to_files(optimizer.state_dict())
-    with atomic_path(folder) as tmp:
+    with atomic_folder(folder, CHECKPOINT_KIND, is_checkpoint_folder) as tmp:
         tmp.mkdir()
         save_file({k: v.detach().contiguous() for k, v in model.state_dict().items()}, str(tmp / "model.safetensors"))
         save_file(opt_tensors, str(tmp / "optimizer.safetensors"))
@@ -199,6 +200,14 @@ def save_checkpoint(folder: str | Path, model, optimizer, scheduler, config: Tra
         prog = dict(progress, format=CHECKPOINT_FORMAT, scheduler=scheduler.state_dict(), versions=_versions())
         (tmp / "progress.json").write_text(json.dumps(prog, indent=2, sort_keys=True, default=float) + "\n")
     return folder
+
+
+def is_checkpoint_folder(folder: Path) -> bool:
+    """Whether ``folder`` is a checkpoint folder oodeval wrote (its progress.json names the format)."""
+    try:
+        return json.loads((Path(folder) / "progress.json").read_text()).get("format") == CHECKPOINT_FORMAT
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def _read_progress(folder: Path) -> dict:
@@ -287,7 +296,7 @@ def train(
     from .cutmix import compound, step_rng
 
     images, labels = _check_data(images, labels, config)
-    out = Path(out)
+    out = check_output(out, CHECKPOINT_KIND, folder=True, is_own=is_checkpoint_folder)
     data_hash = hash_arrays({"images": images, "labels": labels})
     torch.manual_seed(config.seed)
     model = build_model(config)

@@ -26,7 +26,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     t.add_argument("--dataset", required=True, help="ID training set: registry name (NAME:SPLIT), folder, CSV or .npz")
     t.add_argument("--model", default="resnet18", help="timm model name (random init; default resnet18)")
     t.add_argument("--epochs", type=int, default=10, help="epochs (default 10)")
-    t.add_argument("--out", type=Path, required=True, help="checkpoint folder (resumed if it holds this run)")
+    t.add_argument("--out", type=Path, required=True, help="new checkpoint folder, or an earlier checkpoint of this run to resume; any other path is refused")
     t.add_argument("--plain", action="store_true", help="train the plain K-way baseline (no outlier class)")
     t.add_argument("--alpha", type=float, default=1.0, help="weight of the outlier CE term (default 1)")
     t.add_argument("--batch-size", type=int, default=128, help="ID batch size; each gets as many outliers (128)")
@@ -44,7 +44,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     e.add_argument("--ood", nargs="+", default=None, help="OOD sets (override the suite's)")
     e.add_argument("--detectors", nargs="+", default=None, help="default: cnc msp energy (CnC), msp energy (plain)")
     e.add_argument("--no-per-set", action="store_true", help="print only group and mean rows")
-    e.add_argument("--json", type=Path, default=None, help="write runs and aggregate as JSON here")
+    e.add_argument("--json", type=Path, default=None, help="write runs and aggregate as JSON here (an existing file only if it is an earlier evaluation)")
     _data_args(e)
     p.set_defaults(_cnc_help=p.format_help)
 
@@ -98,9 +98,11 @@ def run(args: argparse.Namespace) -> int:
 def _train(args: argparse.Namespace) -> int:
     import numpy as np
 
+    from .._io import check_output
     from ..cnc.corruptions import DEFAULT_POOL
-    from ..cnc.train import TrainConfig, train
+    from ..cnc.train import CHECKPOINT_KIND, TrainConfig, is_checkpoint_folder, train
 
+    check_output(args.out, CHECKPOINT_KIND, folder=True, is_own=is_checkpoint_folder)  # before loading any data
     images, labels, info = _load(args, args.dataset)
     images, labels = _select(images, labels, args.classes)
     if (labels < 0).any():
@@ -123,12 +125,15 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _evaluate(args: argparse.Namespace) -> int:
-    from .._io import write_json_atomic
+    from .._io import check_output, json_has_keys, write_json_atomic
     from ..cnc.evaluate import aggregate, evaluate_run, format_table
     from ..cnc.suites import suite
     from ..cnc.train import extract, load_checkpoint
     from ..detectors import create
 
+    is_evaluation = json_has_keys("runs", "checkpoints", "aggregate")
+    if args.json:
+        check_output(args.json, "CnC evaluation", is_own=is_evaluation)
     s = suite(args.suite) if args.suite else None
     id_test = args.id_test or (s.id_test if s else None)
     id_train = args.id_train or (s.id_train if s else None)
@@ -174,6 +179,6 @@ def _evaluate(args: argparse.Namespace) -> int:
         write_json_atomic(args.json, {
             "suite": args.suite, "id_test": id_test, "ood": ood, "detectors": detectors,
             "checkpoints": [str(c) for c in args.checkpoint], "runs": runs, "aggregate": result if len(runs) > 1 else None,
-        })  # fmt: skip
+        }, "CnC evaluation", is_evaluation)  # fmt: skip
         print(f"wrote {args.json}")
     return 0

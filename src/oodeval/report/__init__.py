@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .._io import atomic_path, write_text_atomic
+from .._io import atomic_path, check_output, claim_folder, parquet_has_columns, write_text_atomic
 from ..results import ALL_SPLIT, load_cell_scores, load_results
 from . import figures as figs
 from .cnc import cnc_summary
@@ -27,6 +27,8 @@ __all__ = ["write_report", "build_views", "sweeps_path", "save_sweep", "CONVENTI
 
 #: ``paper``: FPR@95 with ID positive (the papers'); ``openood`` adds OpenOOD v1.5's OOD-positive FPR@95 beside it
 CONVENTIONS = ("paper", "openood")
+
+_is_sweeps_table = parquet_has_columns("sweep", "size", "fpr95")
 
 
 def sweeps_path(results: str | Path) -> Path:
@@ -51,13 +53,13 @@ def save_sweep(results: str | Path, sweep: str, model: str, dataset: str, sizes,
     fpr95 = np.asarray(fpr95, dtype=np.float64)
     if sizes.shape != fpr95.shape or sizes.ndim != 1 or sizes.size == 0:
         raise ValueError(f"sizes and fpr95 must be equal-length 1-d arrays, got {sizes.shape} and {fpr95.shape}")
-    path = sweeps_path(results)
+    path = check_output(sweeps_path(results), "sweeps table", is_own=_is_sweeps_table)
     new = pd.DataFrame({"sweep": sweep, "param": param, "model": model, "dataset": dataset, "size": sizes, "fpr95": fpr95})
     if path.exists():
         old = pd.read_parquet(path)
         old = old[~((old["sweep"] == sweep) & (old["model"] == model) & (old["dataset"] == dataset))]
         new = pd.concat([old, new], ignore_index=True)
-    with atomic_path(path) as tmp:
+    with atomic_path(path, "sweeps table", _is_sweeps_table) as tmp:
         new.to_parquet(tmp, index=False)
     return path
 
@@ -254,7 +256,8 @@ def write_report(
     configurations (:mod:`oodeval.report.selection`) and take its OOD groups; ``convention="openood"``
     adds OpenOOD's OOD-positive FPR@95 beside the paper's; ``gallery``: a construction export folder
     whose ``ood.csv`` images make Fig. 2 / A5; ``formats``: figure files besides the PNG (PDF, SVG).
-    Returns ``{"markdown", "latex", "html", <figure key>: PNG path, ...}``.
+    Returns ``{"markdown", "latex", "html", <figure key>: PNG path, ...}``. ``out_dir`` is created, or
+    rewritten when it is an earlier report; any other existing file or folder there is refused.
     """
     if convention not in CONVENTIONS:
         raise ValueError(f"convention must be one of {', '.join(CONVENTIONS)}, got {convention!r}")
@@ -275,9 +278,9 @@ def write_report(
     if convention == "openood":
         df = _with_openood(df, results)
     groups = {d.label: d.group for d in experiment.ood if d.group} if experiment is not None else None
-    out_dir = Path(out_dir)
+    out_dir = claim_folder(out_dir, "report", is_own=lambda p: (p / "report.html").is_file())
     fig_dir = out_dir / "figures"
-    fig_dir.mkdir(parents=True, exist_ok=True)
+    fig_dir.mkdir(exist_ok=True)
     if sweeps is None and sweeps_path(results).exists():
         sweeps = sweeps_path(results)
     if sweeps is not None and not isinstance(sweeps, pd.DataFrame):
