@@ -176,6 +176,11 @@ def test_opt_in_search_on_validation_data_only(tmp_path):
         "models": [{"name": "synthetic", "features": paths}],
         "detectors": ["msp", {"name": "knn", "search": {"k": grid}}],
     }
+    from oodeval.experiment.check import check_experiment
+
+    assert not [p for p in check_experiment(load_config(cfg)) if "validation" in p]  # run --check sees the validation sets
+    missing = {**cfg, "models": [{"name": "synthetic", "features": {k: v for k, v in paths.items() if k != "validation_ood"}}]}
+    assert any("validation_ood" in p and "val_ood" in p for p in check_experiment(load_config(missing, base_dir=tmp_path)))
     summary = run_experiment(cfg, progress=False)
     assert summary.failed == 0
     df = load_results(summary.results)
