@@ -125,8 +125,7 @@ def _best_cells(f: pd.DataFrame) -> pd.DataFrame:
     out = []
     for (d, m), g in f.groupby(["dataset", "model"], sort=False):
         r, a = best_row(g, "fpr95"), best_row(g, "auroc")
-        out.append({"dataset": d, "model": m, "fpr95": r["fpr95"], "auroc": a["auroc"], "text": f"{row_ci(r, 'fpr95')} / {row_ci(a, 'auroc')}",
-                    "fpr_det": r["det"], "auroc_det": a["det"], "n_ood": r["n_ood"]})  # fmt: skip
+        out.append({"dataset": d, "model": m, "fpr95": r["fpr95"], "auroc": a["auroc"], "text": f"{row_ci(r, 'fpr95')} / {row_ci(a, 'auroc')}"})
     return pd.DataFrame(out)
 
 
@@ -174,6 +173,15 @@ def dataset_by_model(frame: pd.DataFrame, primary: str, groups: dict[str, str] |
     return View("tabA2", title, caption, pd.DataFrame(rows))
 
 
+def _vocab_cells(rows: pd.DataFrame, cols: list[str]) -> dict[str, Cell]:
+    """One cell per vocabulary column of ``rows`` (:func:`fpr_cell`); bold the best deployable one,
+    mute the oracle (a lower bound, not a detector)."""
+    cells = {c: fpr_cell(rows[rows["col"] == c]) for c in cols}
+    deploy = [c for c in cols if np.isfinite(cells[c][0]) and _ORACLE not in c.lower()]
+    best = min(cells[c][0] for c in deploy) if deploy else np.nan
+    return {c: Cell(text, bold=bool(c in deploy and val == best), muted=_ORACLE in c.lower()) for c, (val, text) in cells.items()}
+
+
 def _vocab_column(frame: pd.DataFrame) -> pd.Series:
     """Column name of a vocabulary row: the vocabulary, prefixed by the scorer when several scorers share it."""
     v = frame[frame["vocabulary"].notna()]
@@ -204,14 +212,9 @@ def vocabularies(frame: pd.DataFrame, primary: str) -> View:
         r = {"Model": m, "logit-sp.": "–" if logit is None else row_ci(logit, "fpr95")}
         values["logit-sp."].append(np.nan if logit is None else logit["fpr95"])
         g = v[v["model"] == m]
-        cells = {c: fpr_cell(g[g["col"] == c]) for c in cols}
-        deploy = [c for c in cols if np.isfinite(cells[c][0]) and _ORACLE not in c.lower()]
-        best = min(cells[c][0] for c in deploy) if deploy else np.nan
         for c in cols:
-            val, text = cells[c]
-            values[c].append(val)
-            r[c] = Cell(text, bold=bool(c in deploy and val == best), muted=_ORACLE in c.lower())
-        rows.append(r)
+            values[c].append(fpr_cell(g[g["col"] == c])[0])
+        rows.append({**r, **_vocab_cells(g, cols)})
     rows.append({"Model": Cell("Mean", bold=True), **{c: pct(np.nanmean(x)) if np.isfinite(x).any() else "–" for c, x in values.items()}})
     return View("tab2", title, caption, pd.DataFrame(rows))
 
@@ -233,10 +236,7 @@ def vocabularies_by_dataset(frame: pd.DataFrame, primary: str) -> View:
     rows = []
     for d in datasets:
         vd = v[v["dataset"] == d]
-        cells = {c: fpr_cell(vd[vd["col"] == c]) for c in cols}
-        deploy = [c for c in cols if np.isfinite(cells[c][0]) and _ORACLE not in c.lower()]
-        best = min(cells[c][0] for c in deploy) if deploy else np.nan
-        rows.append({"Dataset": d, "n": str(vd["n_ood"].iloc[0]), **{c: Cell(cells[c][1], bold=bool(c in deploy and cells[c][0] == best)) for c in cols}})
+        rows.append({"Dataset": d, "n": str(vd["n_ood"].iloc[0]), **_vocab_cells(vd, cols)})
     return View("tabA5", title, caption, pd.DataFrame(rows))
 
 
