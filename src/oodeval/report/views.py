@@ -3,6 +3,7 @@ or a note saying why it is omitted), plus the prepared results frame every table
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import numpy as np
@@ -98,7 +99,8 @@ def order_detectors(labels: list[str]) -> list[str]:
 
 
 def best_row(rows: pd.DataFrame, metric: str = "fpr95") -> pd.Series:
-    """The row naming the best detector, by the one rule every view, figure and console table uses:
+    """The row naming the best detector, by the one rule of every report view and figure (and the
+    demo's printed sub-sampling table, which reuses them):
     lowest FPR@95 (``metric="fpr95"``) or highest AUROC (``metric="auroc"``); ties go to the better
     other metric, then to the detector earlier in the paper's order, then to the label."""
     if len(rows) == 0:
@@ -116,8 +118,6 @@ def best_row(rows: pd.DataFrame, metric: str = "fpr95") -> pd.Series:
 
 def hp_text(hp_json_text: str) -> str:
     """A configuration's overrides for display: ``{"k":5,"t":2.0}`` -> ``k=5, t=2.0``; ``{}`` -> ``defaults``."""
-    import json
-
     hp = json.loads(hp_json_text) if hp_json_text else {}
     hp.pop("vocabulary", None)
     search = hp.pop("search", {})
