@@ -201,8 +201,10 @@ def test_figures_A3_and_gallery_and_omitted_notes(grid, tmp_path):
     rng = np.random.default_rng(0)
     for i in range(20):
         Image.fromarray(rng.integers(0, 255, (40, 50, 3), dtype=np.uint8)).save(export / "img" / f"{i}.png")
+    # the columns `oodeval construct export` writes, paths relative to the export folder
     pd.DataFrame({"path": [f"img/{i}.png" for i in range(20)], "label": -1, "ood_label": [f"tayra {i}" for i in range(20)],
-                  "fine_grained": True, "original_label": 3, "original_name": "weasel"}).to_csv(export / "ood.csv", index=False)  # fmt: skip
+                  "fine_grained": 1, "original_label": 3, "original_name": "weasel", "flag": "uncertain", "decided_stage": 2,
+                  "other_labels": ""}).to_csv(export / "ood.csv", index=False)  # fmt: skip
     paths = write_report(grid, tmp_path / "rep", primary="Fi-ImageNet-1k", draws=10, gallery=export)
     for key in ("figA3", "fig2", "figA5"):
         assert paths[key].read_bytes()[:4] == b"\x89PNG" and paths[key].with_suffix(".pdf").is_file(), key
