@@ -205,6 +205,16 @@ def test_figures_A3_and_gallery_and_omitted_notes(grid, tmp_path):
     pd.DataFrame({"path": [f"img/{i}.png" for i in range(20)], "label": -1, "ood_label": [f"tayra {i}" for i in range(20)],
                   "fine_grained": 1, "original_label": 3, "original_name": "weasel", "flag": "uncertain", "decided_stage": 2,
                   "other_labels": ""}).to_csv(export / "ood.csv", index=False)  # fmt: skip
+    from matplotlib.colors import to_rgb
+
+    from oodeval.report import figures
+    from oodeval.report.paper_views import gallery_items
+
+    items = gallery_items(export, 14)
+    assert len(items) == 14 and len({i[0] for i in items + gallery_items(export, 42, skip=14)}) == 20  # Fig. A5 continues Fig. 2
+    ax = figures.gallery(items, "Fig. 2").axes[0]
+    assert ax.title.get_text() == items[0][1] and to_rgb(ax.title.get_color()) == to_rgb("green")
+    assert [(t.get_text(), to_rgb(t.get_color())) for t in ax.texts] == [("weasel", to_rgb("red"))]
     paths = write_report(grid, tmp_path / "rep", primary="Fi-ImageNet-1k", draws=10, gallery=export)
     for key in ("figA3", "fig2", "figA5"):
         assert paths[key].read_bytes()[:4] == b"\x89PNG" and paths[key].with_suffix(".pdf").is_file(), key
