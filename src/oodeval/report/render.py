@@ -60,7 +60,7 @@ def markdown(title: str, intro: str, views: list[View], figures: list[Figure], b
 
 
 # ---------------------------------------------------------------------------- LaTeX
-_TEX = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "±": r"$\pm$", "–": "--", "—": "---", "≤": r"$\leq$"}
+_TEX = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "±": r"$\pm$", "–": "--", "—": "---", "≤": r"$\leq$", "Δ": r"$\Delta$"}
 
 
 _LONG = 40  # tables with more rows become a longtable
