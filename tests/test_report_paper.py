@@ -229,3 +229,18 @@ def test_figures_A3_and_gallery_and_omitted_notes(grid, tmp_path):
         assert f"omitted: {note}" in md, note
     with pytest.raises(FileNotFoundError, match="no ood.csv"):
         write_report(grid, tmp_path / "rep3", draws=10, gallery=tmp_path)
+
+
+def test_tabA5_mean_rows_per_group(tmp_path):
+    rows = _grid() + [_row(m, "zero-shot", "neglabel", "Textures", fpr, 0.7, vocab="WN", acc=0.7, n=5640) for m, fpr in (("CLIP-B/16", 0.40), ("SigLIP2-g", 0.50))]
+    path = tmp_path / "r.parquet"
+    save_results(pd.DataFrame(rows), path)
+    groups = {"NINCO": "curated", "Textures": "full-size"}
+    views, _ = build_views(load_results(path), path, primary="Fi-ImageNet-1k", draws=10, groups=groups)
+    a5 = _view(views, "tabA5").frame
+    a5 = a5.assign(Dataset=[str(x) for x in a5["Dataset"]]).set_index("Dataset")
+    assert list(a5.index) == ["NINCO", "Textures", "Mean", "Mean (curated)", "Mean (full-size)", "Fi-ImageNet-1k"]
+    assert a5.loc["Textures", "WN"].text == "45.0"  # the mean of two VLMs, no CI
+    assert a5.loc["Mean", "WN"] == "61.5"  # (78.0 + 45.0) / 2
+    assert a5.loc["Mean (full-size)", "WN"] == "45.0" and a5.loc["Mean (curated)", "WN"] == "78.0"
+    assert a5.loc["Mean", "far-OOD"] == "85.0"  # only NINCO has it

@@ -127,7 +127,7 @@ def build_views(
         dataset_by_model(frame, p, groups),
         clean_subsamples(frame, model),
         eoe_prompts(frame),
-        vocabularies_by_dataset(frame, p),
+        vocabularies_by_dataset(frame, p, groups),
     ]
     scores = model_scores(df, results_path, model) if model else {}
     if subsample_n is None and primary in scores:

@@ -161,12 +161,7 @@ def dataset_by_model(frame: pd.DataFrame, primary: str, groups: dict[str, str] |
 
     for d in datasets:
         rows.append(row(d, best[best["dataset"] == d]))
-    means = [("Mean", datasets)] if len(datasets) > 1 else []
-    for group in dict.fromkeys((groups or {}).values()):
-        members = [d for d in datasets if (groups or {}).get(d) == group]
-        if members:
-            means.append((f"Mean ({group})", members))
-    for name, members in means:
+    for name, members in _group_means(datasets, groups):
         rows.append(row(name, best[best["dataset"].isin(members)], bold=True, single=False))
     if primary in set(best["dataset"]):
         rows.append(row(primary, best[best["dataset"] == primary]))
@@ -219,12 +214,23 @@ def vocabularies(frame: pd.DataFrame, primary: str) -> View:
     return View("tab2", title, caption, pd.DataFrame(rows))
 
 
-def vocabularies_by_dataset(frame: pd.DataFrame, primary: str) -> View:
-    """Tab. A5."""
+def _group_means(datasets: list[str], groups: dict[str, str] | None) -> list[tuple[str, list[str]]]:
+    """("Mean", every set) when there are several, then ("Mean (<group>)", its sets) per group."""
+    out = [("Mean", datasets)] if len(datasets) > 1 else []
+    for group in dict.fromkeys((groups or {}).values()):
+        members = [d for d in datasets if (groups or {}).get(d) == group]
+        if members:
+            out.append((f"Mean ({group})", members))
+    return out
+
+
+def vocabularies_by_dataset(frame: pd.DataFrame, primary: str, groups: dict[str, str] | None = None) -> View:
+    """Tab. A5; ``groups`` as in :func:`dataset_by_model`."""
     title = "Tab. A5 — negative vocabularies on every OOD set"
     caption = (
         "FPR@95 (%) of each vocabulary, mean over the zero-shot models (one model: its value with its bootstrap 95% CI), "
-        "per OOD set; bold: best deployable vocabulary."
+        f"per OOD set; bold: best deployable vocabulary. Mean rows (no CI): over the OOD sets (or a group's) other than {primary}, "
+        "each vocabulary over the sets it was run on."
     )
     f = full_split(frame)
     v = f[(f["kind"] == "zero-shot") & f["vocabulary"].notna()]
@@ -232,11 +238,18 @@ def vocabularies_by_dataset(frame: pd.DataFrame, primary: str) -> View:
         return View("tabA5", title, caption, note="omitted: no zero-shot results with a vocabulary")
     v = v.assign(col=_vocab_column(v))
     cols = list(dict.fromkeys(v["col"]))
-    datasets = [d for d in dict.fromkeys(v["dataset"]) if d != primary] + ([primary] if primary in set(v["dataset"]) else [])
-    rows = []
-    for d in datasets:
+    others = [d for d in dict.fromkeys(v["dataset"]) if d != primary]
+
+    def row(d: str) -> dict:
         vd = v[v["dataset"] == d]
-        rows.append({"Dataset": d, "n": str(vd["n_ood"].iloc[0]), **_vocab_cells(vd, cols)})
+        return {"Dataset": d, "n": str(vd["n_ood"].iloc[0]), **_vocab_cells(vd, cols)}
+
+    rows = [row(d) for d in others]
+    for name, members in _group_means(others, groups):
+        per = v[v["dataset"].isin(members)].groupby(["col", "dataset"])["fpr95"].mean().groupby("col").mean()
+        rows.append({"Dataset": Cell(name, bold=True), "n": "", **{c: pct(per.get(c, np.nan)) for c in cols}})
+    if primary in set(v["dataset"]):
+        rows.append(row(primary))
     return View("tabA5", title, caption, pd.DataFrame(rows))
 
 
