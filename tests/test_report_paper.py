@@ -172,6 +172,8 @@ def test_tabA4_eoe_prompts_mean_over_models_and_generations(grid):
 
 def test_tabA7_and_the_paper_comparison(grid):
     views, _ = build_views(load_results(grid), grid, primary="Fi-ImageNet-1k", draws=10)
+    t1 = _view(views, "tab1").frame.set_index("Model")
+    assert t1.loc["EVA02-L-448", "Params"] == "305.1M" and t1.loc["SigLIP2-g", "Params"] == "1.9B"
     a7 = _view(views, "tabA7").frame
     assert list(a7["Model"]) == ["ResNet50", "EVA02-L-448"]  # worst FPR@95 first
     eva = a7.set_index("Model").loc["EVA02-L-448"]

@@ -49,19 +49,29 @@ def fpr_cell(rows: pd.DataFrame, metric: str = "fpr95") -> tuple[float, str]:
     return value, pct(value)
 
 
+def _paper_params() -> dict[str, str]:
+    """Model name -> parameter count as printed in the paper (Tabs. A7 and 1, both naming schemes)."""
+    from .reference import load_reference
+
+    t1, a7 = load_reference("tab1"), load_reference("tabA7")
+    return {**dict(zip(a7["model"], a7["params"])), **dict(zip(t1["model"], t1["params"])), **dict(zip(t1["paper_label"], t1["params"]))}
+
+
 def best_per_model(frame: pd.DataFrame, primary: str) -> View:
     """Tab. 1."""
     title = "Tab. 1 — best detector per model"
     caption = (
         f"Post-hoc OOD detection on {primary}. For every model the best detector by FPR@95 (%, lower is better) "
         "and, chosen independently, by AUROC (%, higher is better), each with its bootstrap 95% CI in brackets; "
-        "Top-1 is the ID-test accuracy (%). Bold: best column value within each group (supervised / zero-shot)."
+        "Top-1 is the ID-test accuracy (%); Params from the paper's Tabs. 1 / A7 where the model carries a name of them (else –). "
+        "Bold: best column value within each group (supervised / zero-shot)."
     )
     f = _no_vocab(full_split(frame))
     f = f[f["dataset"] == primary]
     if len(f) == 0:
         return View("tab1", title, caption, note=f"omitted: no results on {primary}")
     openood = _OPENOOD in f.columns
+    params = _paper_params()
     rows = []
     for kind in ("supervised", "zero-shot"):
         g = f[f["kind"] == kind]
@@ -77,6 +87,7 @@ def best_per_model(frame: pd.DataFrame, primary: str) -> View:
             row = {
                 "Group": kind,
                 "Model": m,
+                "Params": params.get(m, "–"),
                 "Top-1": Cell(pct(acc), bold=bool(np.isfinite(acc) and acc == hi_acc)),
                 "FPR@95": Cell(row_ci(r, "fpr95"), bold=bool(r["fpr95"] == lo_fpr)),
                 "FPR detector": r["det"],
