@@ -30,8 +30,9 @@ def choose_on_validation(run, spec, cfg):
     best = None
     for values in product(*(spec.search[n] for n in names)):
         hp = {**spec.hyperparameters, **dict(zip(names, values))}
-        scorer = _Scorer(run.model, replace(spec, hyperparameters=hp), hp, run.context)
-        scorer.fit(run.feats.get("id_train"))
+        train = run.feats.get("id_train")
+        scorer = _Scorer(run.model, replace(spec, hyperparameters=hp), hp, run.context, train if train is not None else run.feats.get("id_test"))
+        scorer.fit(train)
         s_id, s_ood = scorer.score(run.feats["validation_id"]), scorer.score(run.feats["validation_ood"])
         key = (fpr_at_tpr(s_id, s_ood), -auroc(s_id, s_ood))
         if best is None or key < best[0]:
