@@ -142,3 +142,43 @@ def test_cli_train_and_evaluate(tmp_path, capsys):
     assert "TNR@TPR95" in capsys.readouterr().out
     assert main(["cnc", "evaluate", "--checkpoint", str(ck), "--no-progress"]) == 2
     assert "--suite" in capsys.readouterr().err
+
+
+def test_cli_evaluate_refuses_incomparable_inputs(tmp_path, capsys):
+    from oodeval.cli import main
+
+    rng = np.random.default_rng(0)
+    labels = np.arange(48) % 3
+    images = rng.integers(0, 50, size=(48, 12, 12), dtype=np.uint8)
+    for i, c in enumerate(labels):
+        images[i, c * 4 : c * 4 + 3] = 220
+    np.savez(tmp_path / "train.npz", images=images, labels=labels)
+    np.savez(tmp_path / "other.npz", images=images[::-1], labels=labels[::-1])
+    np.savez(tmp_path / "ten.npz", images=images, labels=np.arange(48) % 10)
+    np.savez(tmp_path / "big.npz", images=rng.integers(0, 256, size=(20, 14, 14), dtype=np.uint8))
+    np.savez(tmp_path / "rgb.npz", images=rng.integers(0, 256, size=(20, 12, 12, 3), dtype=np.uint8))
+    common = ["--model", "test_resnet", "--epochs", "1", "--batch-size", "16", "--no-progress", "--corruptions", "contrast"]
+    for name, data, seed in (("s0", "train", "0"), ("s1", "train", "1"), ("o1", "other", "1")):
+        assert main(["cnc", "train", "--dataset", str(tmp_path / f"{data}.npz"), "--out", str(tmp_path / name),
+                     "--seed", seed, *common]) == 0  # fmt: skip
+    cfg = json.loads((tmp_path / "s0" / "config.json").read_text())
+    assert cfg["image_size"] == [12, 12] and cfg["in_chans"] == 1 and cfg["num_classes"] == 3 and cfg["data_hash"]
+    capsys.readouterr()
+
+    def evaluate(*extra, ck=("s0",), id_test="train"):
+        code = main(["cnc", "evaluate", "--checkpoint", *[str(tmp_path / c) for c in ck],
+                     "--id-test", str(tmp_path / f"{id_test}.npz"), "--no-progress", *extra])  # fmt: skip
+        return code, capsys.readouterr()
+
+    code, out = evaluate("--ood", str(tmp_path / "big.npz"))
+    assert code == 2 and "14x14" in out.err and "12x12" in out.err and "--resize" in out.err
+    code, out = evaluate("--ood", str(tmp_path / "big.npz"), "--resize")
+    assert code == 0 and "TNR@TPR95" in out.out
+    code, out = evaluate("--ood", str(tmp_path / "rgb.npz"))
+    assert code == 2 and "3-channel" in out.err and "--channels 1" in out.err
+    code, out = evaluate("--ood", str(tmp_path / "big.npz"), "--resize", id_test="ten")
+    assert code == 2 and "K = 3" in out.err
+    code, out = evaluate("--ood", str(tmp_path / "big.npz"), "--resize", ck=("s0", "o1"))
+    assert code == 2 and "data_hash" in out.err and "more than the seed" in out.err
+    code, out = evaluate("--ood", str(tmp_path / "big.npz"), "--resize", ck=("s0", "s1"))
+    assert code == 0 and "mean ± std over 2 runs" in out.out
