@@ -182,3 +182,35 @@ def test_cli_evaluate_refuses_incomparable_inputs(tmp_path, capsys):
     assert code == 2 and "data_hash" in out.err and "more than the seed" in out.err
     code, out = evaluate("--ood", str(tmp_path / "big.npz"), "--resize", ck=("s0", "s1"))
     assert code == 0 and "mean ± std over 2 runs" in out.out
+
+
+def test_grid_treats_k_plus_one_models_like_cnc_evaluate(tmp_path):
+    from oodeval.experiment import run_experiment
+    from oodeval.results import load_results
+
+    rng = np.random.default_rng(3)
+    k, d = 3, 6
+    W, b = rng.normal(size=(k + 1, d)).astype(np.float32), rng.normal(size=k + 1).astype(np.float32)
+
+    def fs(n, labelled, shift):
+        y = rng.integers(0, k, n) if labelled else None
+        z = (rng.normal(size=(n, d)) + shift).astype(np.float32)
+        meta = {"cnc": True, "num_id_classes": k, "outlier_class": k}
+        return FeatureSet(features=z, labels=y, logits=z @ W.T + b, weight=W, bias=b, meta=meta)
+
+    sets = {"id_train": fs(80, True, 0.0), "id_test": fs(60, True, 0.0), "far": fs(40, False, 1.5)}
+    # the outlier logit is the largest for most ID test images: over all K+1 logits the accuracy would collapse
+    sets["id_test"].logits[:, k] += 5
+    paths = {n: str(s.save(tmp_path / n)) for n, s in sets.items()}
+    cfg = {
+        "seeds": [0], "bootstrap_draws": 50, "results": str(tmp_path / "out" / "results.parquet"),
+        "datasets": {"id_train": "train", "id_test": "test", "ood": ["far"]},
+        "models": [{"name": "cnc-model", "features": paths}], "detectors": ["msp", "energy", "cnc"],
+    }  # fmt: skip
+    df = load_results(run_experiment(cfg, progress=False).results).set_index("detector")
+    ref = evaluate_run(sets["id_test"], {"far": sets["far"]}, ("msp", "energy", "cnc"), train=sets["id_train"])
+    for det in ("msp", "energy", "cnc"):
+        assert df.loc[det, "auroc"] == pytest.approx(ref["detectors"][det]["sets"]["far"]["auroc"], abs=1e-12)
+        assert df.loc[det, "id_accuracy"] == pytest.approx(ref["id_accuracy"], abs=1e-12)
+    first_k = (sets["id_test"].logits[:, :k].argmax(1) == sets["id_test"].labels).mean()
+    assert ref["id_accuracy"] == pytest.approx(first_k) and first_k > 0.1
