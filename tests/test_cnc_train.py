@@ -107,20 +107,22 @@ def test_schedule_is_a_function_of_config_and_epoch():
 
 
 def test_resume_across_two_milestones_is_bit_identical(tmp_path):
-    images, labels = _toy(n=64)
-    cfg = _cfg(epochs=4)
+    images, labels = _toy(n=32)
+    cfg = _cfg(epochs=3, batch_size=16, milestones=(0.34, 0.67))
+    assert milestone_epochs(cfg) == [1, 2]
     full = train(cfg, images, labels, tmp_path / "full", progress=False)
-    assert [h["lr"] for h in full["history"]] == pytest.approx([0.05, 0.05, 0.005, 0.0005], rel=1e-12)
-    # interrupted after epoch 1, then again after epoch 3: both milestones are crossed after a resume
+    assert [h["lr"] for h in full["history"]] == pytest.approx([0.05, 0.005, 0.0005], rel=1e-12)
+    # interrupted after epoch 1 and after epoch 2: each resume starts on a milestone
     assert train(cfg, images, labels, tmp_path / "split", progress=False, stop_after=1)["epochs_done"] == 1
-    assert train(cfg, images, labels, tmp_path / "split", progress=False, stop_after=2)["epochs_done"] == 3
+    assert train(cfg, images, labels, tmp_path / "split", progress=False, stop_after=1)["epochs_done"] == 2
     done = train(cfg, images, labels, tmp_path / "split", progress=False)
     assert [h["lr"] for h in done["history"]] == [h["lr"] for h in full["history"]]
     assert [h["loss"] for h in done["history"]] == [h["loss"] for h in full["history"]]
     assert _same(_weights(tmp_path / "full"), _weights(tmp_path / "split"))
     # another config or other data in the same folder is refused
     with pytest.raises(ValueError, match="other settings"):
-        train(_cfg(epochs=2, lr=0.01), images, labels, tmp_path / "split", progress=False)
+        train(_cfg(epochs=3, batch_size=16, milestones=(0.34, 0.67), lr=0.01), images, labels, tmp_path / "split",
+              progress=False)  # fmt: skip
     with pytest.raises(ValueError, match="other data"):
         train(cfg, images[::-1].copy(), labels[::-1].copy(), tmp_path / "split", progress=False)
 
@@ -128,8 +130,8 @@ def test_resume_across_two_milestones_is_bit_identical(tmp_path):
 def test_a_kill_while_writing_a_checkpoint_keeps_the_last_epoch(tmp_path, monkeypatch):
     import safetensors.torch
 
-    images, labels = _toy(n=64)
-    cfg = _cfg(epochs=3)
+    images, labels = _toy(n=32)
+    cfg = _cfg(epochs=3, batch_size=16)
     train(cfg, images, labels, tmp_path / "full", progress=False)
     run = tmp_path / "run"
     train(cfg, images, labels, run, progress=False, stop_after=1)
