@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent set-up: Debian packages (when root and missing), then the local virtual environment.
-# Re-installs the Python packages only when pyproject.toml changed since the last run.
+# Re-installs the Python packages only when pyproject.toml or constraints.txt changed since the last run;
+# constraints.txt holds the exact versions, pyproject.toml the supported ranges.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,13 +26,13 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 stamp=.venv/.oodeval-installed
-want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+want=$(cat pyproject.toml constraints.txt | sha256sum | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "setup: installing Python packages into .venv (first run takes a few minutes)"
   # pip's "Location ... is ignored" warnings come from this machine's pip config; pipefail keeps pip's status
   pipq() { .venv/bin/python -m pip install -q "$@" 2>&1 | { grep -v "is ignored: it is neither" || true; }; }
   pipq --upgrade pip
-  pipq -e '.[test]'
+  pipq -c constraints.txt -e '.[test]'
   .venv/bin/python -c "import oodeval, torch, timm, open_clip, faiss" || { echo "setup: install failed" >&2; exit 1; }
   echo "$want" > "$stamp"
 fi

@@ -1,6 +1,12 @@
 """The ``oodeval`` command. Each sub-command is a module in :mod:`oodeval.commands` defining
 ``HELP`` (one line), ``add_arguments(parser)`` and ``run(args) -> int | None``; modules import
 their heavy dependencies inside ``run`` so that ``oodeval --help`` stays fast.
+
+One error path for every command: an expected error (bad input, a refused output path, a
+missing file) prints ``oodeval CMD: error: ...`` and exits 2; any other exception prints one
+line and exits 1; ``-v`` (accepted before or after the sub-command) adds the traceback.
+Log records and Python warnings, oodeval's and third-party ones, go through one handler that
+writes above the progress bars; third-party INFO chatter (open_clip, faiss) shows only with ``-v``.
 """
 
 from __future__ import annotations
@@ -10,8 +16,13 @@ import importlib
 import logging
 import pkgutil
 import sys
+import traceback
 
 from . import __version__, commands
+
+#: errors that come from the user's input or environment, not from a bug in oodeval
+EXPECTED = (ValueError, OSError, KeyError, RuntimeError)
+_VERBOSE_HELP = "log debug messages and show tracebacks (accepted anywhere on the line)"
 
 
 def _command_modules() -> dict[str, object]:
@@ -24,39 +35,87 @@ def _command_modules() -> dict[str, object]:
     return mods
 
 
+def _everywhere(parser: argparse.ArgumentParser) -> None:
+    """Give every (nested) sub-command ``-v``."""
+    for action in parser._actions:  # argparse offers no public walk over sub-parsers
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                sub.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help=_VERBOSE_HELP)
+                _everywhere(sub)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="oodeval", description="Evaluate out-of-distribution detection and build OOD benchmarks.")
     parser.add_argument("--version", action="version", version=f"oodeval {__version__}")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    parser.add_argument("-v", "--verbose", action="store_true", help=_VERBOSE_HELP)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, mod in _command_modules().items():
         p = sub.add_parser(name, help=mod.HELP, description=mod.HELP)
         mod.add_arguments(p)
         p.set_defaults(_run=mod.run)
+    _everywhere(parser)
     return parser
 
 
+class _AboveBars(logging.StreamHandler):
+    """Writes records with ``tqdm.write`` so that they appear above running progress bars."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            from tqdm import tqdm
+
+            tqdm.write(self.format(record), file=self.stream)
+        except Exception:  # noqa: BLE001 - logging must never raise
+            self.handleError(record)
+
+
+def _route_logs(verbose: bool) -> tuple[logging.Handler, dict]:
+    """Install the handler; root at WARNING (DEBUG with -v), oodeval's own loggers at INFO."""
+    root, ours = logging.getLogger(), logging.getLogger("oodeval")
+    before = {"root": root.level, "ours": ours.level}
+    handler = _AboveBars(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG if verbose else logging.WARNING)
+    ours.setLevel(logging.DEBUG if verbose else logging.INFO)
+    logging.captureWarnings(True)
+    return handler, before
+
+
+def _unroute_logs(handler: logging.Handler, before: dict) -> None:
+    logging.captureWarnings(False)
+    logging.getLogger().removeHandler(handler)
+    logging.getLogger().setLevel(before["root"])
+    logging.getLogger("oodeval").setLevel(before["ours"])
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``oodeval`` console script."""
+    """Entry point of the ``oodeval`` console script (and ``python -m oodeval``)."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    if not args.verbose:
-        logging.getLogger("faiss").setLevel(logging.WARNING)  # its loader logs CPU-feature probing at INFO
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2
+    prog = f"oodeval {args.command}"
+    handler, before = _route_logs(args.verbose)
     try:
         return int(args._run(args) or 0)
-    except (ValueError, FileNotFoundError, KeyError, RuntimeError) as exc:
-        if args.verbose:
-            raise
-        msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
-        print(f"oodeval {args.command}: error: {msg}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
-        print(f"oodeval {args.command}: interrupted; completed work is kept, rerun to resume", file=sys.stderr)
+        print(f"{prog}: interrupted; completed work is kept, rerun to resume", file=sys.stderr)
         return 130
+    except Exception as exc:  # noqa: BLE001 - the one place every command's errors end
+        if args.verbose:
+            traceback.print_exc()
+        expected = isinstance(exc, EXPECTED)
+        msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc) or type(exc).__name__
+        if expected:
+            print(f"{prog}: error: {msg}", file=sys.stderr)
+            return 2
+        hint = "" if args.verbose else "; rerun with -v for the traceback"
+        print(f"{prog}: error: unexpected {type(exc).__name__}: {msg}{hint}", file=sys.stderr)
+        return 1
+    finally:
+        _unroute_logs(handler, before)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ and its message in ``error``; its metrics are NaN. Per-cell scores live beside t
 (``scores_id`` / ``scores_ood`` are paths relative to the table's folder).
 
 Every write replaces the whole file through :func:`oodeval._io.atomic_path`, so readers (pandas,
-DuckDB, pyarrow) never see a half-written table.
+DuckDB, pyarrow) never see a half-written table; an existing file is replaced only when it is
+a results table itself (anything else at the path is refused).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ._io import atomic_path
+from ._io import atomic_path, parquet_has_columns
 
 __all__ = [
     "KEY",
@@ -39,6 +40,8 @@ __all__ = [
 KEY = ("model", "weights", "detector", "hyperparameters", "dataset", "split", "seed")
 METRICS = ("fpr95", "tnr95", "auroc", "aupr_in", "aupr_out", "detection_error")
 BOOTSTRAPPED = ("fpr95", "tnr95", "auroc", "detection_error")
+#: recognises an existing results table, the only file :func:`save_results` replaces
+is_results_table = parquet_has_columns(*KEY)
 #: the ``split`` value of a cell over the whole OOD set
 ALL_SPLIT = "all"
 
@@ -112,7 +115,7 @@ def save_results(df: pd.DataFrame, path: str | Path) -> Path:
     """Write ``df`` to ``path`` as Parquet atomically (temporary file, then one rename)."""
     path = Path(path)
     df = _conform(df)
-    with atomic_path(path) as tmp:
+    with atomic_path(path, "results table", is_results_table) as tmp:
         df.to_parquet(tmp, index=False)
     return path
 

@@ -122,3 +122,39 @@ def format_table(rows: list[dict]) -> str:
         lines.append(f"{d:<{width}}" + "".join(f"{v:>24}" for v in vals))
     return "\n".join(lines)
 
+
+
+def cell_metrics(id_scores, ood_scores, seed: int = 0, draws: int = 1000, fixed_id: bool = True) -> dict:
+    """Every metric of one (ID, OOD) pair (fractions) with percentile 95% bootstrap bounds
+    ``<metric>_lo`` / ``<metric>_hi`` for fpr95, tnr95, auroc, detection_error
+    (:func:`oodeval.stats.bootstrap`: OOD resampled with the ID set fixed, the paper's App. C
+    protocol, or both sets resampled when ``fixed_id`` is False)."""
+    import numpy as np
+
+    from .metrics import evaluate
+    from .results import BOOTSTRAPPED
+    from .stats import bootstrap, confidence_interval
+
+    id_scores, ood_scores = np.asarray(id_scores), np.asarray(ood_scores)
+    out: dict = {k: float(v) for k, v in evaluate(id_scores, ood_scores).items()}
+    boot = bootstrap(id_scores, ood_scores, draws=draws, seed=seed, fixed_id=fixed_id)
+    for m in BOOTSTRAPPED:
+        lo, hi = confidence_interval(boot[m][0])
+        out[f"{m}_lo"], out[f"{m}_hi"] = float(lo), float(hi)
+    out["n_id"], out["n_ood"] = int(id_scores.size), int(ood_scores.size)
+    return out
+
+
+def add_intervals(rows: list[dict], scores: Mapping[str, Mapping[str, object]], draws: int = 1000, seed: int = 0,
+                  fixed_id: bool = True) -> list[dict]:
+    """``rows`` of :func:`evaluate_detectors` with the bootstrap bounds of :func:`cell_metrics` added
+    (``scores`` is its ``scores_out``); ``draws=0`` returns the rows unchanged."""
+    if draws == 0:
+        return rows
+    out = []
+    for r in rows:
+        s = scores[r["detector"]]
+        cell = cell_metrics(s["id"], s[r["ood"]], seed=seed, draws=draws, fixed_id=fixed_id)
+        out.append({**r, **{k: v for k, v in cell.items() if k.endswith(("_lo", "_hi"))},
+                    "ci_resamples": "OOD (ID fixed)" if fixed_id else "ID and OOD"})
+    return out

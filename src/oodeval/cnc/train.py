@@ -42,7 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .._io import atomic_path, hash_arrays, write_json_atomic
+from .._io import atomic_path, claim_folder, hash_arrays, write_json_atomic
 from .corruptions import CORRUPTIONS, DEFAULT_POOL, PRESETS, RELEASE_POOL, frost_source
 
 __all__ = [
@@ -62,6 +62,7 @@ RECIPES: dict[str, dict] = {
         mean=(0.4914, 0.4822, 0.4465), std=(0.2023, 0.1994, 0.2010),
     ),
 }  # fmt: skip
+CHECKPOINT_KIND = "CnC checkpoint"
 
 
 @dataclass
@@ -294,11 +295,11 @@ def _versions() -> dict[str, str]:
 
 def save_checkpoint(folder: str | Path, model, optimizer, config: TrainConfig, progress: dict) -> Path:
     """Write ``epoch-NNNN/`` (weights, optimizer), then point ``progress.json`` at it, then drop the
-    previous epoch folder; ``config.json`` is written once. Returns the epoch folder."""
+    previous epoch folder; ``config.json`` is written once. ``folder`` must be new or oodeval's own
+    run folder (anything else is refused). Returns the epoch folder."""
     from safetensors.torch import save_file
 
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = claim_folder(folder, CHECKPOINT_KIND, is_own=is_checkpoint_folder)
     if not (folder / "config.json").is_file():
         write_json_atomic(folder / "config.json", config.to_json())
     name = f"epoch-{progress['epochs_done']:04d}"
@@ -316,6 +317,14 @@ def save_checkpoint(folder: str | Path, model, optimizer, config: TrainConfig, p
         if old.name != name and _EPOCH_DIR.match(old.name) and old.is_dir():
             shutil.rmtree(old)
     return target
+
+
+def is_checkpoint_folder(folder: Path) -> bool:
+    """Whether ``folder`` is a checkpoint folder oodeval wrote (its progress.json names the format)."""
+    try:
+        return json.loads((Path(folder) / "progress.json").read_text()).get("format") == CHECKPOINT_FORMAT
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def _read_progress(folder: Path) -> dict:
@@ -414,7 +423,7 @@ def train(
     config = _complete(config, images, labels)
     dev = resolve_device(device)
     amp = dev.type == "cuda"
-    out = Path(out)
+    out = claim_folder(out, CHECKPOINT_KIND, is_own=is_checkpoint_folder)
     torch.manual_seed(config.seed)
     model = build_model(config)
     state = {"epochs_done": 0, "history": []}

@@ -29,7 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     t.add_argument("--model", default=None, help="timm model name (random init; default resnet18)")
     t.add_argument("--cifar-stem", action="store_true", default=None, help="3x3 stride-1 stem, no max-pool (timm ResNets)")
     t.add_argument("--epochs", type=int, default=None, help="epochs (default 10)")
-    t.add_argument("--out", type=Path, required=True, help="run folder (resumed if it holds this run)")
+    t.add_argument("--out", type=Path, required=True, help="new run folder, or the run folder of this run to resume; any other path is refused")
     t.add_argument("--plain", action="store_true", help="train the plain K-way baseline (no outlier class)")
     t.add_argument("--alpha", type=float, default=None, help="weight of the outlier CE term (default 1)")
     t.add_argument("--batch-size", type=int, default=None, help="ID images per step; each step adds as many outliers (128)")
@@ -53,7 +53,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     e.add_argument("--ood", nargs="+", default=None, help="OOD sets (override the suite's)")
     e.add_argument("--detectors", nargs="+", default=None, help="default: cnc msp energy (CnC), msp energy (plain)")
     e.add_argument("--no-per-set", action="store_true", help="print only group and mean rows")
-    e.add_argument("--json", type=Path, default=None, help="write runs and aggregate as JSON here")
+    e.add_argument("--json", type=Path, default=None, help="write runs and aggregate as JSON here (an existing file only if it is an earlier evaluation)")
     e.add_argument("--resize", action="store_true",
                    help="resize sets whose image size differs from the training size (default: refuse them)")
     e.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda[:N]")
@@ -129,9 +129,11 @@ def run(args: argparse.Namespace) -> int:
 def _train(args: argparse.Namespace) -> int:
     import numpy as np
 
+    from .._io import check_output
     from ..cnc.corruptions import pool
-    from ..cnc.train import RECIPES, TrainConfig, train
+    from ..cnc.train import CHECKPOINT_KIND, RECIPES, TrainConfig, is_checkpoint_folder, train
 
+    check_output(args.out, CHECKPOINT_KIND, folder=True, is_own=is_checkpoint_folder)  # before loading any data
     images, labels, info = _load(args, args.dataset, size=args.size)
     images, labels = _select(images, labels, args.classes)
     if (labels < 0).any():
@@ -161,12 +163,15 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _evaluate(args: argparse.Namespace) -> int:
-    from .._io import write_json_atomic
+    from .._io import check_output, json_has_keys, write_json_atomic
     from ..cnc.evaluate import aggregate, check_id_labels, comparable, evaluate_run, format_table
     from ..cnc.suites import suite
     from ..cnc.train import extract, load_checkpoint
     from ..detectors import create
 
+    is_evaluation = json_has_keys("runs", "checkpoints", "aggregate")
+    if args.json:
+        check_output(args.json, "CnC evaluation", is_own=is_evaluation)
     s = suite(args.suite) if args.suite else None
     id_test = args.id_test or (s.id_test if s else None)
     id_train = args.id_train or (s.id_train if s else None)
@@ -209,6 +214,6 @@ def _evaluate(args: argparse.Namespace) -> int:
             "suite": args.suite, "id_test": id_test, "ood": ood, "detectors": detectors,
             "checkpoints": [str(c) for c in args.checkpoint], "runs": runs, "aggregate": result if len(runs) > 1 else None,
             "config": cfg0.to_json(), "resized": bool(args.resize),
-        })  # fmt: skip
+        }, "CnC evaluation", is_evaluation)  # fmt: skip
         print(f"wrote {args.json}")
     return 0

@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 
-HELP = "extract features, logits and head of a timm/open_clip model on a dataset into the feature store"
+HELP = "extract features, logits and head of a model (timm, open_clip or your own code) on a dataset into the feature store"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="timm name (timm:NAME or NAME) or open_clip:ARCH[@TAG]")
+    p.add_argument("--model", required=True, help="timm name (timm:NAME or NAME), open_clip:ARCH[@TAG], or package.module:factory (your code: "
+                   "returns (nn.Module, transform); see docs/own-model.md)")
     p.add_argument("--dataset", required=True, help="registry name, NAME:SPLIT, image folder or CSV manifest")
     p.add_argument("--store", required=True, help="feature store folder")
     p.add_argument("--weights", default=None, help="local weights file (.safetensors, or a torch checkpoint read weights_only)")

@@ -10,7 +10,7 @@ HELP = "train a linear probe (one linear layer, cross-entropy) on cached ID-trai
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--train", type=Path, required=True, help="ID-train FeatureSet folder (labels >= 0 are used)")
-    p.add_argument("--out", type=Path, required=True, help="head file to write (.safetensors)")
+    p.add_argument("--out", type=Path, required=True, help="head file to write (.safetensors); an existing file is replaced only if it is an oodeval head")
     p.add_argument("--val", type=Path, default=None, help="optional labelled FeatureSet to report accuracy on")
     p.add_argument("--epochs", type=int, default=20)
     p.add_argument("--lr", type=float, default=1e-3)
@@ -20,9 +20,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from .._io import check_output
     from ..features import FeatureSet
+    from ..features.backbones import is_head_file
     from ..features.probe import probe_accuracy, save_probe, train_probe
 
+    check_output(args.out, "linear head", is_own=is_head_file)
     train = FeatureSet.load(args.train)
     n_classes = len(train.meta["class_names"]) if train.meta.get("class_names") else None
     w, b, losses = train_probe(train, epochs=args.epochs, lr=args.lr, weight_decay=args.weight_decay,

@@ -17,7 +17,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="comma-separated detector names (default: every detector the data supports)")  # fmt: skip
     p.add_argument("--set", action="append", default=[], metavar="DETECTOR.PARAM=VALUE",
                    help="override a hyperparameter, e.g. --set knn.k=50 (repeatable)")  # fmt: skip
-    p.add_argument("--out", type=Path, default=None, help="write the table as CSV here")
+    p.add_argument("--out", type=Path, default=None, help="write the table as CSV here (an existing file only if it is an earlier score table)")
+    p.add_argument("--draws", type=int, default=1000,
+                   help="bootstrap resamples for the 95%% intervals in the CSV (OOD resampled, ID fixed; 0: none)")
+    p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
 
@@ -37,21 +40,26 @@ def parse_oods(items: list[str]) -> dict[str, Path]:
 def run(args: argparse.Namespace) -> int:
     import pandas as pd
 
-    from .._io import atomic_path
+    from .._io import atomic_path, check_output, csv_header_starts
     from ..features import FeatureSet
-    from ..scoring import evaluate_detectors, format_table, parse_hyperparameters
+    from ..scoring import add_intervals, evaluate_detectors, format_table, parse_hyperparameters
 
+    is_score_table = csv_header_starts("detector", "ood")
+    if args.out is not None:
+        check_output(args.out, "score table", is_own=is_score_table)
     names = [n.strip() for n in args.detectors.split(",") if n.strip()] if args.detectors else None
     hps = parse_hyperparameters(args.set)
     train = FeatureSet.load(args.train)
     test = FeatureSet.load(args.test)
     oods = {name: FeatureSet.load(folder) for name, folder in parse_oods(args.ood).items()}
-    rows = evaluate_detectors(train, test, oods, names, hps, progress=not args.no_progress)
+    scores: dict = {}
+    rows = evaluate_detectors(train, test, oods, names, hps, scores_out=scores, progress=not args.no_progress)
     if not rows:
         raise ValueError("no detector is supported by these FeatureSets")
+    rows = add_intervals(rows, scores, draws=args.draws, seed=args.seed)
     print(format_table(rows))
     if args.out is not None:
-        with atomic_path(args.out) as tmp:
+        with atomic_path(args.out, "score table", is_score_table) as tmp:
             pd.DataFrame(rows).to_csv(tmp, index=False)
         print(f"wrote {args.out}")
     return 0

@@ -125,6 +125,7 @@ def run(args: argparse.Namespace) -> int:
     from ..zeroshot.vocabulary import Vocabulary
 
     cmd = args.vocab_cmd
+    _check_out(args)
     if cmd in ("wordnet", "sweep"):
         check_weights(args)
     if cmd == "wordnet":
@@ -178,6 +179,25 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _out_kind(args):
+    """(kind, recogniser) of ``--out``: only an earlier file of the same kind is replaced."""
+    from .._io import json_has_keys
+    from ..zeroshot.vocabulary import is_vocabulary_file
+
+    if args.vocab_cmd == "sweep":
+        return "vocabulary sweep", json_has_keys("param", "x", "fpr95")
+    return "vocabulary", is_vocabulary_file
+
+
+def _check_out(args) -> None:
+    """Refuse an ``--out`` that is neither free nor oodeval's own output of the same kind, before any work."""
+    from .._io import check_output
+
+    if getattr(args, "out", None) is not None:
+        kind, is_own = _out_kind(args)
+        check_output(args.out, kind, is_own=is_own)
+
+
 def _sweep(args) -> int:
     from ..features import FeatureSet
     from ..zeroshot.build import read_id_names
@@ -207,6 +227,6 @@ def _sweep(args) -> int:
     if args.out:
         from .._io import write_json_atomic
 
-        write_json_atomic(args.out, curve)
+        write_json_atomic(args.out, curve, *_out_kind(args))
         print(f"wrote {args.out}")
     return 0

@@ -17,11 +17,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scorers", default="logit", help="comma-separated names, 'logit' (the 7 logit-space ones) or 'all'")
     p.add_argument("--vocab", type=Path, default=None, help="negative vocabulary JSON (needed by neglabel, eoe)")
     p.add_argument("--tau", type=float, default=0.01)
-    p.add_argument("--out", type=Path, default=None, help="folder for <scorer>.id.npy / <scorer>.ood.npy and metrics.json")
+    p.add_argument("--out", type=Path, default=None, help="new folder (or an earlier one of this command) for <scorer>.id.npy / <scorer>.ood.npy and metrics.json")
 
 
 def run(args: argparse.Namespace) -> int:
-    from .._io import save_npy_atomic, write_json_atomic
+    from .._io import claim_folder, save_npy_atomic, write_json_atomic
     from ..features import FeatureSet
     from ..metrics import evaluate
     from ..zeroshot import REGISTRY, create, names
@@ -30,6 +30,8 @@ def run(args: argparse.Namespace) -> int:
     from .vocab import _encoder, _print_stats, check_weights
 
     check_weights(args)
+    if args.out:
+        claim_folder(args.out, "zero-shot scores", lambda p: (p / "metrics.json").is_file())
     logit = [n for n in names() if not REGISTRY[n].uses_negatives]
     chosen = logit if args.scorers == "logit" else names() if args.scorers == "all" else args.scorers.split(",")
     unknown = [n for n in chosen if n not in names()]

@@ -17,6 +17,7 @@ import hashlib
 import json
 import mimetypes
 import re
+import string
 from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import quote
@@ -145,12 +146,28 @@ def confusion_topk(counts: dict, label: int, k: int = 5) -> list[tuple[int, int]
     return sorted(c.items(), key=lambda kv: (-kv[1], kv[0]))[:k]
 
 
+def check_url_template(template: str, field: str, what: str) -> None:
+    """Refuse a URL template that does not use exactly the one placeholder ``{field}``."""
+    try:
+        fields = {f for _, f, _, _ in string.Formatter().parse(template) if f is not None}
+    except ValueError as exc:
+        raise ValueError(f"{what} {template!r} is not a valid template ({exc}); write literal braces as {{{{ and }}}}") from exc
+    if fields != {field}:
+        found = ", ".join("{" + f + "}" for f in sorted(fields)) or "none"
+        raise ValueError(f"{what} {template!r} must use the placeholder {{{field}}} and no other (found {found})")
+
+
+def _check_search_templates(templates: dict[str, str] | None) -> None:
+    for name, tpl in (templates or {}).items():
+        if not tpl.startswith(("https://", "http://")):
+            raise ValueError(f"reverse-search template {name!r} must be an http(s) URL containing {{url}}, got {tpl!r}")
+        check_url_template(tpl, "url", f"reverse-search template {name!r}")
+
+
 def reverse_search_links(image_url: str, templates: dict[str, str] | None = None) -> list[dict]:
     """Evidence (B): ``[{service, url}]`` reverse image search links for a public image URL."""
     encoded = quote(image_url, safe="")
-    for name, tpl in (templates or {}).items():
-        if "{url}" not in tpl or not tpl.startswith(("https://", "http://")):
-            raise ValueError(f"reverse-search template {name!r} must be an http(s) URL containing {{url}}, got {tpl!r}")
+    _check_search_templates(templates)
     return [{"service": name, "url": tpl.format(url=encoded)} for name, tpl in (templates or REVERSE_SEARCH).items()]
 
 
@@ -251,6 +268,9 @@ def build_evidence(
     """
     from tqdm import tqdm
 
+    if image_url_template:
+        check_url_template(image_url_template, "path", "image URL template")
+    _check_search_templates(search_templates)
     names = project.class_names
     if (image_embeddings is None) != (text_embeddings is None):
         raise ValueError("evidence (D) needs both image embeddings and class text embeddings")

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .._io import write_text_atomic
+from .._io import claim_folder, write_text_atomic
 from .candidates import Project
 from .protocol import ProtocolStore
 from .rules import Outcome
@@ -86,13 +86,14 @@ def export(project: Project, store: ProtocolStore, out: str | Path | None = None
     """Write the files listed in the module docstring; return name -> path.
 
     Refuses (ValueError) while images are still pending unless ``allow_pending`` (pending images
-    are then left out of every list and counted in the table's ``pending`` column).
+    are then left out of every list and counted in the table's ``pending`` column). ``out`` is
+    created, or rewritten when it is an earlier export; any other existing path is refused.
     """
-    out = Path(out) if out else project.folder / "export"
     outcomes = store.outcomes()
     pending = [i for i, o in outcomes.items() if o.status != "final"]
     if pending and not allow_pending:
         raise ValueError(f"{len(pending)} of {len(outcomes)} images are still pending (e.g. {pending[0]!r}); finish them or pass --allow-pending")
+    out = claim_folder(out or project.folder / "export", "construct export", lambda p: (p / "outcome.csv").is_file())
     images = {c.image: c for c in store.images()}
     man = project.manifest
 

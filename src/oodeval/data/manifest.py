@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .._io import hash_json, write_text_atomic
+from .._io import csv_header_starts, hash_json, write_text_atomic
 
 __all__ = ["Manifest", "IMAGE_EXTENSIONS", "list_images"]
 
@@ -224,10 +224,12 @@ class Manifest:
         """Write the manifest atomically; paths are made relative to the CSV's folder when inside it.
 
         A manifest without ``root`` keeps its paths as they are (relative ones then refer to the
-        CSV's folder when read back).
+        CSV's folder when read back). An existing file is replaced only when it is a manifest CSV
+        (header ``path,label,...``); anything else there is refused.
         """
         path = Path(path)
-        write_text_atomic(path, self.to_csv_text(relative_to=Path(os.path.abspath(path.parent)) if self.root is not None else None))
+        text = self.to_csv_text(relative_to=Path(os.path.abspath(path.parent)) if self.root is not None else None)
+        write_text_atomic(path, text, "manifest", csv_header_starts("path", "label"))
         return path
 
     def absolute(self) -> Manifest:

@@ -222,7 +222,7 @@ NINCO_CLEAN = {
 }
 for _n, _c in NINCO_CLEAN.items():
     _ood(f"ninco-clean-{_n}", _c, f"NINCO's cleaned sub-sample of {_n} (NINCO_popular_datasets_subsamples)",
-         "ninco-clean/{name}/**/<image>", folder=f"ninco-clean/{_n}")
+         "{name}/**/<image>", folder=f"ninco-clean/{_n}")
 _ood("clean-ood", sum(NINCO_CLEAN.values()), "CLEAN-OOD: union of the 11 NINCO cleaned sub-samples (paper Tab. 3)",
      "ninco-clean/<dataset>/**/<image>   (the 11 ninco-clean-* folders; ood_label = dataset)", folder="ninco-clean")
 

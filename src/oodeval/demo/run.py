@@ -11,7 +11,6 @@ hash, features by the store, cells by the results table), so a repeat run only r
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from dataclasses import dataclass, field, replace
@@ -84,39 +83,11 @@ def experiment_dict(out: Path, data_root: Path, model: TrainedModel, n_train: in
     }
 
 
-def _toml_key(key: str) -> str:
-    return key if key.replace("_", "").replace("-", "").isalnum() else json.dumps(key)
-
-
-def _toml_value(v: object) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return repr(v)
-    if isinstance(v, str):
-        return json.dumps(v)
-    if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    if isinstance(v, dict):
-        return "{ " + ", ".join(f"{_toml_key(k)} = {_toml_value(x)}" for k, x in v.items()) + " }"
-    raise TypeError(f"cannot write {type(v).__name__} to TOML")
-
-
 def to_toml(exp: dict) -> str:
-    """TOML text of an experiment dict: scalars first, then [datasets], [[models]], [[detectors]]."""
-    lines = ["# written by `oodeval demo`; rerun with `oodeval run` on this file", ""]
-    tables = {k: v for k, v in exp.items() if isinstance(v, dict)}
-    arrays = {k: v for k, v in exp.items() if isinstance(v, list) and v and all(isinstance(x, (dict, str)) for x in v) and k in ("models", "detectors")}
-    for k, v in exp.items():
-        if k not in tables and k not in arrays:
-            lines.append(f"{_toml_key(k)} = {_toml_value(v)}")
-    for k, v in tables.items():
-        lines += ["", f"[{k}]"] + [f"{_toml_key(a)} = {_toml_value(b)}" for a, b in v.items()]
-    for k, items in arrays.items():
-        for item in items:
-            item = item if isinstance(item, dict) else {"name": item}
-            lines += ["", f"[[{k}]]"] + [f"{_toml_key(a)} = {_toml_value(b)}" for a, b in item.items()]
-    return "\n".join(lines) + "\n"
+    """TOML text of an experiment dict (tomli-w), under a comment saying how to rerun it."""
+    import tomli_w
+
+    return "# written by `oodeval demo`; rerun with `oodeval run` on this file\n\n" + tomli_w.dumps(exp)
 
 
 def ood_tables(results: Path, model: str = MODEL_LABEL) -> dict[str, list[dict]]:
@@ -220,12 +191,12 @@ def _run(
     out: str | Path, quick: bool, seed: int, epochs: int | None, draws: int | None, subsample_n: int | None,
     data_root: str | Path | None, batch_size: int, progress: bool, stream: TextIO,
 ) -> DemoResult:
-    from .._io import write_text_atomic
+    from .._io import claim_folder, write_text_atomic
     from ..experiment import run_experiment
     from ..report import write_report
     from ..results import load_results
 
-    out = Path(out).resolve()
+    out = claim_folder(Path(out).resolve(), "demo", lambda p: (p / "experiment.toml").is_file())
     root = Path(data_root).resolve() if data_root else out / "data"
     sizes = DemoSizes.quick() if quick else DemoSizes()
     config = TrainConfig(seed=seed, **({"epochs": 2, "batch_size": 64} if quick else {}))

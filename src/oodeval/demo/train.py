@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .._io import atomic_path, hash_json
+from .._io import atomic_folder, hash_json
 
 #: bump when the training procedure changes, so cached weights are not reused across versions
 TRAINER_VERSION = 2
@@ -202,7 +202,7 @@ def train_model(
         "chance_accuracy": 1.0 / len(names),
         "key": key,
     }
-    with atomic_path(folder) as tmp:
+    with atomic_folder(folder, "demo model", lambda p: (p / "model.json").is_file()) as tmp:
         tmp.mkdir()
         state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
         save_file(state, str(tmp / "model.safetensors"), metadata={"arch": config.arch, "key": key})

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 import pkgutil
 
 from ..features import FeatureSet
@@ -57,6 +58,10 @@ def create(name: str, **hyperparameters) -> Detector:
     _load()
     if name not in REGISTRY:
         raise KeyError(f"unknown detector {name!r}; known: {', '.join(sorted(REGISTRY))}")
+    params = inspect.signature(REGISTRY[name]).parameters
+    unknown = sorted(set(hyperparameters) - set(params))
+    if unknown and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        raise ValueError(f"detector {name} has no hyperparameter {', '.join(unknown)}; its hyperparameters: {', '.join(params) or 'none'}")
     return REGISTRY[name](**hyperparameters)
 
 

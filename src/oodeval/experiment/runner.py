@@ -23,14 +23,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .._io import hash_json, save_npy_atomic
+from .._io import check_output, claim_folder, hash_json, save_npy_atomic
 from ..features import FeatureSet
 from ..results import (
     ALL_SPLIT,
-    BOOTSTRAPPED,
     KEY,
     done_keys,
     hp_json,
+    is_results_table,
     load_results,
     merge_results,
     save_results,
@@ -334,6 +334,8 @@ def run_experiment(
 
     cfg = load_config(config)
     features = features or extract_features
+    check_output(cfg.results, "results table", is_own=is_results_table)  # refused before any work
+    claim_folder(scores_dir(cfg.results), "run scores", is_own=lambda _: cfg.results.is_file())
     table = load_results(cfg.results)
     done = done_keys(table, include_errors=not cfg.retry_failed)
     summary = RunSummary(results=cfg.results)
@@ -480,15 +482,7 @@ def _run_detector(run: _Run, spec: DetectorSpec, cells: list, cfg: ExperimentCon
 
 
 def _evaluate(id_scores: np.ndarray, ood: np.ndarray, seed: int, draws: int, fixed_id: bool = True) -> dict:
-    """Metrics (fractions) and percentile 95% bootstrap bounds of one cell (``stats.bootstrap``:
-    OOD resampled with the ID set fixed, or both sets resampled when ``fixed_id`` is False)."""
-    from ..metrics import evaluate
-    from ..stats import bootstrap, confidence_interval
+    """Metrics and 95% bootstrap bounds of one cell (:func:`oodeval.scoring.cell_metrics`)."""
+    from ..scoring import cell_metrics
 
-    out: dict = dict(evaluate(id_scores, ood))
-    boot = bootstrap(id_scores, ood, draws=draws, seed=seed, fixed_id=fixed_id)
-    for m in BOOTSTRAPPED:
-        lo, hi = confidence_interval(boot[m][0])
-        out[f"{m}_lo"], out[f"{m}_hi"] = float(lo), float(hi)
-    out["n_id"], out["n_ood"] = int(id_scores.size), int(ood.size)
-    return out
+    return cell_metrics(id_scores, ood, seed=seed, draws=draws, fixed_id=fixed_id)

@@ -31,7 +31,9 @@ __all__ = ["Backbone", "load_backbone", "load_open_clip", "load_state_dict_file"
 
 
 def parse_model_name(model: str) -> tuple[str, str, str | None]:
-    """``(kind, name, tag)`` for ``timm:<name>``, ``<name>``, ``open_clip:<arch>[@<tag>]``."""
+    """``(kind, name, tag)`` for ``timm:<name>``, ``<name>``, ``open_clip:<arch>[@<tag>]``, and
+    ``package.module:factory`` (kind ``python``: user code returning an ``nn.Module``, see
+    :mod:`oodeval.features.module`)."""
     if model.startswith("open_clip:"):
         arch = model[len("open_clip:") :]
         arch, _, tag = arch.partition("@")
@@ -40,6 +42,8 @@ def parse_model_name(model: str) -> tuple[str, str, str | None]:
         return "open_clip", arch, tag or None
     if model.startswith("timm:"):
         model = model[len("timm:") :]
+    elif ":" in model:
+        return "python", model, None
     if not model:
         raise ValueError("empty model name")
     return "timm", model, None
@@ -62,9 +66,13 @@ def load_state_dict_file(path: str | Path) -> dict[str, torch.Tensor]:
     if not path.is_file():
         raise FileNotFoundError(f"weights file {path} does not exist")
     if path.suffix == ".safetensors":
+        from safetensors import SafetensorError
         from safetensors.torch import load_file
 
-        sd: Any = load_file(str(path), device="cpu")
+        try:
+            sd: Any = load_file(str(path), device="cpu")
+        except SafetensorError as exc:
+            raise ValueError(f"{path} is not a readable safetensors file: {exc}") from exc
     else:
         try:
             sd = torch.load(path, map_location="cpu", weights_only=True)
@@ -93,14 +101,26 @@ def _load_into(model: nn.Module, path: str | Path) -> None:
 
 
 def save_head(path: str | Path, weight: np.ndarray, bias: np.ndarray, metadata: dict[str, str] | None = None) -> Path:
-    """Write a linear head (C, D) and (C,) as safetensors, atomically."""
+    """Write a linear head (C, D) and (C,) as safetensors, atomically; an existing file is replaced
+    only when it is such a head file (:func:`is_head_file`), anything else is refused."""
     from safetensors.numpy import save_file
 
     from .._io import atomic_path
 
-    with atomic_path(path) as tmp:
+    with atomic_path(path, "linear head", is_head_file) as tmp:
         save_file({"weight": np.ascontiguousarray(weight, np.float32), "bias": np.ascontiguousarray(bias, np.float32)}, str(tmp), metadata=metadata)
     return Path(path)
+
+
+def is_head_file(path: Path) -> bool:
+    """Whether ``path`` is a head file of :func:`save_head` (safetensors with exactly weight and bias)."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), "numpy") as fh:
+            return set(fh.keys()) == {"weight", "bias"}
+    except Exception:  # noqa: BLE001 - anything unreadable as safetensors is not a head oodeval wrote
+        return False
 
 
 def load_head(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
@@ -291,6 +311,13 @@ def _load(model: str, kind: str, name: str, tag: str | None, weights, pretrained
                 "transform": repr(preprocess)}
         bb = Backbone(net, "open_clip", model, preprocess, prep, "RGB", tokenizer=tokenizer,
                       info={"feature_dim": int(getattr(visual, "output_dim", 0)) or None})
+    elif kind == "python":
+        from .module import load_factory, module_backbone
+
+        net, transform = load_factory(name, model_kwargs)
+        if weights is not None:
+            _load_into(net, weights)
+        bb = module_backbone(net, transform, name=model)
     else:
         bb = _load_timm(name, None if weights is None else str(weights), pretrained, dict(model_kwargs or {}))
     bb.info["weights"] = None if weights is None else str(weights)

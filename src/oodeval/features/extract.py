@@ -78,14 +78,21 @@ def _versions() -> dict[str, str]:
 
 def entry_key(model: str, manifest: Manifest, *, weights_hash: str | None, head_hash: str | None, pretrained: bool,
               model_kwargs: dict | None, taps: bool, nac_layers: Sequence[str] | None, patch_features: bool,
-              precision: str) -> str:
-    """Cache key: hash of everything that determines the stored numbers (not batch size or workers)."""
-    return hash_json({
+              precision: str, module: dict | None = None) -> str:
+    """Cache key: hash of everything that determines the stored numbers (not batch size or workers).
+
+    ``module``: for an ``nn.Module``, how features and logits are read from it (head, feature layer,
+    transform); its parameters enter through ``weights_hash``.
+    """
+    key = {
         "format": FORMAT, "model": model, "weights": weights_hash, "head": head_hash, "pretrained": pretrained,
         "model_kwargs": model_kwargs or {}, "manifest": manifest.content_hash(), "taps": taps,
         "nac_layers": list(nac_layers) if nac_layers else None, "patch_features": patch_features,
         "precision": precision, "versions": _versions(),
-    })
+    }
+    if module is not None:
+        key["module"] = module
+    return hash_json(key)
 
 
 def _dist_info() -> tuple[int, int, int]:
@@ -148,14 +155,14 @@ class _Runner:
         from .taps import forward_with_nac
 
         with self.amp:
-            res = forward_with_nac(self.bb.model, x, self.layers)
+            res = forward_with_nac(self.bb.model, x, self.layers, getattr(self.bb, "classifier", None))
         out = {"features": res.features, "logits": res.logits}
         out.update({f"nac/{k}": v for k, v in res.states.items()})
         return out
 
 
 def extract(
-    model: str,
+    model: str | torch.nn.Module,
     dataset: str | os.PathLike | Manifest,
     store: str | os.PathLike,
     *,
@@ -174,6 +181,10 @@ def extract(
     strict: bool = True,
     shard_size: int = 1024,
     nac_layers: Sequence[str] | None = None,
+    transform: Callable | None = None,
+    classifier: str | None = None,
+    feature_layer: str | None = None,
+    image_mode: str = "RGB",
 ) -> Path:
     """Extract ``model`` on ``dataset`` into ``store`` and return the FeatureSet folder (cached).
 
@@ -183,14 +194,31 @@ def extract(
     open_clip ViT value-path patch features (``extras['patch_features']``). ``head``: a probe head
     file whose logits/weight/bias replace the model's own. ``amp``: bf16 autocast, default on CUDA only.
     ``shard_size``: rows per shard for a new entry (a resumed entry keeps its own).
+
+    ``model`` may also be a ``torch.nn.Module`` (see :mod:`oodeval.features.module`): then
+    ``transform`` (PIL image -> tensor) is required, ``classifier`` names the head module (default:
+    the last ``nn.Linear``), ``feature_layer`` optionally names the module whose output is the
+    feature, ``image_mode`` is "RGB" or "L"; the cache key holds a hash of its parameters.
     """
     if batch_size < 1 or shard_size < 1:
         raise ValueError(f"batch_size and shard_size must be >= 1, got {batch_size} and {shard_size}")
-    kind, _, _ = parse_model_name(model)
+    backbone = module = None
+    if isinstance(model, torch.nn.Module):
+        from .module import module_backbone, module_fingerprint
+
+        if weights is not None or pretrained or model_kwargs:
+            raise ValueError("weights, pretrained and model_kwargs apply to model names; load weights into the module yourself")
+        backbone = module_backbone(model, transform, head=classifier, feature_layer=feature_layer, image_mode=image_mode)
+        module = {k: backbone.preprocessing[k] for k in ("class", "head", "feature_layer", "transform")} | {"image_mode": image_mode}
+        model, kind = backbone.name, "module"
+    elif transform is not None or classifier is not None or feature_layer is not None:
+        raise ValueError("transform, classifier and feature_layer apply to an nn.Module model, not to a model name")
+    else:
+        kind, _, _ = parse_model_name(model)
     if patch_features and kind != "open_clip":
         raise ValueError("patch_features apply to open_clip ViT models only")
-    if taps and (kind != "timm" or head is not None):
-        raise ValueError("taps (NAC states) need a timm classifier with its own head (no open_clip, no probe head)")
+    if taps and (kind == "open_clip" or head is not None):
+        raise ValueError("taps (NAC states) need a classifier with its own head (no open_clip, no probe head)")
     manifest = dataset if isinstance(dataset, Manifest) else resolve(dataset, data_root, strict=strict)
     if len(manifest) == 0:
         raise ValueError(f"dataset {manifest.name!r} has no images")
@@ -198,12 +226,14 @@ def extract(
     dev = _resolve_device(device, local_rank, world)
     use_amp = (dev.type == "cuda") if amp is None else bool(amp)
     store = Path(store)
-    weights_hash = None if weights is None else st.weights_digest(weights, store)
+    weights_hash = module_fingerprint(backbone.model) if backbone is not None else (
+        None if weights is None else st.weights_digest(weights, store))
     head_hash = None if head is None else file_hash(head)
-    key = entry_key(model, manifest, weights_hash=weights_hash, head_hash=head_hash, pretrained=pretrained,
+    cache_name = model if kind != "timm" or model.startswith("timm:") else f"timm:{model}"  # 'x' and 'timm:x': one entry
+    key = entry_key(cache_name, manifest, weights_hash=weights_hash, head_hash=head_hash, pretrained=pretrained,
                     model_kwargs=model_kwargs, taps=taps, nac_layers=nac_layers, patch_features=patch_features,
-                    precision="bf16" if use_amp else "fp32")
-    entry = st.entry_path(store, model, manifest.name, key)
+                    precision="bf16" if use_amp else "fp32", module=module)
+    entry = st.entry_path(store, cache_name, manifest.name, key)
     if (entry / "meta.json").is_file():
         log.info("cached: %s", entry)
         return entry
@@ -211,7 +241,7 @@ def extract(
     job = _Job(model=model, manifest=manifest, store=store, entry=entry, key=key, weights=weights, weights_hash=weights_hash,
                head=head, pretrained=pretrained, model_kwargs=model_kwargs, taps=taps, nac_layers=nac_layers,
                patch_features=patch_features, batch_size=batch_size, num_workers=num_workers, device=dev, amp=use_amp,
-               progress=progress, shard_size=shard_size, rank=rank, world=world)
+               progress=progress, shard_size=shard_size, rank=rank, world=world, backbone=backbone)
     created = _init_dist(world, dev)
     try:
         path = _run(job)
@@ -220,6 +250,10 @@ def extract(
 
             dist.barrier()  # no rank tears the group down while another still communicates
         return path
+    except BaseException:
+        if rank == 0:
+            st.discard_unstarted(st.partial_path(store, key))
+        raise
     finally:
         if created:
             import torch.distributed as dist
@@ -252,6 +286,7 @@ class _Job:
     shard_size: int
     rank: int
     world: int
+    backbone: Backbone | None = None
 
 
 def _run(job: _Job) -> Path:
@@ -267,7 +302,8 @@ def _run(job: _Job) -> Path:
     mine = [i for i in range(n_shards) if i % world == rank and i not in done]
     timing = {"images": 0, "seconds": 0.0}
 
-    bb = load_backbone(job.model, job.weights, pretrained=job.pretrained, model_kwargs=job.model_kwargs, head=job.head).to(dev)
+    bb = job.backbone or load_backbone(job.model, job.weights, pretrained=job.pretrained, model_kwargs=job.model_kwargs, head=job.head)
+    bb.to(dev)
     split = split_transform(bb.transform)
     layers = None
     if job.taps:

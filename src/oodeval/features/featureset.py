@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .._io import atomic_path, hash_arrays
+from .._io import atomic_folder, hash_arrays
 
 __all__ = ["FeatureSet", "FIELDS"]
 
@@ -62,6 +62,15 @@ class FeatureSet:
             self.labels = np.full(self.features.shape[0] if self.features.ndim else 0, -1, dtype=np.int64)
         self.labels = np.asarray(self.labels)
         self.validate()
+
+    def __repr__(self) -> str:
+        """Shapes and provenance only (the metadata can run to many kilobytes)."""
+        shape = lambda a: None if a is None else tuple(a.shape)  # noqa: E731
+        parts = [f"features={shape(self.features)}", f"logits={shape(self.logits)}", f"head={shape(self.weight)}"]
+        if self.extras:
+            parts.append(f"extras={sorted(self.extras)}")
+        parts += [f"{k}={self.meta[k]!r}" for k in ("model", "dataset") if k in self.meta]
+        return f"FeatureSet({', '.join(parts)})"
 
     def __len__(self) -> int:
         return int(self.features.shape[0])
@@ -153,7 +162,11 @@ class FeatureSet:
         return hash_arrays(self._arrays())
 
     def save(self, path: str | Path) -> Path:
-        """Write the folder atomically (replacing an existing one) and return its path."""
+        """Write the folder atomically and return its path.
+
+        An existing ``path`` is replaced only when it is an oodeval FeatureSet folder holding nothing
+        else; any other file or folder there is refused with :class:`oodeval._io.OutputPathError`.
+        """
         path = Path(path)
         arrays = self._arrays()
         meta = dict(self.meta)
@@ -165,7 +178,7 @@ class FeatureSet:
             content_hash=hash_arrays(arrays),
         )
         meta.setdefault("versions", _package_versions())
-        with atomic_path(path) as tmp:
+        with atomic_folder(path, "FeatureSet", is_featureset_folder) as tmp:
             tmp.mkdir()
             for name, arr in arrays.items():
                 out = tmp / f"{name}.npy"
@@ -208,3 +221,11 @@ class FeatureSet:
             extras={k[len("extras/") :]: v for k, v in arrays.items() if k.startswith("extras/")},
             meta=meta,
         )
+
+
+def is_featureset_folder(path: Path) -> bool:
+    """Whether ``path`` is a FeatureSet folder oodeval wrote (its meta.json names the format)."""
+    try:
+        return str(json.loads((Path(path) / "meta.json").read_text()).get("format", "")).startswith("oodeval.FeatureSet/")
+    except (OSError, ValueError, AttributeError):
+        return False

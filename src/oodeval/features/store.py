@@ -22,9 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .._io import atomic_path, write_json_atomic
+from .._io import atomic_folder, atomic_path, write_json_atomic
 from ..data.manifest import Manifest
-from .featureset import FeatureSet
+from .featureset import FeatureSet, is_featureset_folder
 
 __all__ = ["entry_path", "partial_path", "shard_path", "write_shard", "done_shards", "assemble", "weights_digest", "plan"]
 
@@ -144,12 +144,30 @@ def assemble(partial: Path, n_shards: int, entry: Path, manifest: Manifest, meta
     fs = FeatureSet(features=arrays["features"], labels=manifest.labels[kept], logits=arrays.get("logits"),
                     weight=None if head is None else head[0], bias=None if head is None else head[1],
                     extras=extras, meta=meta)
-    with atomic_path(entry) as tmp:
+    with atomic_folder(entry, "FeatureSet", is_featureset_folder) as tmp:
         fs.save(tmp)
         (tmp / "manifest.csv").write_text(manifest.absolute().subset(kept).to_csv_text())
     del joined, arrays, fs
     shutil.rmtree(partial, ignore_errors=True)
+    _remove_if_empty(partial.parent)
     return entry
+
+
+def discard_unstarted(partial: Path) -> None:
+    """Remove a partial entry that holds no shard yet (only its plan), and ``.partial`` once it is empty."""
+    if not partial.is_dir() or done_shards(partial):
+        return
+    (partial / "plan.json").unlink(missing_ok=True)
+    if _remove_if_empty(partial):
+        _remove_if_empty(partial.parent)
+
+
+def _remove_if_empty(folder: Path) -> bool:
+    try:
+        folder.rmdir()  # only an empty folder: nothing else is ever removed
+    except OSError:
+        return False
+    return True
 
 
 def plan(partial: Path, spec: dict) -> dict:

@@ -76,18 +76,20 @@ class NacPass:
     states: dict[str, Tensor]
 
 
-def forward_with_nac(model: nn.Module, images: Tensor, layers: list[str]) -> NacPass:
+def forward_with_nac(model: nn.Module, images: Tensor, layers: list[str], classifier: nn.Module | None = None) -> NacPass:
     """Run ``model`` once on ``images`` and return logits, pre-logit features and NAC states.
 
     The model must be in eval mode (BatchNorm statistics fixed, so each sample's gradient is its
-    own). Parameters get no gradients; all returned tensors are detached, float32.
+    own). Parameters get no gradients; all returned tensors are detached, float32. ``classifier``:
+    the head whose input is ``pre_logits`` (default: timm's ``model.get_classifier()``).
     """
     if model.training:
         raise ValueError("forward_with_nac needs model.eval(): train-mode BatchNorm mixes samples")
     if not layers:
         raise ValueError("forward_with_nac needs at least one layer name")
     modules = dict(model.named_modules())
-    classifier = model.get_classifier() if hasattr(model, "get_classifier") else None
+    if classifier is None and hasattr(model, "get_classifier"):
+        classifier = model.get_classifier()
     if not isinstance(classifier, nn.Module):
         raise ValueError(f"{type(model).__name__} has no get_classifier() module, so pre_logits is undefined")
     unknown = [n for n in layers if n != PRE_LOGITS and n not in modules]

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .._io import atomic_path, write_text_atomic
+from .._io import atomic_path, check_output, claim_folder, parquet_has_columns, write_text_atomic
 from ..results import ALL_SPLIT, load_cell_scores, load_results
 from . import figures as figs
 from .cnc import cnc_summary
@@ -21,6 +21,8 @@ from .tables import best_per_model, dataset_by_model, detector_by_model, split_r
 from .views import Figure, View, add_det, full_split, prepare
 
 __all__ = ["write_report", "build_views", "sweeps_path", "save_sweep"]
+
+_is_sweeps_table = parquet_has_columns("sweep", "size", "fpr95")
 
 
 def sweeps_path(results: str | Path) -> Path:
@@ -45,13 +47,13 @@ def save_sweep(results: str | Path, sweep: str, model: str, dataset: str, sizes,
     fpr95 = np.asarray(fpr95, dtype=np.float64)
     if sizes.shape != fpr95.shape or sizes.ndim != 1 or sizes.size == 0:
         raise ValueError(f"sizes and fpr95 must be equal-length 1-d arrays, got {sizes.shape} and {fpr95.shape}")
-    path = sweeps_path(results)
+    path = check_output(sweeps_path(results), "sweeps table", is_own=_is_sweeps_table)
     new = pd.DataFrame({"sweep": sweep, "param": param, "model": model, "dataset": dataset, "size": sizes, "fpr95": fpr95})
     if path.exists():
         old = pd.read_parquet(path)
         old = old[~((old["sweep"] == sweep) & (old["model"] == model) & (old["dataset"] == dataset))]
         new = pd.concat([old, new], ignore_index=True)
-    with atomic_path(path) as tmp:
+    with atomic_path(path, "sweeps table", _is_sweeps_table) as tmp:
         new.to_parquet(tmp, index=False)
     return path
 
@@ -189,7 +191,8 @@ def write_report(
     OOD set of Tabs. 1, A1, 2 (default: the first in the table); ``model``: the model of Fig. 1, A4,
     ROC and Tab. A6 (default: the supervised model with the lowest mean best FPR@95); ``subsample_n``:
     the draw size of Tab. A6 (default: the primary set's size); ``draws``/``seed``: sub-sampling.
-    Returns ``{"markdown", "latex", "html", <figure key>: path, ...}``.
+    Returns ``{"markdown", "latex", "html", <figure key>: path, ...}``. ``out_dir`` is created, or
+    rewritten when it is an earlier report; any other existing file or folder there is refused.
     """
     results = Path(getattr(results, "results", results))
     if not results.is_file():
@@ -197,9 +200,9 @@ def write_report(
     df = load_results(results)
     if len(df) == 0:
         raise ValueError(f"results table {results} has no rows")
-    out_dir = Path(out_dir)
+    out_dir = claim_folder(out_dir, "report", is_own=lambda p: (p / "report.html").is_file())
     fig_dir = out_dir / "figures"
-    fig_dir.mkdir(parents=True, exist_ok=True)
+    fig_dir.mkdir(exist_ok=True)
     if sweeps is None and sweeps_path(results).exists():
         sweeps = sweeps_path(results)
     if sweeps is not None and not isinstance(sweeps, pd.DataFrame):

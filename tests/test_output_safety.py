@@ -1,0 +1,372 @@
+"""No writer replaces what oodeval did not create; the CLI's one error path; light ``import oodeval``.
+
+Every writing sub-command and public save function is pointed at (a) an existing folder holding a
+user's CSV and a sub-folder and (b) an existing user file: it must refuse (exit 2 / OutputPathError)
+and leave every byte as it was, before doing any work. A rerun onto oodeval's own earlier output
+replaces or resumes it as documented.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import types
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from oodeval import cli
+from oodeval._io import MARKER, OutputPathError, atomic_folder, atomic_path, claim_folder, marker_kind
+from oodeval.cli import main
+from oodeval.data import Manifest
+from oodeval.detectors._synthetic import synthetic_problem
+from oodeval.features import FeatureSet
+from oodeval.features.backbones import load_state_dict_file, save_head
+from oodeval.features.probe import save_probe
+from oodeval.report import save_sweep
+from oodeval.results import save_results
+from oodeval.zeroshot.vocabulary import Vocabulary
+
+REFUSAL = "Choose another output path, or move or remove"
+
+
+def snapshot(path: Path) -> dict[str, bytes | None]:
+    """Every file (with its bytes) and folder under ``path``, or the file ``path`` itself."""
+    if path.is_file():
+        return {".": path.read_bytes()}
+    return {p.relative_to(path).as_posix(): None if p.is_dir() else p.read_bytes() for p in sorted(path.rglob("*"))}
+
+
+@pytest.fixture
+def foreign(tmp_path: Path) -> tuple[Path, Path]:
+    """A user's folder (a CSV and a sub-folder with a file) and a user's file."""
+    folder = tmp_path / "mine"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "results.csv").write_text("a,b\n1,2\n")
+    (folder / "sub" / "notes.txt").write_text("keep me\n")
+    file = tmp_path / "mine.txt"
+    file.write_bytes(b"user data\n")
+    return folder, file
+
+
+def refused_by_cli(capsys, argv_for, targets) -> None:
+    """``main(argv_for(target))`` exits 2 with the refusal and leaves ``target`` byte for byte."""
+    for target in targets:
+        before = snapshot(target)
+        rc = main([str(a) for a in argv_for(target)])
+        err = capsys.readouterr().err
+        assert rc == 2, err
+        assert REFUSAL in err and "Traceback" not in err, err
+        assert snapshot(target) == before
+
+
+def refused_by_call(fn, targets) -> None:
+    for target in targets:
+        before = snapshot(target)
+        with pytest.raises(OutputPathError, match="never deletes anything else"):
+            fn(target)
+        assert snapshot(target) == before
+
+
+@pytest.fixture(scope="module")
+def sets(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("sets")
+    train, test, ood = synthetic_problem(n_classes=3, dim=8, n_train=60, n_test=30, n_ood=30, seed=0)
+    for name, fs in {"train": train, "test": test, "ood": ood}.items():
+        fs.save(root / name)
+    return root
+
+
+# ------------------------------------------------------------------ the shared helper
+
+
+def test_file_outputs_get_the_umask_mode_and_replace_only_their_own(tmp_path: Path) -> None:
+    umask = os.umask(0o022)
+    os.umask(umask)
+    target = tmp_path / "a.json"
+    with atomic_path(target, "thing", lambda p: p.read_text().startswith("ours")) as tmp:
+        tmp.write_text("ours 1")
+    assert target.stat().st_mode & 0o777 == 0o666 & ~umask
+    with atomic_path(target, "thing", lambda p: p.read_text().startswith("ours")) as tmp:
+        tmp.write_text("ours 2")
+    assert target.read_text() == "ours 2"
+    target.write_text("edited by hand")
+    with pytest.raises(OutputPathError, match="is an existing file that is not an oodeval thing"):
+        with atomic_path(target, "thing", lambda p: p.read_text().startswith("ours")):
+            pytest.fail("the body must not run")
+    link = tmp_path / "link.json"
+    link.symlink_to(target)
+    with pytest.raises(OutputPathError, match="symbolic link"):
+        with atomic_path(link, "thing", lambda p: True):
+            pass
+    assert target.read_text() == "edited by hand" and sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "link.json"]
+
+
+def test_folder_outputs_carry_a_marker_and_replace_only_what_they_wrote(tmp_path: Path) -> None:
+    umask = os.umask(0o022)
+    os.umask(umask)
+    out = tmp_path / "out"
+    for text in ("one", "two"):
+        with atomic_folder(out, "kind-a") as tmp:
+            tmp.mkdir()
+            (tmp / "x.txt").write_text(text)
+    assert (out / "x.txt").read_text() == "two" and marker_kind(out) == "kind-a"
+    assert out.stat().st_mode & 0o777 == 0o777 & ~umask and (out / "x.txt").stat().st_mode & 0o777 == 0o666 & ~umask
+    with pytest.raises(OutputPathError, match="holds oodeval's kind-a output, not a kind-b"):
+        with atomic_folder(out, "kind-b") as tmp:
+            tmp.mkdir()
+    (out / "user.txt").write_text("added by the user")
+    with pytest.raises(OutputPathError, match=r"holds 1 file\(s\) oodeval did not write there \(e.g. user.txt\)"):
+        with atomic_folder(out, "kind-a") as tmp:
+            tmp.mkdir()
+    with pytest.raises(RuntimeError, match="boom"):  # a failing body leaves the target and no temporary behind
+        with atomic_folder(tmp_path / "new", "kind-a") as tmp:
+            tmp.mkdir()
+            raise RuntimeError("boom")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"] and (out / "user.txt").is_file()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert claim_folder(empty, "kind-c") == empty and marker_kind(empty) == "kind-c"
+
+
+# ------------------------------------------------------------------ every writing command
+
+
+def test_score_and_probe(sets: Path, foreign, capsys, tmp_path: Path) -> None:
+    score = ["score", "--train", sets / "train", "--test", sets / "test", "--ood", f"o={sets / 'ood'}",
+             "--detectors", "msp", "--no-progress", "--out"]  # fmt: skip
+    refused_by_cli(capsys, lambda t: score + [t], foreign)
+    own = tmp_path / "table.csv"
+    assert main([str(a) for a in score + [own]]) == 0 and main([str(a) for a in score + [own]]) == 0
+    assert list(pd.read_csv(own).detector) == ["msp"]
+    probe = ["probe", "--train", sets / "train", "--epochs", "1", "--out"]
+    refused_by_cli(capsys, lambda t: probe + [t], foreign)
+    own = tmp_path / "head.safetensors"
+    assert main([str(a) for a in probe + [own]]) == 0 and main([str(a) for a in probe + [own]]) == 0
+
+
+def test_every_vocab_command_refuses_before_any_work(sets: Path, foreign, capsys, tmp_path: Path) -> None:
+    v1 = tmp_path / "v1.json"
+    Vocabulary(["cat", "dog"], "custom").save(v1)
+    manifest = tmp_path / "m.csv"
+    manifest.write_text("path,label,ood_label\na.png,-1,zebra\nb.png,-1,okapi\n")
+    model = ["--model", "no-such-model", "--pretrained", "none"]
+    llm = ["--llm-model", "m", "--llm-cache", tmp_path / "cache", "--offline"]
+    feats = ["--id-features", sets / "test", "--ood-features", sets / "ood", "--values", "1"]
+    for argv in (["wordnet", *model], ["llm", *llm], ["eoe", *llm], ["union", v1], ["oracle", manifest],
+                 ["sweep", "wordnet", *model, "--vocab", v1, *feats]):  # fmt: skip
+        refused_by_cli(capsys, lambda t: ["vocab", *argv, "--out", t], foreign)
+    assert not (tmp_path / "cache").exists()
+    own = tmp_path / "u.json"
+    for _ in range(2):
+        assert main(["vocab", "union", str(v1), "--out", str(own)]) == 0
+        assert main(["vocab", "oracle", str(manifest), "--out", str(own)]) == 0  # a vocabulary replaces a vocabulary
+    assert Vocabulary.load(own).labels == ["zebra", "okapi"]
+
+
+def _experiment(tmp_path: Path, sets: Path, results: Path) -> Path:
+    exp = tmp_path / "exp.toml"
+    exp.write_text(
+        f'seeds = [0]\nbootstrap_draws = 20\nresults = "{results}"\n'
+        '[datasets]\nid_train = "train"\nid_test = "test"\nood = ["far"]\n'
+        f'[[models]]\nname = "synthetic"\nfeatures = {{ id_train = "{sets / "train"}", id_test = "{sets / "test"}", far = "{sets / "ood"}" }}\n'
+        '[[detectors]]\nname = "msp"\n'
+    )
+    return exp
+
+
+def test_run_and_report(sets: Path, foreign, capsys, tmp_path: Path) -> None:
+    folder, file = foreign
+    for target in foreign:
+        before = snapshot(target)
+        assert main(["run", str(_experiment(tmp_path, sets, target)), "--no-progress"]) == 2
+        assert REFUSAL in capsys.readouterr().err and snapshot(target) == before
+    results = tmp_path / "out" / "results.parquet"
+    exp = _experiment(tmp_path, sets, results)
+    assert main(["run", str(exp), "--no-progress"]) == 0
+    assert main(["run", str(exp), "--no-progress"]) == 0  # resumes its own table
+    assert "1 already done" in capsys.readouterr().out
+    refused_by_cli(capsys, lambda t: ["report", results, "--draws", "10", "--out", t], foreign)
+    report = tmp_path / "report"
+    assert main(["report", str(results), "--draws", "10", "--out", str(report)]) == 0
+    (report / "my-notes.txt").write_text("mine")
+    assert main(["report", str(results), "--draws", "10", "--out", str(report)]) == 0  # rewrites its own files only
+    assert (report / "my-notes.txt").read_text() == "mine" and (report / "report.html").is_file()
+
+
+def test_cnc_demo_and_zeroshot_refuse_before_any_work(foreign, capsys, tmp_path: Path) -> None:
+    earlier = tmp_path / "runs"  # a folder holding an earlier seed's run: never replaced by a new run
+    (earlier / "seed0").mkdir(parents=True)
+    (earlier / "seed0" / "progress.json").write_text('{"format": "oodeval.cnc.checkpoint/1"}')
+    refused_by_cli(capsys, lambda t: ["cnc", "train", "--dataset", "no-such-set:train", "--out", t], [*foreign, earlier])
+    refused_by_cli(capsys, lambda t: ["cnc", "evaluate", "--checkpoint", tmp_path / "nowhere", "--suite", "cnc-cifar10", "--json", t], foreign)
+    refused_by_cli(capsys, lambda t: ["demo", "--quick", "--out", t, "--data-root", tmp_path / "demo-data"], foreign)
+    assert not (tmp_path / "demo-data").exists()
+    refused_by_cli(capsys, lambda t: ["zeroshot", "--model", "no-such-model", "--pretrained", "none", "--id-features", tmp_path / "nowhere",
+                                      "--ood-features", tmp_path / "nowhere", "--out", t], foreign)  # fmt: skip
+
+
+def test_construct_export_and_url_templates(foreign, capsys, tmp_path: Path) -> None:
+    from oodeval.construct.synthetic import make_synthetic_dataset
+
+    d = make_synthetic_dataset(tmp_path / "data", n_classes=3, per_class=4, unassigned=0.5, seed=0)
+    work = tmp_path / "work"
+    assert main(["construct", "candidates", str(work), "--manifest", str(d.manifest), "--reannotation", str(d.reannotation)]) == 0
+    assert main(["construct", "init", str(work), "--stage1", "a", "b", "--stage3", "c"]) == 0
+    for option, template, message in [("--image-url-template", "https://x/{id}", "found {id}"),
+                                       ("--search-template", "g=https://x/?u={0}", "found {0}")]:  # fmt: skip
+        assert main(["construct", "evidence", str(work), option, template]) == 2
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err
+    export = ["construct", "export", work, "--allow-pending", "--out"]
+    refused_by_cli(capsys, lambda t: export + [t], foreign)
+    assert main([str(a) for a in export + [work / "export"]]) == 0 and main([str(a) for a in export + [work / "export"]]) == 0
+
+
+# ------------------------------------------------------------------ every public save function
+
+
+def test_python_save_functions(sets: Path, foreign, tmp_path: Path) -> None:
+    fs = FeatureSet.load(sets / "test", mmap=False)
+    w, b = np.ones((2, 3), np.float32), np.zeros(2, np.float32)
+    manifest = Manifest(["a.png", "b.png"], np.array([0, 1]))
+    vocab = Vocabulary(["cat"], "custom")
+    savers = {
+        "featureset": (fs.save, "fs"),
+        "save_head": (lambda p: save_head(p, w, b), "head.safetensors"),
+        "save_probe": (lambda p: save_probe(p, w, b, {"seed": 0}), "probe.safetensors"),
+        "manifest": (manifest.to_csv, "m.csv"),
+        "vocabulary": (vocab.save, "v.json"),
+    }
+    for name, (save, own_name) in savers.items():
+        refused_by_call(save, foreign)
+        own = tmp_path / own_name
+        save(own)
+        save(own)  # replaces its own earlier output
+    assert FeatureSet.load(tmp_path / "fs").content_hash() == fs.content_hash()
+    legacy = tmp_path / "legacy-fs"  # a FeatureSet folder written before markers existed is still oodeval's
+    fs.save(legacy)
+    (legacy / MARKER).unlink()
+    fs.save(legacy)
+    assert marker_kind(legacy) == "FeatureSet"
+    (legacy / "mine.txt").write_text("x")
+    refused_by_call(fs.save, [legacy])
+    table = pd.DataFrame([{"model": "m", "weights": "", "detector": "msp", "hyperparameters": "{}", "dataset": "d",
+                           "split": "all", "seed": 0, "status": "ok", "fpr95": 0.5}])  # fmt: skip
+    refused_by_call(lambda p: save_results(table, p), foreign)
+    save_results(table, tmp_path / "r.parquet")
+    save_results(table, tmp_path / "r.parquet")
+    sweeps = tmp_path / "t.sweeps.parquet"  # where the sweeps of results table t.parquet go
+    sweeps.write_bytes(b"a user's file")
+    refused_by_call(lambda p: save_sweep(tmp_path / "t.parquet", "wordnet", "m", "d", [1, 2], [0.5, 0.4]), [sweeps])
+    for _ in range(2):
+        save_sweep(tmp_path / "r.parquet", "wordnet", "m", "d", [1, 2], [0.5, 0.4])
+
+
+def test_cnc_checkpoints_replace_only_their_own(foreign, tmp_path: Path) -> None:
+    import torch
+
+    from oodeval.cnc.train import TrainConfig, save_checkpoint
+
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    save = lambda p: save_checkpoint(p, model, opt, TrainConfig(), {"epochs_done": 1, "history": []})  # noqa: E731
+    refused_by_call(save, foreign)
+    save(tmp_path / "ckpt")
+    save(tmp_path / "ckpt")
+    assert marker_kind(tmp_path / "ckpt") == "CnC checkpoint"
+
+
+def test_failed_extraction_leaves_no_partial_folder(tmp_path: Path) -> None:
+    from PIL import Image
+
+    from oodeval.features.extract import extract
+
+    (tmp_path / "imgs" / "a").mkdir(parents=True)
+    Image.new("RGB", (8, 8)).save(tmp_path / "imgs" / "a" / "0.png")
+    store = tmp_path / "store"
+    with pytest.raises(TypeError, match="no_such_option"):
+        extract("resnet18", tmp_path / "imgs", store, pretrained=False, model_kwargs={"no_such_option": 1}, progress=False)
+    assert not (store / ".partial").exists()
+
+
+# ------------------------------------------------------------------ the CLI's one error path
+
+
+def _fake_command(monkeypatch, run) -> None:
+    mod = types.SimpleNamespace(HELP="test", add_arguments=lambda p: p.add_argument("--x", default=None), run=run)
+    monkeypatch.setattr(cli, "_command_modules", lambda: {"fake": mod})
+
+
+def test_errors_one_line_exit_codes_and_verbose_anywhere(monkeypatch, capsys) -> None:
+    def bad_input(args):
+        raise ValueError("the input is bad")
+
+    _fake_command(monkeypatch, bad_input)
+    assert main(["fake"]) == 2
+    err = capsys.readouterr().err
+    assert err == "oodeval fake: error: the input is bad\n"
+    for argv in (["-v", "fake"], ["fake", "-v"], ["fake", "--x", "1", "--verbose"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "Traceback" in err and err.endswith("oodeval fake: error: the input is bad\n")
+
+    def bug(args):
+        raise TypeError("a bug")
+
+    _fake_command(monkeypatch, bug)
+    assert main(["fake"]) == 1
+    assert capsys.readouterr().err == "oodeval fake: error: unexpected TypeError: a bug; rerun with -v for the traceback\n"
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    _fake_command(monkeypatch, interrupted)
+    assert main(["fake"]) == 130 and "interrupted; completed work is kept" in capsys.readouterr().err
+
+
+def test_nested_sub_commands_accept_v(tmp_path: Path, capsys) -> None:
+    assert main(["vocab", "union", str(tmp_path / "missing.json"), "--out", str(tmp_path / "u.json"), "-v"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "oodeval vocab: error: vocabulary file" in err
+
+
+def test_known_tracebacks_are_now_clear_errors(sets: Path, tmp_path: Path, capsys) -> None:
+    argv = ["score", "--train", str(sets / "train"), "--test", str(sets / "test"), "--ood", f"o={sets / 'ood'}",
+            "--detectors", "knn", "--set", "knn.kk=5", "--no-progress"]  # fmt: skip
+    assert main(argv) == 2
+    assert "detector knn has no hyperparameter kk; its hyperparameters: k" in capsys.readouterr().err
+    bad = tmp_path / "w.safetensors"
+    bad.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00not json")
+    with pytest.raises(ValueError, match="is not a readable safetensors file"):
+        load_state_dict_file(bad)
+
+
+def test_third_party_logs_and_warnings_go_through_the_log(monkeypatch, capsys) -> None:
+    def chatty(args):
+        logging.getLogger().info("open_clip-style INFO line")  # open_clip logs INFO on the root logger
+        logging.getLogger("oodeval.test").info("our own message")
+        warnings.warn("a third-party UserWarning", UserWarning, stacklevel=1)
+        return 0
+
+    _fake_command(monkeypatch, chatty)
+    assert main(["fake"]) == 0
+    err = capsys.readouterr().err
+    assert "our own message" in err and "UserWarning: a third-party UserWarning" in err and "open_clip-style" not in err
+    assert main(["fake", "-v"]) == 0
+    assert "INFO root: open_clip-style INFO line" in capsys.readouterr().err
+
+
+def test_python_m_oodeval_and_lazy_submodules() -> None:
+    env = {**os.environ, "PYTHONPATH": str(Path(cli.__file__).parents[1])}
+    done = subprocess.run([sys.executable, "-m", "oodeval", "--help"], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0 and done.stdout.startswith("usage: oodeval")
+    code = ("import sys, oodeval; heavy = sorted(m for m in ('numpy', 'torch', 'pandas') if m in sys.modules); "
+            "print(heavy, type(oodeval.detectors.create('msp')).__name__)")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "[] MSP", done.stderr
