@@ -18,8 +18,8 @@
   ``iSUN.tar.gz``, ``Imagenet.tar.gz``, ``Imagenet_resize.tar.gz`` (or their folders), named by
   their top folder: lsun-crop, lsun-resize, isun, tin-crop, tin-resize (unlabelled).
 
-The output folder is built beside its target and renamed into place; an existing target is
-refused (nothing is replaced). Archive members are read by name, never extracted to their own
+The output folder is built beside its target and renamed into place with oodeval's output
+marker; an existing target is refused (nothing is replaced). Archive members are read by name, never extracted to their own
 paths, so a member name cannot write outside the output folder.
 """
 
@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .._io import atomic_path
+from .._io import atomic_folder
 from .manifest import IMAGE_EXTENSIONS, Manifest
 
 __all__ = ["FORMATS", "ODIN_SETS", "convert", "load_cifar_pickle"]
@@ -204,7 +204,7 @@ def convert(fmt: str, source: str | os.PathLike, data_root: str | os.PathLike, n
     rows = {"cifar10": lambda: _cifar(src, False), "cifar100": lambda: _cifar(src, True), "svhn": lambda: _svhn(src),
             "tinyimagenet": lambda: _tinyimagenet(src), "odin": lambda: _odin(src)}[fmt]()  # fmt: skip
     paths, labels, splits, class_names = [], [], [], None
-    with atomic_path(target) as tmp:
+    with atomic_folder(target, "converted dataset") as tmp:
         for rel, label, split, data, names in rows:
             out = tmp / rel
             out.parent.mkdir(parents=True, exist_ok=True)
