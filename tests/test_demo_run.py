@@ -72,3 +72,15 @@ def test_repeat_run_reuses_everything(quick):
 def test_cli_rejects_bad_arguments(capsys):
     assert main(["demo", "--epochs", "0"]) == 2
     assert "--epochs must be at least 1" in capsys.readouterr().err
+
+
+def test_cli_exit_status_reports_failed_cells(monkeypatch, tmp_path, capsys):
+    from types import SimpleNamespace
+
+    from oodeval.experiment.runner import RunSummary
+
+    summary = RunSummary(results=tmp_path / "r.parquet", total=3, computed=3, failed=1)
+    summary.add_error("m/knn/x/all/seed 0", "ValueError: boom")
+    monkeypatch.setattr("oodeval.demo.run.run_demo", lambda *a, **k: SimpleNamespace(summary=summary))
+    assert main(["demo", "--quick", "--out", str(tmp_path / "d")]) == 1
+    assert "1 of 3 cells failed" in capsys.readouterr().err

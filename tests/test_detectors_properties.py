@@ -168,3 +168,64 @@ def test_clear_errors_when_data_lacks_what_a_detector_needs(problem):
     assert "nac" not in detectors.supported(bare, bare)
     assert "mahalanobis" not in detectors.supported(unlabelled, unlabelled)
     assert set(detectors.supported(train, test)) == set(detectors.names())
+
+
+# ---------------------------------------------------------------- non-finite inputs, mismatched sets
+def _poisoned(fs: FeatureSet, array: str, value: float, rows=(3,)) -> FeatureSet:
+    arrays = {"features": np.array(fs.features), "logits": np.array(fs.logits),
+              "extra": {k: np.array(v) for k, v in fs.extras.items()}}  # fmt: skip
+    target = arrays["extra"]["nac/pre_logits"] if array == "extra" else arrays[array]
+    for r in rows:
+        target[r, 1] = value
+    return FeatureSet(arrays["features"], labels=fs.labels, logits=arrays["logits"], weight=fs.weight,
+                      bias=fs.bias, extras=arrays["extra"], meta=dict(fs.meta))  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "name, array, value",
+    [("dice", "features", np.nan), ("fdbd", "features", np.inf), ("knn", "features", np.nan),
+     ("nac", "extra", np.nan), ("react", "features", -np.inf), ("kl_matching", "logits", np.nan)],  # fmt: skip
+)
+def test_non_finite_training_input_is_an_error_naming_set_array_and_count(problem, name, array, value):
+    train = _poisoned(problem[0], array, value, rows=(3, 8))
+    key = "extras/nac/pre_logits" if array == "extra" else array
+    with pytest.raises(ValueError, match=rf"fit: FeatureSet 'synthetic-id' has non-finite values: {key} has 2 non-finite values \(first in row 3\)"):
+        detectors.create(name, **SYNTHETIC_HP.get(name, {})).fit(train)
+
+
+@pytest.mark.parametrize("name, array", [("energy", "logits"), ("msp", "logits"), ("knn", "features"), ("nac", "extra"), ("vim", "features")])
+def test_non_finite_scored_input_is_an_error_naming_set_array_and_count(problem, name, array):
+    det = detectors.create(name, **SYNTHETIC_HP.get(name, {})).fit(problem[0])
+    bad = _poisoned(problem[2], array, np.inf)
+    key = "extras/nac/pre_logits" if array == "extra" else array
+    with pytest.raises(ValueError, match=rf"score: FeatureSet 'synthetic-ood' has non-finite values: {key} has 1 non-finite value \(first in row 3\)"):
+        det.score(bad)
+
+
+def test_validate_really_checks_finiteness(problem):
+    fs = _poisoned(problem[1], "features", np.nan, rows=(0, 1, 5))
+    with pytest.raises(ValueError, match="'synthetic-id': features has 3 non-finite values"):
+        fs.validate()
+    with pytest.raises(ValueError, match="weight has 1 non-finite value"):
+        FeatureSet(fs.features[:, :4], weight=np.array([[0, np.nan, 0, 0]], np.float32), bias=np.zeros(1, np.float32))
+
+
+@pytest.mark.parametrize("name", ["knn", "nnguide", "mahalanobis", "react", "ash_s", "scale", "vim", "msp", "nac"])
+def test_a_set_that_does_not_match_the_training_set_is_refused(problem, name):
+    train, test, ood = problem
+    det = detectors.create(name, **SYNTHETIC_HP.get(name, {})).fit(train)
+    rng = np.random.default_rng(0)
+    other_head = FeatureSet(ood.features, logits=ood.logits, weight=ood.weight + 0.5, bias=ood.bias, extras=ood.extras, meta=ood.meta)
+    wider = ood.features[:, :48]
+    narrower = FeatureSet(wider, logits=ood.logits, weight=rng.normal(size=(10, 48)).astype(np.float32), bias=ood.bias,
+                          extras={"nac/pre_logits": wider}, meta=ood.meta)  # fmt: skip
+    with pytest.raises(ValueError, match=r"'synthetic-ood' does not match the ID-train set 'synthetic-id' it was fitted on: head \(10, 64\) #\w+ vs \(10, 64\) #"):
+        det.score(other_head)
+    with pytest.raises(ValueError, match="feature dimension 48 vs 64.*extra 'nac/pre_logits' shape \\(48,\\) vs \\(64,\\)"):
+        det.score(narrower)
+    model = {"model": "timm:resnet50", "weights_hash": "a"}
+    det.fit(FeatureSet(train.features, labels=train.labels, logits=train.logits, weight=train.weight, bias=train.bias,
+                       extras=train.extras, meta={**train.meta, **model}))  # fmt: skip
+    with pytest.raises(ValueError, match='model \\["timm:resnet50", "b", null, null\\] vs \\["timm:resnet50", "a", null, null\\]'):
+        det.score(FeatureSet(ood.features, logits=ood.logits, weight=ood.weight, bias=ood.bias, extras=ood.extras, meta={**ood.meta, **model, "weights_hash": "b"}))
+    assert det.score(ood).shape == (len(ood),)  # a set without a recorded model is compared on what it has

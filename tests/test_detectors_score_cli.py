@@ -1,5 +1,6 @@
 """``oodeval score`` and ``oodeval.scoring.evaluate_detectors`` on FeatureSets written by the test."""
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -48,9 +49,10 @@ def test_detector_subset_and_support(folders):
     rows = evaluate_detectors(train, test, bare, progress=False, hyperparameters={"knn": {"k": 5}})
     names = {r["detector"] for r in rows}
     assert "nac" not in names and "dice" not in names and {"msp", "knn", "mahalanobis"} <= names
-    with pytest.warns(UserWarning, match="skipped detector knn: knn k=1000 exceeds"):
-        rows = evaluate_detectors(train, test, bare, progress=False)  # default k on 300 rows
-    assert "knn" not in {r["detector"] for r in rows} and len(rows) == len(names) - 1
+    rows = evaluate_detectors(train, test, bare, progress=False)  # default k on 300 rows
+    failed = [r for r in rows if r["status"] == "error"]
+    assert [(r["detector"], r["ood"]) for r in failed] == [("knn", "far")] and "knn k=1000 exceeds" in failed[0]["error"]
+    assert {r["detector"] for r in rows if r["status"] == "ok"} == names - {"knn"}
     scores = {}
     rows = evaluate_detectors(train, test, {"far": far}, ["energy", "vim"], scores_out=scores, progress=False)
     assert [r["detector"] for r in rows] == ["energy", "vim"]
@@ -63,10 +65,43 @@ def test_bad_input_gets_a_clear_error(folders, capsys):
     assert "NAME=DIR" in capsys.readouterr().err
     assert main(base + ["--ood", f"far={folders / 'far'}", "--detectors", "msp,bogus"]) == 2
     assert "bogus" in capsys.readouterr().err
-    assert main(base + ["--ood", f"far={folders / 'far'}", "--detectors", "knn"]) == 2
-    assert "k=1000 exceeds" in capsys.readouterr().err
+    assert main(base + ["--ood", f"far={folders / 'far'}", "--detectors", "knn"]) == 1
+    out, err = capsys.readouterr()
+    assert "knn / far: fit on the ID-train set: knn k=1000 exceeds" in err and "failed" in out
+    assert main(base + ["--ood", f"far={folders / 'far'}", "--set", "knn.kk=5"]) == 2
+    assert "detector 'knn' has no hyperparameter(s) kk; it takes:" in capsys.readouterr().err
     assert main(base + ["--ood", f"far={folders / 'nowhere'}"]) == 2
     with pytest.raises(ValueError, match="DETECTOR.NAME=VALUE"):
         parse_hyperparameters(["knn=3"])
     assert parse_hyperparameters(["knn.k=50", "neco.maxlogit=true", "nac.layers=[\"a\"]"]) == {
         "knn": {"k": 50}, "neco": {"maxlogit": True}, "nac": {"layers": ["a"]}}  # fmt: skip
+
+
+def test_a_failing_set_is_that_detectors_failure_and_the_run_goes_on(folders, capsys, tmp_path):
+    """A mismatched OOD set (other feature dimension / other head) and a NaN row: each is recorded
+    for the detectors that read it, every other result is computed, and the exit status is 1."""
+    far = FeatureSet.load(folders / "far")
+    narrow = FeatureSet(far.features[:, :12], logits=far.logits, weight=far.weight[:, :12], bias=far.bias, meta={"dataset": "narrow"})
+    other_head = FeatureSet(far.features, logits=far.logits, weight=far.weight * 2, bias=far.bias, meta={"dataset": "other-head"})
+    logits = np.array(far.logits)
+    logits[7, 0] = np.inf
+    inf_row = FeatureSet(far.features, logits=logits, weight=far.weight, bias=far.bias, meta={"dataset": "inf-row"})
+    for name, fs in {"narrow": narrow, "head": other_head, "inf": inf_row}.items():
+        fs.save(tmp_path / name)
+    argv = ["score", "--train", str(folders / "train"), "--test", str(folders / "test"), "--no-progress",
+            "--detectors", "msp,energy,knn,nnguide,react", "--set", "knn.k=5",
+            "--ood", f"narrow={tmp_path / 'narrow'}", "--ood", f"head={tmp_path / 'head'}", "--ood", f"inf={tmp_path / 'inf'}",
+            "--out", str(tmp_path / "t.csv")]  # fmt: skip
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    table = pd.read_csv(tmp_path / "t.csv").set_index(["detector", "ood"])
+    status = table["status"].to_dict()
+    # every detector compared each set with its ID-train set: the narrow one and the other head fail
+    for det in ("msp", "energy", "knn", "nnguide", "react"):
+        assert status[(det, "narrow")] == "error" and status[(det, "head")] == "error"
+        assert "feature dimension 12 vs 16" in table.loc[(det, "narrow"), "error"]
+        assert "does not match the ID-train set" in table.loc[(det, "head"), "error"]
+    # the inf logit breaks the detectors that read logits, not knn or react (features + head)
+    assert {d for d in ("msp", "energy", "knn", "nnguide", "react") if status[(d, "inf")] == "error"} == {"msp", "energy", "nnguide"}
+    assert "logits has 1 non-finite value (first in row 7)" in table.loc[("energy", "inf"), "error"]
+    assert "AssertionError" not in err and "13 of 15 (detector, OOD set) results failed" in err

@@ -90,3 +90,12 @@ def test_text_tower_for_zero_shot(tiny_clip: str) -> None:
     assert t.shape == (2, 32) and torch.allclose(t.norm(dim=-1), torch.ones(2))
     with pytest.raises(ValueError, match="no pretrained tag"):
         load_open_clip(f"{tiny_clip}@laion2b_s34b_b88k")
+
+
+def test_corrupt_clip_weights_are_a_value_error(tiny_clip: str, tmp_path: Path) -> None:
+    from oodeval.features.backbones import load_backbone
+
+    for name, data in (("w.safetensors", b"\x08\x00\x00\x00\x00\x00\x00\x00not json"), ("w.bin", b"not a pickle")):
+        (tmp_path / name).write_bytes(data)
+        with pytest.raises(ValueError, match=f"weights file .*{name} cannot be read"):
+            load_backbone(f"open_clip:{tiny_clip}", tmp_path / name)

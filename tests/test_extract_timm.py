@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -196,3 +197,30 @@ def test_cli_extract_probe_and_errors(folder: Path, tmp_path: Path, capsys: pyte
     assert probed.meta["head"].endswith("h.safetensors") and probed.weight.shape == (2, probed.features.shape[1])
     assert main(["extract", "--model", "test_resnet", "--dataset", "no-such-set", "--store", str(tmp_path)]) == 2
     assert "unknown dataset 'no-such-set'" in capsys.readouterr().err
+
+
+def test_corrupt_weights_file_is_a_clear_error_not_a_traceback(folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from oodeval.cli import main
+
+    bad = tmp_path / "w.safetensors"
+    bad.write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00not json")
+    args = ["extract", "--model", "test_resnet", "--dataset", str(folder), "--store", str(tmp_path / "s"), "--weights", str(bad), "--quiet"]
+    assert main(args) == 2
+    assert f"{bad} is not a readable safetensors file" in capsys.readouterr().err
+
+
+def test_a_manifest_row_whose_file_is_missing_is_an_error_unless_skipped(folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from oodeval.cli import main
+
+    csv = tmp_path / "m.csv"
+    rows = [f"{folder / 'cat' / f'{i}.jpg'},0" for i in range(3)] + [f"{tmp_path / 'gone.jpg'},1"]
+    csv.write_text("path,label\n" + "\n".join(rows) + "\n")
+    args = ["extract", "--model", "test_resnet", "--dataset", str(csv), "--store", str(tmp_path / "s"),
+            "--model-kwargs", '{"num_classes": 2}', "--quiet"]  # fmt: skip
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert f"1 of 4 files in the manifest do not exist (e.g. {tmp_path / 'gone.jpg'})" in err and "--skip-missing" in err
+    assert not (tmp_path / "s").exists() or not list((tmp_path / "s").rglob("meta.json"))
+    assert main([*args, "--skip-missing"]) == 0
+    fs = FeatureSet.load(capsys.readouterr().out.splitlines()[0])
+    assert len(fs) == 3 and fs.meta["n_skipped"] == 1 and "gone.jpg" in json.dumps(fs.meta["skipped"])

@@ -110,3 +110,17 @@ def test_per_seed_weights(tmp_path):
     cfg = load_config(write(tmp_path, BASE.replace('name = "timm:test_resnet"', 'name = "timm:test_resnet"\nweights = ["w0.pt", "w1.pt"]')))
     m = cfg.models[0]
     assert m.weights_for(0) == str(tmp_path / "w0.pt") and m.weights_for(1) == str(tmp_path / "w1.pt")
+
+
+@pytest.mark.parametrize(
+    "zeroshot, message",
+    [
+        ('[[zeroshot]]\nname = "mcm"\nvocabulary = "v.txt"\n', "'mcm' takes no vocabulary; only neglabel, eoe do"),
+        ('[[zeroshot]]\nname = "neglabel"\n', "'neglabel' needs a `vocabulary`"),
+        ('[[zeroshot]]\nname = "eoe"\n', "'eoe' needs a `vocabulary`"),
+    ],
+)
+def test_vocabulary_must_match_the_scorer(tmp_path, zeroshot, message):
+    text = BASE + '[[models]]\nname = "open_clip:ViT-B-16"\nlabel = "clip"\nkind = "zero-shot"\n' + zeroshot
+    with pytest.raises(ValueError, match=message):
+        load_config(write(tmp_path, text))

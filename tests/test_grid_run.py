@@ -253,3 +253,82 @@ def test_bootstrap_mode_is_configurable_and_recorded(tmp_path):
     bad = config(tmp_path, paths, bootstrap_fixed_id="yes")
     with pytest.raises(ValueError, match="bootstrap_fixed_id"):
         run_experiment(bad, progress=False)
+
+
+def _exp_with_weights(tmp_path, weights: str) -> "Path":
+    from test_grid_e2e import make_data
+
+    make_data(tmp_path / "data")
+    exp = tmp_path / "exp.toml"
+    exp.write_text(
+        f"""
+seeds = [0]
+bootstrap_draws = 20
+device = "cpu"
+[datasets]
+id_train = "data/train"
+id_test = "data/val"
+ood = ["data/gray", "data/fi"]
+[[models]]
+name = "timm:test_resnet"
+weights = "{weights}"
+model_kwargs = {{ num_classes = 3 }}
+[[detectors]]
+name = "msp"
+[[detectors]]
+name = "energy"
+"""
+    )
+    return exp
+
+
+def test_run_with_a_missing_weights_file_exits_non_zero_with_one_summary(tmp_path, capsys):
+    exp = _exp_with_weights(tmp_path, "ckpt/missing.safetensors")
+    assert cli.main(["run", str(exp), "--no-progress"]) == 1
+    out, err = capsys.readouterr()
+    assert "4 cells: 0 already done, 4 computed (4 failed)" in out
+    # the one distinct error is printed once, with its count and a cell it hit
+    assert out.count("missing.safetensors does not exist") == 1 and "  4 failed, e.g. timm:test_resnet/msp/gray/all/seed 0" in out
+    assert f"4 of 4 cell(s) failed" in err and str(tmp_path / "results.parquet") in err and "status == 'error'" in err
+    # kept failures (retry_failed = false) still make the exit status non-zero
+    exp.write_text(exp.read_text().replace("seeds = [0]", "seeds = [0]\nretry_failed = false"))
+    assert cli.main(["run", str(exp), "--no-progress"]) == 1
+    out, _ = capsys.readouterr()
+    assert "4 already done, 0 computed" in out and "4 cell(s) failed in an earlier run and were kept" in out
+
+
+def test_check_validates_weights_model_names_and_datasets_offline(tmp_path, capsys):
+    import torch
+    from safetensors.torch import save_file
+
+    from oodeval.features.backbones import load_backbone
+
+    exp = _exp_with_weights(tmp_path, "ckpt/w.safetensors")
+    (tmp_path / "ckpt").mkdir()
+    assert cli.main(["run", str(exp), "--check"]) == 2
+    assert "weights file " + str(tmp_path / "ckpt" / "w.safetensors") + " does not exist" in capsys.readouterr().err
+    (tmp_path / "ckpt" / "w.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not a header")
+    assert cli.main(["run", str(exp), "--check"]) == 2
+    assert "w.safetensors is not a readable safetensors file" in capsys.readouterr().err
+    sd = load_backbone("timm:test_resnet", model_kwargs={"num_classes": 3}).model.state_dict()
+    save_file({k: v.contiguous() for k, v in sd.items() if isinstance(v, torch.Tensor)}, str(tmp_path / "ckpt" / "w.safetensors"))
+    assert cli.main(["run", str(exp), "--check"]) == 0
+    assert "check passed" in capsys.readouterr().out
+    bad = exp.read_text().replace("timm:test_resnet", "timm:no_such_net").replace('"data/fi"', '"data/nothing-here"')
+    exp.write_text(bad)
+    assert cli.main(["run", str(exp), "--check"]) == 2
+    err = capsys.readouterr().err
+    assert "2 problem(s)" in err and "timm has no model 'no_such_net'" in err and "dataset 'nothing-here': " + str(tmp_path / "data" / "nothing-here") + " does not exist" in err
+
+
+def test_shipped_example_check_says_exactly_what_it_needs(capsys):
+    from pathlib import Path
+
+    example = Path(__file__).parents[1] / "examples" / "experiment.toml"
+    assert cli.main(["run", str(example), "--check"]) == 2
+    err = capsys.readouterr().err
+    for needed in ("resnet50_a1_in1k.safetensors does not exist", "convnext_base.safetensors does not exist",
+                   "clip_b16.bin does not exist", "dataset 'imagenet1k-val'", "dataset 'ninco'",
+                   "vocab/wordnet.json does not exist", "vocab/wordnet_ranked.json does not exist", "data/imagenet-train does not exist"):  # fmt: skip
+        assert needed in err, needed
+    assert "id_classes" not in err  # 'imagenet1k' names the built-in list, not a file

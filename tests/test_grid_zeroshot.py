@@ -102,3 +102,53 @@ def test_sweep_curve_recorded_and_drawn(zs, tmp_path):
     paths = write_report(summary.results, tmp_path / "rep", draws=20)
     assert paths["sweep0_0"].is_file()
     assert "Fig. A2" in paths["markdown"].read_text()
+
+
+def test_a_sweep_whose_vocabulary_or_sizes_changed_is_recomputed(zs, tmp_path):
+    import pandas as pd
+
+    from oodeval.report import sweeps_path
+
+    summary = zs[0]
+    path = sweeps_path(summary.results)
+    before = path.read_bytes()
+    cfg = {
+        "seeds": [0], "bootstrap_draws": 50, "results": str(summary.results),
+        "datasets": {"id_test": "val", "ood": ["novel"]},
+        "models": [{"name": "open_clip:ViT-B-32", "label": "clip", "kind": "zero-shot", "features": {
+            "id_test": str(tmp_path / "f" / "id"), "novel": str(tmp_path / "f" / "ood"),
+            "text:id": str(tmp_path / "id_text.npy"), "text:oracle": str(tmp_path / "oracle.npy")}}],
+        "zeroshot": ["mcm"],
+        "sweeps": [{"name": "oracle_size", "vocabulary": "oracle.txt", "sizes": [1, 2, 4, 9], "hyperparameters": {"n_groups": 1}}],
+    }  # fmt: skip
+    run_experiment(load_config(cfg, base_dir=tmp_path), progress=False)
+    assert path.read_bytes() == before  # nothing changed: the recorded curve is reused
+    cfg["sweeps"][0]["sizes"] = [2, 3]
+    run_experiment(load_config(cfg, base_dir=tmp_path), progress=False)
+    assert list(pd.read_parquet(path)["size"]) == [2, 3]
+    # the vocabulary's embeddings change in place (its first two labels swapped): recomputed
+    emb = np.load(tmp_path / "oracle.npy")
+    curve = pd.read_parquet(path)["fpr95"].tolist()
+    np.save(tmp_path / "oracle.npy", emb[[2, 3, 0, 1]])
+    run_experiment(load_config(cfg, base_dir=tmp_path), progress=False)
+    again = pd.read_parquet(path)
+    assert list(again["size"]) == [2, 3] and again["fpr95"].tolist() != curve
+
+
+def test_non_finite_image_embeddings_fail_their_cells_naming_set_array_and_count(zs, tmp_path):
+    ood = FeatureSet.load(tmp_path / "f" / "ood")
+    x = np.array(ood.features)
+    x[[4, 9]] = np.nan
+    FeatureSet(features=x, meta={"dataset": "nan-set"}).save(tmp_path / "f" / "nan")
+    cfg = {
+        "seeds": [0], "bootstrap_draws": 50, "results": str(tmp_path / "nan.parquet"),
+        "datasets": {"id_test": "val", "ood": ["novel", "bad"]},
+        "models": [{"name": "open_clip:ViT-B-32", "label": "clip", "kind": "zero-shot", "features": {
+            "id_test": str(tmp_path / "f" / "id"), "novel": str(tmp_path / "f" / "ood"), "bad": str(tmp_path / "f" / "nan"),
+            "text:id": str(tmp_path / "id_text.npy")}}],
+        "zeroshot": ["mcm"],
+    }  # fmt: skip
+    summary = run_experiment(load_config(cfg, base_dir=tmp_path), progress=False)
+    df = load_results(summary.results).set_index("dataset")
+    assert df.loc["novel", "status"] == "ok" and df.loc["bad", "status"] == "error" and not summary.ok
+    assert f"FeatureSet 'nan-set' has non-finite values: features has {2 * E} non-finite values (first in row 4)" in df.loc["bad", "error"]

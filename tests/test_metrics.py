@@ -112,3 +112,28 @@ def test_accuracy_top1_and_multilabel():
         accuracy(logits, [1, 0])
     with pytest.raises(ValueError, match="no sample has a valid label"):
         accuracy(logits, [set(), set(), set(), set()])
+
+
+def test_metrics_command_names_bad_files_few_draws_and_what_it_resamples(tmp_path, capsys):
+    from oodeval.cli import main
+
+    rng = np.random.default_rng(0)
+    np.save(tmp_path / "id.npy", rng.normal(1, 1, 300))
+    np.save(tmp_path / "ood.npy", rng.normal(0, 1, 200))
+    np.savez(tmp_path / "ood.npz", scores=rng.normal(0, 1, 200))
+    (tmp_path / "ood.csv").write_text("score\n0.5\n0.1\n")
+    np.save(tmp_path / "two.npy", np.zeros((5, 2)))
+    ids = str(tmp_path / "id.npy")
+    for name, says in (("ood.npz", "is a .npz archive; expected a .npy file"), ("ood.csv", "ood.csv: could not convert"),
+                       ("two.npy", "holds a float64 array of shape (5, 2); expected")):  # fmt: skip
+        assert main(["metrics", ids, str(tmp_path / name)]) == 2
+        err = capsys.readouterr().err
+        assert says in err and "one number per line and no header" in err, err
+    assert main(["metrics", ids, str(tmp_path / "ood.npy"), "--draws", "20"]) == 2
+    assert "--draws 20 is too few" in capsys.readouterr().err
+    assert main(["metrics", ids, str(tmp_path / "ood.npy"), "--draws", "200"]) == 0
+    out = capsys.readouterr().out
+    assert "OOD scores resampled, ID scores and their FPR@95 threshold fixed" in out
+    assert "aupr_in" in out and "(no interval: average precision is not bootstrapped)" in out
+    assert main(["metrics", ids, str(tmp_path / "ood.npy"), "--draws", "200", "--resample-id"]) == 0
+    assert "ID and OOD scores both resampled" in capsys.readouterr().out

@@ -145,7 +145,7 @@ def endpoint():
 
 
 def test_llm_siblings_filter_cache_and_replay(endpoint, tmp_path, monkeypatch, wndb):
-    from oodeval.llm import ChatClient
+    from oodeval.llm import ChatClient, LLMError
     from oodeval.zeroshot.llm_vocab import generate_siblings, siblings_vocabulary
     from oodeval.zeroshot.wordnet import synonyms
 
@@ -161,8 +161,12 @@ def test_llm_siblings_filter_cache_and_replay(endpoint, tmp_path, monkeypatch, w
     assert "20" in FakeLLM.calls[-1]["body"]["messages"][0]["content"]
     cached = " ".join(p.read_text() for p in (tmp_path / "llm").glob("*.json"))
     assert len(list((tmp_path / "llm").glob("*.json"))) == 2 and "sk-secret" not in cached
-    offline = ChatClient("http://127.0.0.1:9/v1", "fake-gpt", cache_dir=tmp_path / "llm", offline=True)
+    offline = ChatClient(endpoint, "fake-gpt", cache_dir=tmp_path / "llm", offline=True)
     assert generate_siblings(offline, ids, generation=0, synonyms=syn, progress=False) == per
+    # another endpoint serving a model of the same name is not answered from this endpoint's cache
+    other = ChatClient("http://127.0.0.1:9/v1", "fake-gpt", cache_dir=tmp_path / "llm", offline=True)
+    with pytest.raises(LLMError, match="offline and no cached response"):
+        generate_siblings(other, ids, generation=0, synonyms=syn, progress=False)
     generate_siblings(client, ids, generation=1, synonyms=syn, progress=False)
     assert len(FakeLLM.calls) == 5  # another generation is another request
     vocab = siblings_vocabulary(per)
@@ -287,3 +291,34 @@ def test_cli_vocab_llm_with_fake_endpoint_and_k_sweep(endpoint, tmp_path, capsys
                  "--ood-features", str(tmp_path / "ood"), "--values", "0", "1", "2", "--out", str(tmp_path / "k.json")]) == 0  # fmt: skip
     curve = json.loads((tmp_path / "k.json").read_text())
     assert curve["param"] == "k" and curve["vocab_size"] == [0, 2, 4] and curve["fpr95"][0] == 1.0
+
+
+def test_cli_vocab_refuses_out_of_range_sizes_and_reads_text_vocabularies(tmp_path, capsys):
+    from oodeval.cli import main
+
+    wn = ["vocab", "wordnet", "--model", "ViT-B-32", "--pretrained", "none", "--out", str(tmp_path / "v.json")]
+    llm = ["vocab", "llm", "--llm-model", "m", "--llm-cache", str(tmp_path / "c"), "--offline", "--out", str(tmp_path / "v.json")]
+    eoe = ["vocab", "eoe", "--llm-model", "m", "--llm-cache", str(tmp_path / "c"), "--offline", "--out", str(tmp_path / "v.json")]
+    for argv, says in (
+        (wn + ["--M", "-5"], "--M must be a whole number >= 1 or 'all', got '-5'"),
+        (wn + ["--M", "0"], "--M must be a whole number >= 1"),
+        (wn + ["--M", "lots"], "got 'lots'"),
+        (wn + ["--percentile", "150"], "--percentile must be in [0, 100], got 150.0"),
+        (wn + ["--batch-size", "0"], "--batch-size must be >= 1, got 0"),
+        (llm + ["--k", "0"], "--k must be >= 1, got 0"),
+        (llm + ["--generations", "0", "-1"], "--generations must be >= 0, got -1"),
+        (eoe + ["--n-classes", "-3"], "--n-classes must be >= 1, got -3"),
+    ):
+        assert main(argv) == 2, argv
+        assert says in capsys.readouterr().err, says
+    assert not (tmp_path / "v.json").exists() and not (tmp_path / "c").exists()
+    # a text vocabulary (one label per line) is read, repeats kept once, and joins a union
+    (tmp_path / "neg.txt").write_text("okapi\n\nzebu\nokapi\n  gnu \n")
+    Vocabulary(["zebu", "yak"], "custom").save(tmp_path / "b.json")
+    assert main(["vocab", "union", str(tmp_path / "neg.txt"), str(tmp_path / "b.json"), "--out", str(tmp_path / "u.json")]) == 0
+    assert Vocabulary.load(tmp_path / "u.json").labels == ["okapi", "zebu", "gnu", "yak"]
+    text = Vocabulary.load(tmp_path / "neg.txt")
+    assert text.kind == "custom" and text.provenance["repeated_labels_dropped"] == 1
+    (tmp_path / "bad.json").write_text('["okapi"]')
+    assert main(["vocab", "union", str(tmp_path / "bad.json"), "--out", str(tmp_path / "u2.json")]) == 2
+    assert "bad.json is not a Vocabulary JSON" in capsys.readouterr().err

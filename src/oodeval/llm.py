@@ -1,7 +1,8 @@
 """A client for any OpenAI-compatible chat-completions endpoint, with an on-disk replay cache.
 
-Every raw response is stored as JSON under ``cache_dir``, keyed by a hash of (model, messages,
-parameters), so a later run replays offline. The API key is read from an environment variable
+Every raw response is stored as JSON under ``cache_dir``, keyed by a hash of (endpoint, model,
+messages, parameters), so a later run replays offline and two endpoints serving a model of the same
+name never answer for each other. The API key is read from an environment variable
 and never logged or cached. Transient failures (HTTP 429 / 5xx, connection errors) are retried
 with exponential backoff.
 """
@@ -59,7 +60,7 @@ class ChatClient:
         return f"ChatClient(base_url={self.base_url!r}, model={self.model!r}, key from ${self.api_key_env})"
 
     def _cache_file(self, payload: dict) -> Path | None:
-        return self.cache_dir / f"{hash_json(payload)}.json" if self.cache_dir else None
+        return self.cache_dir / f"{hash_json({'endpoint': self.base_url, **payload})}.json" if self.cache_dir else None
 
     def request(self, messages: list[dict], **params) -> dict:
         """The raw JSON response for ``messages`` (from the cache when present)."""

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import json
 import time
-import warnings
 from collections.abc import Mapping
 
 from .features import FeatureSet
 
-__all__ = ["evaluate_detectors", "parse_hyperparameters", "format_table"]
+__all__ = ["evaluate_detectors", "parse_hyperparameters", "format_table", "failures"]
 
 
 def parse_hyperparameters(items: list[str]) -> dict[str, dict[str, object]]:
@@ -45,15 +44,16 @@ def evaluate_detectors(
     scores_out: dict | None = None,
     progress: bool = True,
 ) -> list[dict]:
-    """One row per (detector, OOD set): detector, ood, n_id, n_ood, fpr95, tnr95, auroc,
-    aupr_in, aupr_out, detection_error (fractions) and fit/score seconds.
+    """One row per (detector, OOD set): detector, ood, status ``ok``, n_id, n_ood, fpr95, tnr95,
+    auroc, aupr_in, aupr_out, detection_error (fractions), fit seconds and score seconds (ID test + that set).
 
     ``names`` defaults to every detector the FeatureSets support (:func:`detectors.supported`,
-    checked against the test and every OOD set); in that default mode a detector whose fit is
-    impossible on this data (e.g. knn's k above the bank size) is skipped with a warning naming
-    the reason. An explicitly named detector that fails raises ValueError naming what is missing.
-    ``hyperparameters`` maps a detector name to constructor overrides. When ``scores_out`` is a
-    dict it receives ``scores_out[detector] = {"id": ..., ood_name: ...}``.
+    checked against the test and every OOD set). A detector that fails (its fit, the ID-test set
+    or one OOD set: bad hyperparameters for this data, NaN/inf inputs, a set that does not match
+    the ID-train set) gets rows with status ``error`` and the message in ``error``, and the loop
+    goes on. ``hyperparameters`` maps a detector name to constructor overrides; an unknown detector
+    or hyperparameter name is a ValueError before anything runs. When ``scores_out`` is a dict it
+    receives ``scores_out[detector] = {"id": ..., ood_name: ...}`` for the sets that scored.
     """
     from . import detectors
     from .metrics import evaluate
@@ -61,7 +61,6 @@ def evaluate_detectors(
     if not oods:
         raise ValueError("evaluate_detectors needs at least one OOD FeatureSet")
     hyperparameters = dict(hyperparameters or {})
-    skip_failures = names is None
     if names is None:
         names = detectors.supported(train, test)
         for o in oods.values():
@@ -70,31 +69,51 @@ def evaluate_detectors(
     unknown += sorted(set(hyperparameters) - set(detectors.names()))
     if unknown:
         raise ValueError(f"unknown detectors {unknown}; known: {', '.join(detectors.names())}")
+    for name, hp in hyperparameters.items():
+        detectors.create(name, **hp)  # an unknown hyperparameter is an error before anything runs
     rows: list[dict] = []
-    bar = _progress(names, progress)
-    for name in bar:
+    for name in _progress(names, progress):
         det = detectors.create(name, **hyperparameters.get(name, {}))
         t0 = time.perf_counter()
         try:
+            stage = "fit on the ID-train set"
             det.fit(train)
             fit_s = time.perf_counter() - t0
             t0 = time.perf_counter()
+            stage = "scoring the ID-test set"
             id_scores = det.score(test)
-            ood_scores = {k: det.score(v) for k, v in oods.items()}
-        except (ValueError, RuntimeError) as err:
-            if skip_failures:
-                warnings.warn(f"skipped detector {name}: {err}", stacklevel=2)
+            id_s = time.perf_counter() - t0
+        except Exception as err:  # noqa: BLE001 - recorded as this detector's failure, the others go on
+            rows += [_failed(name, o, f"{stage}: {_message(err)}") for o in oods]
+            continue
+        out = {"id": id_scores}
+        for ood_name, fs in oods.items():
+            t1 = time.perf_counter()
+            try:
+                s = out[ood_name] = det.score(fs)
+            except Exception as err:  # noqa: BLE001
+                rows.append(_failed(name, ood_name, f"scoring OOD set {ood_name!r}: {_message(err)}"))
                 continue
-            raise ValueError(f"detector {name}: {err}") from err
-        score_s = time.perf_counter() - t0
-        if scores_out is not None:
-            scores_out[name] = {"id": id_scores, **ood_scores}
-        for ood_name, s in ood_scores.items():
-            row = {"detector": name, "ood": ood_name, "n_id": int(id_scores.size), "n_ood": int(s.size)}
+            row = {"detector": name, "ood": ood_name, "status": "ok", "n_id": int(id_scores.size), "n_ood": int(s.size)}
             row.update({k: float(v) for k, v in evaluate(id_scores, s).items()})
-            row.update(fit_seconds=round(fit_s, 4), score_seconds=round(score_s, 4))
+            row.update(fit_seconds=round(fit_s, 4), score_seconds=round(id_s + time.perf_counter() - t1, 4))
             rows.append(row)
+        if scores_out is not None:
+            scores_out[name] = out
     return rows
+
+
+def _message(err: BaseException) -> str:
+    return str(err) if isinstance(err, ValueError | RuntimeError) else f"{type(err).__name__}: {err}"
+
+
+def _failed(name: str, ood: str, message: str) -> dict:
+    return {"detector": name, "ood": ood, "status": "error", "error": message}
+
+
+def failures(rows: list[dict]) -> list[str]:
+    """``detector / ood: message`` for each failed row of :func:`evaluate_detectors`."""
+    return [f"{r['detector']} / {r['ood']}: {r['error']}" for r in rows if r.get("status") == "error"]
 
 
 def _progress(names: list[str], enabled: bool):
@@ -118,7 +137,10 @@ def format_table(rows: list[dict]) -> str:
         vals = []
         for o in oods:
             r = cell.get((d, o))
-            vals.append(f"  {100 * r['fpr95']:>10.2f} / {100 * r['auroc']:>6.2f}" if r else f"  {'-':>22}")
+            if r is None or r.get("status") == "error":
+                vals.append(f"  {'-' if r is None else 'failed':>22}")
+            else:
+                vals.append(f"  {100 * r['fpr95']:>10.2f} / {100 * r['auroc']:>6.2f}")
         lines.append(f"{d:<{width}}" + "".join(f"{v:>24}" for v in vals))
     return "\n".join(lines)
 
@@ -148,11 +170,14 @@ def cell_metrics(id_scores, ood_scores, seed: int = 0, draws: int = 1000, fixed_
 def add_intervals(rows: list[dict], scores: Mapping[str, Mapping[str, object]], draws: int = 1000, seed: int = 0,
                   fixed_id: bool = True) -> list[dict]:
     """``rows`` of :func:`evaluate_detectors` with the bootstrap bounds of :func:`cell_metrics` added
-    (``scores`` is its ``scores_out``); ``draws=0`` returns the rows unchanged."""
+    (``scores`` is its ``scores_out``); failed rows and ``draws=0`` leave rows unchanged."""
     if draws == 0:
         return rows
     out = []
     for r in rows:
+        if r.get("status") == "error":
+            out.append(r)
+            continue
         s = scores[r["detector"]]
         cell = cell_metrics(s["id"], s[r["ood"]], seed=seed, draws=draws, fixed_id=fixed_id)
         out.append({**r, **{k: v for k, v in cell.items() if k.endswith(("_lo", "_hi"))},

@@ -8,6 +8,7 @@ all 21 detectors, metrics with 95% CIs) and report, and prints one table per OOD
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 HELP = "run the embedded default benchmark end to end (Fashion-MNIST, offline)"
@@ -35,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
         value = getattr(args, name)
         if value is not None and value < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
-    run_demo(
+    result = run_demo(
         args.out,
         quick=args.quick,
         seed=args.seed,
@@ -47,4 +48,7 @@ def run(args: argparse.Namespace) -> int:
         threads=args.threads or None,
         progress=not args.no_progress,
     )
+    if not result.summary.ok:
+        print(f"oodeval demo: {result.summary.failed} of {result.summary.total} cells failed (listed above)", file=sys.stderr)
+        return 1
     return 0

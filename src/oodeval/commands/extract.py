@@ -27,6 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--amp", default=None, action=argparse.BooleanOptionalAction, help="bf16 autocast (default: on CUDA only)")
     p.add_argument("--shard-size", type=int, default=1024, help="rows per atomically written shard (default 1024)")
     p.add_argument("--no-strict", action="store_true", help="accept a registry dataset whose image count differs")
+    p.add_argument("--skip-missing", action="store_true", help="skip manifest rows whose file does not exist (default: an error)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -38,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
         args.model, args.dataset, args.store, weights=args.weights, data_root=args.data_root, taps=args.taps,
         patch_features=args.patch_features, batch_size=args.batch_size, num_workers=args.workers, device=args.device,
         model_kwargs=args.model_kwargs, progress=not args.quiet, head=args.head, pretrained=args.pretrained,
-        amp=args.amp, strict=not args.no_strict, shard_size=args.shard_size,
+        amp=args.amp, strict=not args.no_strict, shard_size=args.shard_size, skip_missing=args.skip_missing,
         nac_layers=args.nac_layers.split(",") if args.nac_layers else None,
     )
     fs = FeatureSet.load(path)

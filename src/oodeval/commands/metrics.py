@@ -10,37 +10,66 @@ import numpy as np
 HELP = "metrics with bootstrap CIs for ID and OOD score files (.npy, or text with one score per line)"
 
 
+#: fewest bootstrap draws accepted: each 2.5% tail of a percentile 95% CI then holds at least 5 draws
+MIN_DRAWS = 200
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("id_scores", type=Path, help="ID scores, higher = more in-distribution")
     p.add_argument("ood_scores", type=Path, help="OOD scores")
-    p.add_argument("--draws", type=int, default=1000, help="bootstrap draws (default 1000)")
+    p.add_argument("--draws", type=int, default=1000, help=f"bootstrap draws (default 1000, at least {MIN_DRAWS})")
+    p.add_argument("--resample-id", action="store_true",
+                   help="resample the ID scores too (default: only the OOD scores, the ID set and its threshold fixed, paper App. C)")  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
 
 
 def load_scores(path: Path) -> np.ndarray:
-    """Scores from a .npy file or a text file of numbers."""
+    """Scores from a .npy file (one 1-D numeric array) or a text file with one number per line."""
+    expected = "a .npy file holding one 1-D array of scores, or a text file with one number per line and no header"
     if not path.is_file():
         raise FileNotFoundError(f"score file {path} does not exist")
-    return np.load(path) if path.suffix == ".npy" else np.loadtxt(path, dtype=np.float64, ndmin=1)
+    if path.suffix == ".npy":
+        try:
+            scores = np.load(path, allow_pickle=False)
+        except ValueError as exc:
+            raise ValueError(f"score file {path} is not a plain .npy array ({exc}); expected {expected}") from exc
+    elif path.suffix == ".npz":
+        raise ValueError(f"score file {path} is a .npz archive; expected {expected} (save one array with np.save)")
+    else:
+        try:
+            scores = np.loadtxt(path, dtype=np.float64, ndmin=1)
+        except ValueError as exc:
+            raise ValueError(f"score file {path}: {exc}; expected {expected}") from exc
+    if scores.ndim != 1 or not np.issubdtype(scores.dtype, np.number):
+        raise ValueError(f"score file {path} holds a {scores.dtype} array of shape {scores.shape}; expected {expected}")
+    return scores
 
 
-def format_metrics(id_scores: np.ndarray, ood_scores: np.ndarray, draws: int, seed: int) -> str:
-    """A text table of all metrics with bootstrap percentile 95% CIs."""
+def format_metrics(id_scores: np.ndarray, ood_scores: np.ndarray, draws: int, seed: int, resample_id: bool = False) -> str:
+    """A text table of all metrics; FPR@95, TNR@95, AUROC and detection error with bootstrap
+    percentile 95% CIs (OOD resampled, ID fixed; both with ``resample_id``), AUPR as point values."""
     from ..metrics import evaluate
     from ..stats import bootstrap, confidence_interval
 
+    if draws < MIN_DRAWS:
+        raise ValueError(f"--draws {draws} is too few for a percentile 95% interval; give at least {MIN_DRAWS}")
     values = evaluate(id_scores, ood_scores)
-    boot = bootstrap(id_scores, ood_scores, draws=draws, seed=seed)
-    lines = [f"ID n={id_scores.size}  OOD m={ood_scores.size}  (ID positive, higher score = ID)"]
+    boot = bootstrap(id_scores, ood_scores, draws=draws, seed=seed, fixed_id=not resample_id)
+    which = "ID and OOD scores both resampled" if resample_id else "OOD scores resampled, ID scores and their FPR@95 threshold fixed"
+    lines = [
+        f"ID n={id_scores.size}  OOD m={ood_scores.size}  (ID positive, higher score = ID)",
+        f"95% CIs: percentile bootstrap, {draws} draws, seed {seed}; {which}",
+    ]
     for name, value in values.items():
         if name in boot:
             lo, hi = confidence_interval(boot[name][0])
             lines.append(f"  {name:<16} {100 * value:6.2f}%   95% CI [{100 * lo:6.2f}, {100 * hi:6.2f}]")
         else:
-            lines.append(f"  {name:<16} {100 * value:6.2f}%")
+            lines.append(f"  {name:<16} {100 * value:6.2f}%   (no interval: average precision is not bootstrapped)")
     return "\n".join(lines)
 
 
 def run(args: argparse.Namespace) -> int:
-    print(format_metrics(load_scores(args.id_scores), load_scores(args.ood_scores), args.draws, args.seed))
+    scores = load_scores(args.id_scores), load_scores(args.ood_scores)
+    print(format_metrics(*scores, args.draws, args.seed, args.resample_id))
     return 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 HELP = "run (or resume) an experiment grid from a TOML/YAML file into one Parquet results table"
@@ -10,36 +11,57 @@ HELP = "run (or resume) an experiment grid from a TOML/YAML file into one Parque
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("experiment", type=Path, help="experiment file (.toml, .yaml or .yml); see docs/experiments.md")
-    p.add_argument("--check", action="store_true", help="validate the file and print the grid, compute nothing")
+    p.add_argument("--check", action="store_true",
+                   help="validate the file and everything checkable offline (datasets, weights, model names, vocabularies), print the grid, compute nothing")  # fmt: skip
     p.add_argument("--report", type=Path, default=None, metavar="DIR", help="also write the report into DIR afterwards")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
 
 
 def run(args: argparse.Namespace) -> int:
+    """Exit 0 when every cell succeeded, 1 when any failed (after printing the summary), 2 on a bad file."""
     from ..experiment import load_config, run_experiment
-    from ..experiment.zeroshot import vocabulary_label
 
     cfg = load_config(args.experiment)
     if args.check:
-        seeds = ", ".join(map(str, cfg.seeds))
-        print(f"experiment {cfg.name!r}: {len(cfg.models)} model(s), {len(cfg.ood)} OOD set(s), seeds {seeds}")
-        for m in cfg.models:
-            dets = cfg.detectors_for(m)
-            names = ", ".join(d.display + (f"[{vocabulary_label(d.vocabulary)}]" if d.vocabulary else "") for d in dets) if dets else "every supported detector"
-            extras = [x for x, on in (("taps", m.taps), ("patch features", m.patch_features)) if on]
-            print(f"  {m.label} ({m.kind}{', ' + ', '.join(extras) if extras else ''}): {names}")
-        print(f"  ID train {cfg.id_train.label if cfg.id_train else '-'}, ID test {cfg.id_test.label}; OOD: {', '.join(d.label for d in cfg.ood)}")
-        print(f"  results -> {cfg.results}")
-        return 0
+        return _check(cfg)
     summary = run_experiment(cfg, progress=not args.no_progress)
     print(summary)
-    for err in summary.errors[:10]:
-        print(f"  failed: {err}")
-    if len(summary.errors) > 10:
-        print(f"  ... and {len(summary.errors) - 10} more failed cells (status == 'error' in the table)")
     if args.report is not None:
         from ..report import write_report
 
         paths = write_report(summary.results, args.report)
         print(f"report: {paths['html']}")
+    if summary.ok:
+        return 0
+    if summary.failed_kept:
+        print(f"  {summary.failed_kept} cell(s) failed in an earlier run and were kept (retry_failed = false)")
+    for message, (n, first) in summary.error_counts.items():
+        print(f"  {n} failed, e.g. {first}: {message}")
+    sweeps = len(summary.errors) - summary.failed
+    what = f"{summary.failed + summary.failed_kept} of {summary.total} cell(s)" + (f" and {sweeps} sweep(s)" if sweeps else "")
+    print(
+        f"oodeval run: {what} failed; every error is in the 'error' column of the rows with status == 'error' in {summary.results} "
+        f"(sweeps: above); `oodeval run --check {args.experiment}` lists missing inputs, -v shows tracebacks",
+        file=sys.stderr,
+    )
+    return 1
+
+
+def _check(cfg) -> int:
+    from ..experiment.check import check_experiment
+    from ..experiment.zeroshot import vocabulary_label
+
+    seeds = ", ".join(map(str, cfg.seeds))
+    print(f"experiment {cfg.name!r}: {len(cfg.models)} model(s), {len(cfg.ood)} OOD set(s), seeds {seeds}")
+    for m in cfg.models:
+        dets = cfg.detectors_for(m)
+        names = ", ".join(d.display + (f"[{vocabulary_label(d.vocabulary)}]" if d.vocabulary else "") for d in dets) if dets else "every supported detector"
+        extras = [x for x, on in (("taps", m.taps), ("patch features", m.patch_features)) if on]
+        print(f"  {m.label} ({m.kind}{', ' + ', '.join(extras) if extras else ''}): {names}")
+    print(f"  ID train {cfg.id_train.label if cfg.id_train else '-'}, ID test {cfg.id_test.label}; OOD: {', '.join(d.label for d in cfg.ood)}")
+    print(f"  results -> {cfg.results}")
+    problems = check_experiment(cfg)
+    if problems:
+        raise ValueError(f"{len(problems)} problem(s) before this experiment can run:\n" + "\n".join(f"  - {p}" for p in problems))
+    print("check passed: datasets, weights, model names and vocabularies are all in place")
     return 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 HELP = "fit post-hoc detectors on ID-train features and report FPR@95 / AUROC per OOD set"
@@ -42,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
 
     from .._io import atomic_path, check_output, csv_header_starts
     from ..features import FeatureSet
-    from ..scoring import add_intervals, evaluate_detectors, format_table, parse_hyperparameters
+    from ..scoring import add_intervals, evaluate_detectors, failures, format_table, parse_hyperparameters
 
     is_score_table = csv_header_starts("detector", "ood")
     if args.out is not None:
@@ -62,4 +63,9 @@ def run(args: argparse.Namespace) -> int:
         with atomic_path(args.out, "score table", is_score_table) as tmp:
             pd.DataFrame(rows).to_csv(tmp, index=False)
         print(f"wrote {args.out}")
-    return 0
+    failed = failures(rows)
+    for line in failed:
+        print(f"  failed: {line}", file=sys.stderr)
+    if failed:
+        print(f"oodeval score: {len(failed)} of {len(rows)} (detector, OOD set) results failed; the others are above", file=sys.stderr)
+    return 1 if failed else 0

@@ -83,6 +83,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, default=None, help="curve JSON to write")
 
 
+#: option -> smallest value it accepts (every size and count of the vocab sub-commands)
+_MINIMUM = {"k": 1, "n_classes": 1, "batch_size": 1, "n_groups": 1, "generation": 0, "generations": 0, "values": 0}
+
+
+def _check_ranges(args) -> None:
+    """Refuse out-of-range sizes before any model or endpoint is touched."""
+    problems = []
+    m = getattr(args, "M", None)
+    if m is not None and m != "all" and not (m.isdigit() and int(m) >= 1):
+        problems.append(f"--M must be a whole number >= 1 or 'all', got {m!r}")
+    for name, low in _MINIMUM.items():
+        value = getattr(args, name, None)
+        for v in value if isinstance(value, list) else [] if value is None else [value]:
+            if v < low:
+                problems.append(f"--{name.replace('_', '-')} must be >= {low}, got {v}")
+    pct = getattr(args, "percentile", None)
+    if pct is not None and not 0 <= pct <= 100:
+        problems.append(f"--percentile must be in [0, 100], got {pct}")
+    if problems:
+        raise ValueError("; ".join(problems))
+
+
 def check_weights(args) -> None:
     """A model must be given real weights or be declared random-init explicitly."""
     if args.weights is None and args.pretrained is None:
@@ -125,6 +147,7 @@ def run(args: argparse.Namespace) -> int:
     from ..zeroshot.vocabulary import Vocabulary
 
     cmd = args.vocab_cmd
+    _check_ranges(args)
     _check_out(args)
     if cmd in ("wordnet", "sweep"):
         check_weights(args)

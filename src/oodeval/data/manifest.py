@@ -90,6 +90,21 @@ class Manifest:
             return p
         return str(self.root / p)
 
+    def missing_files(self) -> list[str]:
+        """Resolved paths of the rows whose file (or, for ``FILE#K``, container file) does not exist."""
+        containers: dict[str, bool] = {}
+        out = []
+        for i in range(len(self)):
+            p = self.resolve_path(i)
+            if "#" in p and not os.path.exists(p):
+                c = p.rsplit("#", 1)[0]
+                ok = containers.setdefault(c, os.path.isfile(c))
+            else:
+                ok = os.path.isfile(p)
+            if not ok:
+                out.append(p)
+        return out
+
     @property
     def num_classes(self) -> int:
         """Number of ID classes: len(class_names), else max label + 1."""

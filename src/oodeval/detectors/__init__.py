@@ -61,7 +61,7 @@ def create(name: str, **hyperparameters) -> Detector:
     params = inspect.signature(REGISTRY[name]).parameters
     unknown = sorted(set(hyperparameters) - set(params))
     if unknown and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        raise ValueError(f"detector {name} has no hyperparameter {', '.join(unknown)}; its hyperparameters: {', '.join(params) or 'none'}")
+        raise ValueError(f"detector {name!r} has no hyperparameter(s) {', '.join(unknown)}; it takes: {', '.join(sorted(params)) or 'none'}")
     return REGISTRY[name](**hyperparameters)
 
 

@@ -4,6 +4,11 @@ scikit-learn's estimator contract: hyperparameters are constructor arguments sto
 (``get_params`` / ``set_params`` / ``sklearn.base.clone`` work), state learned in ``fit`` lives
 in attributes ending in ``_``, and ``fit`` recomputes all of it, so changing a hyperparameter
 and refitting is always safe. ``score`` returns float64 (N,), higher = more in-distribution.
+
+Input checks live here, once for every detector: ``fit`` and ``score`` reject NaN/inf in the arrays
+they read (naming the set, the array and the count), and ``score`` rejects a set that does not
+match the ID-train set ``fit`` saw (feature dimension, class count, head, extras, model; see
+:meth:`FeatureSet.signature`).
 """
 
 from __future__ import annotations
@@ -30,11 +35,15 @@ class Detector(BaseEstimator):
         """Learn all derived state from the ID-train FeatureSet (harmless where nothing is learnt)."""
         for attr in [a for a in vars(self) if a.endswith("_") and not a.startswith("_")]:
             delattr(self, attr)
+        who = type(self).__name__ + ".fit"
         if self.fit_needs:
             if train is None:
                 raise ValueError(f"{type(self).__name__} needs an ID-train FeatureSet to fit")
-            train.require(self.fit_needs, type(self).__name__ + ".fit")
+            train.require(self.fit_needs, who)
+            train.check_finite(self.fit_needs, who)
             self._fit(train)
+        if train is not None:
+            self.train_signature_, self.train_name_ = train.signature(), train.name
         self.fitted_ = True
         return self
 
@@ -44,7 +53,11 @@ class Detector(BaseEstimator):
     def score(self, x: FeatureSet) -> np.ndarray:
         """Scores of the samples in ``x``: float64 (N,), higher = more in-distribution."""
         check_fitted(self)
-        x.require(self.needs, type(self).__name__)
+        who = type(self).__name__ + ".score"
+        x.require(self.needs, who)
+        if hasattr(self, "train_signature_"):
+            x.check_agrees(self.train_signature_, self.train_name_, who)
+        x.check_finite(self.needs, who)
         return as_scores(self._score(x), len(x), type(self).__name__)
 
     def _score(self, x: FeatureSet) -> np.ndarray:

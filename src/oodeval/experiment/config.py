@@ -173,10 +173,16 @@ def _path(value: str | None, base: Path) -> Path | None:
     return p if p.is_absolute() else base / p
 
 
+def _id_classes(value: str | None, base: Path) -> Path | None:
+    """``imagenet1k`` names the built-in class list and stays as it is; anything else is a file path."""
+    return Path(value) if value == "imagenet1k" else _path(value, base)
+
+
 def _dataset_name(value: str, base: Path) -> str:
-    """A registry name stays as it is; a relative path that exists beside the file is made absolute."""
+    """A registry name stays as it is; a relative path (one with a ``/``, or one that exists beside
+    the file) is made absolute against the file's folder."""
     p = Path(value).expanduser()
-    if not p.is_absolute() and (base / p).exists():
+    if not p.is_absolute() and ("/" in value or (base / p).exists()):
         return str(base / p)
     return value
 
@@ -210,7 +216,10 @@ def _detector(entry: Any, where: str, known: set[str], base: Path, zeroshot: boo
     vocab = _typed(t, "vocabulary", str, where)
     if not zeroshot and vocab is not None:
         raise _fail(where, "vocabulary applies to zero-shot scorers (the `zeroshot` list) only")
-    return DetectorSpec(name, dict(hp), _typed(t, "label", str, where, ""), None if vocab is None else _dataset_name(vocab, base))
+    if zeroshot and _registry(True)[name].uses_negatives != (vocab is not None):
+        raise _fail(where, f"{name!r} needs a `vocabulary` (a Vocabulary JSON or a text file)" if vocab is None
+                    else f"{name!r} takes no vocabulary; only {', '.join(n for n, c in _registry(True).items() if c.uses_negatives)} do")
+    return DetectorSpec(name, dict(hp), _typed(t, "label", str, where, ""), None if vocab is None else str(_path(vocab, base)))
 
 
 def _registry(zeroshot: bool) -> dict:
@@ -296,7 +305,7 @@ def _sweep(entry: Any, i: int, base: Path) -> SweepSpec:
     _check_hyperparameters(scorer, hp, where, True)
     return SweepSpec(
         _typed(t, "name", str, where, required=True),
-        _dataset_name(_typed(t, "vocabulary", str, where, required=True), base),
+        str(_path(_typed(t, "vocabulary", str, where, required=True), base)),
         tuple(sizes),
         scorer,
         dict(hp),
@@ -415,6 +424,6 @@ def load_config(source: str | Path | dict | ExperimentConfig, base_dir: str | Pa
         num_workers=_typed(t, "num_workers", int, "top level", 0),
         retry_failed=_typed(t, "retry_failed", bool, "top level", True),
         seed_detectors=_typed(t, "seed_detectors", bool, "top level", False),
-        id_classes=_path(_typed(ds, "id_classes", str, "[datasets]"), base),
+        id_classes=_id_classes(_typed(ds, "id_classes", str, "[datasets]"), base),
         name=_typed(t, "name", str, "top level", "experiment"),
     )

@@ -56,7 +56,10 @@ class RunSummary:
     computed: int = 0
     failed: int = 0
     fits: int = 0
+    failed_kept: int = 0
     errors: list[str] = field(default_factory=list)
+    #: each distinct error message -> (number of cells, the first such cell)
+    error_counts: dict[str, tuple[int, str]] = field(default_factory=dict)
 
     def __fspath__(self) -> str:
         """A summary stands for its results table: ``pd.read_parquet(run_experiment(...))`` works."""
@@ -67,6 +70,16 @@ class RunSummary:
             f"{self.total} cells: {self.skipped} already done, {self.computed} computed "
             f"({self.failed} failed), {self.fits} detector fits -> {self.results}"
         )
+
+    @property
+    def ok(self) -> bool:
+        """True when nothing failed: no cell or sweep in this call, none kept from before (``retry_failed = false``)."""
+        return not self.errors and self.failed_kept == 0
+
+    def add_error(self, cell: str, message: str) -> None:
+        self.errors.append(f"{cell}: {message}")
+        n, first = self.error_counts.get(message, (0, cell))
+        self.error_counts[message] = (n + 1, first)
 
 
 def scores_dir(results: Path) -> Path:
@@ -367,6 +380,7 @@ def run_experiment(
     summary.total = settled_cells + sum(len(c) for _, _, c in plans)
     todo = sum(1 for _, _, cells in plans for c in cells if c[0] not in done)
     summary.skipped = summary.total - todo
+    summary.failed_kept = _failed_kept(table, cfg) if not cfg.retry_failed else 0
     bar = tqdm(total=summary.total, initial=summary.skipped, unit="cell", desc=f"{cfg.name} cells", disable=not progress)
     state = {"table": table}
 
@@ -376,7 +390,7 @@ def run_experiment(
         summary.computed += 1
         if row["status"] != "ok":
             summary.failed += 1
-            summary.errors.append(f"{row['model']}/{row['detector']}/{row['dataset']}/{row['split']}: {row['error']}")
+            summary.add_error(f"{row['model']}/{row['detector']}/{row['dataset']}/{row['split']}/seed {row['seed']}", row["error"])
         bar.update(1)
 
     try:
@@ -394,6 +408,14 @@ def run_experiment(
             if run.model.kind == "zero-shot":
                 run_sweeps(run.model, run.feats, run.context, run.errors, cfg, summary)
     return summary
+
+
+def _failed_kept(table: pd.DataFrame, cfg: ExperimentConfig) -> int:
+    """Failed cells of this grid's models and OOD sets that the table keeps (``retry_failed = false``)."""
+    if len(table) == 0:
+        return 0
+    mine = table["model"].isin([m.label for m in cfg.models]) & table["dataset"].isin([d.label for d in cfg.ood])
+    return int((mine & (table["status"] == "error") & table["seed"].isin(cfg.seeds)).sum())
 
 
 def _base_info(run: _Run, spec: DetectorSpec, cfg: ExperimentConfig) -> dict:

@@ -54,15 +54,10 @@ def _encoder(model: ModelSpec, weights: str | None, cfg: ExperimentConfig):
 
 
 def _vocab_labels(name: str) -> list[str]:
-    """Labels of a vocabulary file: a ``Vocabulary`` JSON or a text file with one label per line."""
-    path = Path(name)
-    if not path.is_file():
-        raise FileNotFoundError(f"vocabulary file {name} does not exist")
-    if path.suffix.lower() == ".json":
-        from ..zeroshot.vocabulary import Vocabulary
+    """Labels of a vocabulary file: a ``Vocabulary`` JSON or a text file with one label per line (repeats kept once)."""
+    from ..zeroshot.vocabulary import Vocabulary
 
-        return Vocabulary.load(path).labels
-    return [ln.strip() for ln in path.read_text().splitlines() if ln.strip()]
+    return Vocabulary.load(name).labels
 
 
 def vocabulary_label(name: str | None) -> str | None:
@@ -110,6 +105,7 @@ def zeroshot_scores(spec: DetectorSpec, hp: dict, fs: FeatureSet, context: dict)
     from ..zeroshot.scorers import create
 
     scorer = create(spec.name, **hp)
+    fs.check_finite(["features"] + [f"extra:{k}" for k in fs.extras if k == "patch_features"], spec.name)
     image = FeatureSet(features=_unit(fs.features), labels=fs.labels, extras=_normalised_extras(fs))
     negatives = context["vocab"](spec.vocabulary) if scorer.uses_negatives else None
     if scorer.uses_negatives and negatives is None:
@@ -139,21 +135,33 @@ def default_zeroshot_specs(id_test: FeatureSet | None) -> list[DetectorSpec]:
     return out
 
 
+def _sweep_key(sweep, model: ModelSpec) -> str:
+    """What a recorded curve depends on: the vocabulary's bytes (and its precomputed embeddings),
+    sizes, scorer and hyperparameters; a curve recorded under another key is recomputed."""
+    from .._io import hash_json
+    from ..features.backbones import file_hash
+
+    files = [sweep.vocabulary, model.features.get(f"text:{vocabulary_label(sweep.vocabulary)}")]
+    hashes = [file_hash(f) if f and Path(f).is_file() else f for f in files]
+    return hash_json([hashes, list(sweep.sizes), sweep.scorer, sweep.hyperparameters])
+
+
 def run_sweeps(model: ModelSpec, feats: dict[str, FeatureSet], context: dict, errors: dict, cfg: ExperimentConfig, summary) -> None:
     """Fig. A2 curves of one zero-shot model run on every OOD set, via ``oodeval.zeroshot.sweeps.sweep_prefix``,
     recorded with :func:`oodeval.report.save_sweep`; curves already recorded are skipped, failures
-    are added to ``summary.errors``."""
+    are added to the summary's errors."""
     import pandas as pd
 
     from ..report import save_sweep, sweeps_path
     from ..zeroshot.sweeps import sweep_prefix
 
     path = sweeps_path(cfg.results)
-    have = pd.read_parquet(path) if path.exists() else pd.DataFrame(columns=["sweep", "model", "dataset"])
-    done = set(zip(have["sweep"], have["model"], have["dataset"]))
+    have = pd.read_parquet(path) if path.exists() else pd.DataFrame(columns=["sweep", "model", "dataset", "key"])
+    done = set(zip(have["sweep"], have["model"], have["dataset"], have["key"] if "key" in have else [None] * len(have)))
     for sweep in cfg.sweeps:
+        key = _sweep_key(sweep, model)
         for ds in cfg.ood:
-            if (sweep.name, model.label, ds.label) in done:
+            if (sweep.name, model.label, ds.label, key) in done:
                 continue
             try:
                 if "id_test" in errors or ds.label in errors or "id_text" not in context:
@@ -164,6 +172,6 @@ def run_sweeps(model: ModelSpec, feats: dict[str, FeatureSet], context: dict, er
                     raise ValueError(f"every size of {sweep.sizes} exceeds the vocabulary's {len(negatives)} labels")
                 unit_fs = [FeatureSet(features=_unit(feats[k].features)) for k in ("id_test", ds.label)]
                 curve = sweep_prefix(*unit_fs, context["id_text"], negatives, sizes, scorer=sweep.scorer, **sweep.hyperparameters)
-                save_sweep(cfg.results, sweep.name, model.label, ds.label, curve)
+                save_sweep(cfg.results, sweep.name, model.label, ds.label, curve, key=key)
             except Exception as exc:  # noqa: BLE001 - recorded, the rest goes on
-                summary.errors.append(f"sweep {sweep.name} {model.label}/{ds.label}: {type(exc).__name__}: {exc}")
+                summary.add_error(f"sweep {sweep.name} {model.label}/{ds.label}", f"{type(exc).__name__}: {exc}")

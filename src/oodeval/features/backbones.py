@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -71,7 +72,7 @@ def load_state_dict_file(path: str | Path) -> dict[str, torch.Tensor]:
 
         try:
             sd: Any = load_file(str(path), device="cpu")
-        except SafetensorError as exc:
+        except (SafetensorError, OSError) as exc:
             raise ValueError(f"{path} is not a readable safetensors file: {exc}") from exc
     else:
         try:
@@ -273,7 +274,12 @@ def load_open_clip(model: str, weights: str | Path | None = None, pretrained: st
     if weights is not None:
         if not Path(weights).is_file():
             raise FileNotFoundError(f"weights file {weights} does not exist")
-        open_clip.load_checkpoint(net, str(weights), strict=True, weights_only=True)
+        from safetensors import SafetensorError
+
+        try:
+            open_clip.load_checkpoint(net, str(weights), strict=True, weights_only=True)
+        except (SafetensorError, pickle.UnpicklingError, EOFError, OSError) as exc:
+            raise ValueError(f"weights file {weights} cannot be read: {type(exc).__name__}: {exc}") from exc
     net.eval()
     return net, preprocess, open_clip.get_tokenizer(arch)
 

@@ -185,6 +185,7 @@ def extract(
     classifier: str | None = None,
     feature_layer: str | None = None,
     image_mode: str = "RGB",
+    skip_missing: bool = False,
 ) -> Path:
     """Extract ``model`` on ``dataset`` into ``store`` and return the FeatureSet folder (cached).
 
@@ -193,7 +194,9 @@ def extract(
     from :func:`oodeval.features.taps.default_nac_layers` unless ``nac_layers``). ``patch_features``:
     open_clip ViT value-path patch features (``extras['patch_features']``). ``head``: a probe head
     file whose logits/weight/bias replace the model's own. ``amp``: bf16 autocast, default on CUDA only.
-    ``shard_size``: rows per shard for a new entry (a resumed entry keeps its own).
+    ``shard_size``: rows per shard for a new entry (a resumed entry keeps its own). A manifest row
+    whose file does not exist is a FileNotFoundError unless ``skip_missing`` (then it is skipped and
+    listed like an unreadable image).
 
     ``model`` may also be a ``torch.nn.Module`` (see :mod:`oodeval.features.module`): then
     ``transform`` (PIL image -> tensor) is required, ``classifier`` names the head module (default:
@@ -237,6 +240,13 @@ def extract(
     if (entry / "meta.json").is_file():
         log.info("cached: %s", entry)
         return entry
+    missing = manifest.missing_files()
+    if missing and not skip_missing:
+        raise FileNotFoundError(
+            f"dataset {manifest.name!r}: {len(missing)} of {len(manifest)} files in the manifest do not exist "
+            f"(e.g. {', '.join(missing[:3])}); fix the manifest, or skip them with skip_missing=True / --skip-missing "
+            "(then listed in meta.json like unreadable images)"
+        )
 
     job = _Job(model=model, manifest=manifest, store=store, entry=entry, key=key, weights=weights, weights_hash=weights_hash,
                head=head, pretrained=pretrained, model_kwargs=model_kwargs, taps=taps, nac_layers=nac_layers,

@@ -36,6 +36,27 @@ def _package_versions() -> dict[str, str]:
     return out
 
 
+def _nonfinite(arrays: dict[str, np.ndarray], chunk_elements: int = 1 << 24) -> list[str]:
+    """'NAME has K non-finite values (first in row R)' for each floating array with NaN/inf."""
+    out = []
+    for name, arr in arrays.items():
+        if not np.issubdtype(arr.dtype, np.inexact) or arr.size == 0:
+            continue
+        rows = max(1, chunk_elements // max(1, arr.size // max(1, arr.shape[0] if arr.ndim else 1)))
+        flat = arr.reshape(1, -1) if arr.ndim < 2 else arr
+        count, first = 0, None
+        for start in range(0, flat.shape[0], rows):
+            bad = ~np.isfinite(np.asarray(flat[start : start + rows]))
+            if bad.any():
+                per_row = bad.reshape(bad.shape[0], -1).sum(axis=1)
+                count += int(per_row.sum())
+                first = start + int(np.flatnonzero(per_row)[0]) if first is None else first
+        if count:
+            where = f" (first in row {first})" if arr.ndim >= 2 else ""
+            out.append(f"{name} has {count} non-finite value{'s' if count > 1 else ''}{where}")
+    return out
+
+
 @dataclass
 class FeatureSet:
     """One forward pass over one dataset.
@@ -61,7 +82,7 @@ class FeatureSet:
         if self.labels is None:
             self.labels = np.full(self.features.shape[0] if self.features.ndim else 0, -1, dtype=np.int64)
         self.labels = np.asarray(self.labels)
-        self.validate()
+        self.validate(finite=False)
 
     def __repr__(self) -> str:
         """Shapes and provenance only (the metadata can run to many kilobytes)."""
@@ -79,8 +100,14 @@ class FeatureSet:
     def has_head(self) -> bool:
         return self.weight is not None and self.bias is not None
 
-    def validate(self) -> None:
-        """Check shapes and finiteness of the small arrays; raise ValueError naming each problem."""
+    @property
+    def name(self) -> str:
+        """How errors name this set: its dataset (or role) from the metadata."""
+        return str(self.meta.get("dataset") or self.meta.get("role") or "unnamed")
+
+    def validate(self, finite: bool = True) -> None:
+        """Check shapes, and the finiteness of every array (``finite=False``: of the head only, as on
+        construction, where a memory-mapped set is not read through); raise ValueError naming each problem."""
         problems = []
         f = self.features
         if f.ndim != 2:
@@ -106,8 +133,50 @@ class FeatureSet:
         for name, arr in self.extras.items():
             if arr.ndim == 0 or arr.shape[0] != n:
                 problems.append(f"extra '{name}' must have first axis {n}, got shape {arr.shape}")
+        if not problems:
+            problems = _nonfinite(self._arrays() if finite else {k: v for k, v in self._arrays().items() if k in ("weight", "bias")})
         if problems:
-            raise ValueError("inconsistent FeatureSet: " + "; ".join(problems))
+            raise ValueError(f"inconsistent FeatureSet {self.name!r}: " + "; ".join(problems))
+
+    def check_finite(self, needs: tuple[str, ...] | list[str], who: str) -> None:
+        """Raise ValueError naming the set, each array among ``needs`` (as in :meth:`require`) with
+        NaN/inf values and their count; read in chunks, so a memory-mapped set is never loaded whole."""
+        arrays = self._arrays()
+        names = []
+        for need in needs:
+            if need == "head":
+                names += ["weight", "bias"]
+            elif need.startswith("extra:"):
+                key = "extras/" + need[len("extra:") :]
+                names += [k for k in arrays if (k.startswith(key[:-1]) if key.endswith("*") else k == key)]
+            elif need != "labels":
+                names.append(need)
+        problems = _nonfinite({k: arrays[k] for k in dict.fromkeys(names) if k in arrays})
+        if problems:
+            raise ValueError(f"{who}: FeatureSet {self.name!r} has non-finite values: " + "; ".join(problems))
+
+    def signature(self) -> dict[str, object]:
+        """What the train, test and OOD sets of one evaluation must share: feature dimension, class
+        count, head (shape and content hash), per-sample extras' trailing shapes, and the model
+        fingerprint recorded at extraction (model, weights hash, pretrained, model kwargs)."""
+        sig: dict[str, object] = {"feature dimension": self.features.shape[1]}
+        if self.logits is not None:
+            sig["logit classes"] = self.logits.shape[1]
+        if self.has_head:
+            sig["head"] = f"{tuple(self.weight.shape)} #{hash_arrays({'w': self.weight, 'b': self.bias})[:12]}"
+        for k, v in self.extras.items():
+            sig[f"extra {k!r} shape"] = tuple(v.shape[1:])
+        if "model" in self.meta:
+            sig["model"] = json.dumps([self.meta.get(k) for k in ("model", "weights_hash", "pretrained", "model_kwargs")], default=str)
+        return sig
+
+    def check_agrees(self, reference: dict[str, object], reference_name: str, who: str) -> None:
+        """Raise ValueError listing every entry of :meth:`signature` that both sets have and that
+        differs from ``reference`` (the signature of the set a detector was fitted on)."""
+        mine = self.signature()
+        diff = [f"{k} {mine[k]} vs {reference[k]}" for k in mine if k in reference and mine[k] != reference[k]]
+        if diff:
+            raise ValueError(f"{who}: FeatureSet {self.name!r} does not match the ID-train set {reference_name!r} it was fitted on: " + "; ".join(diff))
 
     def require(self, needs: tuple[str, ...] | list[str], who: str = "this detector") -> None:
         """Raise ValueError listing every requirement in ``needs`` this FeatureSet lacks."""

@@ -70,6 +70,8 @@ def weights_digest(path: str | Path, store: Path) -> str:
     from .backbones import file_hash
 
     path = Path(path).resolve()
+    if not path.is_file():
+        raise FileNotFoundError(f"weights file {path} does not exist")
     st = path.stat()
     memo_file = Path(store) / ".partial" / "weights-hashes.json"
     memo_key = f"{path}|{st.st_size}|{st.st_mtime_ns}"

@@ -31,13 +31,14 @@ def sweeps_path(results: str | Path) -> Path:
     return results.parent / f"{results.stem}.sweeps.parquet"
 
 
-def save_sweep(results: str | Path, sweep: str, model: str, dataset: str, sizes, fpr95=None) -> Path:
+def save_sweep(results: str | Path, sweep: str, model: str, dataset: str, sizes, fpr95=None, key: str | None = None) -> Path:
     """Record one vocabulary-size curve (FPR@95 fractions against sizes) for Fig. A1 / A2.
 
     ``sizes`` is a sequence of sizes with ``fpr95`` beside it, or a curve dict of
     ``oodeval.zeroshot.sweeps`` (``{"param", "x", "fpr95", ...}``). ``sweep`` names the curve family;
     a name containing "wordnet" or a curve with param "M" is drawn as Fig. A2 (log x), otherwise
-    Fig. A1. A curve with the same (sweep, model, dataset) is replaced.
+    Fig. A1. A curve with the same (sweep, model, dataset) is replaced. ``key`` records what the
+    curve was computed from (the experiment runner recomputes a curve whose key changed).
     """
     param = ""
     if isinstance(sizes, dict):
@@ -48,7 +49,7 @@ def save_sweep(results: str | Path, sweep: str, model: str, dataset: str, sizes,
     if sizes.shape != fpr95.shape or sizes.ndim != 1 or sizes.size == 0:
         raise ValueError(f"sizes and fpr95 must be equal-length 1-d arrays, got {sizes.shape} and {fpr95.shape}")
     path = check_output(sweeps_path(results), "sweeps table", is_own=_is_sweeps_table)
-    new = pd.DataFrame({"sweep": sweep, "param": param, "model": model, "dataset": dataset, "size": sizes, "fpr95": fpr95})
+    new = pd.DataFrame({"sweep": sweep, "param": param, "model": model, "dataset": dataset, "size": sizes, "fpr95": fpr95, "key": key})
     if path.exists():
         old = pd.read_parquet(path)
         old = old[~((old["sweep"] == sweep) & (old["model"] == model) & (old["dataset"] == dataset))]

@@ -67,12 +67,22 @@ class Vocabulary:
 
     @classmethod
     def load(cls, path: str | Path) -> Vocabulary:
-        """Read a JSON written by :meth:`save`; the hash is checked."""
+        """Read a ``.json`` written by :meth:`save` (the hash is checked), or any other file as text
+        with one label per line: blank lines dropped, repeated labels kept once (first occurrence), kind "custom"."""
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"vocabulary file {path} does not exist")
-        data = json.loads(path.read_text())
-        return cls(data["labels"], data["kind"], data.get("provenance", {}), data.get("content_hash", ""))
+        if path.suffix.lower() != ".json":
+            lines = [ln.strip() for ln in path.read_text().splitlines() if ln.strip()]
+            labels = list(dict.fromkeys(lines))
+            if not labels:
+                raise ValueError(f"vocabulary file {path} has no labels")
+            return cls(labels, "custom", {"file": str(path), "repeated_labels_dropped": len(lines) - len(labels)})
+        try:
+            data = json.loads(path.read_text())
+            return cls(data["labels"], data["kind"], data.get("provenance", {}), data.get("content_hash", ""))
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise ValueError(f"vocabulary file {path} is not a Vocabulary JSON (keys labels, kind): {exc}") from exc
 
 
 def union(vocabularies: Sequence[Vocabulary]) -> Vocabulary:
