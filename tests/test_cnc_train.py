@@ -211,3 +211,27 @@ def test_bad_training_data_is_rejected(tmp_path):
         train(_cfg(), images, labels + 1, tmp_path / "x", progress=False)
     with pytest.raises(ValueError, match="channel"):
         train(_cfg(in_chans=3), images, labels, tmp_path / "x", progress=False)
+
+
+def test_cli_recipe_with_overrides_and_device_choice(tmp_path):
+    from oodeval.cli import main
+    from oodeval.cnc.train import resolve_device
+
+    images, labels = _toy(n=32, size=12)
+    np.savez(tmp_path / "train.npz", images=images, labels=labels)
+    assert main(["cnc", "train", "--dataset", str(tmp_path / "train.npz"), "--out", str(tmp_path / "run"),
+                 "--recipe", "cnc-cifar", "--model", "test_resnet", "--epochs", "1", "--batch-size", "16",
+                 "--corruptions", "contrast,fog", "--device", "cpu", "--no-progress"]) == 0  # fmt: skip
+    cfg = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert (cfg["model"], cfg["epochs"], cfg["batch_size"], cfg["corruptions"]) == ("test_resnet", 1, 16, ["contrast", "fog"])
+    assert cfg["cifar_stem"] and cfg["augment"] == "crop_flip" and cfg["outlier_pairing"] == "shuffled"
+    assert cfg["severity"] == "imagenet" and cfg["weight_decay"] == 5e-4 and len(cfg["mean"]) == 1  # grey input
+    assert json.loads((tmp_path / "run" / "progress.json").read_text())["history"][0]["device"] == "cpu"
+    assert str(resolve_device("cpu")) == "cpu"
+    with pytest.raises(ValueError, match="device"):
+        resolve_device("tpu")
+    import torch
+
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="no CUDA"):
+            resolve_device("cuda")
