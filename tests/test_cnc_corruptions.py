@@ -31,8 +31,10 @@ def test_nineteen_corruptions_and_the_release_pool():
         pool("fog,nope")
 
 
-def test_frost_uses_the_reference_photos_when_installed(monkeypatch):
+def test_frost_uses_the_reference_photos_when_installed(monkeypatch, request):
     import oodeval.cnc.corruptions as C
+
+    request.addfinalizer(C._scaled_photo.cache_clear)
 
     img = _photo(data.astronaut(), 32)
     photos = C.frost_photos()
@@ -49,6 +51,7 @@ def test_frost_uses_the_reference_photos_when_installed(monkeypatch):
     # a photo crop blended with the reference constants: c0 x + c1 frost (CIFAR-10-C severity 1: 1, 0.2)
     fake = (np.full((300, 400, 3), 200, np.uint8),) * 6
     monkeypatch.setattr(C, "frost_photos", lambda: fake)
+    C._scaled_photo.cache_clear()  # scaled photos are cached per (photo, scale, size)
     out = corrupt(img, "frost", 1, np.random.default_rng(0))
     np.testing.assert_array_equal(out, np.clip(np.rint(np.clip(img / 255.0 + 0.2 * 200 / 255.0, 0, 1) * 255), 0, 255))
 

@@ -433,20 +433,23 @@ def frost_source() -> str:
         return "photos (imagecorruptions)"
 
 
-def _frost_photo_crop(h: int, w: int, preset: str, rng: np.random.Generator) -> np.ndarray | None:
-    photos = frost_photos()
-    if photos is None:
-        return None
-    photo = photos[int(rng.integers(5))]
+@functools.lru_cache(maxsize=64)
+def _scaled_photo(index: int, scale: float, h: int, w: int) -> np.ndarray:
+    """Photo ``index`` scaled by ``scale`` (enlarged with imagecorruptions' 1.1 margin when smaller than h x w)."""
+    photo = frost_photos()[index]
     ph, pw = photo.shape[:2]
-    scale = _FROST_SCALE[preset]
-    if ph * scale < h or pw * scale < w:  # too small: enlarge to fit with imagecorruptions' 1.1 margin
+    if ph * scale < h or pw * scale < w:
         scale = 1.1 * max(h / ph, w / pw)
     size = (max(w + 1, int(np.ceil(pw * scale))), max(h + 1, int(np.ceil(ph * scale))))
-    im = Image.fromarray(photo)
-    if size != (pw, ph):
-        im = im.resize(size, Image.Resampling.BICUBIC)
-    big = np.asarray(im)
+    if size == (pw, ph):
+        return photo
+    return np.asarray(Image.fromarray(photo).resize(size, Image.Resampling.BICUBIC))
+
+
+def _frost_photo_crop(h: int, w: int, preset: str, rng: np.random.Generator) -> np.ndarray | None:
+    if frost_photos() is None:
+        return None
+    big = _scaled_photo(int(rng.integers(5)), _FROST_SCALE[preset], h, w)
     top, left = int(rng.integers(big.shape[0] - h)), int(rng.integers(big.shape[1] - w))
     return big[top : top + h, left : left + w].astype(np.float64)
 
