@@ -43,28 +43,37 @@ def evaluate_detectors(
     hyperparameters: Mapping[str, Mapping[str, object]] | None = None,
     scores_out: dict | None = None,
     progress: bool = True,
+    fit_sets: Mapping[str, FeatureSet] | None = None,
 ) -> list[dict]:
     """One row per (detector, OOD set): detector, ood, status ``ok``, n_id, n_ood, fpr95, tnr95,
-    auroc, aupr_in, aupr_out, detection_error (fractions), fit seconds and score seconds (ID test + that set).
+    auroc, aupr_in, aupr_out, detection_error (fractions), fit seconds and score seconds (ID test
+    + that set), the backbone family and the detector's full resolved hyperparameters (JSON).
 
     ``names`` defaults to every detector the FeatureSets support (:func:`detectors.supported`,
     checked against the test and every OOD set). A detector that fails (its fit, the ID-test set
     or one OOD set: bad hyperparameters for this data, NaN/inf inputs, a set that does not match
     the ID-train set) gets rows with status ``error`` and the message in ``error``, and the loop
     goes on. ``hyperparameters`` maps a detector name to constructor overrides; an unknown detector
-    or hyperparameter name is a ValueError before anything runs. When ``scores_out`` is a dict it
-    receives ``scores_out[detector] = {"id": ..., ood_name: ...}`` for the sets that scored.
+    or hyperparameter name is a ValueError before anything runs. Every other hyperparameter that
+    depends on the backbone recorded in the set a detector fits on (``train``, or ``test`` when
+    there is none) takes that backbone's release default (:func:`detectors.defaults.resolve_defaults`).
+    When ``scores_out`` is a dict it receives ``scores_out[detector] = {"id": ..., ood_name: ...}``
+    for the sets that scored. ``fit_sets`` maps a detector name to the FeatureSet it fits on
+    instead of ``train`` (NAC's tapped fitting rows, :func:`oodeval.features.extract.extract_nac_fit`).
     """
     from . import detectors
+    from .detectors.defaults import backbone_family, resolve_defaults
     from .metrics import evaluate
+    from .results import hp_json
 
     if not oods:
         raise ValueError("evaluate_detectors needs at least one OOD FeatureSet")
     hyperparameters = dict(hyperparameters or {})
+    fit_sets = dict(fit_sets or {})
     if names is None:
-        names = detectors.supported(train, test)
+        names = [n for n in detectors.names() if detectors.supported(fit_sets.get(n, train), test, [n])]
         for o in oods.values():
-            names = detectors.supported(train, o, names)
+            names = [n for n in names if detectors.supported(fit_sets.get(n, train), o, [n])]
     unknown = sorted(set(names) - set(detectors.names()))
     unknown += sorted(set(hyperparameters) - set(detectors.names()))
     if unknown:
@@ -72,12 +81,15 @@ def evaluate_detectors(
     for name, hp in hyperparameters.items():
         detectors.create(name, **hp)  # an unknown hyperparameter is an error before anything runs
     rows: list[dict] = []
+    source = train if train is not None else test
+    family = backbone_family(source.meta.get("model"))
     for name in _progress(names, progress):
-        det = detectors.create(name, **hyperparameters.get(name, {}))
+        fit_on = fit_sets.get(name, train)
+        det = detectors.create(name, **resolve_defaults(name, fit_on if fit_on is not None else source, hyperparameters.get(name)))
         t0 = time.perf_counter()
         try:
             stage = "fit on the ID-train set"
-            det.fit(train)
+            det.fit(fit_on)
             fit_s = time.perf_counter() - t0
             t0 = time.perf_counter()
             stage = "scoring the ID-test set"
@@ -96,7 +108,8 @@ def evaluate_detectors(
                 continue
             row = {"detector": name, "ood": ood_name, "status": "ok", "n_id": int(id_scores.size), "n_ood": int(s.size)}
             row.update({k: float(v) for k, v in evaluate(id_scores, s).items()})
-            row.update(fit_seconds=round(fit_s, 4), score_seconds=round(id_s + time.perf_counter() - t1, 4))
+            row.update(fit_seconds=round(fit_s, 4), score_seconds=round(id_s + time.perf_counter() - t1, 4),
+                       backbone=family, hyperparameters=hp_json(det.get_params()))
             rows.append(row)
         if scores_out is not None:
             scores_out[name] = out

@@ -20,6 +20,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-root", default=None, help="data root for registry names (default: $OODEVAL_DATA)")
     p.add_argument("--taps", action="store_true", help="also record NAC per-layer states (extras nac/<layer>)")
     p.add_argument("--nac-layers", default=None, help="comma-separated layers for --taps (default: taps.default_nac_layers)")
+    p.add_argument("--nac-fit", type=int, default=None, metavar="N",
+                   help="ID train: tap only the N class-balanced rows NAC fits on (its n_fit; implies --taps)")  # fmt: skip
+    p.add_argument("--seed", type=int, default=0, help="seed of the --nac-fit rows (NAC's seed; default 0)")
     p.add_argument("--patch-features", action="store_true", help="open_clip ViT: value-path patch features for GL-MCM")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--workers", type=int, default=0, help="DataLoader worker processes (default 0)")
@@ -33,15 +36,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..features import FeatureSet
-    from ..features.extract import extract
+    from ..features.extract import extract, extract_nac_fit
 
-    path = extract(
-        args.model, args.dataset, args.store, weights=args.weights, data_root=args.data_root, taps=args.taps,
-        patch_features=args.patch_features, batch_size=args.batch_size, num_workers=args.workers, device=args.device,
-        model_kwargs=args.model_kwargs, progress=not args.quiet, head=args.head, pretrained=args.pretrained,
-        amp=args.amp, strict=not args.no_strict, shard_size=args.shard_size, skip_missing=args.skip_missing,
+    options = dict(
+        weights=args.weights, data_root=args.data_root, patch_features=args.patch_features, batch_size=args.batch_size,
+        num_workers=args.workers, device=args.device, model_kwargs=args.model_kwargs, progress=not args.quiet,
+        head=args.head, pretrained=args.pretrained, amp=args.amp, strict=not args.no_strict, shard_size=args.shard_size,
+        skip_missing=args.skip_missing,
         nac_layers=args.nac_layers.split(",") if args.nac_layers else None,
     )
+    if args.nac_fit is not None:
+        path = extract_nac_fit(args.model, args.dataset, args.store, n_fit=args.nac_fit, seed=args.seed, **options)
+    else:
+        path = extract(args.model, args.dataset, args.store, taps=args.taps, **options)
     fs = FeatureSet.load(path)
     parts = [f"{len(fs)} rows", f"features {tuple(fs.features.shape)}"]
     if fs.logits is not None:

@@ -12,6 +12,8 @@ HELP = "fit post-hoc detectors on ID-train features and report FPR@95 / AUROC pe
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--train", type=Path, required=True, help="ID-train FeatureSet folder")
     p.add_argument("--test", type=Path, required=True, help="ID-test FeatureSet folder")
+    p.add_argument("--nac-train", type=Path, default=None,
+                   help="the FeatureSet NAC fits on, when --train has no NAC states (`oodeval extract --nac-fit N`)")  # fmt: skip
     p.add_argument("--ood", action="append", required=True, metavar="NAME=DIR",
                    help="an OOD FeatureSet folder with its name (repeatable)")  # fmt: skip
     p.add_argument("--detectors", default=None,
@@ -42,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
     import pandas as pd
 
     from .._io import atomic_path, check_output, csv_header_starts
+    from ..detectors.defaults import describe
     from ..features import FeatureSet
     from ..scoring import add_intervals, evaluate_detectors, failures, format_table, parse_hyperparameters
 
@@ -53,11 +56,18 @@ def run(args: argparse.Namespace) -> int:
     train = FeatureSet.load(args.train)
     test = FeatureSet.load(args.test)
     oods = {name: FeatureSet.load(folder) for name, folder in parse_oods(args.ood).items()}
+    fit_sets = {} if args.nac_train is None else {"nac": FeatureSet.load(args.nac_train)}
     scores: dict = {}
-    rows = evaluate_detectors(train, test, oods, names, hps, scores_out=scores, progress=not args.no_progress)
+    rows = evaluate_detectors(train, test, oods, names, hps, scores_out=scores, progress=not args.no_progress,
+                              fit_sets=fit_sets)  # fmt: skip
     if not rows:
         raise ValueError("no detector is supported by these FeatureSets")
     rows = add_intervals(rows, scores, draws=args.draws, seed=args.seed)
+    ran = list(dict.fromkeys(r["detector"] for r in rows))
+    print("\n".join(describe([n for n in ran if n not in fit_sets], train, hps)))
+    for name, fs in fit_sets.items():
+        if name in ran:
+            print("\n".join(describe([name], fs, hps)[1:]))
     print(format_table(rows))
     if args.out is not None:
         with atomic_path(args.out, "score table", is_score_table) as tmp:

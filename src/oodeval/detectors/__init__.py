@@ -1,7 +1,9 @@
 """Registry of the 21 post-hoc detectors (paper Sec. 2.1 / 4.1; DESIGN.md table).
 
 ``names()`` lists them in the paper's order; ``create(name, **hyperparameters)`` builds one with
-the paper's defaults overridden by the given hyperparameters.
+the paper's defaults overridden by the given hyperparameters. The defaults that depend on the
+backbone (NECO, ASH-S, NAC) come from ``defaults.resolve_defaults(name, featureset, overrides)``,
+which ``oodeval score`` and ``oodeval run`` apply.
 """
 
 from __future__ import annotations

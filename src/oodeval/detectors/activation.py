@@ -94,8 +94,10 @@ class ASHS(Detector):
 
     Djurisic et al., "Extremely simple activation shaping for OOD detection", ICLR 2023.
     s1 = sum z, s2 = sum of the kept entries, k = D - round(D p / 100) kept. Default p = 90 (the
-    paper's ImageNet ResNet-50 setting, "ASH-S@90"). Not OpenOOD's "ash" postprocessor, which is
-    ASH-B. Rows whose kept sum is 0 are not rescaled (the release would divide by zero).
+    paper's ImageNet ResNet-50 setting, "ASH-S@90"); the release's ViT (95) and DenseNet (99)
+    settings come from :func:`oodeval.detectors.defaults.resolve_defaults`. Not OpenOOD's "ash"
+    postprocessor, which is ASH-B; ASH-B and ASH-P are not implemented. Rows whose kept sum is
+    0 are not rescaled (the release would divide by zero).
     """
 
     needs = ("features", "head")

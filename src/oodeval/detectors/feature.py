@@ -112,8 +112,10 @@ class NECO(Detector):
     standardised train features. d: the smallest number of components explaining at least
     ``variance`` (default 0.9) of the variance, unless ``dim`` is given. ``maxlogit=True``
     multiplies by max_c f_c, which the release does for every non-ResNet backbone (ViT, DeiT,
-    Swin); needs logits then. The release's denominator for DeiT/Swin uses the raw feature norm;
-    we keep the standardised norm for every backbone (the paper's formula).
+    Swin); needs logits then. The class default is off (the paper's formula);
+    :func:`oodeval.detectors.defaults.resolve_defaults` turns it on for non-ResNet backbones.
+    The release's denominator for DeiT/Swin uses the raw feature norm; we keep the standardised
+    norm for every backbone (the paper's formula).
     """
 
     needs = ("features",)

@@ -20,17 +20,29 @@ def _per_chunk(x: FeatureSet, fn) -> np.ndarray:
     return np.concatenate([fn(as64(f[sl])) for sl in chunks(len(f), f.shape[1])])
 
 
+def _temperature(t: float, who: str) -> float:
+    if not (np.isfinite(t) and t > 0):
+        raise ValueError(f"{who} temperature t must be a finite number > 0, got {t}")
+    return float(t)
+
+
 @register("msp")
 class MSP(Detector):
-    """Maximum softmax probability, s = max_c softmax(f)_c (Hendrycks & Gimpel, ICLR 2017).
+    """Maximum softmax probability, s = max_c softmax(f / T)_c (Hendrycks & Gimpel, ICLR 2017).
 
-    No hyperparameters. Computed as 1 / sum_c exp(f_c - max f), which never overflows.
+    Default T = 1 (the paper's baseline); T > 1 is temperature scaling as in ODIN's first step
+    (without its input perturbation). Computed as 1 / sum_c exp((f_c - max f) / T), which
+    never overflows.
     """
 
     needs = ("logits",)
 
+    def __init__(self, t: float = 1.0) -> None:
+        self.t = t
+
     def _score(self, x: FeatureSet) -> np.ndarray:
-        return _per_chunk(x, max_softmax)
+        t = _temperature(self.t, "msp")
+        return _per_chunk(x, max_softmax if t == 1 else lambda f: max_softmax(f / t))
 
 
 @register("maxlogit")
@@ -56,9 +68,8 @@ class Energy(Detector):
         self.t = t
 
     def _score(self, x: FeatureSet) -> np.ndarray:
-        if not self.t > 0:
-            raise ValueError(f"energy temperature t must be > 0, got {self.t}")
-        return _per_chunk(x, lambda f: energy(f, self.t))
+        t = _temperature(self.t, "energy")
+        return _per_chunk(x, lambda f: energy(f, t))
 
 
 @register("gen")

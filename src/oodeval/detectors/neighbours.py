@@ -102,6 +102,8 @@ class NNGuide(Detector):
     multiplied by its own energy; the guidance is the mean of the k largest inner products
     with that weighted bank (k = 10, the paper's default), exactly as the release ranks them.
     Banks drawn in loader order (as some forks do) are not random; here the seed decides.
+    This is plain NNGuide; the release's ImageNet ResNet-50 setting additionally clips the
+    features at their ID-train 95th percentile (ReAct) first, which is not implemented.
     """
 
     needs = ("features", "logits")

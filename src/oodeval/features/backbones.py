@@ -28,7 +28,7 @@ from torch import nn
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Backbone", "load_backbone", "load_open_clip", "load_state_dict_file", "load_head", "save_head", "file_hash", "parse_model_name"]
+__all__ = ["Backbone", "full_precision", "load_backbone", "load_open_clip", "load_state_dict_file", "load_head", "save_head", "file_hash", "parse_model_name"]
 
 
 def parse_model_name(model: str) -> tuple[str, str, str | None]:
@@ -167,27 +167,38 @@ class Backbone:
         return self.model.forward_head(self.model.forward_features(x), pre_logits=True)
 
     def logits_from(self, feats: torch.Tensor) -> torch.Tensor | None:
-        """The head applied to features: the probe's if attached, else timm's own classifier."""
-        if self._probe is not None:
-            w, b = self._probe
-            return feats.float() @ w.T + b
-        if self.kind != "timm":
-            return None
-        if self.info.get("linear_head"):
-            return self.model.get_classifier()(feats)
+        """The head applied to features in float32 (autocast off): the probe's if attached, else
+        timm's own Linear classifier."""
+        with full_precision(feats):
+            feats = feats.float()
+            if self._probe is not None:
+                w, b = self._probe
+                return feats @ w.T + b
+            if self.kind != "timm":
+                return None
+            if self.info.get("linear_head"):
+                return self.model.get_classifier()(feats)
         if self.info.get("classifier"):
             raise ValueError(f"{self.name}: logits from features need a Linear classifier; use forward()")
         return None
 
     def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor | None]:
+        """Features and logits, float32. Under autocast only the trunk runs in low precision: the
+        head (timm's ``forward_head``: pooling, final norm, classifier) runs in float32 on the
+        float32 trunk output, so logits are the float32 head applied to the stored features."""
         if self.kind == "timm" and self._probe is None and self.info.get("classifier"):
             feats_map = self.model.forward_features(x)
-            feats = self.model.forward_head(feats_map, pre_logits=True)
-            logits = self.model.forward_head(feats_map)
-            if self.info.get("linear_head") and not self.info.get("head_checked"):
-                self._check_linear_head(feats, logits)
+            with full_precision(feats_map):
+                feats_map = feats_map.float()
+                feats = self.model.forward_head(feats_map, pre_logits=True)
+                if self.info.get("linear_head") and not self.info.get("head_checked"):
+                    self._check_linear_head(feats, self.model.forward_head(feats_map))
+                if self.info.get("linear_head"):
+                    logits = self.model.get_classifier()(feats)
+                else:
+                    logits = self.model.forward_head(feats_map)
         else:
-            feats = self.features(x)
+            feats = self.features(x).float()
             logits = self.logits_from(feats)
         return {"features": feats.float(), "logits": None if logits is None else logits.float()}
 
@@ -210,6 +221,11 @@ class Backbone:
         dev = next(self.model.parameters()).device
         self._probe = (torch.from_numpy(w).to(dev), torch.from_numpy(b).to(dev))
         self.info["head"] = str(path)
+
+
+def full_precision(t: torch.Tensor):
+    """A context that turns autocast off on ``t``'s device (the head runs in float32)."""
+    return torch.autocast(device_type=t.device.type, enabled=False)
 
 
 def _timm_head(model: nn.Module) -> tuple[np.ndarray | None, np.ndarray | None, bool]:

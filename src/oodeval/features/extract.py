@@ -30,7 +30,7 @@ from . import store as st
 from .backbones import Backbone, file_hash, load_backbone, parse_model_name
 from .preprocess import SplitTransform, split_transform
 
-__all__ = ["extract", "entry_key", "ManifestDataset"]
+__all__ = ["extract", "extract_nac_fit", "entry_key", "ManifestDataset"]
 
 log = logging.getLogger(__name__)
 
@@ -271,6 +271,34 @@ def extract(
             dist.destroy_process_group()
 
 
+def extract_nac_fit(
+    model: str,
+    dataset: str | os.PathLike | Manifest,
+    store: str | os.PathLike,
+    *,
+    n_fit: int | None,
+    seed: int = 0,
+    data_root: str | os.PathLike | None = None,
+    strict: bool = True,
+    **options,
+) -> Path:
+    """NAC's fitting set: only the ID-train rows NAC fits on, extracted with taps (cached).
+
+    NAC's states need a backward pass per image; fitting reads ``n_fit`` class-balanced rows
+    (:func:`oodeval.detectors.nac.fit_rows` with ``seed``), so only those are tapped, not the whole
+    training set. The rows are chosen in manifest order, so they are the rows NAC picks from a
+    full tapped extraction of the same manifest when no image is unreadable. Fit NAC on the result
+    with the same ``n_fit`` (it holds at most ``n_fit`` rows, all of which are used). ``options``
+    are :func:`extract`'s (``taps`` is implied).
+    """
+    from ..detectors.nac import fit_rows
+
+    manifest = dataset if isinstance(dataset, Manifest) else resolve(dataset, data_root, strict=strict)
+    rows = fit_rows(manifest.labels, n_fit, seed)
+    name = f"{manifest.name}.nac-fit-{n_fit}-seed{seed}" if rows.size < len(manifest) else manifest.name
+    return extract(model, manifest.subset(rows, name=name), store, taps=True, **options)
+
+
 @dataclass
 class _Job:
     """Everything one extraction run needs (see :func:`extract` for the meaning of each option)."""
@@ -316,9 +344,10 @@ def _run(job: _Job) -> Path:
     bb.to(dev)
     split = split_transform(bb.transform)
     layers = None
-    if job.taps:
-        from .taps import default_nac_layers
+    from .taps import default_nac_layers, vit_depth
 
+    depth = vit_depth(bb.model) if bb.kind == "timm" else None
+    if job.taps:
         layers = list(job.nac_layers) if job.nac_layers else list(default_nac_layers(bb.model))
     if mine:
         if done:
@@ -371,7 +400,7 @@ def _run(job: _Job) -> Path:
             "preprocessing": {**bb.preprocessing, "tensor_tail_batched": split is not None},
             "image_mode": bb.image_mode, "dataset": manifest.name,
             "manifest_hash": manifest.content_hash(), "class_names": manifest.class_names, "key": job.key,
-            "taps": layers, "patch_features": job.patch_features, "precision": "bf16" if job.amp else "fp32",
+            "taps": layers, "depth": depth, "patch_features": job.patch_features, "precision": "bf16" if job.amp else "fp32",
             "device": dev.type, "world_size": world, "role": manifest.meta.get("role"),
             "timing_rank0": timing,
         }
