@@ -191,13 +191,19 @@ class _Scorer:
             self.fit_needs = self.det.fit_needs
             self.resolved = hp_json(self.det.get_params())
 
+    def _view(self, fs: FeatureSet | None) -> FeatureSet | None:
+        """A K+1 (CnC) model's first K logits for every detector but ``cnc``, as ``cnc evaluate`` does."""
+        from ..cnc.evaluate import id_view
+
+        return fs if fs is None or self.spec.name == "cnc" else id_view(fs)
+
     def fit(self, train: FeatureSet | None) -> None:
         if self.model.kind == "supervised":
-            self.det.fit(train)
+            self.det.fit(self._view(train))
 
     def score(self, fs: FeatureSet) -> np.ndarray:
         if self.model.kind == "supervised":
-            return self.det.score(fs)
+            return self.det.score(self._view(fs))
         from .zeroshot import zeroshot_scores
 
         return zeroshot_scores(self.spec, self.hp, fs, self.context)
@@ -227,6 +233,9 @@ def _id_accuracy(model: ModelSpec, fs: FeatureSet, context: dict) -> float:
     if not (fs.labels >= 0).any():
         return float("nan")
     if model.kind == "supervised":
+        from ..cnc.evaluate import id_view
+
+        fs = id_view(fs)  # a K+1 (CnC) model: argmax over the first K logits
         return accuracy(fs.logits, fs.labels) if fs.logits is not None else float("nan")
     from .zeroshot import zeroshot_logits
 
