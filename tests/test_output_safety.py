@@ -275,8 +275,7 @@ def test_cnc_checkpoints_replace_only_their_own(foreign, tmp_path: Path) -> None
 
     model = torch.nn.Linear(2, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    sched = torch.optim.lr_scheduler.MultiStepLR(opt, milestones=[1])
-    save = lambda p: save_checkpoint(p, model, opt, sched, TrainConfig(), {"epochs_done": 1})  # noqa: E731
+    save = lambda p: save_checkpoint(p, model, opt, TrainConfig(), {"epochs_done": 1, "history": []})  # noqa: E731
     refused_by_call(save, foreign)
     save(tmp_path / "ckpt")
     save(tmp_path / "ckpt")

@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     if args.report is not None:
         from ..report import write_report
 
-        paths = write_report(summary.results, args.report)
+        paths = write_report(summary.results, args.report, experiment=cfg)
         print(f"report: {paths['html']}")
     if summary.ok:
         return 0

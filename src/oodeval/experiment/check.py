@@ -4,7 +4,7 @@ Checks, each problem reported with what is needed: every dataset resolves (regis
 manifest; a model's precomputed FeatureSet folder stands in for it), every weights file exists and
 loads safely (safetensors, or ``torch.load(weights_only=True)``), every model name exists in timm's or
 open_clip's registry (and an open_clip tag in its pretrained table), every vocabulary file and the ID
-class-name file exist. Nothing is extracted or computed.
+class-name file exist, and so do a model's probe head file and the ``[selection]`` validation sets. Nothing is extracted or computed.
 """
 
 from __future__ import annotations
@@ -68,10 +68,14 @@ def check_experiment(cfg: ExperimentConfig) -> list[str]:
     for m in cfg.models:
         problems += [p for p in [_model_problem(m)] if p]
         problems += [p for w in dict.fromkeys(m.weights) if w is not None for p in [_weights_problem(m, w)] if p]
+        problems += [p for p in [m.head and _weights_problem(m, m.head)] if p]
     supervised = [m for m in cfg.models if m.kind == "supervised"]
     roles = [("id_test", cfg.id_test, list(cfg.models))] + [(d.label, d, list(cfg.models)) for d in cfg.ood]
     if cfg.id_train is not None:
         roles.insert(0, ("id_train", cfg.id_train, supervised))
+    if cfg.selection is not None:
+        searching = [m for m in cfg.models if any(s.search for s in cfg.detectors_for(m) or ())]
+        roles += [("validation_id", cfg.selection.validation_id, searching), ("validation_ood", cfg.selection.validation_ood, searching)]
     for role, ds, models in roles:
         if models:
             problems += _dataset_problem(role, ds, cfg, models)

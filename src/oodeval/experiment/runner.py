@@ -102,7 +102,7 @@ FeatureFn = Callable[[ModelSpec, "str | None", DatasetSpec, str, ExperimentConfi
 
 def _extract_options(model: ModelSpec, weights: str | None, cfg: ExperimentConfig) -> dict:
     return {"weights": weights, "data_root": cfg.data_root, "batch_size": cfg.batch_size, "num_workers": cfg.num_workers,
-            "device": cfg.device, "model_kwargs": model.model_kwargs or None, "progress": True}
+            "device": cfg.device, "model_kwargs": model.model_kwargs or None, "progress": True, "head": model.head}
 
 
 def extract_features(model: ModelSpec, weights: str | None, ds: DatasetSpec, role: str, cfg: ExperimentConfig) -> FeatureSet:
@@ -191,13 +191,19 @@ class _Scorer:
             self.fit_needs = self.det.fit_needs
             self.resolved = hp_json(self.det.get_params())
 
+    def _view(self, fs: FeatureSet | None) -> FeatureSet | None:
+        """A K+1 (CnC) model's first K logits for every detector but ``cnc``, as ``cnc evaluate`` does."""
+        from ..cnc.evaluate import id_view
+
+        return fs if fs is None or self.spec.name == "cnc" else id_view(fs)
+
     def fit(self, train: FeatureSet | None) -> None:
         if self.model.kind == "supervised":
-            self.det.fit(train)
+            self.det.fit(self._view(train))
 
     def score(self, fs: FeatureSet) -> np.ndarray:
         if self.model.kind == "supervised":
-            return self.det.score(fs)
+            return self.det.score(self._view(fs))
         from .zeroshot import zeroshot_scores
 
         return zeroshot_scores(self.spec, self.hp, fs, self.context)
@@ -227,6 +233,9 @@ def _id_accuracy(model: ModelSpec, fs: FeatureSet, context: dict) -> float:
     if not (fs.labels >= 0).any():
         return float("nan")
     if model.kind == "supervised":
+        from ..cnc.evaluate import id_view
+
+        fs = id_view(fs)  # a K+1 (CnC) model: argmax over the first K logits
         return accuracy(fs.logits, fs.labels) if fs.logits is not None else float("nan")
     from .zeroshot import zeroshot_logits
 
@@ -268,10 +277,7 @@ def _specs_for(run: _Run, cfg: ExperimentConfig) -> list[DetectorSpec]:
 
 
 def _hp_key(spec: DetectorSpec) -> str:
-    hp = dict(spec.hyperparameters)
-    if spec.vocabulary is not None:
-        hp["vocabulary"] = spec.vocabulary
-    return hp_json(hp)
+    return spec.result_key
 
 
 def _cell_key(run: _Run, spec: DetectorSpec, dataset: str, split: str, seed: int) -> tuple:
@@ -283,6 +289,8 @@ def _plan_run(run: _Run, cfg: ExperimentConfig, features: FeatureFn) -> None:
     if run.model.kind == "supervised" and (cfg.id_train is not None or "id_train" in run.model.features):
         roles.insert(0, ("id_train", cfg.id_train or DatasetSpec("id_train", "id_train")))
     roles += [(d.label, d) for d in cfg.ood]
+    if cfg.selection is not None and any(s.search for s in cfg.detectors_for(run.model) or ()):
+        roles += [("validation_id", cfg.selection.validation_id), ("validation_ood", cfg.selection.validation_ood)]
     for role, ds in roles:
         try:
             run.feats[role] = features(run.model, run.weights, ds, role, cfg)
@@ -458,6 +466,16 @@ def _base_info(run: _Run, spec: DetectorSpec, cfg: ExperimentConfig) -> dict:
 def _run_detector(run: _Run, spec: DetectorSpec, cells: list, cfg: ExperimentConfig, record, summary: RunSummary) -> None:
     """Fit once per distinct (seeded) hyperparameter set, score once per dataset, evaluate every cell."""
     info = _base_info(run, spec, cfg)
+    if spec.search and not run.errors.get("id_test"):
+        from .validation import choose_on_validation
+
+        t0 = time.perf_counter()
+        try:
+            spec, info["selection"] = choose_on_validation(run, spec, cfg)
+        except Exception as exc:  # noqa: BLE001 - recorded, the grid goes on
+            for key, _, _, _ in cells:
+                record(_row(key, status="error", error=f"validation search failed: {_error_text(exc)}", seconds=time.perf_counter() - t0, **info))
+            return
     by_hp: dict[str, tuple[dict, list]] = {}
     for cell in cells:
         hp = _seeded_hp(run.model, spec, cell[3], cfg.seed_detectors)
