@@ -273,7 +273,7 @@ def _specs_for(run: _Run, cfg: ExperimentConfig) -> list[DetectorSpec]:
         return [DetectorSpec(n) for n in names]
     from .zeroshot import default_zeroshot_specs
 
-    return default_zeroshot_specs(run.feats.get("id_test"))
+    return default_zeroshot_specs()
 
 
 def _hp_key(spec: DetectorSpec) -> str:

@@ -101,37 +101,28 @@ def build_context(model: ModelSpec, weights: str | None, cfg: ExperimentConfig) 
 
 
 def zeroshot_scores(spec: DetectorSpec, hp: dict, fs: FeatureSet, context: dict) -> np.ndarray:
-    """Scores of zero-shot scorer ``spec`` on image embeddings ``fs`` (normalised here)."""
+    """Scores of zero-shot scorer ``spec`` on image embeddings ``fs``, streamed from the store in
+    chunks and l2-normalised chunk by chunk (``ZeroShotScorer.score(normalize=True)``)."""
     from ..zeroshot.scorers import create
 
     scorer = create(spec.name, **hp)
-    fs.check_finite(["features"] + [f"extra:{k}" for k in fs.extras if k == "patch_features"], spec.name)
-    image = FeatureSet(features=_unit(fs.features), labels=fs.labels, extras=_normalised_extras(fs))
+    fs.check_finite(list(scorer.needs), spec.name)
     negatives = context["vocab"](spec.vocabulary) if scorer.uses_negatives else None
     if scorer.uses_negatives and negatives is None:
         raise ValueError(f"zero-shot scorer {spec.name!r} needs a vocabulary (set `vocabulary` in its table)")
-    return scorer.score(image, context["id_text"], negatives)
+    return scorer.score(fs, context["id_text"], negatives, normalize=True)
 
 
-def _normalised_extras(fs: FeatureSet) -> dict:
-    out = {}
-    if "patch_features" in fs.extras:
-        out["patch_features"] = _unit(fs.extras["patch_features"])
-    return out
+def zeroshot_logits(fs: FeatureSet, context: dict, rows: int = 8192) -> np.ndarray | None:
+    """Cosine similarities (N, C) float32 to the ID label embeddings (argmax = the zero-shot prediction),
+    computed in chunks of ``rows`` streamed image rows."""
+    from ..features.stream import iter_chunks
 
-
-def zeroshot_logits(fs: FeatureSet, context: dict) -> np.ndarray | None:
-    """Cosine similarities to the ID label embeddings (argmax = the zero-shot prediction)."""
     if "id_text" not in context:
         return None
-    return _unit(fs.features) @ context["id_text"].T
-
-
-def default_zeroshot_specs(id_test: FeatureSet | None) -> list[DetectorSpec]:
-    """The logit-space scorers the image FeatureSet supports (gl_mcm only with patch features)."""
-    out = [DetectorSpec(n) for n in LOGIT_SPACE if n != "gl_mcm"]
-    if id_test is not None and "patch_features" in id_test.extras:
-        out.append(DetectorSpec("gl_mcm"))
+    out = np.empty((len(fs), len(context["id_text"])), np.float32)
+    for part, chunk in iter_chunks({"features": fs.features}, rows):
+        out[part] = _unit(chunk["features"]) @ context["id_text"].T
     return out
 
 
@@ -144,6 +135,12 @@ def _sweep_key(sweep, model: ModelSpec) -> str:
     files = [sweep.vocabulary, model.features.get(f"text:{vocabulary_label(sweep.vocabulary)}")]
     hashes = [file_hash(f) if f and Path(f).is_file() else f for f in files]
     return hash_json([hashes, list(sweep.sizes), sweep.scorer, sweep.hyperparameters])
+
+
+def default_zeroshot_specs() -> list[DetectorSpec]:
+    """The seven logit-space scorers of Tab. 1. gl_mcm is always listed: on features without patch
+    features its cells are recorded as errors saying why (never dropped silently)."""
+    return [DetectorSpec(n) for n in LOGIT_SPACE]
 
 
 def run_sweeps(model: ModelSpec, feats: dict[str, FeatureSet], context: dict, errors: dict, cfg: ExperimentConfig, summary) -> None:

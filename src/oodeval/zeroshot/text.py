@@ -26,16 +26,9 @@ __all__ = ["TextEncoder", "encode_labels", "encode_prompts", "model_fingerprint"
 
 def model_fingerprint(model) -> str:
     """Hash of the text tower's parameters and buffers (identifies random-init weights too)."""
-    import torch
+    from ..features.backbones import text_tower_fingerprint
 
-    from .._io import hash_arrays
-
-    arrays = {}
-    for name, tensor in model.state_dict().items():
-        if name.startswith("visual."):
-            continue
-        arrays[name] = tensor.detach().to("cpu", torch.float32).numpy()
-    return hash_arrays(arrays)
+    return text_tower_fingerprint(model)
 
 
 def _truncation_kind(model) -> str | None:
