@@ -13,12 +13,17 @@ def _default_cache() -> Path:
     return Path(os.environ.get("OODEVAL_CACHE", Path.home() / ".cache" / "oodeval")) / "text-embeddings"
 
 
-def _add_model(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="[open_clip:]<arch>[@<tag>] (the tag sets QuickGELU), or a model-config .json path")
+def _add_model(p: argparse.ArgumentParser, id_names_from_features: bool = False) -> None:
+    p.add_argument("--model", required=True, help="[open_clip:]<arch>[@<tag>] (the tag sets QuickGELU), a model-config .json path, "
+                   "or hf:<repo or folder> (transformers, e.g. hf:apple/aimv2-large-patch14-224-lit)")
     p.add_argument("--weights", default=None, help="local checkpoint file")
     p.add_argument("--pretrained", default=None, help="open_clip pretrained tag, or 'none' for random init")
     p.add_argument("--seed", type=int, default=0, help="seed of a random-init model (default 0)")
-    p.add_argument("--id-names", default="imagenet1k", help="'imagenet1k' or a file with one ID class name per line")
+    if id_names_from_features:
+        p.add_argument("--id-names", default=None, help="'imagenet1k' or a file with one ID class name per line "
+                       "(default: the class names recorded with the ID features; wnids are mapped to names)")
+    else:
+        p.add_argument("--id-names", default="imagenet1k", help="'imagenet1k' or a file with one ID class name per line")
     p.add_argument("--templates", default="paper", choices=["paper", "openai", "name"], help="template set (default: paper, 8 of App. G)")
     p.add_argument("--cache", type=Path, default=None, help="text-embedding cache root (default $OODEVAL_CACHE/text-embeddings or ~/.cache/oodeval/text-embeddings)")
     p.add_argument("--batch-size", type=int, default=256)
@@ -72,7 +77,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     p = sub.add_parser("sweep", help="FPR@95 vs WordNet prefix size M (wordnet) or siblings per class k (siblings)")
     p.add_argument("kind", choices=["wordnet", "siblings"])
-    _add_model(p)
+    _add_model(p, id_names_from_features=True)
     p.add_argument("--vocab", type=Path, required=True, help="ranked NegMined vocabulary (wordnet) or llm-siblings vocabulary")
     p.add_argument("--id-features", type=Path, required=True, help="FeatureSet folder of ID images")
     p.add_argument("--ood-features", type=Path, required=True, help="FeatureSet folder of OOD images")
@@ -109,6 +114,31 @@ def check_weights(args) -> None:
     """A model must be given real weights or be declared random-init explicitly."""
     if args.weights is None and args.pretrained is None:
         raise ValueError("no weights: give --weights FILE, --pretrained TAG, or --pretrained none for a random-init model")
+
+
+def id_names_for(args, id_fs) -> list[str]:
+    """``--id-names``, else the class names recorded with the ID FeatureSet (wnids mapped); never a silent default."""
+    from ..zeroshot.build import prompt_names, read_id_names
+
+    if args.id_names is not None:
+        names = read_id_names(args.id_names)[0]
+        print(f"ID names: {len(names)} from {args.id_names}")
+        return names
+    recorded = id_fs.meta.get("class_names")
+    if not recorded:
+        raise ValueError(f"{args.id_features} records no class names: pass --id-names ('imagenet1k' or a file, one name per line)")
+    names = prompt_names(recorded, f"{args.id_features} (override with --id-names)")
+    print(f"ID names: {len(names)} recorded with {args.id_features}")
+    return names
+
+
+def encoder_for(args, *featuresets):
+    """The text encoder of ``--model``, checked to be the model that made ``featuresets`` (before any encoding)."""
+    from ..zeroshot.text import check_same_model
+
+    enc = _encoder(args)
+    check_same_model(enc.key["text_tower"], {str(getattr(fs, "meta", {}).get("dataset", i)): fs for i, fs in enumerate(featuresets)})
+    return enc
 
 
 def _encoder(args):
@@ -223,14 +253,13 @@ def _check_out(args) -> None:
 
 def _sweep(args) -> int:
     from ..features import FeatureSet
-    from ..zeroshot.build import read_id_names
     from ..zeroshot.sweeps import sweep_prefix, sweep_siblings
     from ..zeroshot.vocabulary import Vocabulary
 
     vocab = Vocabulary.load(args.vocab)
-    names, _ = read_id_names(args.id_names)
     id_fs, ood_fs = FeatureSet.load(args.id_features), FeatureSet.load(args.ood_features)
-    enc = _encoder(args)
+    names = id_names_for(args, id_fs)
+    enc = encoder_for(args, id_fs, ood_fs)
     id_text = enc.encode(names)
     hp = {"n_groups": args.n_groups} if args.scorer == "neglabel" else {}
     if args.kind == "wordnet":

@@ -304,7 +304,7 @@ def _plan_run(run: _Run, cfg: ExperimentConfig, features: FeatureFn) -> None:
         from .zeroshot import build_context
 
         try:
-            run.context = build_context(run.model, run.weights, cfg)
+            run.context = build_context(run.model, run.weights, cfg, run.feats)
         except Exception as exc:  # noqa: BLE001
             run.errors["id_test"] = f"zero-shot text side failed: {_error_text(exc)}"
     try:

@@ -29,16 +29,17 @@ def _unit(x: np.ndarray) -> np.ndarray:
 
 
 def _class_names(cfg: ExperimentConfig) -> list[str]:
-    if cfg.id_classes is not None:
-        from ..zeroshot.build import read_id_names
+    """``[datasets] id_classes`` (a file or ``imagenet1k``), else the ID-test manifest's names (wnids mapped)."""
+    from ..zeroshot.build import prompt_names, read_id_names
 
+    if cfg.id_classes is not None:
         return read_id_names(str(cfg.id_classes))[0]
     from ..data import resolve
 
     names = list(resolve(cfg.id_test.name, cfg.data_root).class_names or [])
     if not names:
         raise ValueError("zero-shot models need the ID class names: set [datasets] id_classes to a text file (one per line) or 'imagenet1k'")
-    return names
+    return prompt_names(names, f"the class names of {cfg.id_test.name!r} (set [datasets] id_classes to override)")
 
 
 def _encoder(model: ModelSpec, weights: str | None, cfg: ExperimentConfig):
@@ -67,17 +68,22 @@ def vocabulary_label(name: str | None) -> str | None:
     return Path(name).stem if ("/" in name or "." in Path(name).name) else name
 
 
-def build_context(model: ModelSpec, weights: str | None, cfg: ExperimentConfig) -> dict:
+def build_context(model: ModelSpec, weights: str | None, cfg: ExperimentConfig, images: dict[str, FeatureSet] | None = None) -> dict:
     """``{"id_text": (C, E), "vocab": callable(name) -> (M, E) | None}`` for a zero-shot model run.
 
     Label embeddings come from the model's ``features`` table when given there as ``.npy`` files
-    (``text:id``; ``text:<vocabulary>``), else from the model's text tower (cached under the store).
+    (``text:id``; ``text:<vocabulary>``), else from the model's text tower (cached under the store),
+    after checking that it is the model that made the image features ``images`` (``check_same_model``).
     """
     state: dict = {}
 
     def encode(labels: list[str]) -> np.ndarray:
         if "encoder" not in state:
-            state["encoder"] = _encoder(model, weights, cfg)
+            from ..zeroshot.text import check_same_model
+
+            enc = _encoder(model, weights, cfg)
+            check_same_model(enc.key["text_tower"], images or {})
+            state["encoder"] = enc
         return state["encoder"].encode(labels, progress=True)
 
     if "text:id" in model.features:
