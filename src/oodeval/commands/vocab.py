@@ -39,6 +39,8 @@ def _add_llm(p: argparse.ArgumentParser) -> None:
     p.add_argument("--llm-cache", type=Path, required=True, help="folder of cached raw responses (replayed offline)")
     p.add_argument("--offline", action="store_true", help="answer only from --llm-cache")
     p.add_argument("--temperature", type=float, default=None)
+    p.add_argument("--prompts", type=Path, default=None, help="prompt file (TOML; default: ours; e.g. EOE's released prompts, "
+                   "format in docs/zeroshot.md)")
     p.add_argument("--out", type=Path, required=True, help="vocabulary JSON to write")
 
 
@@ -62,7 +64,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p = sub.add_parser("eoe", help="EOE envisioned outlier classes (far | near | fine_grained)")
     _add_llm(p)
     p.add_argument("--style", default="fine_grained", choices=["far", "near", "fine_grained"])
-    p.add_argument("--n-classes", type=int, default=500)
+    p.add_argument("--n-classes", type=int, default=500, help="far / fine_grained: classes asked for, 50 per turn (default 500)")
+    p.add_argument("--per-class", type=int, default=3, help="near: names asked per ID class (default 3, as released)")
     p.add_argument("--generation", type=int, default=0)
 
     p = sub.add_parser("union", help="union of vocabularies, first occurrence kept")
@@ -195,6 +198,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"wrote {len(vocab)} NegMined labels (M={args.M}) to {args.out}  hash {vocab.content_hash}")
     elif cmd == "llm":
         from ..zeroshot.llm_vocab import generate_siblings, siblings_vocabulary
+        from ..zeroshot.prompts import prompts_provenance
         from ..zeroshot.wordnet import synonyms
 
         names, wnids = read_id_names(args.id_names)
@@ -202,16 +206,19 @@ def run(args: argparse.Namespace) -> int:
         client = _client(args)
         merged: dict[str, list[str]] = {n: [] for n in names}
         for g in args.generations:
-            for name, sibs in generate_siblings(client, names, args.k, g, syn, **_params(args)).items():
+            for name, sibs in generate_siblings(client, names, args.k, g, syn, args.prompts, **_params(args)).items():
                 merged[name] = list(dict.fromkeys(merged[name] + sibs))
-        vocab = siblings_vocabulary(merged, provenance={"llm_model": args.llm_model, "generations": args.generations, "requested_k": args.k})
+        prov = {"llm_model": args.llm_model, "generations": args.generations, "requested_k": args.k,
+                **prompts_provenance(args.prompts, ("siblings",))}
+        vocab = siblings_vocabulary(merged, provenance=prov)
         vocab.save(args.out)
         print(f"wrote {len(vocab)} sibling labels from {len(names)} classes to {args.out}  hash {vocab.content_hash}")
     elif cmd == "eoe":
         from ..zeroshot.llm_vocab import generate_eoe
 
         names, _ = read_id_names(args.id_names)
-        vocab = generate_eoe(_client(args), names, args.style, args.n_classes, args.generation, **_params(args))
+        vocab = generate_eoe(_client(args), names, args.style, args.n_classes, args.generation, per_class=args.per_class,
+                             prompts=args.prompts, **_params(args))
         vocab.save(args.out)
         print(f"wrote {len(vocab)} EOE ({args.style}) labels to {args.out}  hash {vocab.content_hash}")
     elif cmd == "union":
