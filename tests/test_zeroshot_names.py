@@ -81,3 +81,17 @@ def test_zeroshot_cli_without_recorded_names_asks_for_them(tiny_clip: str, tmp_p
     (tmp_path / "names.txt").write_text("cat\ndog\n")
     assert main(_cli(tiny_clip, feats, tmp_path, "--pretrained", "none", "--id-names", str(tmp_path / "names.txt"))) == 0
     assert "ID names: 2 from" in capsys.readouterr().out
+
+
+def test_grid_text_side_checks_the_image_features_model(tiny_clip: str, clip_features: dict, tmp_path: Path) -> None:
+    from oodeval.experiment import load_config
+    from oodeval.experiment.zeroshot import build_context
+
+    (tmp_path / "names.txt").write_text("cat\ndog\n")
+    cfg = load_config({"datasets": {"id_test": "val", "ood": ["x"], "id_classes": "names.txt"}, "store": "store",
+                       "models": [{"name": f"open_clip:{tiny_clip}", "kind": "zero-shot"}]}, base_dir=tmp_path)
+    fs = FeatureSet.load(clip_features["id"])
+    assert build_context(cfg.models[0], None, cfg, {"id_test": fs})["id_text"].shape == (2, 32)
+    fs.meta["text_tower"] = "0" * 32  # features made by another model
+    with pytest.raises(ValueError, match="text tower differs"):
+        build_context(cfg.models[0], None, cfg, {"id_test": fs})
