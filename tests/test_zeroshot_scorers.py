@@ -160,9 +160,7 @@ def test_scoring_streams_a_memory_mapped_store_in_chunks(tmp_path, monkeypatch):
 
     import oodeval.detectors._common as common
 
-    from oodeval.experiment.config import DetectorSpec
-    from oodeval.experiment.zeroshot import zeroshot_scores
-    from oodeval.zeroshot.stream import iter_chunks
+    from oodeval.features.stream import iter_chunks
 
     rng = np.random.default_rng(5)
     n, p, e, c = 3000, 16, 16, 10
@@ -181,12 +179,11 @@ def test_scoring_streams_a_memory_mapped_store_in_chunks(tmp_path, monkeypatch):
     unit = lambda x: x / np.linalg.norm(x, axis=-1, keepdims=True)
     expect = score_zeroshot("gl_mcm", FeatureSet(features=unit(feats.astype(np.float64)),
                                                  extras={"patch_features": unit(patches.astype(np.float64))}), context["id_text"])
-    spec = DetectorSpec("gl_mcm")
     create("gl_mcm").score(FeatureSet(features=unit(feats[:2].astype(np.float64)), extras={"patch_features": unit(patches[:2].astype(np.float64))}),
                            context["id_text"])  # warm-up: lazy imports do not count
     monkeypatch.setattr(common, "CHUNK_ELEMENTS", 20_000)  # ~45 of the 3000 rows per chunk (width 17 x 26)
     tracemalloc.start()
-    got = zeroshot_scores(spec, {}, fs, context)
+    got = create("gl_mcm").score(fs, context["id_text"], normalize=True)  # what the grid's zeroshot_scores calls
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     np.testing.assert_allclose(got, expect, rtol=1e-12)

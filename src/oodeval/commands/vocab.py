@@ -92,7 +92,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 #: option -> smallest value it accepts (every size and count of the vocab sub-commands)
-_MINIMUM = {"k": 1, "n_classes": 1, "batch_size": 1, "n_groups": 1, "generation": 0, "generations": 0, "values": 0}
+_MINIMUM = {"k": 1, "n_classes": 1, "per_class": 1, "batch_size": 1, "n_groups": 1, "generation": 0, "generations": 0, "values": 0}
 
 
 def _check_ranges(args) -> None:
