@@ -190,6 +190,7 @@ def run(args: argparse.Namespace) -> int:
 
         m = None if args.M == "all" else int(args.M)
         names, _ = read_id_names(args.id_names)
+        print(f"ID names: {len(names)} from {args.id_names}")
         print(f"WordNet lexicon: {len(head_lemmas(args.wordnet))} head lemmas of noun + adjective synsets in {args.wordnet}")
         enc = _encoder(args)
         vocab = build_wordnet(enc, names, m, args.wordnet, args.percentile, not args.keep_id_names)
@@ -202,6 +203,7 @@ def run(args: argparse.Namespace) -> int:
         from ..zeroshot.wordnet import synonyms
 
         names, wnids = read_id_names(args.id_names)
+        print(f"ID names: {len(names)} from {args.id_names}")
         syn = [synonyms(n, w, args.wordnet) for n, w in zip(names, wnids or [None] * len(names))]
         client = _client(args)
         merged: dict[str, list[str]] = {n: [] for n in names}
@@ -217,6 +219,7 @@ def run(args: argparse.Namespace) -> int:
         from ..zeroshot.llm_vocab import generate_eoe
 
         names, _ = read_id_names(args.id_names)
+        print(f"ID names: {len(names)} from {args.id_names}")
         vocab = generate_eoe(_client(args), names, args.style, args.n_classes, args.generation, per_class=args.per_class,
                              prompts=args.prompts, **_params(args))
         vocab.save(args.out)
