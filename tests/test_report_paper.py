@@ -64,8 +64,7 @@ def test_preset_names_the_papers_grid_and_resolves_offline(capsys):
     import open_clip
     import timm
 
-    from oodeval import detectors
-    from oodeval.experiment.zeroshot import LOGIT_SPACE
+    from oodeval import detectors, zeroshot
 
     cfg = load_config(PRESET)
     sup = [m for m in cfg.models if m.kind == "supervised"]
@@ -73,8 +72,8 @@ def test_preset_names_the_papers_grid_and_resolves_offline(capsys):
     assert len(sup) == 30 and len(vlm) == 8
     assert {m.label for m in sup} == set(load_reference("tabA7")["model"])
     assert {m.label for m in vlm} == set(load_reference("tab2")["model"]) - {"Mean"}
-    assert [d.name for d in cfg.detectors] == detectors.names()  # the 21, in the paper's order
-    assert {d.name for d in cfg.zeroshot if d.vocabulary is None} == set(LOGIT_SPACE) | {"gl_mcm"}
+    assert [d.name for d in cfg.detectors] == detectors.names("paper21")  # the 21, in the paper's order
+    assert {d.name for d in cfg.zeroshot if d.vocabulary is None} == set(zeroshot.names("logit"))
     assert len([d for d in cfg.zeroshot if d.vocabulary is None]) == 7
     ckpt = dict(zip(load_reference("tabA7")["model"], load_reference("tabA7")["timm_checkpoint"]))
     pretrained, archs = set(timm.list_pretrained()), set(timm.list_models())

@@ -16,8 +16,8 @@ EXAMPLES = [
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="timm name (timm:NAME or NAME), open_clip:ARCH[@TAG], or package.module:factory (your code: "
-                   "returns (nn.Module, transform); see docs/own-model.md)")
+    p.add_argument("--model", required=True, help="timm name (timm:NAME or NAME), open_clip:ARCH[@TAG], hf:REPO_OR_FOLDER (transformers VLM, "
+                   "e.g. AIMv2), or package.module:factory (your code: returns (nn.Module, transform); see docs/own-model.md)")
     p.add_argument("--dataset", required=True, help="registry name, NAME:SPLIT, image folder or CSV manifest")
     p.add_argument("--store", required=True, help="feature store folder")
     p.add_argument("--weights", default=None, help="local weights file (.safetensors, or a torch checkpoint read weights_only)")
@@ -30,7 +30,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nac-fit", type=int, default=None, metavar="N",
                    help="ID train: tap only the N class-balanced rows NAC fits on (its n_fit; implies --taps)")  # fmt: skip
     p.add_argument("--seed", type=int, default=0, help="seed of the --nac-fit rows (NAC's seed; default 0)")
-    p.add_argument("--patch-features", action="store_true", help="open_clip ViT: value-path patch features for GL-MCM")
+    p.add_argument("--patch-features", action="store_true", help="VLMs (open_clip:, hf:): value-path patch features for GL-MCM")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--workers", type=int, default=0, help="DataLoader worker processes (default 0)")
     add_device(p)

@@ -273,7 +273,7 @@ def _specs_for(run: _Run, cfg: ExperimentConfig) -> list[DetectorSpec]:
         return [DetectorSpec(n) for n in names]
     from .zeroshot import default_zeroshot_specs
 
-    return default_zeroshot_specs(run.feats.get("id_test"))
+    return default_zeroshot_specs()
 
 
 def _hp_key(spec: DetectorSpec) -> str:
@@ -304,7 +304,7 @@ def _plan_run(run: _Run, cfg: ExperimentConfig, features: FeatureFn) -> None:
         from .zeroshot import build_context
 
         try:
-            run.context = build_context(run.model, run.weights, cfg)
+            run.context = build_context(run.model, run.weights, cfg, run.feats)
         except Exception as exc:  # noqa: BLE001
             run.errors["id_test"] = f"zero-shot text side failed: {_error_text(exc)}"
     try:

@@ -145,7 +145,7 @@ class _Runner:
                 if self.patch:
                     from .valuepath import image_and_patch_features
 
-                    feats, patches = image_and_patch_features(self.bb.model.visual, x)
+                    feats, patches = image_and_patch_features(self.bb.model, x)
                     out = {"features": feats.float(), "logits": self.bb.logits_from(feats.float()), "patch_features": patches.float()}
                 else:
                     out = dict(self.bb.forward(x))
@@ -192,7 +192,7 @@ def extract(
     ``dataset``: a Manifest, registry name, ``NAME:SPLIT``, image folder or CSV (see
     :func:`oodeval.data.resolve`). ``taps``: record NAC states (``extras['nac/<layer>']``, layers
     from :func:`oodeval.features.taps.default_nac_layers` unless ``nac_layers``). ``patch_features``:
-    open_clip ViT value-path patch features (``extras['patch_features']``). ``head``: a probe head
+    VLM value-path patch features (GL-MCM; ``features.valuepath``) (``extras['patch_features']``). ``head``: a probe head
     file whose logits/weight/bias replace the model's own. ``amp``: bf16 autocast, default on CUDA only.
     ``shard_size``: rows per shard for a new entry (a resumed entry keeps its own). A manifest row
     whose file does not exist is a FileNotFoundError unless ``skip_missing`` (then it is skipped and
@@ -218,10 +218,10 @@ def extract(
         raise ValueError("transform, classifier and feature_layer apply to an nn.Module model, not to a model name")
     else:
         kind, _, _ = parse_model_name(model)
-    if patch_features and kind != "open_clip":
-        raise ValueError("patch_features apply to open_clip ViT models only")
-    if taps and (kind == "open_clip" or head is not None):
-        raise ValueError("taps (NAC states) need a classifier with its own head (no open_clip, no probe head)")
+    if patch_features and kind not in ("open_clip", "hf"):
+        raise ValueError("patch_features apply to VLM image towers only (open_clip:..., hf:...)")
+    if taps and (kind in ("open_clip", "hf") or head is not None):
+        raise ValueError("taps (NAC states) need a classifier with its own head (no VLM, no probe head)")
     manifest = dataset if isinstance(dataset, Manifest) else resolve(dataset, data_root, strict=strict)
     if len(manifest) == 0:
         raise ValueError(f"dataset {manifest.name!r} has no images")
@@ -402,7 +402,7 @@ def _run(job: _Job) -> Path:
             "manifest_hash": manifest.content_hash(), "class_names": manifest.class_names, "key": job.key,
             "taps": layers, "depth": depth, "patch_features": job.patch_features, "precision": "bf16" if job.amp else "fp32",
             "device": dev.type, "world_size": world, "role": manifest.meta.get("role"),
-            "timing_rank0": timing,
+            "timing_rank0": timing, "text_tower": bb.info.get("text_tower"),
         }
         try:
             st.assemble(partial, n_shards, job.entry, manifest, meta, head=(bb.weight, bb.bias) if bb.weight is not None else None)
