@@ -60,6 +60,7 @@ def test_pretrained_value_joins_the_model_name():
         with_pretrained("ViT-B-16@openai", "laion2b", "open_clip")
     with pytest.raises(ValueError, match="only timm and open_clip"):
         with_pretrained("my_models:net", "x", "python")
+    assert with_pretrained("hf:apple/aimv2-large-patch14-224-lit", FROM_MODEL_NAME, "hf") == ("hf:apple/aimv2-large-patch14-224-lit", True)
 
 
 def test_pretrained_errors_name_the_fix(tmp_path, capsys):

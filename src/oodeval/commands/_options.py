@@ -73,14 +73,16 @@ def with_pretrained(model: str, value: str | None, kind: str) -> tuple[str, bool
     """``(model name carrying the hub tag, whether to download)`` for a ``--pretrained`` value.
 
     ``kind``: "open_clip" (a TAG joins the name as ``ARCH@TAG``) or "timm" (``NAME.TAG``); a
-    name that already carries a different tag is refused.
+    name that already carries a different tag is refused. Other kinds ("hf", "python") take
+    ``--pretrained`` alone or ``none`` only.
     """
     if value in (None, "none"):
         return model, False
     if value == FROM_MODEL_NAME:
         return model, True
     if kind not in ("open_clip", "timm"):
-        raise ValueError(f"--pretrained {value} names a hub tag, which only timm and open_clip models have")
+        raise ValueError(f"--pretrained {value} names a hub tag, which only timm and open_clip models have; "
+                         "give --pretrained alone for the weights the model name names")
     sep = "@" if kind == "open_clip" else "."
     _, tagged, tag = model.removeprefix(f"{kind}:").partition(sep)
     if tagged and tag != value:

@@ -163,8 +163,9 @@ def _encoder(args):
     from ..zeroshot.text import TextEncoder
 
     check_weights(args)
-    model, download = with_pretrained(args.model, args.pretrained, "open_clip")
-    tag = model.partition("@")[2] if download else None
+    kind = "hf" if args.model.startswith("hf:") else "open_clip"
+    model, download = with_pretrained(args.model, args.pretrained, kind)
+    tag = (model if kind == "hf" else model.partition("@")[2]) if download else None  # hf: any tag = from_pretrained
     if download and not tag:
         raise ValueError(f"--pretrained: {args.model} names no weights; give --pretrained TAG or --model ARCH@TAG")
     device = resolve_device(args.device)
