@@ -216,7 +216,10 @@ def test_construct_export_and_url_templates(foreign, capsys, tmp_path: Path) -> 
 
     d = make_synthetic_dataset(tmp_path / "data", n_classes=3, per_class=4, unassigned=0.5, seed=0)
     work = tmp_path / "work"
-    assert main(["construct", "candidates", str(work), "--manifest", str(d.manifest), "--reannotation", str(d.reannotation)]) == 0
+    candidates = ["construct", "candidates", "--manifest", d.manifest, "--reannotation", d.reannotation]
+    refused_by_cli(capsys, lambda t: candidates[:2] + [t] + candidates[2:], foreign)
+    assert main([str(a) for a in candidates[:2] + [work] + candidates[2:]]) == 0
+    assert main([str(a) for a in candidates[:2] + [work] + candidates[2:]]) == 0  # its own project: rewritten
     assert main(["construct", "init", str(work), "--stage1", "a", "b", "--stage3", "c"]) == 0
     for option, template, message in [("--image-url-template", "https://x/{id}", "found {id}"),
                                        ("--search-template", "g=https://x/?u={0}", "found {0}")]:  # fmt: skip
