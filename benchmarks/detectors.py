@@ -268,7 +268,7 @@ def main() -> None:
     knn_k = 1000 if n_train >= 100_000 else max(1, n_train // 200)
     print(f"knn k = {knn_k} for both libraries")
     hps = {"knn": {"k": knn_k}}
-    names = args.detectors.split(",") if args.detectors else [n for n in detectors.names() if n != "nac"]
+    names = args.detectors.split(",") if args.detectors else [n for n in detectors.names("paper21") if n != "nac"]
     cache: dict = {}
     n_score = 2 * n_test
     detectors.create("msp")  # import every detector module before timing

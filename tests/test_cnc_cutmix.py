@@ -112,3 +112,23 @@ def test_outlier_batches_are_seeded_tensors():
     # each epoch visits every image once as the first of a pair
     firsts = np.concatenate([x.record["first"] for x in a])
     assert sorted(firsts) == list(range(20))
+
+
+def test_release_augmentations():
+    from oodeval.cnc.augment import crop_flip, release_source
+
+    img = np.arange(8 * 8, dtype=np.uint8).reshape(8, 8) + 1
+    out = crop_flip(np.stack([img] * 50), np.random.default_rng(0), pad=2)
+    assert out.shape == (50, 8, 8) and out.dtype == np.uint8
+    padded = np.pad(img, 2)
+    # every output is one of the (2*pad+1)^2 crops of the zero-padded image, possibly mirrored
+    crops = {padded[t : t + 8, l : l + 8].tobytes() for t in range(5) for l in range(5)}
+    crops |= {padded[t : t + 8, l : l + 8][:, ::-1].tobytes() for t in range(5) for l in range(5)}
+    assert all(o.tobytes() in crops for o in out)
+    assert len({o.tobytes() for o in out}) > 10  # positions and flips vary
+    rgb = np.random.default_rng(1).integers(1, 256, size=(16, 16, 3), dtype=np.uint8)
+    src = [release_source(rgb, np.random.default_rng(s)) for s in range(20)]
+    assert all(s.shape == rgb.shape and s.dtype == np.uint8 for s in src)
+    # rotation by up to 15 degrees leaves black (fill 0) corners in most draws; values are copied, not blended
+    assert sum((s == 0).all(axis=2).any() for s in src) >= 10
+    assert all(set(np.unique(s)) <= set(np.unique(rgb)) | {0} for s in src)

@@ -45,7 +45,7 @@ def test_cnc_detector_score_is_one_minus_p_outlier():
 
 def test_cnc_detector_is_registered_but_not_one_of_the_21():
     create("cnc")
-    assert "cnc" in REGISTRY and "cnc" not in names()
+    assert "cnc" in REGISTRY and "cnc" in names() and "cnc" not in names("paper21")
     with pytest.raises(ValueError, match="form"):
         create("cnc", form="odds").fit().score(_fs(np.zeros((3, 3))))
     with pytest.raises(ValueError, match="outlier_class"):
@@ -104,17 +104,17 @@ def test_aggregate_mean_std_ddof1_and_table():
 
 
 def test_suites():
-    assert ood_sets("cnc-cifar10") == ("svhn", "tin-crop", "tin-resize", "lsun-crop", "lsun-resize", "isun")
+    assert ood_sets("cnc-cifar10") == ("svhn:test", "tin-crop", "tin-resize", "lsun-crop", "lsun-resize", "isun")
     assert suite("cnc-cifar100").id_test == "cifar100:test"
     oo = suite("openood-cifar10")
-    assert oo.groups["near"] == ("cifar100:test", "tin") and oo.groups["far"] == ("mnist", "svhn", "texture", "places365")
+    assert oo.groups["near"] == ("cifar100:test", "tin") and oo.groups["far"] == ("mnist", "svhn:test", "texture", "places365")
     assert suite("openood-cifar100").groups["near"][0] == "cifar10:test"
     from oodeval.data import REGISTRY as DATA
 
     for name in ("cnc-cifar10", "cnc-cifar100"):
         s = SUITES[name]
-        for d in s.ood + (s.id_test.split(":")[0],):
-            assert d in DATA, d
+        for d in s.ood + (s.id_test,):
+            assert d.split(":")[0] in DATA, d
     with pytest.raises(KeyError, match="known"):
         suite("cifar11")
 
@@ -142,3 +142,75 @@ def test_cli_train_and_evaluate(tmp_path, capsys):
     assert "TNR@TPR95" in capsys.readouterr().out
     assert main(["cnc", "evaluate", "--checkpoint", str(ck), "--no-progress"]) == 2
     assert "--suite" in capsys.readouterr().err
+
+
+def test_cli_evaluate_refuses_incomparable_inputs(tmp_path, capsys):
+    from oodeval.cli import main
+
+    rng = np.random.default_rng(0)
+    labels = np.arange(48) % 3
+    images = rng.integers(0, 50, size=(48, 12, 12), dtype=np.uint8)
+    for i, c in enumerate(labels):
+        images[i, c * 4 : c * 4 + 3] = 220
+    np.savez(tmp_path / "train.npz", images=images, labels=labels)
+    np.savez(tmp_path / "other.npz", images=images[::-1], labels=labels[::-1])
+    np.savez(tmp_path / "ten.npz", images=images, labels=np.arange(48) % 10)
+    np.savez(tmp_path / "big.npz", images=rng.integers(0, 256, size=(20, 14, 14), dtype=np.uint8))
+    np.savez(tmp_path / "rgb.npz", images=rng.integers(0, 256, size=(20, 12, 12, 3), dtype=np.uint8))
+    common = ["--model", "test_resnet", "--epochs", "1", "--batch-size", "16", "--no-progress", "--corruptions", "contrast"]
+    for name, data, seed in (("s0", "train", "0"), ("s1", "train", "1"), ("o1", "other", "1")):
+        assert main(["cnc", "train", "--dataset", str(tmp_path / f"{data}.npz"), "--out", str(tmp_path / name),
+                     "--seed", seed, *common]) == 0  # fmt: skip
+    cfg = json.loads((tmp_path / "s0" / "config.json").read_text())
+    assert cfg["image_size"] == [12, 12] and cfg["in_chans"] == 1 and cfg["num_classes"] == 3 and cfg["data_hash"]
+    capsys.readouterr()
+
+    def evaluate(*extra, ck=("s0",), id_test="train"):
+        code = main(["cnc", "evaluate", "--checkpoint", *[str(tmp_path / c) for c in ck],
+                     "--id-test", str(tmp_path / f"{id_test}.npz"), "--no-progress", *extra])  # fmt: skip
+        return code, capsys.readouterr()
+
+    code, out = evaluate("--ood", str(tmp_path / "big.npz"))
+    assert code == 2 and "14x14" in out.err and "12x12" in out.err and "--resize" in out.err
+    code, out = evaluate("--ood", str(tmp_path / "big.npz"), "--resize")
+    assert code == 0 and "TNR@TPR95" in out.out
+    code, out = evaluate("--ood", str(tmp_path / "rgb.npz"))
+    assert code == 2 and "3-channel" in out.err and "--channels 1" in out.err
+    code, out = evaluate("--ood", str(tmp_path / "big.npz"), "--resize", id_test="ten")
+    assert code == 2 and "K = 3" in out.err
+    code, out = evaluate("--ood", str(tmp_path / "big.npz"), "--resize", ck=("s0", "o1"))
+    assert code == 2 and "data_hash" in out.err and "more than the seed" in out.err
+    code, out = evaluate("--ood", str(tmp_path / "big.npz"), "--resize", ck=("s0", "s1"))
+    assert code == 0 and "mean ± std over 2 runs" in out.out
+
+
+def test_grid_treats_k_plus_one_models_like_cnc_evaluate(tmp_path):
+    from oodeval.experiment import run_experiment
+    from oodeval.results import load_results
+
+    rng = np.random.default_rng(3)
+    k, d = 3, 6
+    W, b = rng.normal(size=(k + 1, d)).astype(np.float32), rng.normal(size=k + 1).astype(np.float32)
+
+    def fs(n, labelled, shift):
+        y = rng.integers(0, k, n) if labelled else None
+        z = (rng.normal(size=(n, d)) + shift).astype(np.float32)
+        meta = {"cnc": True, "num_id_classes": k, "outlier_class": k}
+        return FeatureSet(features=z, labels=y, logits=z @ W.T + b, weight=W, bias=b, meta=meta)
+
+    sets = {"id_train": fs(80, True, 0.0), "id_test": fs(60, True, 0.0), "far": fs(40, False, 1.5)}
+    # the outlier logit is the largest for most ID test images: over all K+1 logits the accuracy would collapse
+    sets["id_test"].logits[:, k] += 5
+    paths = {n: str(s.save(tmp_path / n)) for n, s in sets.items()}
+    cfg = {
+        "seeds": [0], "bootstrap_draws": 50, "results": str(tmp_path / "out" / "results.parquet"),
+        "datasets": {"id_train": "train", "id_test": "test", "ood": ["far"]},
+        "models": [{"name": "cnc-model", "features": paths}], "detectors": ["msp", "energy", "cnc"],
+    }  # fmt: skip
+    df = load_results(run_experiment(cfg, progress=False).results).set_index("detector")
+    ref = evaluate_run(sets["id_test"], {"far": sets["far"]}, ("msp", "energy", "cnc"), train=sets["id_train"])
+    for det in ("msp", "energy", "cnc"):
+        assert df.loc[det, "auroc"] == pytest.approx(ref["detectors"][det]["sets"]["far"]["auroc"], abs=1e-12)
+        assert df.loc[det, "id_accuracy"] == pytest.approx(ref["id_accuracy"], abs=1e-12)
+    first_k = (sets["id_test"].logits[:, :k].argmax(1) == sets["id_test"].labels).mean()
+    assert ref["id_accuracy"] == pytest.approx(first_k) and first_k > 0.1

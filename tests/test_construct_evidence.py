@@ -7,6 +7,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
 import pytest
+from PIL import Image
 
 from oodeval.cli import main
 from oodeval.construct.candidates import load_project, write_project
@@ -92,7 +93,7 @@ def fake_llm():
 def test_describe_image_sends_the_image_as_a_data_url_and_caches(tmp_path, fake_llm):
     url, seen = fake_llm
     image = tmp_path / "x.png"
-    image.write_bytes(b"\x89PNG fake bytes")
+    Image.new("RGB", (4, 3), (200, 10, 10)).save(image)
     client = ChatClient(url, "mllm-test", cache_dir=tmp_path / "cache", max_retries=0)
     got = describe_image(client, image, NAMES)
     assert (got["label"], got["in_list"], got["model"]) == ("Denison barb", False, "mllm-test")
@@ -157,6 +158,23 @@ def test_evidence_cli_reads_featureset_folders(project, capsys):
     assert main(["construct", "evidence", str(p.folder), "--text-embeddings", str(d.folder / "nope.npy"),
                  "--image-embeddings", str(d.image_embeddings)]) == 2
     assert "do not exist" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("option, template, shown", [
+    ("--image-url-template", "https://h/{id}", "found {id}"),
+    ("--image-url-template", "https://h/{0}/{path}", "found {0}"),
+    ("--image-url-template", "https://h/{}", "found {}"),
+    ("--image-url-template", "https://h/{path", "not a valid template"),
+    ("--search-template", "Mine=https://s.example/?u={url}&k={0}", "found {0}"),
+    ("--search-template", "Mine=https://s.example/?u={id}", "found {id}"),
+])
+def test_url_templates_with_other_fields_are_a_clear_error(project, capsys, option, template, shown):
+    d, p = project
+    before = sorted(p.evidence_dir.glob("*")) if p.evidence_dir.exists() else []
+    assert main(["construct", "evidence", str(p.folder), option, template]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("oodeval construct: error:") and shown in err and "Traceback" not in err
+    assert (sorted(p.evidence_dir.glob("*")) if p.evidence_dir.exists() else []) == before
 
 
 def test_text_embeddings_keyed_by_label(tmp_path):

@@ -9,8 +9,8 @@ import threading
 import pytest
 
 from oodeval.construct.candidates import Candidate
-from oodeval.construct.protocol import AuthError, ProtocolError, ProtocolStore
-from oodeval.construct.rules import Outcome, Verdict, resolve
+from oodeval.construct.protocol import AuthError, ProtocolError, ProtocolStore, wordnet_synonyms
+from oodeval.construct.rules import Outcome, Verdict, differences, normalise_label, resolve, same_label
 
 
 def ood(who, label="tayra", fine=False):
@@ -28,12 +28,12 @@ def amb(who):
 # ---- Stage 1 + 2: every pair of verdicts ----------------------------------------------------------
 STAGE12 = [
     ("ood/ood same label", [ood("a", "tayra", True), ood("b", "tayra", True)], Outcome("final", "ood", 2, "tayra", True, None, ("tayra",))),
-    ("ood/ood other labels: first annotator's label and flag, both kept",
-     [ood("a", "tayra", True), ood("b", "weasel relative", False)],
-     Outcome("final", "ood", 2, "tayra", True, None, ("tayra", "weasel relative"))),
-    ("ood/ood order matters for the adopted label",
-     [ood("a", "weasel relative", False), ood("b", "tayra", True)],
-     Outcome("final", "ood", 2, "weasel relative", False, None, ("weasel relative", "tayra"))),
+    ("ood/ood same label up to case and spacing: the first spelling adopted, both kept",
+     [ood("a", "Denison barb", True), ood("b", "  denison   BARB ", True)],
+     Outcome("final", "ood", 2, "Denison barb", True, None, ("Denison barb", "  denison   BARB "))),
+    ("ood/ood other labels", [ood("a", "axolotl", True), ood("b", "teapot", True)], Outcome("stage3")),
+    ("ood/ood same label, other fine-grained flag", [ood("a", "axolotl", True), ood("b", "axolotl", False)], Outcome("stage3")),
+    ("ood/ood other labels and flags (axolotl vs teapot)", [ood("a", "axolotl", True), ood("b", "teapot", False)], Outcome("stage3")),
     ("id/id same class", [idv("a", 3), idv("b", 3)], Outcome("final", "id", 2, None, False, 3)),
     ("id/id other classes", [idv("a", 3), idv("b", 4)], Outcome("stage3")),
     ("ambiguous/ambiguous", [amb("a"), amb("b")], Outcome("final", "ambiguous", 2)),
@@ -53,8 +53,19 @@ def test_stage1_and_stage2(stage1, expected):
     assert resolve(stage1) == expected
 
 
+def test_wordnet_synonyms_agree_and_other_concepts_do_not():
+    syn = wordnet_synonyms()
+    assert syn is not None  # Debian wordnet-base is a test requirement (conftest)
+    assert same_label("Tayra", "Eira_barbara", syn) and same_label("eira  barbara", "TAIRA", syn)
+    assert not same_label("tayra", "Eira barbara") and not same_label("tayra", "weasel", syn)
+    got = resolve([ood("a", "Tayra", True), ood("b", "Eira barbara", True)], synonyms=syn)
+    assert got == Outcome("final", "ood", 2, "Tayra", True, None, ("Tayra", "Eira barbara"))
+    assert resolve([ood("a", "Tayra", True), ood("b", "Eira barbara", False)], synonyms=syn) == Outcome("stage3")
+    assert normalise_label(" Denison_barb ") == normalise_label("denison-barb") == "denison barb"
+
+
 DISPUTE = [ood("a", "tayra"), idv("b", 5)]
-MAKERS = {"ood": lambda w: ood(w, f"label-{w}", w == "c"), "id": lambda w: idv(w, 5), "ambiguous": amb}
+MAKERS = {"ood": lambda w: ood(w, "tayra", True), "id": lambda w: idv(w, 5), "ambiguous": amb}
 
 
 @pytest.mark.parametrize("combo", list(itertools.product(MAKERS, repeat=3)), ids="-".join)
@@ -64,12 +75,43 @@ def test_stage3_every_combination(combo):
     assert got.status == "final" and got.stage == 3
     if len(set(combo)) == 1:
         assert got.verdict == combo[0]
-        if combo[0] == "ood":  # the third annotator's label and flag; the others kept
-            assert (got.ood_label, got.fine_grained, got.labels) == ("label-c", True, ("label-c", "label-a", "label-b"))
+        if combo[0] == "ood":
+            assert (got.ood_label, got.fine_grained, got.labels) == ("tayra", True, ("tayra",))
         if combo[0] == "id":
             assert got.id_class == 5
     else:
         assert got == Outcome("final", "ambiguous", 3)
+
+
+# the three Stage-3 OOD verdicts: (label, fine-grained) of a, b, c -> the outcome (None = ambiguous)
+LABEL_FLAG = [
+    ([("Denison barb", True), ("tayra", True), ("banana", True)], None),          # three labels are no consensus
+    ([("tayra", True), ("tayra", True), ("banana", True)], None),                 # one label differs
+    ([("tayra", True), ("tayra", True), ("tayra", False)], None),                 # one flag differs
+    ([("tayra", False), ("tayra", True), ("tayra", True)], None),
+    ([("Tayra", True), ("tayra ", True), ("TAYRA", True)], ("Tayra", True)),      # same label normalised
+    ([("tayra", False), ("tayra", False), ("tayra", False)], ("tayra", False)),
+    ([("tayra", True), ("Eira barbara", True), ("taira", True)], ("tayra", True)),  # WordNet synonyms
+    ([("tayra", True), ("Eira barbara", True), ("taira", False)], None),
+]
+
+
+@pytest.mark.parametrize("votes, expected", LABEL_FLAG, ids=[" / ".join(f"{v[0]}{'*' if v[1] else ''}" for v in c[0]) for c in LABEL_FLAG])
+def test_stage3_label_and_flag_consensus(votes, expected):
+    stage3 = [ood(w, label, fine) for w, (label, fine) in zip("abc", votes)]
+    got = resolve(DISPUTE, stage3, wordnet_synonyms())
+    if expected is None:
+        assert got == Outcome("final", "ambiguous", 3)
+    else:
+        assert (got.status, got.verdict, got.stage, got.ood_label, got.fine_grained) == ("final", "ood", 3, *expected)
+        assert got.labels == tuple(dict.fromkeys(label for label, _ in votes))
+
+
+def test_differences_name_every_field():
+    assert differences([ood("a", "axolotl", True), ood("b", "teapot", False)]) == ["ood_label", "fine_grained"]
+    assert differences([ood("a", "axolotl", True), idv("b", 3)]) == ["verdict"]
+    assert differences([idv("a", 2), idv("b", 3), idv("c", 3)]) == ["id_class"]
+    assert differences([amb("a"), amb("b")]) == []
 
 
 def test_stage3_id_needs_the_same_class_and_waits_for_all_three():
@@ -100,7 +142,26 @@ def test_create_tokens_and_wal(tmp_path):
     with pytest.raises(FileExistsError):
         make_store(tmp_path)
     with pytest.raises(ValueError, match="two Stage-1"):
-        ProtocolStore.create(tmp_path / "q.sqlite", store.images(), ("a",), "c")
+        ProtocolStore.create(tmp_path / "q.sqlite", store.images(), ("a",), "c", 10)
+    with pytest.raises(ValueError, match="n_classes must be a positive integer"):
+        ProtocolStore.create(tmp_path / "q.sqlite", store.images(), ("a", "b"), "c", None)
+
+
+def test_store_files_are_private_and_tokens_can_be_reissued(tmp_path):
+    store, tokens = make_store(tmp_path)
+    con = sqlite3.connect(store.path)  # while a connection is open, the WAL and shared-memory files exist
+    con.execute("SELECT count(*) FROM verdicts").fetchone()
+    store.submit("alice", "img/0.png", 1, "ambiguous")
+    modes = {f.name: f.stat().st_mode & 0o777 for f in [store.path, *store.path.parent.glob("p.sqlite-*")]}
+    con.close()
+    assert modes == {"p.sqlite": 0o600, "p.sqlite-shm": 0o600, "p.sqlite-wal": 0o600}
+    new = store.reissue("bob")
+    assert new != tokens["bob"] and store.authenticate(new).name == "bob"
+    with pytest.raises(AuthError, match="unknown access token"):
+        store.authenticate(tokens["bob"])
+    assert store.authenticate(tokens["alice"]).name == "alice"
+    with pytest.raises(AuthError, match="unknown annotator 'mallory'"):
+        store.reissue("mallory")
 
 
 def test_full_flow_with_dispute_and_revision(tmp_path):
@@ -128,7 +189,7 @@ def test_full_flow_with_dispute_and_revision(tmp_path):
     assert len(store.rows(img)) == 7  # the audit trail keeps every row
     p = {r["annotator"]: r for r in store.progress()}
     assert (p["alice"]["stage1_done"], p["alice"]["stage1_total"], p["carol"]["stage3_done"], p["carol"]["stage3_total"]) == (1, 4, 1, 1)
-    assert store.queue("carol", 1) == [] and store.queue("carol", 3) == [{"image": img, "done": True}]
+    assert store.queue("carol", 1) == [] and store.queue("carol", 3) == [{"image": img, "done": True, "status": "final"}]
     assert [q["done"] for q in store.queue("alice", 1)] == [False, True, False, False]
 
 
@@ -174,12 +235,74 @@ def test_bad_submissions_change_nothing(tmp_path, kwargs, exc, message):
 def test_rows_are_append_only(tmp_path):
     store, _ = make_store(tmp_path)
     store.submit("alice", "img/0.png", 1, "ambiguous")
+    row = store.rows()[0]
     con = sqlite3.connect(store.path)
-    for sql in ("UPDATE verdicts SET verdict = 'ood'", "DELETE FROM verdicts"):
+    replace = ("INSERT OR REPLACE INTO verdicts(id, image, annotator, stage, verdict, fine_grained, submission, created)"
+               " VALUES (?, 'img/0.png', 'alice', 1, 'ood', 0, ?, 'now')")
+    for sql, args in [("UPDATE verdicts SET verdict = 'ood'", ()), ("DELETE FROM verdicts", ()),
+                      (replace, (row.id, "fresh-submission")), (replace, (None, row.submission))]:
         with pytest.raises(sqlite3.IntegrityError, match="append-only"):
-            con.execute(sql)
+            con.execute(sql, args)
     con.close()
-    assert [r.verdict for r in store.rows()] == ["ambiguous"]
+    assert store.rows() == [row]
+
+
+def test_replays_are_no_ops_and_old_revisions_cannot_overwrite(tmp_path):
+    store, _ = make_store(tmp_path)
+    img = "img/0.png"
+    first = store.submit("alice", img, 1, "ood", "tayra", True, submission="sub-0001", base=None)
+    assert store.submit("alice", img, 1, "ood", "tayra", True, submission="sub-0001", base=None) == first  # replay
+    assert len(store.rows()) == 1
+    with pytest.raises(ProtocolError, match="already used for another verdict"):
+        store.submit("alice", img, 1, "ambiguous", submission="sub-0001", base=None)
+    second = store.submit("alice", img, 1, "ambiguous", submission="sub-0002", base=first)
+    with pytest.raises(ProtocolError, match="changed since this page loaded"):  # a request made before `second`
+        store.submit("alice", img, 1, "ood", "tayra", True, submission="sub-0003", base=first)
+    with pytest.raises(ProtocolError, match="changed since"):  # a second tab that never saw `first`
+        store.submit("alice", img, 1, "id", id_class=1, submission="sub-0004", base=None)
+    assert [r.id for r in store.rows()] == [first, second] and store.view("alice", img)["my_stage1"]["verdict"] == "ambiguous"
+
+
+def test_undo_while_the_stage_is_open(tmp_path):
+    store, _ = make_store(tmp_path)
+    img = "img/0.png"
+    with pytest.raises(ProtocolError, match="no Stage-1 verdict on 'img/0.png' to undo"):
+        store.submit("alice", img, 1, "withdrawn")
+    store.submit("alice", img, 1, "ambiguous")
+    store.submit("bob", img, 1, "ambiguous")  # agreement: decided at Stage 2 by bob's keystroke ...
+    assert store.outcome(img) == Outcome("final", "ambiguous", 2)
+    store.submit("bob", img, 1, "withdrawn")  # ... which bob can undo
+    assert store.outcome(img) == Outcome("stage1") and store.view("bob", img)["my_stage1"] is None
+    store.submit("bob", img, 1, "id", id_class=2)  # now a dispute: Stage 3
+    with pytest.raises(ProtocolError, match="in Stage 3: its Stage-1 verdicts can no longer be undone"):
+        store.submit("bob", img, 1, "withdrawn")
+    store.submit("carol", img, 3, "ambiguous")
+    store.submit("carol", img, 3, "withdrawn")
+    assert store.view("carol", img)["stage3"] == []
+    for who in ("alice", "bob", "carol"):
+        store.submit(who, img, 3, "id", id_class=2)
+    assert store.outcome(img) == Outcome("final", "id", 3, None, False, 2)
+    with pytest.raises(ProtocolError, match="already decided"):
+        store.submit("carol", img, 3, "withdrawn")
+    with pytest.raises(ProtocolError, match="takes no OOD label"):
+        store.submit("alice", "img/1.png", 1, "withdrawn", id_class=3)
+
+
+def test_outcomes_are_updated_incrementally(tmp_path, monkeypatch):
+    store, _ = make_store(tmp_path, n=6)
+    for i in range(6):
+        store.submit("alice", f"img/{i}.png", 1, "ambiguous")
+    assert store.summary()["stage1"] == 6
+    calls = []
+    real = ProtocolStore._outcome
+    monkeypatch.setattr(ProtocolStore, "_outcome", lambda self, rows: calls.append(rows[0].image) or real(self, rows))
+    store.submit("bob", "img/4.png", 1, "ambiguous")
+    assert calls == ["img/4.png"]  # the submission's own check, one image
+    calls.clear()
+    store.outcomes(), store.progress(), store.queue("alice", 1)
+    assert calls == ["img/4.png"]  # folded in once, not recomputed per call or per image
+    other = ProtocolStore(store.path)  # another process's view sees the same state
+    assert other.outcomes() == store.outcomes() and other.summary()["ambiguous"] == 1
 
 
 def _hammer(path, who, seed, images):
@@ -190,7 +313,7 @@ def _hammer(path, who, seed, images):
     accepted, refused = [], 0
     for img in order:
         try:
-            accepted.append(store.submit(who, img, 1, "ood", f"label-{seed}"))
+            accepted.append(store.submit(who, img, 1, "ood", "tayra"))
         except ProtocolError as exc:
             assert "closed" in str(exc)
             refused += 1

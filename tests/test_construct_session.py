@@ -12,12 +12,14 @@ from oodeval.construct.synthetic import make_synthetic_dataset
 
 # scenario k % 6 -> (stage-1 verdicts of alice and bob, stage-3 verdicts of alice, bob, carol, expected outcome)
 SCENARIOS = [
-    ([("ood", "L", True), ("ood", "M", False)], [], ("ood", "L", True)),         # agreed OOD: alice's label
+    ([("ood", "L", True), ("ood", " l", True)], [], ("ood", "L", True)),          # agreed OOD (same label normalised): alice's spelling
     ([("id", 2), ("id", 2)], [], ("id", 2)),                                      # agreed ID
     ([("ambiguous",), ("ambiguous",)], [], ("ambiguous",)),                         # agreed ambiguous
-    ([("ood", "X", True), ("id", 1)], [("ood", "X", True), ("ood", "X", True), ("ood", "Y", False)], ("ood", "Y", False)),
+    ([("ood", "X", True), ("id", 1)], [("ood", "X", True), ("ood", "x", True), ("ood", "X", True)], ("ood", "X", True)),
     ([("id", 0), ("id", 1)], [("id", 0), ("id", 0), ("id", 1)], ("ambiguous",)),  # no full consensus
     ([("ood", "A", False), ("ambiguous",)], [("id", 4), ("id", 4), ("id", 4)], ("id", 4)),
+    ([("ood", "P", True), ("ood", "Q", True)], [("ood", "P", True), ("ood", "P", True), ("ood", "Q", True)], ("ambiguous",)),  # labels differ
+    ([("ood", "P", True), ("ood", "P", False)], [("ood", "P", False), ("ood", "P", False), ("ood", "P", False)], ("ood", "P", False)),
 ]
 
 
@@ -29,7 +31,9 @@ def args_for(v, k):
     return ["ambiguous"]
 
 
-def run_cli(capsys, *argv):
+def run_cli(capsys, *argv, token=None, monkeypatch=None):
+    if token is not None:
+        monkeypatch.setenv("OODEVAL_TOKEN", token)
     rc = main(["construct", *map(str, argv)])
     out = capsys.readouterr()
     return rc, out.out, out.err
@@ -40,7 +44,7 @@ def read_csv(path):
         return list(csv.DictReader(fh))
 
 
-def test_scripted_session(tmp_path, capsys):
+def test_scripted_session(tmp_path, capsys, monkeypatch):
     d = make_synthetic_dataset(tmp_path / "data", n_classes=6, per_class=10, unassigned=0.4, seed=1)
     work = tmp_path / "work"
     rean = read_csv(d.reannotation)
@@ -64,12 +68,13 @@ def test_scripted_session(tmp_path, capsys):
 
     store = ProtocolStore(work / "protocol.sqlite")
     # bad input through the CLI: clear error, nothing stored
-    for argv, message in [
-        (["--token", "nope", "x"], "unknown access token"),
-        (["--token", tokens["alice"], "not/an/image.png"], "unknown image id"),
-        (["--token", tokens["carol"], pool[0]["path"]], "Stage-3 annotator"),
+    for token, image, message in [
+        ("nope", "x", "unknown access token"),
+        (tokens["alice"], "not/an/image.png", "unknown image id"),
+        (tokens["carol"], pool[0]["path"], "Stage-3 annotator"),
+        ("", pool[0]["path"], "no access token: set OODEVAL_TOKEN or pass --token-file"),
     ]:
-        rc, _, err = run_cli(capsys, "verdict", work, *argv, "ambiguous")
+        rc, _, err = run_cli(capsys, "verdict", work, image, "ambiguous", token=token, monkeypatch=monkeypatch)
         assert rc == 2 and message in err
     assert store.rows() == []
 
@@ -77,9 +82,9 @@ def test_scripted_session(tmp_path, capsys):
     for k, row in enumerate(pool):
         s1, s3, outcome = SCENARIOS[k % len(SCENARIOS)]
         for who, v in zip(("alice", "bob"), s1):
-            assert run_cli(capsys, "verdict", work, "--token", tokens[who], row["path"], *args_for(v, k))[0] == 0
+            assert run_cli(capsys, "verdict", work, row["path"], *args_for(v, k), token=tokens[who], monkeypatch=monkeypatch)[0] == 0
         for who, v in zip(("alice", "bob", "carol"), s3):
-            assert run_cli(capsys, "verdict", work, "--token", tokens[who], "--stage", 3, row["path"], *args_for(v, k))[0] == 0
+            assert run_cli(capsys, "verdict", work, "--stage", 3, row["path"], *args_for(v, k), token=tokens[who], monkeypatch=monkeypatch)[0] == 0
         expected[row["path"]] = outcome if outcome[0] != "ood" else ("ood", f"{outcome[1]}{k}", outcome[2])
         if k == 3:  # half-way: export refuses while images are pending
             rc, _, err = run_cli(capsys, "export", work)
@@ -134,4 +139,4 @@ def test_scripted_session(tmp_path, capsys):
         assert int(r["fine_grained"]) == n_fine
         assert float(r["fine_grained_share"]) == pytest.approx(n_fine / n_ood if n_ood else 0.0, abs=1e-6)
         assert int(r["ood_concepts"]) == len({o[1] for o in outs if o[0] == "ood"})
-    assert "| all |" in (exp / "outcome.md").read_text()
+    assert "| all |" in (exp / "outcome.md").read_text() and "Consensus rule:" in (exp / "outcome.md").read_text()

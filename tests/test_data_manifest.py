@@ -111,9 +111,11 @@ def test_cifar_and_imagenet_layouts(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="expected 60,000"):
         resolve("cifar10", tmp_path)
     for i in range(2):
-        _png(tmp_path / "svhn" / "test" / f"{i}.png", i)
-    svhn = resolve("svhn", tmp_path, strict=False)
-    assert svhn.split == ["test", "test"] and (svhn.labels == -1).all() and Path(svhn.resolve_path(1)).is_file()
+        for d in range(10):
+            _png(tmp_path / "svhn" / "test" / str(d) / f"{i}.png", i)
+    svhn = resolve("svhn:test", tmp_path, strict=False)
+    assert svhn.split == ["test"] * 20 and svhn.labels.tolist() == sorted(list(range(10)) * 2)
+    assert Path(svhn.resolve_path(1)).is_file()
 
     synsets = (Path(__import__("importlib.util").util.find_spec("timm").submodule_search_locations[0])
                / "data" / "_info" / "imagenet_synsets.txt").read_text().split()

@@ -24,11 +24,11 @@ def quick(tmp_path_factory):
 def test_tables_printed_for_every_ood_set(quick):
     _, result, text = quick
     assert result.summary.failed == 0, result.summary.errors
-    n = len(detectors.names())
+    n = len(detectors.names("paper21"))
     for label in OOD_LABELS.values():
         assert f"OOD set {label} " in text
         rows = result.tables[label]
-        assert len(rows) == n and {r["detector"] for r in rows} == set(detectors.names())
+        assert len(rows) == n and {r["detector"] for r in rows} == set(detectors.names("paper21"))
         assert any(r["best_fpr"] for r in rows) and any(r["best_auroc"] for r in rows)
         assert [r["fpr95"] for r in rows] == sorted(r["fpr95"] for r in rows)
         for r in rows:

@@ -8,8 +8,9 @@ from oodeval import detectors
 from oodeval.detectors._backend import Compute
 from oodeval.detectors._synthetic import synthetic_problem
 
-#: every detector with a precision hyperparameter (all but nac and maxlogit, which compute nothing in floats)
-PRECISION = [n for n in detectors.names() if n not in ("nac", "maxlogit")]
+#: every detector with a precision hyperparameter: all but maxlogit (a max is exact), nac (its own
+#: per-layer states) and cnc (one logit of a K+1 head)
+PRECISION = [n for n in detectors.names() if n not in ("nac", "maxlogit", "cnc")]
 #: the heavy detectors with a torch backend
 TORCH = ["kl_matching", "dice", "mahalanobis", "relative_mahalanobis", "mahalanobis_pp",
          "relative_mahalanobis_pp", "knn", "cosine", "mcm", "fdbd", "neco", "vim", "nnguide"]  # fmt: skip
@@ -69,6 +70,11 @@ def test_exact_knn_with_small_blocks(problem, monkeypatch):
     for device in (None, "cpu"):
         got = detectors.create("knn", k=20, device=device).fit(train).score(test)
         np.testing.assert_allclose(got, -np.sqrt(np.maximum(2 - 2 * kth, 0)), rtol=1e-5, atol=1e-6)
+
+
+def test_exactly_the_documented_detectors_lack_precision():
+    lacking = [n for n in detectors.names() if "precision" not in detectors.create(n).get_params()]
+    assert sorted(lacking) == ["cnc", "maxlogit", "nac"]
 
 
 def test_bad_precision_or_device_is_a_clear_error(problem):

@@ -25,9 +25,9 @@ def with_features(fs: FeatureSet, z: np.ndarray, extras=None) -> FeatureSet:
 
 def test_registry_has_all_21_detectors():
     detectors.create("msp")  # triggers the imports
-    assert set(detectors.names()) <= set(detectors.REGISTRY)
-    assert len(detectors.names()) == 21
-    for name in detectors.names():
+    assert set(detectors.names("paper21")) <= set(detectors.REGISTRY)
+    assert len(detectors.names("paper21")) == 21
+    for name in detectors.names("paper21"):
         cls = detectors.REGISTRY[name]
         assert issubclass(cls, Detector) and cls.__doc__ and len(cls.__doc__) > 80
         det = cls()
@@ -41,7 +41,7 @@ def test_registry_has_all_21_detectors():
 SYNTHETIC_HP = {"knn": {"k": 50}, "nac": {"n_fit": None, "layer_params": {"pre_logits": {"alpha": 1.0}}}}
 
 
-@pytest.mark.parametrize("name", detectors.names())
+@pytest.mark.parametrize("name", detectors.names("paper21"))
 def test_every_detector_separates_far_ood(problem, name):
     train, test, ood = problem
     det = detectors.create(name, **SYNTHETIC_HP.get(name, {})).fit(train)
@@ -91,14 +91,14 @@ def test_vim_residual_is_zero_inside_principal_space(problem):
 
 
 REFITS = [
-    ("energy", {"t": 1.0}, {"t": 3.0}),
-    ("gen", {"m": 100}, {"m": 2}),
+    ("energy", {"temperature": 1.0}, {"temperature": 3.0}),
+    ("gen", {"top_m": 100}, {"top_m": 2}),
     ("react", {"percentile": 90}, {"percentile": 50}),
     ("ash_s", {"percentile": 90}, {"percentile": 60}),
     ("scale", {"percentile": 85}, {"percentile": 40}),
     ("dice", {"p": 70}, {"p": 20}),
     ("knn", {"k": 50}, {"k": 2}),
-    ("mcm", {"t": 1.0}, {"t": 0.05}),
+    ("mcm", {"tau": 1.0}, {"tau": 0.05}),
     ("neco", {}, {"dim": 3}),
     ("vim", {}, {"dim": 10}),
     ("nnguide", {"seed": 0}, {"seed": 1, "k": 3}),
@@ -168,7 +168,7 @@ def test_clear_errors_when_data_lacks_what_a_detector_needs(problem):
         detectors.create("msp").fit().score(FeatureSet(test.features))
     assert "nac" not in detectors.supported(bare, bare)
     assert "mahalanobis" not in detectors.supported(unlabelled, unlabelled)
-    assert set(detectors.supported(train, test)) == set(detectors.names())
+    assert set(detectors.supported(train, test)) == set(detectors.names("paper21"))
 
 
 # ---------------------------------------------------------------- non-finite inputs, mismatched sets

@@ -65,11 +65,11 @@ def test_logit_scores(data):
     np.testing.assert_allclose(run("msp", train, test), softmax(f, axis=1).max(axis=1), rtol=1e-12)
     np.testing.assert_allclose(run("maxlogit", train, test), f.max(axis=1), rtol=1e-12)
     np.testing.assert_allclose(run("energy", train, test), logsumexp(f, axis=1), rtol=1e-12)
-    np.testing.assert_allclose(run("energy", train, test, t=2.5), 2.5 * logsumexp(f / 2.5, axis=1), rtol=1e-12)
+    np.testing.assert_allclose(run("energy", train, test, temperature=2.5), 2.5 * logsumexp(f / 2.5, axis=1), rtol=1e-12)
     for m in (3, 100):
         p = np.sort(softmax(f, axis=1), axis=1)[:, ::-1][:, :m]
         ref = -np.sum(p**0.1 * (1 - p) ** 0.1, axis=1)
-        np.testing.assert_allclose(run("gen", train, test, m=m), ref, rtol=1e-9)
+        np.testing.assert_allclose(run("gen", train, test, top_m=m), ref, rtol=1e-9)
 
 
 def test_kl_matching(data):
@@ -176,7 +176,7 @@ def test_cosine_and_mcm(data):
     cos = 1 - cdist(f64(test.features), means, "cosine")
     np.testing.assert_allclose(run("cosine", train, test), cos.max(axis=1), rtol=1e-10)
     np.testing.assert_allclose(run("mcm", train, test), softmax(cos, axis=1).max(axis=1), rtol=1e-10)
-    np.testing.assert_allclose(run("mcm", train, test, t=0.1), softmax(cos / 0.1, axis=1).max(axis=1), rtol=1e-10)
+    np.testing.assert_allclose(run("mcm", train, test, tau=0.1), softmax(cos / 0.1, axis=1).max(axis=1), rtol=1e-10)
 
 
 def test_fdbd(data):

@@ -31,7 +31,7 @@ def test_score_command_prints_table_and_writes_csv(folders, capsys, tmp_path):
     assert main(argv) == 0
     printed = capsys.readouterr().out
     table = pd.read_csv(out)
-    assert len(table) == 21 * 2 and set(table.detector) == set(detectors.names())
+    assert len(table) == 21 * 2 and set(table.detector) == set(detectors.names("paper21"))
     assert set(table.ood) == {"far", "near"}
     assert "FPR@95 / AUROC (%)" in printed and "relative_mahalanobis_pp" in printed
     # the CSV holds exactly the metrics of the detector's own scores
@@ -105,3 +105,28 @@ def test_a_failing_set_is_that_detectors_failure_and_the_run_goes_on(folders, ca
     assert {d for d in ("msp", "energy", "knn", "nnguide", "react") if status[(d, "inf")] == "error"} == {"msp", "energy", "nnguide"}
     assert "logits has 1 non-finite value (first in row 7)" in table.loc[("energy", "inf"), "error"]
     assert "AssertionError" not in err and "13 of 15 (detector, OOD set) results failed" in err
+
+
+def test_score_writes_a_results_table_that_report_reads(folders, tmp_path, capsys):
+    out = tmp_path / "res" / "score.parquet"
+    argv = ["score", "--train", str(folders / "train"), "--test", str(folders / "test"),
+            "--ood", f"far={folders / 'far'}", "--ood", f"near={folders / 'near'}",
+            "--detectors", "msp,knn,vim", "--set", "knn.k=5", "--draws", "50", "--no-progress"]  # fmt: skip
+    assert main([*argv, "--out", str(out)]) == 0
+    assert main([*argv, "--out", str(tmp_path / "score.csv")]) == 0
+    table, csv = pd.read_parquet(out), pd.read_csv(tmp_path / "score.csv")
+    ok = table[(table.status == "ok") & (table.split == "all")]
+    assert sorted(zip(ok.detector, ok.dataset)) == sorted(zip(csv.detector, csv.ood))
+    for r in csv.itertuples():  # the same cells, the same numbers as the CSV's
+        cell = ok[(ok.detector == r.detector) & (ok.dataset == r.ood)].iloc[0]
+        assert (cell.fpr95, cell.auroc) == pytest.approx((r.fpr95, r.auroc), abs=1e-15)
+        assert cell.fpr95_lo <= cell.fpr95 <= cell.fpr95_hi
+    assert set(ok[ok.detector == "knn"].hyperparameters) == {'{"k":5}'}
+    capsys.readouterr()
+    assert main([*argv, "--out", str(out)]) == 0  # a rerun computes nothing new
+    assert "0 cells computed, 6 already there" in capsys.readouterr().out
+    assert main(["report", str(out), "--out", str(tmp_path / "report"), "--draws", "20"]) == 0
+    html = (tmp_path / "report" / "report.html").read_text()
+    assert all(d in html for d in ("msp", "knn", "vim"))
+    assert main([*argv[:-1], "--draws", "0", "--out", str(tmp_path / "zero.parquet")]) == 2
+    assert "--draws must be at least 1" in capsys.readouterr().err

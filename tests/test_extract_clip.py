@@ -79,7 +79,7 @@ def test_clip_extraction_with_patch_features_and_saved_weights(tiny_clip: str, t
         np.testing.assert_allclose(fs.extras["patch_features"], _hand_written_patches(net.visual, x).numpy(), rtol=1e-4, atol=1e-5)
     assert fs.meta["preprocessing"]["library"] == "open_clip" and "Normalize" in fs.meta["preprocessing"]["transform"]
 
-    with pytest.raises(ValueError, match="open_clip ViT"):
+    with pytest.raises(ValueError, match="VLM image towers only"):
         extract("test_resnet", tmp_path, tmp_path / "store", patch_features=True, progress=False)
 
 

@@ -185,7 +185,7 @@ def test_cli_extract_probe_and_errors(folder: Path, tmp_path: Path, capsys: pyte
     from oodeval.cli import main
 
     kw = json.dumps({"num_classes": 2, "pretrained_cfg_overlay": {"input_size": [3, 32, 32]}})
-    args = ["extract", "--model", "test_resnet", "--dataset", str(folder), "--store", str(tmp_path / "s"), "--model-kwargs", kw, "--quiet"]
+    args = ["extract", "--model", "test_resnet", "--dataset", str(folder), "--store", str(tmp_path / "s"), "--model-kwargs", kw, "--no-progress"]
     assert main(args) == 0
     out = capsys.readouterr().out
     entry = Path(out.splitlines()[0])
@@ -204,7 +204,7 @@ def test_corrupt_weights_file_is_a_clear_error_not_a_traceback(folder: Path, tmp
 
     bad = tmp_path / "w.safetensors"
     bad.write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00not json")
-    args = ["extract", "--model", "test_resnet", "--dataset", str(folder), "--store", str(tmp_path / "s"), "--weights", str(bad), "--quiet"]
+    args = ["extract", "--model", "test_resnet", "--dataset", str(folder), "--store", str(tmp_path / "s"), "--weights", str(bad), "--no-progress"]
     assert main(args) == 2
     assert f"{bad} is not a readable safetensors file" in capsys.readouterr().err
 
@@ -216,7 +216,7 @@ def test_a_manifest_row_whose_file_is_missing_is_an_error_unless_skipped(folder:
     rows = [f"{folder / 'cat' / f'{i}.jpg'},0" for i in range(3)] + [f"{tmp_path / 'gone.jpg'},1"]
     csv.write_text("path,label\n" + "\n".join(rows) + "\n")
     args = ["extract", "--model", "test_resnet", "--dataset", str(csv), "--store", str(tmp_path / "s"),
-            "--model-kwargs", '{"num_classes": 2}', "--quiet"]  # fmt: skip
+            "--model-kwargs", '{"num_classes": 2}', "--no-progress"]  # fmt: skip
     assert main(args) == 2
     err = capsys.readouterr().err
     assert f"1 of 4 files in the manifest do not exist (e.g. {tmp_path / 'gone.jpg'})" in err and "--skip-missing" in err

@@ -18,7 +18,7 @@ name = "timm:test_resnet"
 name = "msp"
 [[detectors]]
 name = "energy"
-hyperparameters = { t = 2.0 }
+hyperparameters = { temperature = 2.0 }
 """
 
 
@@ -34,7 +34,7 @@ def test_valid_file_parses_with_paths_relative_to_it(tmp_path):
     assert [d.label for d in cfg.ood] == ["a", "B"]
     assert cfg.ood[1].split_column == "fine_grained" and cfg.ood[0].split_column is None
     assert [d.name for d in cfg.detectors] == ["msp", "energy"]
-    assert cfg.detectors[1].hyperparameters == {"t": 2.0}
+    assert cfg.detectors[1].hyperparameters == {"temperature": 2.0}
     assert cfg.results == tmp_path / "results.parquet"
     assert cfg.store == tmp_path / "store"
     assert cfg.models[0].weights == (None,) and cfg.models[0].kind == "supervised"
@@ -62,7 +62,7 @@ models:
   - name: "timm:test_resnet"
 detectors:
   - msp
-  - {name: energy, hyperparameters: {t: 2.0}}
+  - {name: energy, hyperparameters: {temperature: 2.0}}
 """
     assert load_config(write(tmp_path, yaml_text, "exp.yaml")) == load_config(write(tmp_path, BASE))
 
@@ -74,14 +74,14 @@ detectors:
         (lambda s: s.replace('name = "timm:test_resnet"', 'name = "timm:test_resnet"\nweight = "x.pt"'), "unknown key(s) 'weight'"),
         (lambda s: s.replace('split_column = "fine_grained" }', 'split = "x" }'), "unknown key(s) 'split'"),
         (lambda s: s.replace('name = "msp"', 'name = "msq"'), "unknown detector 'msq'"),
-        (lambda s: s.replace("t = 2.0", "T = 2.0"), "has no hyperparameter(s) T"),
+        (lambda s: s.replace("temperature = 2.0", "t = 2.0"), "has no hyperparameter(s) t; it takes: precision, temperature"),
         (lambda s: s.replace("seeds = [0, 1]", "seeds = [0, 0]"), "seeds repeat"),
         (lambda s: s.replace("seeds = [0, 1]", 'seeds = ["0"]'), "seeds must be a non-empty list of integers"),
         (lambda s: s.replace('name = "timm:test_resnet"', 'name = "timm:test_resnet"\nweights = ["a.pt", "b.pt", "c.pt"]'), "lists 3 files but there are 2 seeds"),
         (lambda s: s.replace('name = "timm:test_resnet"', 'name = "timm:test_resnet"\nkind = "clip"'), "kind must be one of"),
         (lambda s: s.replace('id_train = "train"\n', ""), "id_train is required"),
         (lambda s: s.replace('"a", { name', '"b", { name').replace('label = "B", ', ""), "used twice"),
-        (lambda s: s.replace("[[detectors]]\nname = \"msp\"", "[[detectors]]\nname = \"energy\"\nhyperparameters = { t = 2.0 }"), "configure the same detector"),
+        (lambda s: s.replace("[[detectors]]\nname = \"msp\"", "[[detectors]]\nname = \"energy\"\nhyperparameters = { temperature = 2.0 }"), "configure the same detector"),
         (lambda s: s.replace('name = "timm:test_resnet"', 'name = "timm:test_resnet"\nfeatures = { c = "x" }'), "unknown dataset(s) c"),
         (lambda s: s.replace("seeds = [0, 1]", "seeds = [0, 1]\nbatch_size = true"), "batch_size' must be an integer"),
         (lambda s: s + '[[sweeps]]\nname = "w"\nvocabulary = "v.json"\nsizes = [10]\nscorer = "mcm"\n', "scorer must be a vocabulary scorer"),

@@ -51,7 +51,7 @@ def config(tmp_path, paths, **top) -> dict:
         "results": str(tmp_path / "out" / "results.parquet"),
         "datasets": {"id_train": "train", "id_test": "test", "ood": ["near", {"name": "far", "split_column": "fine_grained"}]},
         "models": [{"name": "synthetic", "features": paths}],
-        "detectors": ["msp", {"name": "energy", "hyperparameters": {"t": 2.0}}, "mahalanobis", {"name": "knn", "hyperparameters": {"k": 10_000}}],
+        "detectors": ["msp", {"name": "energy", "hyperparameters": {"temperature": 2.0}}, "mahalanobis", {"name": "knn", "hyperparameters": {"k": 10_000}}],
     }
     cfg.update(top)
     return cfg
@@ -92,7 +92,7 @@ def test_grid_cells_metrics_and_failures(grid):
     # CIs bracket the point estimate
     for m in ("fpr95", "auroc", "detection_error", "tnr95"):
         assert (ok[f"{m}_lo"] <= ok[m] + 1e-12).all() and (ok[m] <= ok[f"{m}_hi"] + 1e-12).all()
-    assert (ok["hyperparameters"][ok["detector"] == "energy"] == '{"t":2.0}').all()
+    assert (ok["hyperparameters"][ok["detector"] == "energy"] == '{"temperature":2.0}').all()
     # each configured detector fitted once per model (knn's fit fails, so it is not counted)
     assert summary.fits == 3
 

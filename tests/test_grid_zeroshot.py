@@ -81,7 +81,9 @@ def test_zeroshot_report_views(zs):
     cols = list(tab2.frame.columns)
     assert "logit-sp." in cols and "oracle" in cols and "neglabel:wordnet" in cols and "eoe:wordnet" in cols
     logit = df[df["vocabulary"].isna()]["fpr95"].min()
-    assert str(tab2.frame.iloc[0]["logit-sp."]) == f"{100 * logit:.1f}"
+    best = df[df["vocabulary"].isna() & (df["fpr95"] == logit)]
+    cis = {f"{100 * logit:.1f} [{100 * r['fpr95_lo']:.1f}, {100 * r['fpr95_hi']:.1f}]" for _, r in best.iterrows()}
+    assert str(tab2.frame.iloc[0]["logit-sp."]) in cis  # the best logit-space scorer with its CI
     tab1 = next(v for v in views if v.key == "tab1")
     assert set(tab1.frame["FPR detector"]) <= {"mcm", "energy"}  # vocabularies stay out of Tab. 1
     assert not next(v for v in views if v.key == "tabA1").present  # no supervised model
@@ -152,3 +154,20 @@ def test_non_finite_image_embeddings_fail_their_cells_naming_set_array_and_count
     df = load_results(summary.results).set_index("dataset")
     assert df.loc["novel", "status"] == "ok" and df.loc["bad", "status"] == "error" and not summary.ok
     assert f"FeatureSet 'nan-set' has non-finite values: features has {2 * E} non-finite values (first in row 4)" in df.loc["bad", "error"]
+
+
+def test_default_scorers_record_gl_mcm_as_an_error_saying_why(tmp_path):
+    rng = np.random.default_rng(2)
+    text = unit(rng.normal(size=(3, E)))
+    feats = {"id_test": str(FeatureSet(features=unit(rng.normal(size=(20, E))).astype(np.float32)).save(tmp_path / "id")),
+             "novel": str(FeatureSet(features=unit(rng.normal(size=(20, E))).astype(np.float32)).save(tmp_path / "ood"))}
+    np.save(tmp_path / "id_text.npy", text)
+    feats["text:id"] = str(tmp_path / "id_text.npy")
+    cfg = {"seeds": [0], "bootstrap_draws": 10, "results": str(tmp_path / "r.parquet"),
+           "datasets": {"id_test": "val", "ood": ["novel"]},
+           "models": [{"name": "open_clip:ViT-B-32", "label": "clip", "kind": "zero-shot", "features": feats}]}
+    df = load_results(run_experiment(load_config(cfg, base_dir=tmp_path), progress=False).results)
+    assert sorted(df["detector"]) == sorted(["mcm", "maxlogit", "energy", "gen", "entropy", "margin", "gl_mcm"])
+    gl = df[df["detector"] == "gl_mcm"].iloc[0]
+    assert gl["status"] == "error" and "gl_mcm needs patch features" in gl["error"]
+    assert (df[df["detector"] != "gl_mcm"]["status"] == "ok").all()

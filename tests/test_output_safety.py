@@ -216,7 +216,10 @@ def test_construct_export_and_url_templates(foreign, capsys, tmp_path: Path) -> 
 
     d = make_synthetic_dataset(tmp_path / "data", n_classes=3, per_class=4, unassigned=0.5, seed=0)
     work = tmp_path / "work"
-    assert main(["construct", "candidates", str(work), "--manifest", str(d.manifest), "--reannotation", str(d.reannotation)]) == 0
+    candidates = ["construct", "candidates", "--manifest", d.manifest, "--reannotation", d.reannotation]
+    refused_by_cli(capsys, lambda t: candidates[:2] + [t] + candidates[2:], foreign)
+    assert main([str(a) for a in candidates[:2] + [work] + candidates[2:]]) == 0
+    assert main([str(a) for a in candidates[:2] + [work] + candidates[2:]]) == 0  # its own project: rewritten
     assert main(["construct", "init", str(work), "--stage1", "a", "b", "--stage3", "c"]) == 0
     for option, template, message in [("--image-url-template", "https://x/{id}", "found {id}"),
                                        ("--search-template", "g=https://x/?u={0}", "found {0}")]:  # fmt: skip
@@ -275,8 +278,7 @@ def test_cnc_checkpoints_replace_only_their_own(foreign, tmp_path: Path) -> None
 
     model = torch.nn.Linear(2, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    sched = torch.optim.lr_scheduler.MultiStepLR(opt, milestones=[1])
-    save = lambda p: save_checkpoint(p, model, opt, sched, TrainConfig(), {"epochs_done": 1})  # noqa: E731
+    save = lambda p: save_checkpoint(p, model, opt, TrainConfig(), {"epochs_done": 1, "history": []})  # noqa: E731
     refused_by_call(save, foreign)
     save(tmp_path / "ckpt")
     save(tmp_path / "ckpt")
@@ -300,7 +302,7 @@ def test_failed_extraction_leaves_no_partial_folder(tmp_path: Path) -> None:
 
 
 def _fake_command(monkeypatch, run) -> None:
-    mod = types.SimpleNamespace(HELP="test", add_arguments=lambda p: p.add_argument("--x", default=None), run=run)
+    mod = types.SimpleNamespace(HELP="test", EXAMPLES=["oodeval fake"], add_arguments=lambda p: p.add_argument("--x", default=None), run=run)
     monkeypatch.setattr(cli, "_command_modules", lambda: {"fake": mod})
 
 
@@ -341,7 +343,7 @@ def test_known_tracebacks_are_now_clear_errors(sets: Path, tmp_path: Path, capsy
     argv = ["score", "--train", str(sets / "train"), "--test", str(sets / "test"), "--ood", f"o={sets / 'ood'}",
             "--detectors", "knn", "--set", "knn.kk=5", "--no-progress"]  # fmt: skip
     assert main(argv) == 2
-    assert "detector knn has no hyperparameter kk; its hyperparameters: k" in capsys.readouterr().err
+    assert "detector 'knn' has no hyperparameter(s) kk; it takes: bank_fraction, k, seed" in capsys.readouterr().err
     bad = tmp_path / "w.safetensors"
     bad.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00not json")
     with pytest.raises(ValueError, match="is not a readable safetensors file"):

@@ -101,7 +101,7 @@ def test_bad_module_inputs_are_clear_errors(factory, data, tmp_path):
     with pytest.raises(ValueError, match="no nn.Linear head"):
         module_backbone(torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3)), tf)
     assert cli.main(["extract", "--model", "no_such_pkg.mod:make", "--dataset", str(data / "val"),
-                     "--store", str(tmp_path / "s"), "--quiet"]) == 2
+                     "--store", str(tmp_path / "s"), "--no-progress"]) == 2
 
 
 def test_feature_layer_reads_a_named_module(factory, data, tmp_path):
@@ -117,7 +117,7 @@ def test_cli_factory_equals_the_python_call_and_evaluate_equals_score(factory, d
     folders = {}
     for name, d in (("train", data / "train"), ("test", data / "val"), ("noise", data / "noise")):
         assert cli.main(["extract", "--model", "own_models:cifar_resnet18", "--dataset", str(d), "--store", str(store),
-                         "--device", "cpu", "--quiet"]) == 0
+                         "--device", "cpu", "--no-progress"]) == 0
         folders[name] = max((p.parent for p in store.rglob("meta.json")), key=lambda p: p.stat().st_mtime)
     direct = oodeval.extract_features(net, data / "val", tmp_path / "store2", transform=tf, progress=False)
     via_cli = FeatureSet.load(folders["test"])

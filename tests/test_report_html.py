@@ -129,10 +129,16 @@ def test_html_renders_in_headless_chromium(report, tmp_path):
         driver.get(paths["html"].resolve().as_uri())
         assert "oodeval report" in driver.title
         tables = {t.get_attribute("data-view"): t for t in driver.find_elements(By.CSS_SELECTOR, "table[data-view]")}
-        assert {"tab1", "tabA1", "tabA2", "tabA4", "tabA6", "cnc"} <= set(tables)
+        assert {"tab1", "tabA1", "tabA2", "splits", "tabA6", "cnc"} <= set(tables)
         assert len(tables["tabA1"].find_elements(By.CSS_SELECTOR, "tbody tr")) == 4
         assert len(tables["cnc"].find_elements(By.CSS_SELECTOR, "tbody tr")) == 4 * 3
         assert "mahalanobis" in tables["tabA1"].text
+        ci = re.compile(r"^(\d+\.\d) \[(\d+\.\d), (\d+\.\d)\]$")
+        for key, css in (("tab1", "tbody td"), ("tabA1", "tbody td:not(:first-child)"), ("tabA2", "tbody td:not(:first-child)")):
+            cells = [c.text for c in tables[key].find_elements(By.CSS_SELECTOR, css)]
+            with_ci = [m for t in cells for part in t.split(" / ") if (m := ci.match(part))]
+            assert len(with_ci) >= 2, (key, cells)
+            assert all(float(lo) <= float(v) <= float(hi) for v, lo, hi in (m.groups() for m in with_ci))
         images = driver.find_elements(By.CSS_SELECTOR, "figure img")
         assert len(images) == 5
         for img in images:

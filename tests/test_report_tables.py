@@ -109,7 +109,7 @@ def test_vocabulary_split_and_cnc_views(table):
     assert text(t2.loc["clip", "logit-sp."]) == "88.0"
     assert [text(t2.loc["clip", c]) for c in ("wordnet", "gpt", "oracle")] == ["80.0", "70.0", "20.0"]
     assert t2.loc["clip", "gpt"].bold and not t2.loc["clip", "oracle"].bold
-    a4 = view(views, "tabA4").frame
+    a4 = view(views, "splits").frame
     assert [text(x) for x in a4["Dataset / split"]] == ["fi", "fine_grained=False", "fine_grained=True"]
     # msp: mean over resA/resB of the split values, (0.75 + 0.55) / 2 on the ordinary part
     assert text(a4.iloc[1]["msp"]) == "65.0"
@@ -139,10 +139,10 @@ def test_views_without_data_are_omitted_with_a_note(tmp_path):
 def test_prepare_averages_over_seeds_and_names_hyperparameter_variants(tmp_path):
     df = pd.DataFrame(rows())
     extra = df[(df["detector"] == "energy") & (df["model"] == "resA")].copy()
-    extra["hyperparameters"] = '{"t":2.0}'
+    extra["hyperparameters"] = '{"temperature":2.0}'
     frame = prepare(pd.concat([df, extra]))
     dets = set(frame[frame["model"] == "resA"]["det"])
-    assert {'energy {}', 'energy {"t":2.0}', "msp"} <= dets
+    assert {"energy defaults", "energy temperature=2.0", "msp"} <= dets
     near = frame[(frame["model"] == "resA") & (frame["det"] == "msp") & (frame["dataset"] == "near")]
     assert near["fpr95"].iloc[0] == pytest.approx(0.30) and near["runs"].iloc[0] == 2
 

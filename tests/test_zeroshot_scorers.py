@@ -152,3 +152,40 @@ def test_scoring_in_image_chunks_gives_the_same_scores(emb):
         whole = det.score(fs, emb["id"], neg)
         det.chunk_rows = 7  # 40 rows in 6 chunks
         np.testing.assert_allclose(det.score(fs, emb["id"], neg), whole, rtol=1e-12, err_msg=name)
+
+
+def test_scoring_streams_a_memory_mapped_store_in_chunks(tmp_path, monkeypatch):
+    """Peak numpy memory while scoring a memory-mapped FeatureSet is a chunk plus the text, not the array."""
+    import tracemalloc
+
+    import oodeval.detectors._common as common
+
+    from oodeval.features.stream import iter_chunks
+
+    rng = np.random.default_rng(5)
+    n, p, e, c = 3000, 16, 16, 10
+    feats = rng.normal(size=(n, e)).astype(np.float32)
+    patches = (3 * rng.normal(size=(n, p, e))).astype(np.float32)  # not unit: the grid path normalises per chunk
+    FeatureSet(features=feats, extras={"patch_features": patches}).save(tmp_path / "fs")
+    fs = FeatureSet.load(tmp_path / "fs")
+    assert isinstance(fs.extras["patch_features"], np.memmap)
+    parts = list(iter_chunks({"p": fs.extras["patch_features"]}, 700))
+    assert [s.stop for s, _ in parts] == [700, 1400, 2100, 2800, 3000]
+    assert all(type(a["p"]) is np.ndarray for _, a in parts)  # plain reads, not views of the map
+    np.testing.assert_array_equal(np.concatenate([a["p"] for _, a in parts]), patches)
+
+    text = rng.normal(size=(c, e))
+    context = {"id_text": text / np.linalg.norm(text, axis=1, keepdims=True)}
+    unit = lambda x: x / np.linalg.norm(x, axis=-1, keepdims=True)
+    expect = score_zeroshot("gl_mcm", FeatureSet(features=unit(feats.astype(np.float64)),
+                                                 extras={"patch_features": unit(patches.astype(np.float64))}), context["id_text"])
+    create("gl_mcm").score(FeatureSet(features=unit(feats[:2].astype(np.float64)), extras={"patch_features": unit(patches[:2].astype(np.float64))}),
+                           context["id_text"])  # warm-up: lazy imports do not count
+    monkeypatch.setattr(common, "CHUNK_ELEMENTS", 20_000)  # ~45 of the 3000 rows per chunk (width 17 x 26)
+    tracemalloc.start()
+    got = create("gl_mcm").score(fs, context["id_text"], normalize=True)  # what the grid's zeroshot_scores calls
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    np.testing.assert_allclose(got, expect, rtol=1e-12)
+    whole = patches.size * 8  # the float64 copy the former path made (twice)
+    assert peak < whole / 10, (peak, whole)

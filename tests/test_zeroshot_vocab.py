@@ -257,9 +257,10 @@ def test_cli_vocab_wordnet_union_oracle(tmp_path, tiny_clip, wndb, capsys):
     assert main(["zeroshot"] + sweep[3:] + ["--id-features", str(tmp_path / "id"), "--ood-features", str(tmp_path / "ood"),
                                            "--scorers", "all", "--vocab", str(tmp_path / "wn.json"), "--out", str(tmp_path / "zs")]) == 0
     out = capsys.readouterr().out
-    assert "gl_mcm skipped" in out and "neglabel" in out
+    assert "gl_mcm     omitted: no patch_features" in out and "neglabel" in out and "ID names: 2 from" in out
     metrics = json.loads((tmp_path / "zs" / "metrics.json").read_text())
-    assert sorted(metrics) == sorted(["mcm", "maxlogit", "energy", "gen", "entropy", "margin", "neglabel", "eoe"])
+    assert sorted(metrics) == sorted(["mcm", "maxlogit", "energy", "gen", "entropy", "margin", "gl_mcm", "neglabel", "eoe"])
+    assert metrics["gl_mcm"]["omitted"].startswith("omitted: no patch_features") and not (tmp_path / "zs" / "gl_mcm.id.npy").exists()
     assert np.load(tmp_path / "zs" / "eoe.ood.npy").shape == (20,)
 
 

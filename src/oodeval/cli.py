@@ -2,6 +2,9 @@
 ``HELP`` (one line), ``add_arguments(parser)`` and ``run(args) -> int | None``; modules import
 their heavy dependencies inside ``run`` so that ``oodeval --help`` stays fast.
 
+Each module also defines ``EXAMPLES`` (command lines shown in its ``--help``); the options
+several commands share are defined once in :mod:`oodeval.commands._options`.
+
 One error path for every command: an expected error (bad input, a refused output path, a
 missing file) prints ``oodeval CMD: error: ...`` and exits 2; any other exception prints one
 line and exits 1; ``-v`` (accepted before or after the sub-command) adds the traceback.
@@ -19,6 +22,7 @@ import sys
 import traceback
 
 from . import __version__, commands
+from .commands._options import Formatter, add_command, examples
 
 #: errors that come from the user's input or environment, not from a bug in oodeval
 EXPECTED = (ValueError, OSError, KeyError, RuntimeError)
@@ -45,12 +49,17 @@ def _everywhere(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="oodeval", description="Evaluate out-of-distribution detection and build OOD benchmarks.")
+    parser = argparse.ArgumentParser(
+        prog="oodeval", description="Evaluate out-of-distribution detection and build OOD benchmarks.", formatter_class=Formatter,
+        epilog=examples("oodeval demo", "oodeval extract --model resnet50 --pretrained --dataset imagenet1k-val --store feats/",
+                        "oodeval score --train feats/train --test feats/test --ood ninco=feats/ninco",
+                        "oodeval run examples/experiment.toml --report report/", "oodeval COMMAND --help"),
+    )  # fmt: skip
     parser.add_argument("--version", action="version", version=f"oodeval {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help=_VERBOSE_HELP)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, mod in _command_modules().items():
-        p = sub.add_parser(name, help=mod.HELP, description=mod.HELP)
+        p = add_command(sub, name, mod.HELP, mod.EXAMPLES)
         mod.add_arguments(p)
         p.set_defaults(_run=mod.run)
     _everywhere(parser)

@@ -1,7 +1,10 @@
 """The results table of an experiment: one Parquet file, one row per evaluated cell.
 
 A cell is keyed by :data:`KEY` = (model, weights, detector, hyperparameters, dataset, split, seed);
-``hyperparameters`` is the detector's overrides as key-sorted JSON (``"{}"`` for the defaults).
+``hyperparameters`` is the detector's overrides as key-sorted JSON (``"{}"`` for the defaults);
+``hyperparameters_resolved`` is every hyperparameter the detector ran with (its backbone's
+release defaults under those overrides, ``oodeval.detectors.defaults``) and ``backbone`` the
+backbone family they were resolved for.
 Metric columns are fractions in [0, 1] (``oodeval.metrics``); the bootstrapped ones carry
 ``<metric>_lo`` / ``<metric>_hi`` percentile 95% bounds. A failed cell has ``status == "error"``
 and its message in ``error``; its metrics are NaN. Per-cell scores live beside the table
@@ -65,6 +68,8 @@ ALL_SPLIT = "all"
 _INFO = {
     "label": "string",
     "kind": "string",
+    "backbone": "string",
+    "hyperparameters_resolved": "string",
     "vocabulary": "string",
     "id_train": "string",
     "id_test": "string",
@@ -75,6 +80,7 @@ _INFO = {
     "id_accuracy": "float64",
     "bootstrap_draws": "Int64",
     "bootstrap_fixed_id": "boolean",
+    "selection": "string",
     "scores_id": "string",
     "scores_ood": "string",
     "seconds": "float64",

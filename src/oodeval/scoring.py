@@ -13,11 +13,11 @@ from collections.abc import Mapping
 
 from .features import FeatureSet
 
-__all__ = ["evaluate_detectors", "parse_hyperparameters", "format_table", "failures"]
+__all__ = ["evaluate_detectors", "supported_names", "parse_hyperparameters", "format_table", "failures", "cell_metrics", "add_intervals"]
 
 
 def parse_hyperparameters(items: list[str]) -> dict[str, dict[str, object]]:
-    """``["knn.k=50", "energy.t=2"]`` -> ``{"knn": {"k": 50}, "energy": {"t": 2.0}}``.
+    """``["knn.k=50", "energy.temperature=2"]`` -> ``{"knn": {"k": 50}, "energy": {"temperature": 2}}``.
 
     Values are parsed as JSON when possible (numbers, true/false, null, lists), else kept as text.
     """
@@ -35,6 +35,17 @@ def parse_hyperparameters(items: list[str]) -> dict[str, dict[str, object]]:
     return out
 
 
+def supported_names(
+    train: FeatureSet | None, test: FeatureSet, oods: Mapping[str, FeatureSet], fit_sets: Mapping[str, FeatureSet] | None = None
+) -> list[str]:
+    """The registered detectors the ID-test and every OOD FeatureSet support, fitted on ``train``
+    or on their entry in ``fit_sets``, in registry order."""
+    from . import detectors
+
+    fit_sets = fit_sets or {}
+    return [n for n in detectors.names() if all(detectors.supported(fit_sets.get(n, train), x, [n]) for x in (test, *oods.values()))]
+
+
 def evaluate_detectors(
     train: FeatureSet,
     test: FeatureSet,
@@ -43,44 +54,50 @@ def evaluate_detectors(
     hyperparameters: Mapping[str, Mapping[str, object]] | None = None,
     scores_out: dict | None = None,
     progress: bool = True,
+    fit_sets: Mapping[str, FeatureSet] | None = None,
 ) -> list[dict]:
     """One row per (detector, OOD set): detector, ood, status ``ok``, n_id, n_ood, fpr95, tnr95,
-    auroc, aupr_in, aupr_out, detection_error (fractions), fit seconds and score seconds (ID test + that set).
+    auroc, aupr_in, aupr_out, detection_error (fractions), fit seconds and score seconds (ID test
+    + that set), the backbone family and the detector's full resolved hyperparameters (JSON).
 
     ``names`` defaults to every detector the FeatureSets support (:func:`detectors.supported`,
     checked against the test and every OOD set). A detector that fails (its fit, the ID-test set
     or one OOD set: bad hyperparameters for this data, NaN/inf inputs, a set that does not match
     the ID-train set) gets rows with status ``error`` and the message in ``error``, and the loop
     goes on. ``hyperparameters`` maps a detector name to constructor overrides; an unknown detector
-    or hyperparameter name is a ValueError before anything runs. When ``scores_out`` is a dict it
-    receives ``scores_out[detector] = {"id": ..., ood_name: ...}`` for the sets that scored.
+    or hyperparameter name is a ValueError before anything runs. Every other hyperparameter that
+    depends on the backbone recorded in the set a detector fits on (``train``, or ``test`` when
+    there is none) takes that backbone's release default (:func:`detectors.defaults.resolve_defaults`).
+    When ``scores_out`` is a dict it receives ``scores_out[detector] = {"id": ..., ood_name: ...}``
+    for the sets that scored. ``fit_sets`` maps a detector name to the FeatureSet it fits on
+    instead of ``train`` (NAC's tapped fitting rows, :func:`oodeval.features.extract.extract_nac_fit`).
     """
     from . import detectors
+    from .detectors.defaults import backbone_family, resolve_defaults
     from .metrics import evaluate
+    from .results import hp_json
 
     if not oods:
         raise ValueError("evaluate_detectors needs at least one OOD FeatureSet")
     hyperparameters = dict(hyperparameters or {})
+    fit_sets = dict(fit_sets or {})
     if names is None:
-        names = detectors.supported(train, test)
-        for o in oods.values():
-            names = detectors.supported(train, o, names)
-    unknown = sorted(set(names) - set(detectors.names()))
-    unknown += sorted(set(hyperparameters) - set(detectors.names()))
+        names = supported_names(train, test, oods, fit_sets)
+    unknown = sorted((set(names) | set(hyperparameters)) - set(detectors.names()))
     if unknown:
         raise ValueError(f"unknown detectors {unknown}; known: {', '.join(detectors.names())}")
     for name, hp in hyperparameters.items():
-        allowed = detectors.create(name).get_params()
-        bad = sorted(set(hp) - set(allowed))
-        if bad:
-            raise ValueError(f"detector {name!r} has no hyperparameter(s) {', '.join(bad)}; it takes: {', '.join(sorted(allowed)) or 'none'}")
+        detectors.create(name, **hp)  # an unknown hyperparameter is an error before anything runs
     rows: list[dict] = []
+    source = train if train is not None else test
+    family = backbone_family(source.meta.get("model"))
     for name in _progress(names, progress):
-        det = detectors.create(name, **hyperparameters.get(name, {}))
+        fit_on = fit_sets.get(name, train)
+        det = detectors.create(name, **resolve_defaults(name, fit_on if fit_on is not None else source, hyperparameters.get(name)))
         t0 = time.perf_counter()
         try:
             stage = "fit on the ID-train set"
-            det.fit(train)
+            det.fit(fit_on)
             fit_s = time.perf_counter() - t0
             t0 = time.perf_counter()
             stage = "scoring the ID-test set"
@@ -99,7 +116,8 @@ def evaluate_detectors(
                 continue
             row = {"detector": name, "ood": ood_name, "status": "ok", "n_id": int(id_scores.size), "n_ood": int(s.size)}
             row.update({k: float(v) for k, v in evaluate(id_scores, s).items()})
-            row.update(fit_seconds=round(fit_s, 4), score_seconds=round(id_s + time.perf_counter() - t1, 4))
+            row.update(fit_seconds=round(fit_s, 4), score_seconds=round(id_s + time.perf_counter() - t1, 4),
+                       backbone=family, hyperparameters=hp_json(det.get_params()))
             rows.append(row)
         if scores_out is not None:
             scores_out[name] = out
@@ -128,25 +146,17 @@ def _progress(names: list[str], enabled: bool):
 
 
 def format_table(rows: list[dict]) -> str:
-    """Text table: one line per detector, FPR@95 / AUROC (%) per OOD set."""
-    oods = list(dict.fromkeys(r["ood"] for r in rows))
-    dets = list(dict.fromkeys(r["detector"] for r in rows))
-    cell = {(r["detector"], r["ood"]): r for r in rows}
-    width = max([len("detector")] + [len(d) for d in dets])
-    head = f"{'detector':<{width}}" + "".join(f"  {o[:22]:>22}" for o in oods)
-    sub = f"{'':<{width}}" + "".join(f"  {'FPR@95 / AUROC (%)':>22}" for _ in oods)
-    lines = [head, sub]
-    for d in dets:
-        vals = []
-        for o in oods:
-            r = cell.get((d, o))
-            if r is None or r.get("status") == "error":
-                vals.append(f"  {'-' if r is None else 'failed':>22}")
-            else:
-                vals.append(f"  {100 * r['fpr95']:>10.2f} / {100 * r['auroc']:>6.2f}")
-        lines.append(f"{d:<{width}}" + "".join(f"{v:>24}" for v in vals))
-    return "\n".join(lines)
+    """Text table (pandas ``to_string``): one line per detector, FPR@95 / AUROC (%) per OOD set
+    ("failed" where that detector failed on that set, "-" where it did not run)."""
+    import pandas as pd
 
+    df = pd.DataFrame(rows).reindex(columns=["detector", "ood", "status", "fpr95", "auroc"])
+    df["cell"] = [
+        "failed" if status == "error" else f"{100 * f:.2f} / {100 * a:.2f}" for status, f, a in zip(df["status"], df["fpr95"], df["auroc"])
+    ]
+    table = df.pivot(index="detector", columns="ood", values="cell")
+    table = table.reindex(index=df["detector"].unique(), columns=df["ood"].unique()).fillna("-")
+    return "FPR@95 / AUROC (%) per OOD set\n" + table.rename_axis(index=None, columns=None).to_string()
 
 
 def cell_metrics(id_scores, ood_scores, seed: int = 0, draws: int = 1000, fixed_id: bool = True) -> dict:

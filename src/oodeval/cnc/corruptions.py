@@ -3,17 +3,24 @@
 Reference: Hendrycks & Dietterich, "Benchmarking Neural Network Robustness to Common
 Corruptions and Perturbations" (ICLR 2019), code ``hendrycks/robustness``:
 ``ImageNet-C/create_c/make_cifar_c.py`` (CIFAR-10-C constants, used for inputs whose longer
-side is <= 32 px) and ``ImageNet-C/imagenet_c/imagenet_c/corruptions.py`` (ImageNet-C
-constants, used for larger inputs). Every severity constant below is the reference's; the
+side is <= 32 px), ``make_tinyimagenet_c.py`` (Tiny-ImageNet-C, longer side <= 64 px) and
+``ImageNet-C/imagenet_c/imagenet_c/corruptions.py`` (ImageNet-C constants, larger inputs);
+``preset=`` selects one explicitly (the CnC release ran the ``imagecorruptions`` package, i.e.
+the ImageNet-C constants, on 32 px CIFAR images). Every severity constant below is the reference's; the
 operations are re-implemented with numpy / scipy / scikit-image / PIL (no OpenCV, no Wand):
 
 - motion blur (and the streaks of ``snow``): ImageMagick's ``MotionBlurImage`` kernel, i.e. a
   one-sided line of ``2*radius+1`` taps weighted ``exp(-i^2 / (2 sigma^2))``, offsets rounded to
   whole pixels along the angle, edge pixels repeated;
-- ``frost``: the reference blends the image with crops of six frost photographs that are not
-  available offline. Here the overlay is a documented procedural substitute: a pale blue ice
-  texture of thin random needle crystals over a plasma-fractal haze (:func:`frost_layer`),
-  blended with the reference constants ``c0 * x + c1 * frost``;
+- ``frost``: the reference blends the image with a random crop of one of its frost photographs
+  (``randint(5)``: the first five of six). The photos ship in the ``imagecorruptions`` wheel
+  (Apache-2.0; ``pip install oodeval[frost]``) and are used when it is installed (found without
+  importing it, so its OpenCV dependency is never loaded); the photo is scaled by the preset's
+  factor (CIFAR 0.2, Tiny-ImageNet 0.3, ImageNet 1), enlarged (bicubic, x1.1) when smaller than
+  the image as ``imagecorruptions`` does, and cropped at a random position. Without the wheel a
+  documented procedural substitute is drawn (:func:`frost_layer`: needle crystals over a
+  plasma-fractal haze). :func:`frost_source` says which one is in use; both are blended with
+  the reference constants ``c0 * x + c1 * frost``;
 - glass blur keeps the reference's effective behaviour: its tuple "swap" of two numpy views
   copies the neighbour into the pixel and leaves the neighbour unchanged, so pixels are copied
   from up to ``delta`` px up/left (``randint(-delta, delta)`` excludes ``+delta``), which is what
@@ -37,16 +44,22 @@ API: ``corrupt(image, name, severity, rng, preset="auto") -> uint8`` of the inpu
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import io
 import math
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 from PIL import Image
 from scipy import ndimage
 from skimage import color, draw, feature, filters, transform
 
-__all__ = ["CORRUPTIONS", "DEFAULT_POOL", "PRESETS", "corrupt", "preset_for", "frost_layer", "plasma_fractal", "motion_blur_kernel"]
+__all__ = [
+    "CORRUPTIONS", "RELEASE_POOL", "BENCHMARK_15", "POOLS", "DEFAULT_POOL", "PRESETS", "corrupt", "preset_for",
+    "pool", "frost_layer", "frost_photos", "frost_source", "plasma_fractal", "motion_blur_kernel",
+]  # fmt: skip
 
 #: the 19 ImageNet-C corruptions: the 15 benchmark ones, then the 4 extra (speckle, gaussian
 #: blur, spatter, saturate), in the reference's order
@@ -57,10 +70,24 @@ CORRUPTIONS: tuple[str, ...] = (
     "speckle_noise", "gaussian_blur", "spatter", "saturate",
 )  # fmt: skip
 
-#: the CnC pool of issue 8: the 18 corruptions it names (all but spatter)
-DEFAULT_POOL: tuple[str, ...] = tuple(c for c in CORRUPTIONS if c != "spatter")
+#: the CnC release's pool (``cnc-ood/cnc_ood``, ``augmentations/__init__.py``, ``corrupt_name``),
+#: in its order: no motion blur, pixelate or JPEG; speckle noise, Gaussian blur and saturate added
+RELEASE_POOL: tuple[str, ...] = (
+    "gaussian_noise", "shot_noise", "impulse_noise", "defocus_blur", "glass_blur", "snow", "fog",
+    "zoom_blur", "contrast", "elastic_transform", "brightness", "speckle_noise", "gaussian_blur",
+    "saturate", "frost",
+)  # fmt: skip
 
-PRESETS = ("cifar", "imagenet")
+#: the 15 ImageNet-C benchmark corruptions (Hendrycks & Dietterich's test set)
+BENCHMARK_15: tuple[str, ...] = CORRUPTIONS[:15]
+
+#: named pools: ``release`` (the default), ``imagenet-c`` (the benchmark 15), ``all`` (19)
+POOLS: dict[str, tuple[str, ...]] = {"release": RELEASE_POOL, "imagenet-c": BENCHMARK_15, "all": CORRUPTIONS}
+
+#: the default outlier pool: the CnC release's
+DEFAULT_POOL: tuple[str, ...] = RELEASE_POOL
+
+PRESETS = ("cifar", "tinyimagenet", "imagenet")
 
 _LUMA = np.array([0.299, 0.587, 0.114])
 
@@ -92,6 +119,32 @@ _C: dict[str, dict[str, list]] = {
         # (alpha, sigma, affine jitter) as fractions of the 32 px side (IMSIZE * f in the reference)
         "elastic_transform": [(0, 0, 0.08, 32), (0.05, 0.2, 0.07, 32), (0.08, 0.06, 0.06, 32),
                               (0.1, 0.04, 0.05, 32), (0.1, 0.03, 0.03, 32)],
+    },
+    "tinyimagenet": {
+        "gaussian_noise": [0.04, 0.08, 0.12, 0.15, 0.18],
+        "shot_noise": [250, 100, 50, 30, 15],
+        "impulse_noise": [0.01, 0.02, 0.05, 0.08, 0.14],
+        "speckle_noise": [0.15, 0.2, 0.25, 0.3, 0.35],
+        "gaussian_blur": [0.5, 0.75, 1, 1.25, 1.5],
+        "glass_blur": [(0.1, 1, 1), (0.5, 1, 1), (0.6, 1, 2), (0.7, 2, 1), (0.9, 2, 2)],
+        "defocus_blur": [(0.5, 0.6), (1, 0.1), (1.5, 0.1), (2.5, 0.01), (3, 0.1)],
+        "motion_blur": [(10, 1), (10, 1.5), (10, 2), (10, 2.5), (12, 3)],
+        "zoom_blur": [np.arange(1, 1.06, 0.01), np.arange(1, 1.11, 0.01), np.arange(1, 1.16, 0.01),
+                      np.arange(1, 1.21, 0.01), np.arange(1, 1.26, 0.01)],
+        "fog": [(0.4, 3), (0.7, 3), (1, 2.5), (1.5, 2), (2, 1.75)],
+        "frost": [(1, 0.3), (0.9, 0.4), (0.8, 0.45), (0.75, 0.5), (0.7, 0.55)],
+        "snow": [(0.1, 0.2, 1, 0.6, 8, 3, 0.8), (0.1, 0.2, 1, 0.5, 10, 4, 0.8),
+                 (0.15, 0.3, 1.75, 0.55, 10, 4, 0.7), (0.25, 0.3, 2.25, 0.6, 12, 6, 0.65),
+                 (0.3, 0.3, 1.25, 0.65, 14, 12, 0.6)],
+        "contrast": [0.4, 0.3, 0.2, 0.1, 0.05],
+        "brightness": [0.1, 0.2, 0.3, 0.4, 0.5],
+        "saturate": [(0.3, 0), (0.1, 0), (2, 0), (5, 0.1), (30, 0.2)],
+        "spatter": [(0.62, 0.1, 0.7, 0.7, 0.6, 0), (0.65, 0.1, 0.8, 0.7, 0.6, 0), (0.65, 0.3, 1, 0.69, 0.6, 0),
+                    (0.65, 0.1, 0.7, 0.68, 0.6, 1), (0.65, 0.1, 0.5, 0.67, 0.6, 1)],
+        "jpeg_compression": [65, 58, 50, 40, 25],
+        "pixelate": [0.9, 0.8, 0.7, 0.6, 0.5],
+        "elastic_transform": [(0, 0, 0.08, 64), (0.05, 0.3, 0.06, 64), (0.1, 0.08, 0.06, 64),
+                              (0.1, 0.03, 0.03, 64), (0.16, 0.03, 0.02, 64)],
     },
     "imagenet": {
         "gaussian_noise": [0.08, 0.12, 0.18, 0.26, 0.38],
@@ -127,8 +180,22 @@ _C: dict[str, dict[str, list]] = {
 
 
 def preset_for(shape: tuple[int, ...]) -> str:
-    """``"cifar"`` (CIFAR-10-C constants) when the longer side is <= 32 px, else ``"imagenet"``."""
-    return "cifar" if max(shape[0], shape[1]) <= 32 else "imagenet"
+    """The references' constants by resolution: longer side <= 32 px ``"cifar"`` (CIFAR-10-C),
+    <= 64 px ``"tinyimagenet"`` (Tiny-ImageNet-C), else ``"imagenet"`` (ImageNet-C)."""
+    side = max(shape[0], shape[1])
+    return "cifar" if side <= 32 else "tinyimagenet" if side <= 64 else "imagenet"
+
+
+def pool(name_or_names: str | tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """A corruption pool from a name in :data:`POOLS` or a list of corruption names (validated)."""
+    names = POOLS.get(name_or_names) if isinstance(name_or_names, str) else tuple(name_or_names)
+    if names is None:
+        names = tuple(n for n in str(name_or_names).split(",") if n)
+    bad = [n for n in names if n not in CORRUPTIONS]
+    if bad or not names:
+        raise ValueError(f"unknown or empty corruption pool {name_or_names!r} (unknown: {bad}); "
+                         f"use one of {', '.join(POOLS)} or names from: {', '.join(CORRUPTIONS)}")
+    return names
 
 
 # ---------------------------------------------------------------- helpers
@@ -332,9 +399,65 @@ def _fog(x, c, rng):
     return x * max_val / (max_val + c[0])
 
 
-def _frost(x, c, rng):
+#: the references' frost photo scale per preset (make_cifar_c 0.2, make_tinyimagenet_c 0.3, ImageNet-C 1)
+_FROST_SCALE = {"cifar": 0.2, "tinyimagenet": 0.3, "imagenet": 1.0}
+
+
+@functools.lru_cache(maxsize=1)
+def frost_photos() -> tuple[np.ndarray, ...] | None:
+    """The six reference frost photos (RGB uint8) from the installed ``imagecorruptions`` wheel, or
+    None when it is not installed. The package is located, never imported (its import loads OpenCV)."""
+    spec = importlib.util.find_spec("imagecorruptions")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    folder = Path(list(spec.submodule_search_locations)[0]) / "frost"
+    files = [folder / f for f in ("frost1.png", "frost2.png", "frost3.png", "frost4.jpg", "frost5.jpg", "frost6.jpg")]
+    if not all(f.is_file() for f in files):
+        return None
+    out = []
+    for f in files:
+        with Image.open(f) as im:
+            out.append(np.asarray(im.convert("RGB"), dtype=np.uint8))
+    return tuple(out)
+
+
+def frost_source() -> str:
+    """Which frost overlay :func:`corrupt` uses here: the reference photos or the procedural stand-in."""
+    if frost_photos() is None:
+        return "procedural (imagecorruptions not installed)"
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f"photos (imagecorruptions {version('imagecorruptions')})"
+    except PackageNotFoundError:
+        return "photos (imagecorruptions)"
+
+
+@functools.lru_cache(maxsize=64)
+def _scaled_photo(index: int, scale: float, h: int, w: int) -> np.ndarray:
+    """Photo ``index`` scaled by ``scale`` (enlarged with imagecorruptions' 1.1 margin when smaller than h x w)."""
+    photo = frost_photos()[index]
+    ph, pw = photo.shape[:2]
+    if ph * scale < h or pw * scale < w:
+        scale = 1.1 * max(h / ph, w / pw)
+    size = (max(w + 1, int(np.ceil(pw * scale))), max(h + 1, int(np.ceil(ph * scale))))
+    if size == (pw, ph):
+        return photo
+    return np.asarray(Image.fromarray(photo).resize(size, Image.Resampling.BICUBIC))
+
+
+def _frost_photo_crop(h: int, w: int, preset: str, rng: np.random.Generator) -> np.ndarray | None:
+    if frost_photos() is None:
+        return None
+    big = _scaled_photo(int(rng.integers(5)), _FROST_SCALE[preset], h, w)
+    top, left = int(rng.integers(big.shape[0] - h)), int(rng.integers(big.shape[1] - w))
+    return big[top : top + h, left : left + w].astype(np.float64)
+
+
+def _frost(x, c, rng, preset="imagenet"):
     h, w = x.shape[:2]
-    f = frost_layer(h, w, rng) / 255.0
+    photo = _frost_photo_crop(h, w, preset, rng)
+    f = (frost_layer(h, w, rng) if photo is None else photo) / 255.0
     if x.shape[2] == 1:
         f = (f @ _LUMA)[..., None]
     return c[0] * x + c[1] * f
@@ -487,8 +610,8 @@ def corrupt(
 ) -> np.ndarray:
     """Corrupt one uint8 image (H, W) or (H, W, C), C in {1, 3}, with ``name`` at ``severity`` 1-5.
 
-    ``preset``: "auto" (CIFAR-10-C constants up to 32 px, ImageNet-C above), "cifar" or
-    "imagenet". Returns uint8 of the input's shape (values rounded and clipped to 0-255).
+    ``preset``: "auto" (:func:`preset_for`: CIFAR-10-C up to 32 px, Tiny-ImageNet-C up to 64 px,
+    ImageNet-C above), "cifar", "tinyimagenet" or "imagenet". Returns uint8 of the input's shape (values rounded and clipped to 0-255).
     """
     img = np.asarray(image)
     if img.dtype != np.uint8:
@@ -504,10 +627,11 @@ def corrupt(
     if preset == "auto":
         preset = preset_for(img.shape)
     if preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; use 'auto', 'cifar' or 'imagenet'")
+        raise ValueError(f"unknown preset {preset!r}; use 'auto' or one of {', '.join(PRESETS)}")
     x = img.astype(np.float64) / 255.0
     if x.ndim == 2:
         x = x[..., None]
-    out = _OPS[name](x, _C[preset][name][int(severity) - 1], rng)
+    c = _C[preset][name][int(severity) - 1]
+    out = _frost(x, c, rng, preset) if name == "frost" else _OPS[name](x, c, rng)
     out = np.rint(np.clip(np.asarray(out, dtype=np.float64), 0, 1) * 255).astype(np.uint8)
     return out.reshape(img.shape)

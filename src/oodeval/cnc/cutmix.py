@@ -13,29 +13,26 @@ Box placement: ``"center"`` (default) draws the box centre uniformly over the im
 box at the border, as CutMix's ``rand_bbox`` and the CnC code do, so a clipped box is smaller
 than (1 - lambda) of the image; ``"inside"`` draws the top-left corner uniformly among the
 positions where the whole box fits, so the pasted area is (1 - lambda) H W up to rounding.
-Pool: the CnC code draws from the 15 ImageNet-C benchmark corruptions
-(``corruption_number = randint(15)``); the default pool here is the issue's list of 18
-(:data:`oodeval.cnc.corruptions.DEFAULT_POOL`, all but spatter); pass ``BENCHMARK_15`` for the
-code's pool or :data:`~oodeval.cnc.corruptions.CORRUPTIONS` for all 19.
+Pool: the default is the CnC release's 15 (:data:`~oodeval.cnc.corruptions.RELEASE_POOL`,
+``cnc-ood/cnc_ood`` ``augmentations/__init__.py``); ``BENCHMARK_15`` is the ImageNet-C benchmark
+set and :data:`~oodeval.cnc.corruptions.CORRUPTIONS` all 19. The release draws one lambda and one
+box per batch and pairs by a permutation of the batch; here each outlier draws its own (the
+paper's per-sample description).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from .corruptions import CORRUPTIONS, DEFAULT_POOL, corrupt
+from .corruptions import BENCHMARK_15, CORRUPTIONS, DEFAULT_POOL, corrupt
 
 __all__ = [
     "BENCHMARK_15", "Box", "cutmix_box", "cutmix", "different_class_partners", "compound",
     "OutlierBatch", "outlier_batches", "step_rng",
 ]  # fmt: skip
-
-#: the 15 ImageNet-C benchmark corruptions (the CnC code's pool)
-BENCHMARK_15: tuple[str, ...] = CORRUPTIONS[:15]
-
 
 @dataclass(frozen=True)
 class Box:
@@ -105,8 +102,12 @@ def compound(
     beta: float = 1.0,
     placement: str = "center",
     preset: str = "auto",
+    transform: Callable[[np.ndarray, np.random.Generator], np.ndarray] | None = None,
 ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """CnC outliers built on ``images[index]``: uint8 (len(index), H, W[, C]) and a record.
+
+    ``transform(image, rng)``: applied to both source images before the CutMix (the release's
+    outlier-source augmentation, :func:`oodeval.cnc.augment.release_source`).
 
     The record holds per sample: ``first``, ``second`` (positions in ``images``), ``lam``,
     ``box`` (top, left, bottom, right), ``corruption`` (name) and ``severity``.
@@ -130,7 +131,8 @@ def compound(
     for k, (i, j) in enumerate(zip(index, second)):
         box = cutmix_box(h, w, float(lam[k]), rng, placement)
         boxes[k] = (box.top, box.left, box.bottom, box.right)
-        out[k] = corrupt(cutmix(images[i], images[j], box), corruptions[which[k]], int(sev[k]), rng, preset)
+        a, b = (images[i], images[j]) if transform is None else (transform(images[i], rng), transform(images[j], rng))
+        out[k] = corrupt(cutmix(a, b, box), corruptions[which[k]], int(sev[k]), rng, preset)
     record = {
         "first": index,
         "second": second,

@@ -15,7 +15,20 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["load_arrays"]
+__all__ = ["load_arrays", "resize_arrays"]
+
+
+def resize_arrays(images: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """Every uint8 image resized to ``size`` = (H, W), bilinear (PIL), channels kept."""
+    from PIL import Image
+
+    h, w = size
+    out = []
+    for a in np.asarray(images):
+        im = Image.fromarray(a[..., 0] if a.ndim == 3 and a.shape[2] == 1 else a)
+        r = np.asarray(im.resize((w, h), Image.Resampling.BILINEAR), dtype=np.uint8)
+        out.append(r[..., None] if a.ndim == 3 and a.shape[2] == 1 else r)
+    return np.stack(out)
 
 
 def _native_channels(path: str) -> int:

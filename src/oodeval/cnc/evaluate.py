@@ -22,7 +22,9 @@ from ..features import FeatureSet
 from ..metrics import accuracy, evaluate
 from ..stats import mean_std
 
-__all__ = ["METRICS", "id_view", "set_metrics", "evaluate_run", "aggregate", "format_table"]
+__all__ = [
+    "METRICS", "id_view", "set_metrics", "evaluate_run", "aggregate", "format_table", "comparable", "check_id_labels",
+]  # fmt: skip
 
 #: the seed's OOD metrics (fractions), in the seed's order
 METRICS = ("tnr95", "auroc", "detection_error")
@@ -36,6 +38,40 @@ def _num_id_classes(fs: FeatureSet) -> int:
             raise ValueError("FeatureSet has no logits and no meta['num_id_classes']")
         k = fs.logits.shape[1] - (1 if fs.meta.get("outlier_class") is not None else 0)
     return int(k)
+
+
+#: config fields that may differ between the runs of one mean ± std (the seed is what varies)
+_RUN_FIELDS = ("seed",)
+
+
+def comparable(configs: Sequence, names: Sequence[str] | None = None):
+    """The first of several :class:`~oodeval.cnc.train.TrainConfig` when all runs share one
+    configuration and training data (everything but the seed, the data hash included); otherwise
+    ValueError naming the runs and the fields that differ."""
+    if not configs:
+        raise ValueError("no checkpoints")
+    names = list(names or [f"run {i + 1}" for i in range(len(configs))])
+    first = configs[0].to_json()
+    for name, cfg in zip(names[1:], configs[1:]):
+        d = cfg.to_json()
+        diff = [k for k in first if k not in _RUN_FIELDS and first[k] != d.get(k)]
+        if diff:
+            what = "; ".join(f"{k}: {first[k]!r} vs {d.get(k)!r}" for k in diff)
+            raise ValueError(f"{name} and {names[0]} differ in more than the seed ({what}); "
+                             "a mean ± std needs runs of one configuration and one training set: evaluate them separately")
+    return configs[0]
+
+
+def check_id_labels(labels: np.ndarray, num_classes: int, name: str = "the ID set") -> None:
+    """ValueError when ID labels fall outside the model's K classes (the wrong ID set, or --classes missing)."""
+    labels = np.asarray(labels)
+    known = labels[labels >= 0]
+    if known.size == 0:
+        raise ValueError(f"{name} has no class labels; ID accuracy needs them")
+    if known.max() >= num_classes:
+        n = int((known >= num_classes).sum())
+        raise ValueError(f"{name} has {n} images labelled {num_classes}..{int(known.max())} but the model has "
+                         f"K = {num_classes} ID classes; use the ID set it was trained on (and its class subset)")
 
 
 def id_view(fs: FeatureSet) -> FeatureSet:
@@ -86,6 +122,7 @@ def evaluate_run(
         raise ValueError("the ID test FeatureSet needs logits")
     specs = {d: {"name": d} for d in detectors} if not isinstance(detectors, Mapping) else dict(detectors)
     k = _num_id_classes(id_test)
+    check_id_labels(id_test.labels, k, "the ID test FeatureSet")
     result: dict = {
         "id_accuracy": accuracy(np.asarray(id_test.logits)[:, :k], np.asarray(id_test.labels)),
         "detectors": {},
@@ -139,7 +176,7 @@ def _fmt(v) -> str:
 
 
 def format_table(result: dict, per_set: bool = True, title: str | None = None) -> str:
-    """A plain-text table in percent: one row per (detector, OOD set / group / mean).
+    """A plain-text table in percent (pandas ``to_string``): one row per (detector, OOD set / group / mean).
 
     Accepts one :func:`evaluate_run` result or an :func:`aggregate` of several (mean ± std).
     """
@@ -152,11 +189,10 @@ def format_table(result: dict, per_set: bool = True, title: str | None = None) -
         items.append(("mean", entry["mean"]))
         for set_name, vals in items:
             rows.append([det, set_name] + [_fmt(vals[m]) for m in METRICS] + [acc])
-    widths = [max(len(r[i]) for r in rows + [header]) for i in range(len(header))]
+    import pandas as pd
+
     lines = [title] if title else []
-    lines.append("  ".join(h.ljust(w) for h, w in zip(header, widths)))
-    lines.append("  ".join("-" * w for w in widths))
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
+    lines.append(pd.DataFrame(rows, columns=header).to_string(index=False))
     if isinstance(result["id_accuracy"], Mapping):
         a = result["id_accuracy"]
         lines.append(f"(percent; mean ± std over {a['n']} runs, std with ddof={a['ddof']})")

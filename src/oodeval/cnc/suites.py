@@ -43,8 +43,8 @@ class Suite:
         return tuple(out)
 
 
-_CNC = ("svhn", "tin-crop", "tin-resize", "lsun-crop", "lsun-resize", "isun")
-_FAR = ("mnist", "svhn", "texture", "places365")
+_CNC = ("svhn:test", "tin-crop", "tin-resize", "lsun-crop", "lsun-resize", "isun")
+_FAR = ("mnist", "svhn:test", "texture", "places365")
 
 SUITES: dict[str, Suite] = {
     s.name: s

@@ -10,7 +10,13 @@ import argparse
 import sys
 from pathlib import Path
 
+from ._options import add_command, add_device, add_out, add_progress
+
 HELP = "CnC: train a K+1-class model on compounded-corruption outliers; evaluate it on a suite"
+EXAMPLES = [
+    "oodeval cnc train --dataset cifar10:train --model resnet18 --epochs 200 --seed 0 --out runs/cnc-s0",
+    "oodeval cnc evaluate --checkpoint runs/cnc-s0 runs/cnc-s1 runs/cnc-s2 --suite cnc-cifar10",
+]
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -22,21 +28,34 @@ def _ints(text: str) -> tuple[int, ...]:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="cnc_command", metavar="{train,evaluate}")
-    t = sub.add_parser("train", help="train (or resume) a CnC or plain model with timm", description=_TRAIN_DOC)
+    t = add_command(sub, "train", "train (or resume) a CnC or plain model with timm",
+                    "oodeval cnc train --dataset cifar10:train --model resnet18 --epochs 200 --seed 0 --out runs/cnc-s0",
+                    description=_TRAIN_DOC)
     t.add_argument("--dataset", required=True, help="ID training set: registry name (NAME:SPLIT), folder, CSV or .npz")
-    t.add_argument("--model", default="resnet18", help="timm model name (random init; default resnet18)")
-    t.add_argument("--epochs", type=int, default=10, help="epochs (default 10)")
-    t.add_argument("--out", type=Path, required=True, help="new checkpoint folder, or an earlier checkpoint of this run to resume; any other path is refused")
+    t.add_argument("--recipe", default=None, help="start from a named recipe: cnc-cifar (the CnC release's CIFAR "
+                   "recipe: CIFAR-stem ResNet-34, 200 epochs, 64 ID + 64 outliers, crop/flip); options given override it")
+    t.add_argument("--model", default=None, help="timm model name (random init; default resnet18)")
+    t.add_argument("--cifar-stem", action="store_true", default=None, help="3x3 stride-1 stem, no max-pool (timm ResNets)")
+    t.add_argument("--epochs", type=int, default=None, help="epochs (default 10)")
+    t.add_argument("--out", type=Path, required=True, help="new run folder, or the run folder of this run to resume; any other path is refused")
     t.add_argument("--plain", action="store_true", help="train the plain K-way baseline (no outlier class)")
-    t.add_argument("--alpha", type=float, default=1.0, help="weight of the outlier CE term (default 1)")
-    t.add_argument("--batch-size", type=int, default=128, help="ID batch size; each gets as many outliers (128)")
-    t.add_argument("--lr", type=float, default=0.1, help="SGD learning rate (0.1; x0.1 at 50%% and 75%% of epochs)")
-    t.add_argument("--weight-decay", type=float, default=5e-4)
+    t.add_argument("--alpha", type=float, default=None, help="weight of the outlier CE term (default 1)")
+    t.add_argument("--batch-size", type=int, default=None, help="ID images per step; each step adds as many outliers (128)")
+    t.add_argument("--lr", type=float, default=None, help="SGD learning rate (0.1; x0.1 at 50%% and 75%% of epochs)")
+    t.add_argument("--weight-decay", type=float, default=None, help="default 5e-4")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--classes", type=_ints, default=None, help="keep these class ids as ID, e.g. 0,1,3,5,8,9")
-    t.add_argument("--corruptions", default=None, help="comma-separated corruption pool (default: the 18 of issue 8, all but spatter)")
+    t.add_argument("--corruptions", default=None,
+                   help="outlier pool: release (default, the CnC release's 15), imagenet-c (the benchmark 15), all, or names")
+    t.add_argument("--severity", default=None, choices=("auto", "cifar", "tinyimagenet", "imagenet"),
+                   help="corruption constants: auto = by image size (32 / 64 / larger px), or one reference's")
+    add_device(t)
+    t.add_argument("--workers", type=int, default=0, help="DataLoader processes building the steps (0: in-process)")
     _data_args(t)
-    e = sub.add_parser("evaluate", help="TNR@TPR95, AUROC, detection error, ID accuracy; mean ± std over checkpoints")
+    t.add_argument("--size", type=int, default=None, help="resize images to SIZE x SIZE")
+    e = add_command(sub, "evaluate", "TNR@TPR95, AUROC, detection error, ID accuracy; mean ± std over checkpoints",
+                    "oodeval cnc evaluate --checkpoint runs/cnc-s0 runs/cnc-s1 runs/cnc-s2 --suite cnc-cifar10 --json cnc.json",
+                    description=_EVALUATE_DOC)
     e.add_argument("--checkpoint", type=Path, nargs="+", required=True, help="checkpoint folders (one per seed)")
     e.add_argument("--suite", default=None, help="named suite (cnc-cifar10, openood-cifar10, demo-fmnist, ...)")
     e.add_argument("--id-test", default=None, help="ID test set (overrides the suite's)")
@@ -44,7 +63,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     e.add_argument("--ood", nargs="+", default=None, help="OOD sets (override the suite's)")
     e.add_argument("--detectors", nargs="+", default=None, help="default: cnc msp energy (CnC), msp energy (plain)")
     e.add_argument("--no-per-set", action="store_true", help="print only group and mean rows")
-    e.add_argument("--json", type=Path, default=None, help="write runs and aggregate as JSON here (an existing file only if it is an earlier evaluation)")
+    add_out(e, "CnC evaluation JSON (runs and aggregate)", flag="--json")
+    e.add_argument("--resize", action="store_true",
+                   help="resize sets whose image size differs from the training size (default: refuse them)")
+    add_device(e)
     _data_args(e)
     p.set_defaults(_cnc_help=p.format_help)
 
@@ -54,14 +76,19 @@ _TRAIN_DOC = (
     "(Hebbalaguppe et al. 2022). A checkpoint (safetensors + JSON) is written after every epoch; "
     "rerunning the same command resumes."
 )
+_EVALUATE_DOC = (
+    "Score each checkpoint's ID test set and OOD sets with the detectors (cnc reads the outlier class, every other "
+    "detector the first K logits) and print TNR@TPR95, AUROC, detection error and ID accuracy per OOD set, per group "
+    "and as the mean over sets, each as mean ± std over the checkpoints (one per seed)."
+)
 
 
 def _data_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-root", default=None, help="data root (default $OODEVAL_DATA)")
-    p.add_argument("--channels", type=int, choices=(1, 3), default=None, help="1 grey / 3 RGB (default: as stored)")
-    p.add_argument("--size", type=int, default=None, help="resize images to SIZE x SIZE")
+    p.add_argument("--channels", type=int, choices=(1, 3), default=None,
+                   help="convert images to 1 grey / 3 RGB (default: as stored)")
     p.add_argument("--no-strict", action="store_true", help="accept registry datasets with unexpected counts")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_progress(p)
 
 
 def _select(images, labels, class_ids):
@@ -77,13 +104,32 @@ def _select(images, labels, class_ids):
     return images[keep], np.array([remap[int(v)] for v in labels[keep]], dtype=np.int64)
 
 
-def _load(args, spec, channels=None):
+def _load(args, spec, channels=None, size=None):
     from ..cnc.datasets import load_arrays
 
     return load_arrays(
-        spec, args.data_root, channels=channels or args.channels, size=args.size,
+        spec, args.data_root, channels=channels or args.channels, size=size,
         strict=not args.no_strict, progress=not args.no_progress,
     )  # fmt: skip
+
+
+def _load_for(args, spec: str, cfg):
+    """Images of ``spec`` for a model trained with ``cfg``: channels and size must match the
+    training config; a size differs only with ``--resize``, channels only with ``--channels``."""
+    from ..cnc.datasets import resize_arrays
+
+    images, labels, _ = _load(args, spec)
+    chans = 1 if images.ndim == 3 else images.shape[3]
+    if chans != cfg.in_chans:
+        raise ValueError(f"{spec} has {chans}-channel images but the model was trained on {cfg.in_chans}-channel "
+                         f"images; pass --channels {cfg.in_chans} to convert them")
+    size = tuple(images.shape[1:3])
+    if size != tuple(cfg.image_size):
+        if not args.resize:
+            raise ValueError(f"{spec} has {size[0]}x{size[1]} images but the model was trained on "
+                             f"{cfg.image_size[0]}x{cfg.image_size[1]}; pass --resize to resize them (bilinear)")
+        images = resize_arrays(images, cfg.image_size)
+    return images, labels
 
 
 def run(args: argparse.Namespace) -> int:
@@ -99,25 +145,32 @@ def _train(args: argparse.Namespace) -> int:
     import numpy as np
 
     from .._io import check_output
-    from ..cnc.corruptions import DEFAULT_POOL
-    from ..cnc.train import CHECKPOINT_KIND, TrainConfig, is_checkpoint_folder, train
+    from ..cnc.corruptions import pool
+    from ..cnc.train import CHECKPOINT_KIND, RECIPES, TrainConfig, is_checkpoint_folder, train
 
     check_output(args.out, CHECKPOINT_KIND, folder=True, is_own=is_checkpoint_folder)  # before loading any data
-    images, labels, info = _load(args, args.dataset)
+    images, labels, info = _load(args, args.dataset, size=args.size)
     images, labels = _select(images, labels, args.classes)
     if (labels < 0).any():
         raise ValueError(f"{int((labels < 0).sum())} training images of {args.dataset} have no class label (-1)")
     k = len(args.classes) if args.classes else int(labels.max()) + 1
     chans = 1 if images.ndim == 3 else images.shape[3]
-    config = TrainConfig(
-        model=args.model, num_classes=k, in_chans=chans, cnc=not args.plain, alpha=args.alpha,
-        epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, weight_decay=args.weight_decay,
-        seed=args.seed, corruptions=tuple(args.corruptions.split(",")) if args.corruptions else DEFAULT_POOL,
-        class_ids=args.classes,
-    )  # fmt: skip
+    given = {
+        "model": args.model, "cifar_stem": args.cifar_stem, "alpha": args.alpha, "epochs": args.epochs,
+        "batch_size": args.batch_size, "lr": args.lr, "weight_decay": args.weight_decay, "severity": args.severity,
+        "corruptions": pool(args.corruptions) if args.corruptions else None,
+    }  # fmt: skip
+    base = dict(RECIPES[args.recipe]) if args.recipe in RECIPES else {}
+    if args.recipe and not base:
+        raise ValueError(f"unknown recipe {args.recipe!r}; known: {', '.join(RECIPES)}")
+    if base and chans != len(base["mean"]):
+        base["mean"], base["std"] = (sum(base["mean"]) / 3,), (sum(base["std"]) / 3,)  # grey: the channel average
+    base.update({k: v for k, v in given.items() if v is not None})
+    config = TrainConfig(**base, num_classes=k, in_chans=chans, cnc=not args.plain, seed=args.seed, class_ids=args.classes)
     print(f"training {'CnC (K+1)' if config.cnc else 'plain'} {args.model} on {len(images)} images of "
-          f"{info['name']}, K={k}, {images.shape[1]}x{images.shape[2]}x{chans}, {args.epochs} epochs -> {args.out}")
-    prog = train(config, np.asarray(images), labels, args.out, progress=not args.no_progress, log=print)
+          f"{info['name']}, K={k}, {images.shape[1]}x{images.shape[2]}x{chans}, {config.epochs} epochs -> {args.out}")
+    prog = train(config, np.asarray(images), labels, args.out, progress=not args.no_progress, log=print,
+                 device=args.device, workers=args.workers)  # fmt: skip
     last = prog["history"][-1] if prog["history"] else {}
     print(f"done: {prog['epochs_done']}/{config.epochs} epochs; last loss {last.get('loss', float('nan')):.4f}, "
           f"train acc {last.get('train_acc', float('nan')):.4f}; checkpoint {args.out}")
@@ -126,7 +179,7 @@ def _train(args: argparse.Namespace) -> int:
 
 def _evaluate(args: argparse.Namespace) -> int:
     from .._io import check_output, json_has_keys, write_json_atomic
-    from ..cnc.evaluate import aggregate, evaluate_run, format_table
+    from ..cnc.evaluate import aggregate, check_id_labels, comparable, evaluate_run, format_table
     from ..cnc.suites import suite
     from ..cnc.train import extract, load_checkpoint
     from ..detectors import create
@@ -142,32 +195,28 @@ def _evaluate(args: argparse.Namespace) -> int:
         raise ValueError("give --suite, or --id-test and --ood")
     groups = s.groups if s and not args.ood else None
     loaded = [load_checkpoint(c) for c in args.checkpoint]
-    kinds = {cfg.cnc for _, cfg, _ in loaded}
-    if len(kinds) > 1:
-        raise ValueError("the checkpoints mix CnC and plain models; evaluate them separately")
-    cfg0 = loaded[0][1]
-    for path, (_, cfg, _) in zip(args.checkpoint, loaded):
-        if (cfg.num_classes, cfg.in_chans, cfg.class_ids) != (cfg0.num_classes, cfg0.in_chans, cfg0.class_ids):
-            raise ValueError(f"{path} has other classes or channels than {args.checkpoint[0]}")
+    cfg0 = comparable([cfg for _, cfg, _ in loaded], [str(c) for c in args.checkpoint])
     detectors = args.detectors or (["cnc", "msp", "energy"] if cfg0.cnc else ["msp", "energy"])
     if not cfg0.cnc and "cnc" in detectors:
         raise ValueError("the cnc detector needs a CnC (K+1) checkpoint; these are plain models")
     needs_train = any(create(d).fit_needs for d in detectors)
-    chans = cfg0.in_chans
-    x_test, y_test, _ = _load(args, id_test, chans)
+    x_test, y_test = _load_for(args, id_test, cfg0)
     x_test, y_test = _select(x_test, y_test, cfg0.class_ids)
+    check_id_labels(y_test, cfg0.num_classes, id_test)
     x_train = y_train = None
     if needs_train:
         if not id_train:
             raise ValueError(f"detectors {detectors} need an ID train set: pass --id-train")
-        x_train, y_train, _ = _load(args, id_train, chans)
+        x_train, y_train = _load_for(args, id_train, cfg0)
         x_train, y_train = _select(x_train, y_train, cfg0.class_ids)
-    ood_arrays = {name: _load(args, name, chans)[0] for name in ood}
+        check_id_labels(y_train, cfg0.num_classes, id_train)
+    ood_arrays = {name: _load_for(args, name, cfg0)[0] for name in ood}
     runs = []
     for path, (model, cfg, _) in zip(args.checkpoint, loaded):
-        fs_test = extract(model, x_test, cfg, y_test, meta={"dataset": id_test, "checkpoint": str(path)})
-        fs_train = extract(model, x_train, cfg, y_train, meta={"dataset": id_train}) if needs_train else None
-        fs_ood = {n: extract(model, a, cfg, meta={"dataset": n}) for n, a in ood_arrays.items()}
+        dev = args.device
+        fs_test = extract(model, x_test, cfg, y_test, meta={"dataset": id_test, "checkpoint": str(path)}, device=dev)
+        fs_train = extract(model, x_train, cfg, y_train, meta={"dataset": id_train}, device=dev) if needs_train else None
+        fs_ood = {n: extract(model, a, cfg, meta={"dataset": n}, device=dev) for n, a in ood_arrays.items()}
         r = evaluate_run(fs_test, fs_ood, detectors, train=fs_train, groups=groups)
         runs.append(r)
         if len(args.checkpoint) > 1:
@@ -179,6 +228,7 @@ def _evaluate(args: argparse.Namespace) -> int:
         write_json_atomic(args.json, {
             "suite": args.suite, "id_test": id_test, "ood": ood, "detectors": detectors,
             "checkpoints": [str(c) for c in args.checkpoint], "runs": runs, "aggregate": result if len(runs) > 1 else None,
+            "config": cfg0.to_json(), "resized": bool(args.resize),
         }, "CnC evaluation", is_evaluation)  # fmt: skip
         print(f"wrote {args.json}")
     return 0

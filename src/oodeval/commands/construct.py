@@ -3,15 +3,26 @@
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from pathlib import Path
 
+from ._options import add_command
+
+TOKEN_ENV = "OODEVAL_TOKEN"
 HELP = "build an OOD benchmark from label errors: candidates, evidence, annotation app, export"
+EXAMPLES = [
+    "oodeval construct candidates work/ --manifest imagenet-val.csv --reannotation reimagenet.csv",
+    "oodeval construct serve work/",
+    "oodeval construct export work/ --out benchmark/",
+]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="construct_command", metavar="STEP", required=True)
 
-    c = sub.add_parser("candidates", help="select the images the reannotation assigned to no class; print counts by flag")
+    c = add_command(sub, "candidates", "select the images the reannotation assigned to no class; print counts by flag",
+                    "oodeval construct candidates work/ --manifest imagenet-val.csv --reannotation reimagenet.csv --classes classes.txt")
     c.add_argument("work", type=Path, help="work folder to create or update")
     c.add_argument("--manifest", type=Path, required=True, help="ID manifest CSV (path,label[,url,...])")
     c.add_argument("--reannotation", type=Path, required=True, help="reannotation CSV (path,reannotated,flag[,original_label])")
@@ -19,7 +30,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     c.add_argument("--root", type=Path, help="folder the manifest paths are relative to (default: the manifest's folder)")
     c.set_defaults(_step=_candidates)
 
-    e = sub.add_parser("evidence", help="build the per-image evidence JSON (C, D, E, and A/B when configured)")
+    e = add_command(sub, "evidence", "build the per-image evidence JSON (C, D, E, and A/B when configured)",
+                    "oodeval construct evidence work/ --image-embeddings feats/val --text-embeddings text.npy")
     e.add_argument("work", type=Path)
     e.add_argument("--image-embeddings", type=Path, help="(D) image embeddings aligned with the ID manifest: .npy or FeatureSet folder")
     e.add_argument("--text-embeddings", type=Path, help="(D) class text embeddings: (C, E) .npy, FeatureSet folder, or label-keyed .npz / text-cache folder")
@@ -36,22 +48,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     e.add_argument("--force", action="store_true", help="rebuild every piece instead of completing missing ones")
     e.set_defaults(_step=_evidence)
 
-    i = sub.add_parser("init", help="create the protocol store and print one access token per annotator")
+    i = add_command(sub, "init", "create the protocol store and print one access token per annotator",
+                    "oodeval construct init work/ --stage1 alice bob --stage3 carol")
     i.add_argument("work", type=Path)
     i.add_argument("--stage1", nargs=2, required=True, metavar="NAME", help="the two Stage-1 annotators")
     i.add_argument("--stage3", required=True, metavar="NAME", help="the third annotator who joins in Stage 3")
     i.set_defaults(_step=_init)
 
-    s = sub.add_parser("serve", help="run the annotation web app")
+    s = add_command(sub, "serve", "run the annotation web app",
+                    "oodeval construct serve work/ --port 8765")
     s.add_argument("work", type=Path)
     s.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1, this machine only)")
     s.add_argument("--port", type=int, default=8765)
     s.add_argument("--examples", type=int, default=4, help="example images per candidate ID class (default 4)")
     s.set_defaults(_step=_serve)
 
-    v = sub.add_parser("verdict", help="submit one verdict from the command line (scripting)")
+    v = add_command(sub, "verdict", "submit one verdict from the command line (scripting)",
+                    "oodeval construct verdict work/ --token-file alice.token val/n01440764/x.JPEG ood --label 'tiger shark'",
+                    allow_abbrev=False)
     v.add_argument("work", type=Path)
-    v.add_argument("--token", required=True, help="the annotator's access token")
+    v.add_argument("--token-file", type=Path, help=f"file holding the annotator's access token (default: the {TOKEN_ENV} environment variable)")
     v.add_argument("--stage", type=int, choices=(1, 3), default=1)
     v.add_argument("image", help="image id (its manifest path)")
     v.add_argument("verdict", choices=("ood", "id", "ambiguous"))
@@ -61,11 +77,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     v.add_argument("--note")
     v.set_defaults(_step=_verdict)
 
-    st = sub.add_parser("status", help="images per state and progress per annotator")
+    t = add_command(sub, "token", "access tokens: `token reissue WORK NAME` replaces a lost or leaked one",
+                    "oodeval construct token reissue work/ alice")
+    t.add_argument("action", choices=("reissue",))
+    t.add_argument("work", type=Path)
+    t.add_argument("name", help="the annotator whose token is replaced (the old one stops working)")
+    t.set_defaults(_step=_token)
+
+    st = add_command(sub, "status", "images per state and progress per annotator", "oodeval construct status work/")
     st.add_argument("work", type=Path)
     st.set_defaults(_step=_status)
 
-    x = sub.add_parser("export", help="write the OOD manifest, returned-to-ID and ambiguous lists and the outcome table")
+    x = add_command(sub, "export", "write the OOD manifest, returned-to-ID and ambiguous lists and the outcome table",
+                    "oodeval construct export work/ --out benchmark/")
     x.add_argument("work", type=Path)
     x.add_argument("--out", type=Path, help="export folder (default WORK/export)")
     x.add_argument("--allow-pending", action="store_true", help="export although some images are undecided")
@@ -89,9 +113,17 @@ def _candidates(args: argparse.Namespace) -> int:
 
 
 def _evidence(args: argparse.Namespace) -> int:
-    from ..construct.candidates import load_project
-    from ..construct.evidence import build_evidence, load_embeddings, load_text_embeddings
+    from ..construct.candidates import check_not_initialised, load_project
+    from ..construct.evidence import build_evidence, check_templates, load_embeddings, load_text_embeddings
 
+    templates = {}
+    for item in args.search_template:
+        name, sep, url = item.partition("=")
+        if not sep or not name:
+            raise ValueError(f"--search-template wants NAME=URL, got {item!r}")
+        templates[name] = url
+    check_templates(args.image_url_template, templates)
+    check_not_initialised(args.work, "evidence")
     project = load_project(args.work)
     img = load_embeddings(args.image_embeddings) if args.image_embeddings else None
     txt = load_text_embeddings(args.text_embeddings, project.class_names) if args.text_embeddings else None
@@ -103,12 +135,6 @@ def _evidence(args: argparse.Namespace) -> int:
 
         client = ChatClient(args.llm_base_url, args.llm_model, api_key_env=args.llm_key_env,
                             cache_dir=args.llm_cache or args.work / "llm-cache", offline=args.llm_offline)
-    templates = {}
-    for item in args.search_template:
-        name, sep, url = item.partition("=")
-        if not sep or not name:
-            raise ValueError(f"--search-template wants NAME=URL, got {item!r}")
-        templates[name] = url
     done = build_evidence(project, img, txt, args.top_k, args.confusions_k, client, args.image_url_template, args.force,
                           search_templates=templates or None)
     n = len(project.candidates)
@@ -120,7 +146,7 @@ def _evidence(args: argparse.Namespace) -> int:
 
 
 def _init(args: argparse.Namespace) -> int:
-    from ..construct.candidates import load_project
+    from ..construct.candidates import load_project, pin_project
     from ..construct.protocol import ProtocolStore
 
     project = load_project(args.work)
@@ -128,6 +154,7 @@ def _init(args: argparse.Namespace) -> int:
         _, tokens = ProtocolStore.create(project.db_path, project.candidates, args.stage1, args.stage3, project.n_classes)
     except FileExistsError as exc:
         raise ValueError(str(exc)) from None
+    pin_project(project)
     print(f"protocol store {project.db_path}: {len(project.candidates)} images")
     print("access tokens (shown once; give each annotator only their own):")
     for name, token in tokens.items():
@@ -137,11 +164,15 @@ def _init(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from ..construct.app import make_server
+    from ..construct.app import bind_warning, make_server
 
+    warning = bind_warning(args.host)
+    if warning:
+        print(f"oodeval construct serve: warning: {warning}", file=sys.stderr)
     server = make_server(args.work, args.host, args.port, examples=args.examples)
     host, port = server.server_address[:2]
-    print(f"annotation app on http://{host}:{port}/  (open http://{host}:{port}/login?token=YOUR_TOKEN)")
+    host = f"[{host}]" if ":" in host else host
+    print(f"annotation app on http://{host}:{port}/  (open it and log in with your access token)")
     try:
         server.serve_forever()
     finally:
@@ -151,10 +182,10 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _verdict(args: argparse.Namespace) -> int:
     from ..construct.candidates import load_project
-    from ..construct.protocol import ProtocolStore
+    from ..construct.protocol import open_store
 
-    store = ProtocolStore(load_project(args.work).db_path)
-    who = store.authenticate(args.token)
+    store = open_store(load_project(args.work))
+    who = store.authenticate(_read_token(args.token_file))
     row = store.submit(who.name, args.image, args.stage, args.verdict, args.label, args.fine_grained, args.id_class, args.note)
     o = store.outcome(args.image)
     state = f"{o.verdict} (stage {o.stage})" if o.status == "final" else f"pending in {o.status}"
@@ -162,11 +193,37 @@ def _verdict(args: argparse.Namespace) -> int:
     return 0
 
 
+def _read_token(token_file: Path | None) -> str:
+    """The access token from ``--token-file`` or the environment; never from argv (``ps`` would show it)."""
+    if token_file is not None:
+        try:
+            token = token_file.read_text().strip()
+        except OSError as exc:
+            raise ValueError(f"cannot read --token-file {token_file}: {exc.strerror}") from None
+        if not token:
+            raise ValueError(f"--token-file {token_file} is empty")
+        return token
+    token = os.environ.get(TOKEN_ENV, "").strip()
+    if not token:
+        raise ValueError(f"no access token: set {TOKEN_ENV} or pass --token-file FILE")
+    return token
+
+
+def _token(args: argparse.Namespace) -> int:
+    from ..construct.candidates import load_project
+    from ..construct.protocol import open_store
+
+    token = open_store(load_project(args.work)).reissue(args.name)
+    print(f"new access token for {args.name} (shown once; the old one no longer works):")
+    print(f"  {args.name}\t{token}")
+    return 0
+
+
 def _status(args: argparse.Namespace) -> int:
     from ..construct.candidates import load_project
-    from ..construct.protocol import ProtocolStore
+    from ..construct.protocol import open_store
 
-    store = ProtocolStore(load_project(args.work).db_path)
+    store = open_store(load_project(args.work))
     summary = store.summary()
     print("images: " + ", ".join(f"{k} {v}" for k, v in summary.items()))
     for p in store.progress():
@@ -178,10 +235,10 @@ def _status(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     from ..construct.candidates import load_project
     from ..construct.export import export
-    from ..construct.protocol import ProtocolStore
+    from ..construct.protocol import open_store
 
     project = load_project(args.work)
-    paths = export(project, ProtocolStore(project.db_path), args.out, args.allow_pending)
+    paths = export(project, open_store(project, check_evidence=True), args.out, args.allow_pending)
     print(paths["outcome_md"].read_text(), end="")
     for key, path in paths.items():
         print(f"wrote {path}")

@@ -11,11 +11,17 @@ import argparse
 import sys
 from pathlib import Path
 
+from ._options import add_out, add_progress
+
 HELP = "run the embedded default benchmark end to end (Fashion-MNIST, offline)"
+EXAMPLES = [
+    "oodeval demo",
+    "oodeval demo --quick --out /tmp/demo",
+]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", type=Path, default=Path("demo-out"), help="output folder (default: ./demo-out)")
+    add_out(p, "demo output", folder=True, default=Path("demo-out"))
     p.add_argument("--data-root", type=Path, default=None, help="where the demo sets are built (default: OUT/data)")
     p.add_argument("--quick", action="store_true", help="reduced sizes, 2 epochs, 200 draws (well under a minute)")
     p.add_argument("--seed", type=int, default=0, help="seed of data sampling, training, bootstrap and sub-sampling (default 0)")
@@ -24,7 +30,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--subsample-n", type=int, default=None, help="OOD draw size of the sub-sampling table (default 500; 50 with --quick)")
     p.add_argument("--batch-size", type=int, default=256, help="extraction batch size (default 256)")
     p.add_argument("--threads", type=int, default=1, help="torch threads during the run (default 1: robust on a shared CPU; 0 = torch's default)")
-    p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+    add_progress(p)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -5,43 +5,59 @@ from __future__ import annotations
 import argparse
 import json
 
+from ._options import add_device, add_pretrained, add_progress, with_pretrained
+
 HELP = "extract features, logits and head of a model (timm, open_clip or your own code) on a dataset into the feature store"
+EXAMPLES = [
+    "oodeval extract --model resnet50 --pretrained --dataset imagenet1k-val --store feats/",
+    "oodeval extract --model open_clip:ViT-B-16 --pretrained openai --dataset ninco --store feats/ --patch-features",
+    "PYTHONPATH=. oodeval extract --model my_models:cifar_resnet18 --weights ckpt.safetensors --dataset data/cifar10/test --store feats/",
+]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="timm name (timm:NAME or NAME), open_clip:ARCH[@TAG], or package.module:factory (your code: "
-                   "returns (nn.Module, transform); see docs/own-model.md)")
+    p.add_argument("--model", required=True, help="timm name (timm:NAME or NAME), open_clip:ARCH[@TAG], hf:REPO_OR_FOLDER (transformers VLM, "
+                   "e.g. AIMv2), or package.module:factory (your code: returns (nn.Module, transform); see docs/own-model.md)")
     p.add_argument("--dataset", required=True, help="registry name, NAME:SPLIT, image folder or CSV manifest")
     p.add_argument("--store", required=True, help="feature store folder")
     p.add_argument("--weights", default=None, help="local weights file (.safetensors, or a torch checkpoint read weights_only)")
-    p.add_argument("--pretrained", action="store_true", help="download the model's weights from the hub (needs network)")
+    add_pretrained(p, absent="random init (seed 0) unless --weights")
     p.add_argument("--head", default=None, help="linear probe head (.safetensors from `oodeval probe`) to use for logits")
     p.add_argument("--model-kwargs", default=None, type=json.loads, help='JSON for timm.create_model, e.g. \'{"num_classes": 10}\'')
     p.add_argument("--data-root", default=None, help="data root for registry names (default: $OODEVAL_DATA)")
     p.add_argument("--taps", action="store_true", help="also record NAC per-layer states (extras nac/<layer>)")
     p.add_argument("--nac-layers", default=None, help="comma-separated layers for --taps (default: taps.default_nac_layers)")
-    p.add_argument("--patch-features", action="store_true", help="open_clip ViT: value-path patch features for GL-MCM")
+    p.add_argument("--nac-fit", type=int, default=None, metavar="N",
+                   help="ID train: tap only the N class-balanced rows NAC fits on (its n_fit; implies --taps)")  # fmt: skip
+    p.add_argument("--seed", type=int, default=0, help="seed of the --nac-fit rows (NAC's seed; default 0)")
+    p.add_argument("--patch-features", action="store_true", help="VLMs (open_clip:, hf:): value-path patch features for GL-MCM")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--workers", type=int, default=0, help="DataLoader worker processes (default 0)")
-    p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N")
+    add_device(p)
     p.add_argument("--amp", default=None, action=argparse.BooleanOptionalAction, help="bf16 autocast (default: on CUDA only)")
     p.add_argument("--shard-size", type=int, default=1024, help="rows per atomically written shard (default 1024)")
     p.add_argument("--no-strict", action="store_true", help="accept a registry dataset whose image count differs")
     p.add_argument("--skip-missing", action="store_true", help="skip manifest rows whose file does not exist (default: an error)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_progress(p)
 
 
 def run(args: argparse.Namespace) -> int:
     from ..features import FeatureSet
-    from ..features.extract import extract
+    from ..features.backbones import parse_model_name
+    from ..features.extract import extract, extract_nac_fit
 
-    path = extract(
-        args.model, args.dataset, args.store, weights=args.weights, data_root=args.data_root, taps=args.taps,
-        patch_features=args.patch_features, batch_size=args.batch_size, num_workers=args.workers, device=args.device,
-        model_kwargs=args.model_kwargs, progress=not args.quiet, head=args.head, pretrained=args.pretrained,
-        amp=args.amp, strict=not args.no_strict, shard_size=args.shard_size, skip_missing=args.skip_missing,
+    model, pretrained = with_pretrained(args.model, args.pretrained, parse_model_name(args.model)[0])
+    options = dict(
+        weights=args.weights, data_root=args.data_root, patch_features=args.patch_features, batch_size=args.batch_size,
+        num_workers=args.workers, device=args.device, model_kwargs=args.model_kwargs, progress=not args.no_progress,
+        head=args.head, pretrained=pretrained, amp=args.amp, strict=not args.no_strict, shard_size=args.shard_size,
+        skip_missing=args.skip_missing,
         nac_layers=args.nac_layers.split(",") if args.nac_layers else None,
     )
+    if args.nac_fit is not None:
+        path = extract_nac_fit(model, args.dataset, args.store, n_fit=args.nac_fit, seed=args.seed, **options)
+    else:
+        path = extract(model, args.dataset, args.store, taps=args.taps, **options)
     fs = FeatureSet.load(path)
     parts = [f"{len(fs)} rows", f"features {tuple(fs.features.shape)}"]
     if fs.logits is not None:

@@ -8,6 +8,9 @@ from pathlib import Path
 import numpy as np
 
 HELP = "metrics with bootstrap CIs for ID and OOD score files (.npy, or text with one score per line)"
+EXAMPLES = [
+    "oodeval metrics id_scores.npy ood_scores.npy --draws 1000 --seed 0",
+]
 
 
 #: fewest bootstrap draws accepted: each 2.5% tail of a percentile 95% CI then holds at least 5 draws

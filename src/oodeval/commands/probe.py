@@ -5,12 +5,17 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ._options import add_out
+
 HELP = "train a linear probe (one linear layer, cross-entropy) on cached ID-train features"
+EXAMPLES = [
+    "oodeval probe --train feats/train --val feats/val --epochs 20 --out head.safetensors",
+]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--train", type=Path, required=True, help="ID-train FeatureSet folder (labels >= 0 are used)")
-    p.add_argument("--out", type=Path, required=True, help="head file to write (.safetensors); an existing file is replaced only if it is an oodeval head")
+    add_out(p, "probe head (.safetensors)", required=True)
     p.add_argument("--val", type=Path, default=None, help="optional labelled FeatureSet to report accuracy on")
     p.add_argument("--epochs", type=int, default=20)
     p.add_argument("--lr", type=float, default=1e-3)

@@ -6,15 +6,23 @@ import argparse
 import sys
 from pathlib import Path
 
+from ._options import add_progress
+
 HELP = "run (or resume) an experiment grid from a TOML/YAML file into one Parquet results table"
+EXAMPLES = [
+    "oodeval run examples/experiment.toml --check",
+    "oodeval run examples/experiment.toml --report report/",
+]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("experiment", type=Path, help="experiment file (.toml, .yaml or .yml); see docs/experiments.md")
     p.add_argument("--check", action="store_true",
                    help="validate the file and everything checkable offline (datasets, weights, model names, vocabularies), print the grid, compute nothing")  # fmt: skip
+    p.add_argument("--names-only", action="store_true",
+                   help="with --check: verify model names and print resolved defaults only, before checkpoints and data are in place")
     p.add_argument("--report", type=Path, default=None, metavar="DIR", help="also write the report into DIR afterwards")
-    p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+    add_progress(p)
     p.add_argument(
         "--executor",
         choices=("inprocess", "local", "slurm"),
@@ -53,7 +61,9 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.experiment)
     if args.check:
-        return _check(cfg)
+        return _check(cfg, args.names_only)
+    if args.names_only:
+        raise ValueError("--names-only applies to --check")
     options = executor_options(args.executor_option)
     if options and args.executor == "inprocess":
         raise ValueError("--executor-option needs --executor local or slurm")
@@ -62,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     if args.report is not None:
         from ..report import write_report
 
-        paths = write_report(summary.results, args.report)
+        paths = write_report(summary.results, args.report, experiment=cfg)
         print(f"report: {paths['html']}")
     if summary.ok:
         return 0
@@ -80,7 +90,9 @@ def run(args: argparse.Namespace) -> int:
     return 1
 
 
-def _check(cfg) -> int:
+def _check(cfg, names_only: bool = False) -> int:
+    from .. import detectors
+    from ..detectors.defaults import describe
     from ..experiment.check import check_experiment
     from ..experiment.zeroshot import vocabulary_label
 
@@ -91,10 +103,16 @@ def _check(cfg) -> int:
         names = ", ".join(d.display + (f"[{vocabulary_label(d.vocabulary)}]" if d.vocabulary else "") for d in dets) if dets else "every supported detector"
         extras = [x for x, on in (("taps", m.taps), ("patch features", m.patch_features)) if on]
         print(f"  {m.label} ({m.kind}{', ' + ', '.join(extras) if extras else ''}): {names}")
+        if m.kind == "supervised":  # the backbone-dependent defaults each detector will run with
+            listed = [d.name for d in dets] if dets else detectors.names()
+            explicit = {d.name: d.hyperparameters for d in dets or ()}
+            for line in describe(listed, {"model": m.name}, explicit):
+                print(f"    {line.strip()}")
     print(f"  ID train {cfg.id_train.label if cfg.id_train else '-'}, ID test {cfg.id_test.label}; OOD: {', '.join(d.label for d in cfg.ood)}")
     print(f"  results -> {cfg.results}")
-    problems = check_experiment(cfg)
+    problems = check_experiment(cfg, names_only)
     if problems:
         raise ValueError(f"{len(problems)} problem(s) before this experiment can run:\n" + "\n".join(f"  - {p}" for p in problems))
-    print("check passed: datasets, weights, model names and vocabularies are all in place")
+    print("check passed: every model name resolves" if names_only else
+          "check passed: datasets, weights, model names and vocabularies are all in place")
     return 0

@@ -6,23 +6,32 @@ import argparse
 import sys
 from pathlib import Path
 
+from ._options import add_out, add_progress
+
 HELP = "fit post-hoc detectors on ID-train features and report FPR@95 / AUROC per OOD set"
+EXAMPLES = [
+    "oodeval score --train feats/train --test feats/test --ood ninco=feats/ninco --set knn.k=50 --out scores.csv",
+    "oodeval score --train feats/train --test feats/test --ood far=feats/far --detectors msp,energy,vim --set energy.temperature=2",
+]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--train", type=Path, required=True, help="ID-train FeatureSet folder")
     p.add_argument("--test", type=Path, required=True, help="ID-test FeatureSet folder")
+    p.add_argument("--nac-train", type=Path, default=None,
+                   help="the FeatureSet NAC fits on, when --train has no NAC states (`oodeval extract --nac-fit N`)")  # fmt: skip
     p.add_argument("--ood", action="append", required=True, metavar="NAME=DIR",
                    help="an OOD FeatureSet folder with its name (repeatable)")  # fmt: skip
     p.add_argument("--detectors", default=None,
                    help="comma-separated detector names (default: every detector the data supports)")  # fmt: skip
     p.add_argument("--set", action="append", default=[], metavar="DETECTOR.PARAM=VALUE",
                    help="override a hyperparameter, e.g. --set knn.k=50 (repeatable)")  # fmt: skip
-    p.add_argument("--out", type=Path, default=None, help="write the table as CSV here (an existing file only if it is an earlier score table)")
+    add_out(p, "table: a .csv score table, or a .parquet results table (the format of `oodeval run`, which "
+            "`oodeval report` reads; rerunning computes only the cells not yet in it)")
     p.add_argument("--draws", type=int, default=1000,
                    help="bootstrap resamples for the 95%% intervals in the CSV (OOD resampled, ID fixed; 0: none)")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
-    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    add_progress(p)
 
 
 def parse_oods(items: list[str]) -> dict[str, Path]:
@@ -42,22 +51,36 @@ def run(args: argparse.Namespace) -> int:
     import pandas as pd
 
     from .._io import atomic_path, check_output, csv_header_starts
+    from ..detectors.defaults import describe
     from ..features import FeatureSet
-    from ..scoring import add_intervals, evaluate_detectors, failures, format_table, parse_hyperparameters
+    from ..results import is_results_table
+    from ..scoring import add_intervals, evaluate_detectors, failures, format_table, parse_hyperparameters, supported_names
 
     is_score_table = csv_header_starts("detector", "ood")
+    parquet = args.out is not None and args.out.suffix == ".parquet"
     if args.out is not None:
-        check_output(args.out, "score table", is_own=is_score_table)
+        check_output(args.out, "results table" if parquet else "score table", is_own=is_results_table if parquet else is_score_table)
     names = [n.strip() for n in args.detectors.split(",") if n.strip()] if args.detectors else None
     hps = parse_hyperparameters(args.set)
     train = FeatureSet.load(args.train)
     test = FeatureSet.load(args.test)
     oods = {name: FeatureSet.load(folder) for name, folder in parse_oods(args.ood).items()}
+    if parquet:
+        if args.nac_train is not None:
+            raise ValueError("--nac-train works with a .csv output; for a results table, name NAC's fit set in an experiment file")
+        return _results_table(args, train, names or supported_names(train, test, oods), hps)
+    fit_sets = {} if args.nac_train is None else {"nac": FeatureSet.load(args.nac_train)}
     scores: dict = {}
-    rows = evaluate_detectors(train, test, oods, names, hps, scores_out=scores, progress=not args.no_progress)
+    rows = evaluate_detectors(train, test, oods, names, hps, scores_out=scores, progress=not args.no_progress,
+                              fit_sets=fit_sets)  # fmt: skip
     if not rows:
         raise ValueError("no detector is supported by these FeatureSets")
     rows = add_intervals(rows, scores, draws=args.draws, seed=args.seed)
+    ran = list(dict.fromkeys(r["detector"] for r in rows))
+    print("\n".join(describe([n for n in ran if n not in fit_sets], train, hps)))
+    for name, fs in fit_sets.items():
+        if name in ran:
+            print("\n".join(describe([name], fs, hps)[1:]))
     print(format_table(rows))
     if args.out is not None:
         with atomic_path(args.out, "score table", is_score_table) as tmp:
@@ -69,3 +92,40 @@ def run(args: argparse.Namespace) -> int:
     if failed:
         print(f"oodeval score: {len(failed)} of {len(rows)} (detector, OOD set) results failed; the others are above", file=sys.stderr)
     return 1 if failed else 0
+
+
+def _results_table(args: argparse.Namespace, train, names: list[str], hps: dict) -> int:
+    """The same cells through the experiment grid (:func:`oodeval.experiment.run_experiment`) into a
+    results table: one model (the FeatureSets' ``meta["model"]``), seed ``--seed``, ``--draws``."""
+    from ..experiment import run_experiment
+    from ..results import ALL_SPLIT, load_results
+    from ..scoring import format_table
+
+    if args.draws < 1:
+        raise ValueError("a results table (.parquet) carries 95% intervals: --draws must be at least 1")
+    if not names:
+        raise ValueError("no detector is supported by these FeatureSets")
+    unknown = sorted(set(hps) - set(names))
+    if unknown:
+        raise ValueError(f"--set names detectors that are not scored: {', '.join(unknown)}")
+    oods = parse_oods(args.ood)
+    label = str(train.meta.get("model") or "features")
+    folders = {"id_train": args.train, "id_test": args.test, **oods}
+    summary = run_experiment({
+        "name": "score", "results": str(args.out.resolve()), "store": str(args.out.resolve().parent / "store"),
+        "seeds": [args.seed], "bootstrap_draws": args.draws,
+        "datasets": {"id_train": "id_train", "id_test": "id_test", "ood": list(oods)},
+        "models": [{"name": label, "features": {role: str(Path(f).resolve()) for role, f in folders.items()}}],
+        "detectors": [{"name": n, "hyperparameters": hps.get(n, {})} for n in names],
+    }, progress=not args.no_progress)  # fmt: skip
+    table = load_results(args.out)
+    mine = table[(table["model"] == label) & (table["split"] == ALL_SPLIT) & table["detector"].isin(names)
+                 & table["dataset"].isin(list(oods))]  # fmt: skip
+    print(format_table(mine.rename(columns={"dataset": "ood"}).to_dict("records")))
+    print(f"wrote {args.out} ({summary.computed} cells computed, {summary.skipped} already there); "
+          f"`oodeval report {args.out} --out DIR` makes the report")  # fmt: skip
+    for line in summary.errors:
+        print(f"  failed: {line}", file=sys.stderr)
+    if summary.failed:
+        print(f"oodeval score: {summary.failed} of {summary.total} cells failed (recorded in the table); the others are above", file=sys.stderr)
+    return 1 if summary.failed else 0

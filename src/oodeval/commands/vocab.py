@@ -6,24 +6,35 @@ import argparse
 import os
 from pathlib import Path
 
+from ._options import add_command, add_device, add_out, add_pretrained, resolve_device, with_pretrained
+
 HELP = "build negative vocabularies (WordNet+NegMining, LLM siblings, EOE, union, oracle) and size sweeps"
+EXAMPLES = [
+    "oodeval vocab wordnet --model ViT-B-16@openai --pretrained --out vocab/wordnet.json",
+    "oodeval vocab union vocab/wordnet.json vocab/siblings.json --out vocab/union.json",
+]
 
 
 def _default_cache() -> Path:
     return Path(os.environ.get("OODEVAL_CACHE", Path.home() / ".cache" / "oodeval")) / "text-embeddings"
 
 
-def _add_model(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="[open_clip:]<arch>[@<tag>] (the tag sets QuickGELU), or a model-config .json path")
+def _add_model(p: argparse.ArgumentParser, id_names_from_features: bool = False) -> None:
+    p.add_argument("--model", required=True, help="[open_clip:]<arch>[@<tag>] (the tag sets QuickGELU), a model-config .json path, "
+                   "or hf:<repo or folder> (transformers, e.g. hf:apple/aimv2-large-patch14-224-lit)")
     p.add_argument("--weights", default=None, help="local checkpoint file")
-    p.add_argument("--pretrained", default=None, help="open_clip pretrained tag, or 'none' for random init")
+    add_pretrained(p, absent="refused unless --weights; say --pretrained none for a random-init model")
     p.add_argument("--seed", type=int, default=0, help="seed of a random-init model (default 0)")
-    p.add_argument("--id-names", default="imagenet1k", help="'imagenet1k' or a file with one ID class name per line")
+    if id_names_from_features:
+        p.add_argument("--id-names", default=None, help="'imagenet1k' or a file with one ID class name per line "
+                       "(default: the class names recorded with the ID features; wnids are mapped to names)")
+    else:
+        p.add_argument("--id-names", default="imagenet1k", help="'imagenet1k' or a file with one ID class name per line")
     p.add_argument("--templates", default="paper", choices=["paper", "openai", "name"], help="template set (default: paper, 8 of App. G)")
     p.add_argument("--cache", type=Path, default=None, help="text-embedding cache root (default $OODEVAL_CACHE/text-embeddings or ~/.cache/oodeval/text-embeddings)")
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--no-truncate", action="store_true", help="encode prompts at full context length")
-    p.add_argument("--device", default="cpu")
+    add_device(p)
 
 
 def _add_llm(p: argparse.ArgumentParser) -> None:
@@ -34,45 +45,55 @@ def _add_llm(p: argparse.ArgumentParser) -> None:
     p.add_argument("--llm-cache", type=Path, required=True, help="folder of cached raw responses (replayed offline)")
     p.add_argument("--offline", action="store_true", help="answer only from --llm-cache")
     p.add_argument("--temperature", type=float, default=None)
-    p.add_argument("--out", type=Path, required=True, help="vocabulary JSON to write")
+    p.add_argument("--prompts", type=Path, default=None, help="prompt file (TOML; default: ours; e.g. EOE's released prompts, "
+                   "format in docs/zeroshot.md)")
+    add_out(p, "vocabulary JSON", required=True)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    sub = parser.add_subparsers(dest="vocab_cmd", required=True)
+    sub = parser.add_subparsers(dest="vocab_cmd", metavar="{wordnet,llm,eoe,union,oracle,sweep}", required=True)
 
-    p = sub.add_parser("wordnet", help="WordNet head lemmas (noun + adj) mined by NegMining")
+    p = add_command(sub, "wordnet", "WordNet head lemmas (noun + adj) mined by NegMining",
+                    "oodeval vocab wordnet --model ViT-B-16@openai --pretrained --M 10000 --out vocab/wordnet.json")
     _add_model(p)
     p.add_argument("--wordnet", type=Path, default=Path("/usr/share/wordnet"), help="WNDB folder (data.noun, data.adj)")
     p.add_argument("--M", default="5000", help="labels kept (default 5000; 'all' keeps the full ranking for sweeps)")
     p.add_argument("--percentile", type=float, default=95.0)
     p.add_argument("--keep-id-names", action="store_true", help="do not drop lexicon entries equal to an ID name")
-    p.add_argument("--out", type=Path, required=True)
+    add_out(p, "vocabulary JSON", required=True)
 
-    p = sub.add_parser("llm", help="LLM near siblings per ID class (default 20), ID names and WordNet synonyms removed")
+    p = add_command(sub, "llm", "LLM near siblings per ID class (default 20), ID names and WordNet synonyms removed",
+                    "oodeval vocab llm --llm-model gpt-4o --llm-cache llm-cache --k 20 --out vocab/siblings.json")
     _add_llm(p)
     p.add_argument("--k", type=int, default=20, help="siblings requested per class")
     p.add_argument("--generations", type=int, nargs="+", default=[0], help="generation indices to merge (default 0)")
     p.add_argument("--wordnet", type=Path, default=Path("/usr/share/wordnet"))
 
-    p = sub.add_parser("eoe", help="EOE envisioned outlier classes (far | near | fine_grained)")
+    p = add_command(sub, "eoe", "EOE envisioned outlier classes (far | near | fine_grained)",
+                    "oodeval vocab eoe --style near --llm-model gpt-4o --llm-cache llm-cache --out vocab/eoe-near.json")
     _add_llm(p)
     p.add_argument("--style", default="fine_grained", choices=["far", "near", "fine_grained"])
-    p.add_argument("--n-classes", type=int, default=500)
+    p.add_argument("--n-classes", type=int, default=500, help="far / fine_grained: classes asked for, 50 per turn (default 500)")
+    p.add_argument("--per-class", type=int, default=3, help="near: names asked per ID class (default 3, as released)")
     p.add_argument("--generation", type=int, default=0)
 
-    p = sub.add_parser("union", help="union of vocabularies, first occurrence kept")
+    p = add_command(sub, "union", "union of vocabularies, first occurrence kept",
+                    "oodeval vocab union vocab/wordnet.json vocab/siblings.json --out vocab/union.json")
     p.add_argument("inputs", type=Path, nargs="+")
-    p.add_argument("--out", type=Path, required=True)
+    add_out(p, "vocabulary JSON", required=True)
 
-    p = sub.add_parser("oracle", help="a benchmark's own OOD labels from a manifest column")
+    p = add_command(sub, "oracle", "a benchmark's own OOD labels from a manifest column",
+                    "oodeval vocab oracle ninco/manifest.csv --column ood_label --id-names imagenet1k --out vocab/oracle.json")
     p.add_argument("manifest", type=Path)
     p.add_argument("--column", default="ood_label")
     p.add_argument("--id-names", default=None, help="drop labels equal to these ID names ('imagenet1k' or file)")
-    p.add_argument("--out", type=Path, required=True)
+    add_out(p, "vocabulary JSON", required=True)
 
-    p = sub.add_parser("sweep", help="FPR@95 vs WordNet prefix size M (wordnet) or siblings per class k (siblings)")
+    p = add_command(sub, "sweep", "FPR@95 vs WordNet prefix size M (wordnet) or siblings per class k (siblings)",
+                    "oodeval vocab sweep wordnet --model ViT-B-16@openai --pretrained --vocab vocab/wordnet-all.json --id-features feats/id "
+                    "--ood-features feats/ood --values 100 1000 10000 --out sweep.json")
     p.add_argument("kind", choices=["wordnet", "siblings"])
-    _add_model(p)
+    _add_model(p, id_names_from_features=True)
     p.add_argument("--vocab", type=Path, required=True, help="ranked NegMined vocabulary (wordnet) or llm-siblings vocabulary")
     p.add_argument("--id-features", type=Path, required=True, help="FeatureSet folder of ID images")
     p.add_argument("--ood-features", type=Path, required=True, help="FeatureSet folder of OOD images")
@@ -80,11 +101,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--scorer", default="neglabel", choices=["neglabel", "eoe"])
     p.add_argument("--n-groups", type=int, default=100, help="NegLabel groups (default 100)")
     p.add_argument("--sample-seed", type=int, default=0, help="seed of the per-class sibling order")
-    p.add_argument("--out", type=Path, default=None, help="curve JSON to write")
+    add_out(p, "curve JSON")
 
 
 #: option -> smallest value it accepts (every size and count of the vocab sub-commands)
-_MINIMUM = {"k": 1, "n_classes": 1, "batch_size": 1, "n_groups": 1, "generation": 0, "generations": 0, "values": 0}
+_MINIMUM = {"k": 1, "n_classes": 1, "per_class": 1, "batch_size": 1, "n_groups": 1, "generation": 0, "generations": 0, "values": 0}
 
 
 def _check_ranges(args) -> None:
@@ -111,16 +132,47 @@ def check_weights(args) -> None:
         raise ValueError("no weights: give --weights FILE, --pretrained TAG, or --pretrained none for a random-init model")
 
 
+def id_names_for(args, id_fs) -> list[str]:
+    """``--id-names``, else the class names recorded with the ID FeatureSet (wnids mapped); never a silent default."""
+    from ..zeroshot.build import prompt_names, read_id_names
+
+    if args.id_names is not None:
+        names = read_id_names(args.id_names)[0]
+        print(f"ID names: {len(names)} from {args.id_names}")
+        return names
+    recorded = id_fs.meta.get("class_names")
+    if not recorded:
+        raise ValueError(f"{args.id_features} records no class names: pass --id-names ('imagenet1k' or a file, one name per line)")
+    names = prompt_names(recorded, f"{args.id_features} (override with --id-names)")
+    print(f"ID names: {len(names)} recorded with {args.id_features}")
+    return names
+
+
+def encoder_for(args, *featuresets):
+    """The text encoder of ``--model``, checked to be the model that made ``featuresets`` (before any encoding)."""
+    from ..zeroshot.text import check_same_model
+
+    enc = _encoder(args)
+    check_same_model(enc.key["text_tower"], {str(getattr(fs, "meta", {}).get("dataset", i)): fs for i, fs in enumerate(featuresets)})
+    return enc
+
+
 def _encoder(args):
     from ..zeroshot.models import load_clip
     from ..zeroshot.templates import template_set
     from ..zeroshot.text import TextEncoder
 
     check_weights(args)
-    model, tokenizer, name = load_clip(args.model, args.weights, args.pretrained, args.seed, args.device)
-    weights = args.weights or args.pretrained or f"random-init(seed={args.seed})"
+    kind = "hf" if args.model.startswith("hf:") else "open_clip"
+    model, download = with_pretrained(args.model, args.pretrained, kind)
+    tag = (model if kind == "hf" else model.partition("@")[2]) if download else None  # hf: any tag = from_pretrained
+    if download and not tag:
+        raise ValueError(f"--pretrained: {args.model} names no weights; give --pretrained TAG or --model ARCH@TAG")
+    device = resolve_device(args.device)
+    model, tokenizer, name = load_clip(model, args.weights, tag, args.seed, device)
+    weights = args.weights or tag or f"random-init(seed={args.seed})"
     return TextEncoder(model, tokenizer, name, weights, template_set(args.templates), args.cache or _default_cache(),
-                       args.batch_size, not args.no_truncate, args.device)
+                       args.batch_size, not args.no_truncate, device)
 
 
 def _print_stats(encoder) -> None:
@@ -157,6 +209,7 @@ def run(args: argparse.Namespace) -> int:
 
         m = None if args.M == "all" else int(args.M)
         names, _ = read_id_names(args.id_names)
+        print(f"ID names: {len(names)} from {args.id_names}")
         print(f"WordNet lexicon: {len(head_lemmas(args.wordnet))} head lemmas of noun + adjective synsets in {args.wordnet}")
         enc = _encoder(args)
         vocab = build_wordnet(enc, names, m, args.wordnet, args.percentile, not args.keep_id_names)
@@ -165,23 +218,29 @@ def run(args: argparse.Namespace) -> int:
         print(f"wrote {len(vocab)} NegMined labels (M={args.M}) to {args.out}  hash {vocab.content_hash}")
     elif cmd == "llm":
         from ..zeroshot.llm_vocab import generate_siblings, siblings_vocabulary
+        from ..zeroshot.prompts import prompts_provenance
         from ..zeroshot.wordnet import synonyms
 
         names, wnids = read_id_names(args.id_names)
+        print(f"ID names: {len(names)} from {args.id_names}")
         syn = [synonyms(n, w, args.wordnet) for n, w in zip(names, wnids or [None] * len(names))]
         client = _client(args)
         merged: dict[str, list[str]] = {n: [] for n in names}
         for g in args.generations:
-            for name, sibs in generate_siblings(client, names, args.k, g, syn, **_params(args)).items():
+            for name, sibs in generate_siblings(client, names, args.k, g, syn, args.prompts, **_params(args)).items():
                 merged[name] = list(dict.fromkeys(merged[name] + sibs))
-        vocab = siblings_vocabulary(merged, provenance={"llm_model": args.llm_model, "generations": args.generations, "requested_k": args.k})
+        prov = {"llm_model": args.llm_model, "generations": args.generations, "requested_k": args.k,
+                **prompts_provenance(args.prompts, ("siblings",))}
+        vocab = siblings_vocabulary(merged, provenance=prov)
         vocab.save(args.out)
         print(f"wrote {len(vocab)} sibling labels from {len(names)} classes to {args.out}  hash {vocab.content_hash}")
     elif cmd == "eoe":
         from ..zeroshot.llm_vocab import generate_eoe
 
         names, _ = read_id_names(args.id_names)
-        vocab = generate_eoe(_client(args), names, args.style, args.n_classes, args.generation, **_params(args))
+        print(f"ID names: {len(names)} from {args.id_names}")
+        vocab = generate_eoe(_client(args), names, args.style, args.n_classes, args.generation, per_class=args.per_class,
+                             prompts=args.prompts, **_params(args))
         vocab.save(args.out)
         print(f"wrote {len(vocab)} EOE ({args.style}) labels to {args.out}  hash {vocab.content_hash}")
     elif cmd == "union":
@@ -223,14 +282,13 @@ def _check_out(args) -> None:
 
 def _sweep(args) -> int:
     from ..features import FeatureSet
-    from ..zeroshot.build import read_id_names
     from ..zeroshot.sweeps import sweep_prefix, sweep_siblings
     from ..zeroshot.vocabulary import Vocabulary
 
     vocab = Vocabulary.load(args.vocab)
-    names, _ = read_id_names(args.id_names)
     id_fs, ood_fs = FeatureSet.load(args.id_features), FeatureSet.load(args.ood_features)
-    enc = _encoder(args)
+    names = id_names_for(args, id_fs)
+    enc = encoder_for(args, id_fs, ood_fs)
     id_text = enc.encode(names)
     hp = {"n_groups": args.n_groups} if args.scorer == "neglabel" else {}
     if args.kind == "wordnet":

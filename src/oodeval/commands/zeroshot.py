@@ -5,19 +5,24 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ._options import add_out
+
 HELP = "score ID/OOD image embeddings with the zero-shot VLM scorers (MCM ... NegLabel, EOE) and print metrics"
+EXAMPLES = [
+    "oodeval zeroshot --model ViT-B-16@openai --pretrained --id-features feats/id --ood-features feats/ninco --scorers all --vocab vocab/wordnet.json",
+]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from .vocab import _add_model
 
-    _add_model(p)
+    _add_model(p, id_names_from_features=True)
     p.add_argument("--id-features", type=Path, required=True, help="FeatureSet folder of ID images")
     p.add_argument("--ood-features", type=Path, required=True, help="FeatureSet folder of OOD images")
     p.add_argument("--scorers", default="logit", help="comma-separated names, 'logit' (the 7 logit-space ones) or 'all'")
     p.add_argument("--vocab", type=Path, default=None, help="negative vocabulary JSON (needed by neglabel, eoe)")
     p.add_argument("--tau", type=float, default=0.01)
-    p.add_argument("--out", type=Path, default=None, help="new folder (or an earlier one of this command) for <scorer>.id.npy / <scorer>.ood.npy and metrics.json")
+    add_out(p, "scores (<scorer>.id.npy, <scorer>.ood.npy) and metrics.json", folder=True)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -25,31 +30,34 @@ def run(args: argparse.Namespace) -> int:
     from ..features import FeatureSet
     from ..metrics import evaluate
     from ..zeroshot import REGISTRY, create, names
-    from ..zeroshot.build import read_id_names
     from ..zeroshot.vocabulary import Vocabulary
-    from .vocab import _encoder, _print_stats, check_weights
+    from .vocab import _print_stats, check_weights, encoder_for, id_names_for
 
     check_weights(args)
     if args.out:
         claim_folder(args.out, "zero-shot scores", lambda p: (p / "metrics.json").is_file())
-    logit = [n for n in names() if not REGISTRY[n].uses_negatives]
+    logit = names("logit")
     chosen = logit if args.scorers == "logit" else names() if args.scorers == "all" else args.scorers.split(",")
     unknown = [n for n in chosen if n not in names()]
     if unknown:
         raise ValueError(f"unknown zero-shot scorers {unknown}; known: {', '.join(names())}")
     id_fs, ood_fs = FeatureSet.load(args.id_features), FeatureSet.load(args.ood_features)
-    if "gl_mcm" in chosen and args.scorers in ("logit", "all") and "patch_features" not in id_fs.extras:
+    omitted = {}
+    if "gl_mcm" in chosen and args.scorers in ("logit", "all") and not all("patch_features" in f.extras for f in (id_fs, ood_fs)):
         chosen = [n for n in chosen if n != "gl_mcm"]
-        print("gl_mcm skipped: the FeatureSets have no patch_features")
+        omitted["gl_mcm"] = "omitted: no patch_features in the FeatureSets (extract with --patch-features)"
     needs_vocab = [n for n in chosen if REGISTRY[n].uses_negatives]
     if needs_vocab and args.vocab is None:
         raise ValueError(f"{', '.join(needs_vocab)} need a negative vocabulary: pass --vocab V.json")
-    enc = _encoder(args)
-    id_text = enc.encode(read_id_names(args.id_names)[0])
+    id_names = id_names_for(args, id_fs)
+    enc = encoder_for(args, id_fs, ood_fs)
+    id_text = enc.encode(id_names)
     negatives = enc.encode(Vocabulary.load(args.vocab).labels) if needs_vocab else None
     _print_stats(enc)
-    table = {}
+    table: dict = {name: {"omitted": why} for name, why in omitted.items()}
     print(f"{'scorer':<10} {'FPR@95':>8} {'AUROC':>8}")
+    for name, why in omitted.items():
+        print(f"{name:<10} {why}")
     for name in chosen:
         det = create(name, tau=args.tau)
         neg = negatives if det.uses_negatives else None

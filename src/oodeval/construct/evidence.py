@@ -15,7 +15,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import mimetypes
 import re
 import string
 from pathlib import Path
@@ -25,6 +24,7 @@ from urllib.parse import quote
 import numpy as np
 
 from .._io import write_json_atomic
+from .candidates import check_not_initialised
 from .tables import confusion_counts
 
 if TYPE_CHECKING:
@@ -44,6 +44,9 @@ __all__ = [
     "parse_mllm_answer",
     "describe_image",
     "image_bytes",
+    "NotAnImageError",
+    "check_url_template",
+    "check_templates",
     "build_evidence",
 ]
 
@@ -164,6 +167,13 @@ def _check_search_templates(templates: dict[str, str] | None) -> None:
         check_url_template(tpl, "url", f"reverse-search template {name!r}")
 
 
+def check_templates(image_url_template: str | None, search_templates: dict[str, str] | None) -> None:
+    """The URL templates of evidence (B): ``{path}`` only in the image URL, ``{url}`` only in each search URL."""
+    if image_url_template:
+        check_url_template(image_url_template, "path", "image URL template")
+    _check_search_templates(search_templates)
+
+
 def reverse_search_links(image_url: str, templates: dict[str, str] | None = None) -> list[dict]:
     """Evidence (B): ``[{service, url}]`` reverse image search links for a public image URL."""
     encoded = quote(image_url, safe="")
@@ -171,16 +181,31 @@ def reverse_search_links(image_url: str, templates: dict[str, str] | None = None
     return [{"service": name, "url": tpl.format(url=encoded)} for name, tpl in (templates or REVERSE_SEARCH).items()]
 
 
+#: raster formats served as they are (PIL format -> MIME type); any other format PIL opens is re-encoded as PNG
+SERVED_AS_IS = {"PNG": "image/png", "JPEG": "image/jpeg", "GIF": "image/gif", "WEBP": "image/webp"}
+
+
+class NotAnImageError(ValueError):
+    """A pool or example file that is not a raster image (an SVG, an HTML page, a corrupt file)."""
+
+
 def image_bytes(path: str | Path) -> tuple[bytes, str]:
-    """(bytes, MIME type) of an image file, or of ``FILE#K`` inside a container (re-encoded as PNG)."""
+    """(bytes, MIME type) of an image file or of ``FILE#K`` inside a container, typed from the bytes.
+
+    The file name decides nothing: the bytes must be a raster image that PIL opens. PNG, JPEG, GIF and
+    WebP are returned as they are, other raster formats (and container items) re-encoded as PNG;
+    anything else (SVG, HTML, ...) raises :class:`NotAnImageError`, a missing file FileNotFoundError.
+    """
+    import io
+
+    from PIL import Image, UnidentifiedImageError
+
+    from ..data.images import ImageError, open_image
+
     path = Path(path)
-    if path.is_file():
-        return path.read_bytes(), mimetypes.guess_type(path.name)[0] or "application/octet-stream"
-    if "#" in path.name:
-        import io
-
-        from ..data.images import ImageError, open_image
-
+    if not path.is_file():
+        if "#" not in path.name:
+            raise FileNotFoundError(f"image {path} does not exist")
         try:
             img = open_image(str(path))
         except (ImageError, OSError) as exc:
@@ -188,7 +213,18 @@ def image_bytes(path: str | Path) -> tuple[bytes, str]:
         buf = io.BytesIO()
         img.save(buf, format="PNG")
         return buf.getvalue(), "image/png"
-    raise FileNotFoundError(f"image {path} does not exist")
+    data = path.read_bytes()
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            fmt = img.format
+            if fmt in SERVED_AS_IS:
+                img.verify()
+                return data, SERVED_AS_IS[fmt]
+            buf = io.BytesIO()
+            img.convert("RGBA").save(buf, format="PNG")
+            return buf.getvalue(), "image/png"
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
+        raise NotAnImageError(f"{path.name} is not a raster image ({type(exc).__name__}: {exc}); it is not served") from None
 
 
 def _data_url(path: Path) -> str:
@@ -268,9 +304,8 @@ def build_evidence(
     """
     from tqdm import tqdm
 
-    if image_url_template:
-        check_url_template(image_url_template, "path", "image URL template")
-    _check_search_templates(search_templates)
+    check_templates(image_url_template, search_templates)
+    check_not_initialised(project.folder, "evidence")
     names = project.class_names
     if (image_embeddings is None) != (text_embeddings is None):
         raise ValueError("evidence (D) needs both image embeddings and class text embeddings")

@@ -2,6 +2,7 @@
 
 Files written (atomically) into the export folder:
 ``ood.csv``         the OOD set: path,label(-1),ood_label,fine_grained,original_label,original_name,flag,decided_stage,other_labels
+                    (ood_label: the agreed label; other_labels: the other spellings the annotators used)
                     (same leading columns as an ``oodeval.data.Manifest`` CSV, so ``oodeval run`` reads it);
 Paths are written relative to the export folder (absolute when on another drive), so
 ``Manifest.from_csv`` finds the images and the folder can move together with them.
@@ -22,7 +23,7 @@ from pathlib import Path
 from .._io import claim_folder, write_text_atomic
 from .candidates import Project
 from .protocol import ProtocolStore
-from .rules import Outcome
+from .rules import Outcome, normalise_label
 from .tables import csv_text
 
 __all__ = ["outcome_table", "format_outcome", "export"]
@@ -30,6 +31,14 @@ __all__ = ["outcome_table", "format_outcome", "export"]
 OUTCOME_COLUMNS = (
     "flag", "candidates", "ood", "ood_share", "id", "id_share", "ambiguous", "ambiguous_share",
     "pending", "ood_concepts", "fine_grained", "fine_grained_share",
+)
+
+
+RULE = (
+    "Consensus rule: an image gets a verdict when both Stage-1 annotators agree (Stage 2) or, after any difference, "
+    "all three agree in Stage 3; agreement means the same verdict, for ID the same class, for OOD the same label "
+    "(case, spacing and WordNet synonyms aside) and the same fine-grained flag. Otherwise the image is ambiguous. "
+    "OOD images carry the agreed label as first written (other spellings in other_labels)."
 )
 
 
@@ -61,7 +70,7 @@ def outcome_table(flags: dict[str, str], outcomes: dict[str, Outcome]) -> list[d
             "id": n_id, "id_share": _share(n_id, n),
             "ambiguous": n_amb, "ambiguous_share": _share(n_amb, n),
             "pending": n - len(final),
-            "ood_concepts": len({o.ood_label.casefold() for o in ood}),
+            "ood_concepts": len({normalise_label(o.ood_label) for o in ood}),
             "fine_grained": fine, "fine_grained_share": _share(fine, len(ood)),
         })
     return rows
@@ -79,7 +88,7 @@ def format_outcome(rows: list[dict]) -> str:
             f" | {r['ambiguous']} ({100 * r['ambiguous_share']:.1f}%) | {r['pending']} | {r['ood_concepts']}"
             f" | {r['fine_grained']}/{r['ood']} ({100 * r['fine_grained_share']:.1f}%) |"
         )
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n\n" + RULE + "\n"
 
 
 def export(project: Project, store: ProtocolStore, out: str | Path | None = None, allow_pending: bool = False) -> dict[str, Path]:

@@ -2,17 +2,23 @@
 
 Tables: ``images`` (the candidate pool), ``annotators`` (name, role ``stage1``/``stage3``, SHA-256 of
 the access token), ``verdicts`` (image, annotator, stage 1 or 3, verdict, proposed OOD label,
-fine-grained flag, ID class, note, UTC time). Triggers forbid UPDATE and DELETE on ``verdicts``: a
-changed mind is a new row, and the latest row per (image, annotator, stage) counts.
-A Stage-1 verdict can be revised until both Stage-1 verdicts of the image are in; a Stage-3
-verdict until all three are in. Each submission runs in one ``BEGIN IMMEDIATE`` transaction
-(check state, insert), so concurrent submissions from threads or processes are serialised and
-none is lost. Exactly two Stage-1 annotators and one Stage-3 (third) annotator per project.
+fine-grained flag, ID class, note, the client's submission id, UTC time). Triggers forbid UPDATE,
+DELETE and ``INSERT OR REPLACE`` onto an existing row: a changed mind is a new row, and the latest row
+per (image, annotator, stage) counts; a ``withdrawn`` row (undo) means "no verdict".
+A Stage-1 verdict can be revised until both Stage-1 verdicts of the image are in, and withdrawn
+(undo) until the image has been sent to Stage 3; a Stage-3 verdict can be revised or withdrawn until
+all three are in. Each submission carries a submission id: a replay returns the stored row and adds
+nothing; and the id of the row it revises (``base``): a submission made on an outdated view is
+refused, so an old request never undoes a newer revision. Each submission runs in one
+``BEGIN IMMEDIATE`` transaction (check state, insert), so concurrent submissions from threads or
+processes are serialised and none is lost. Outcomes are kept per image and updated from the rows
+added since the last look (rows are append-only). The store file is readable by its owner only.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import secrets
 import sqlite3
 from collections import defaultdict
@@ -21,12 +27,13 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from threading import Lock
 
 from .._io import atomic_path
-from .candidates import Candidate
-from .rules import Outcome, Verdict, check_verdict, resolve
+from .candidates import Candidate, Project, evidence_sha256, pool_sha256
+from .rules import Outcome, Synonyms, Verdict, check_verdict, differences, resolve
 
-__all__ = ["ProtocolStore", "ProtocolError", "AuthError", "Annotator", "VerdictRow"]
+__all__ = ["ProtocolStore", "ProtocolError", "AuthError", "Annotator", "VerdictRow", "open_store"]
 
 SCHEMA = """
 CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -41,15 +48,20 @@ CREATE TABLE verdicts(
   image TEXT NOT NULL REFERENCES images(image),
   annotator TEXT NOT NULL REFERENCES annotators(name),
   stage INTEGER NOT NULL CHECK(stage IN (1, 3)),
-  verdict TEXT NOT NULL CHECK(verdict IN ('ood', 'id', 'ambiguous')),
+  verdict TEXT NOT NULL CHECK(verdict IN ('ood', 'id', 'ambiguous', 'withdrawn')),
   ood_label TEXT, fine_grained INTEGER NOT NULL CHECK(fine_grained IN (0, 1)),
-  id_class INTEGER, note TEXT, created TEXT NOT NULL);
+  id_class INTEGER, note TEXT, submission TEXT UNIQUE NOT NULL, created TEXT NOT NULL);
 CREATE INDEX verdicts_by_image ON verdicts(image, stage, id);
 CREATE TRIGGER verdicts_no_update BEFORE UPDATE ON verdicts
   BEGIN SELECT RAISE(ABORT, 'verdict rows are append-only'); END;
 CREATE TRIGGER verdicts_no_delete BEFORE DELETE ON verdicts
   BEGIN SELECT RAISE(ABORT, 'verdict rows are append-only'); END;
+CREATE TRIGGER verdicts_no_replace BEFORE INSERT ON verdicts
+  WHEN EXISTS (SELECT 1 FROM verdicts WHERE id = NEW.id OR submission = NEW.submission)
+  BEGIN SELECT RAISE(ABORT, 'verdict rows are append-only'); END;
 """
+FORMAT = "oodeval.construct.protocol/2"
+ANY_BASE = object()  # submit(base=ANY_BASE): no check of the revised row (the CLI, scripts)
 
 
 class ProtocolError(ValueError):
@@ -80,6 +92,7 @@ class VerdictRow:
     fine_grained: bool
     id_class: int | None
     note: str | None
+    submission: str
     created: str
 
     def as_verdict(self) -> Verdict:
@@ -101,16 +114,33 @@ def _new_token() -> str:
             return token
 
 
+def wordnet_synonyms() -> Synonyms | None:
+    """WordNet noun synonyms (Debian ``wordnet-base``) when installed, else None (labels compared normalised)."""
+    from ..zeroshot.wordnet import DEFAULT_WORDNET, synonyms
+
+    if not (DEFAULT_WORDNET / "data.noun").is_file():
+        return None
+    return synonyms
+
+
 def _reached_stage3(o: Outcome) -> bool:
     """The image went to Stage 3: disputed now, or decided there."""
     return o.status == "stage3" or (o.status == "final" and o.stage == 3)
+
+
+_COLUMNS = "id, image, annotator, stage, verdict, ood_label, fine_grained, id_class, note, submission, created"
+
+
+def _row(r: tuple) -> VerdictRow:
+    return VerdictRow(*r[:6], bool(r[6]), *r[7:])
 
 
 class ProtocolStore:
     """``ProtocolStore(path)`` opens an existing store; ``ProtocolStore.create`` makes one.
 
     Every method opens its own short-lived connection, so one store object may be shared by
-    the threads of the web server.
+    the threads of the web server. Labels are compared with WordNet synonyms when the store was
+    created with them (``synonyms`` in its meta table).
     """
 
     def __init__(self, path: str | Path, timeout: float = 60.0) -> None:
@@ -123,9 +153,23 @@ class ProtocolStore:
                 meta = dict(con.execute("SELECT key, value FROM meta").fetchall())
         except sqlite3.DatabaseError as exc:
             raise ValueError(f"{self.path} is not an oodeval protocol store: {exc}") from None
-        if meta.get("format") != "oodeval.construct.protocol/1":
-            raise ValueError(f"{self.path} is not an oodeval protocol store (format {meta.get('format')!r})")
-        self.n_classes = int(meta["n_classes"]) if meta.get("n_classes") else None
+        if meta.get("format") != FORMAT:
+            raise ValueError(f"{self.path} is not an oodeval protocol store of format {FORMAT} (format {meta.get('format')!r})")
+        self.n_classes = int(meta["n_classes"])
+        self.pool_sha256 = meta["pool_sha256"]
+        self.synonyms: Synonyms | None = None
+        if meta["synonyms"] == "wordnet":
+            self.synonyms = wordnet_synonyms()
+            if self.synonyms is None:
+                raise ValueError(f"{self.path} compares OOD labels with WordNet synonyms, but WordNet (Debian wordnet-base) is not installed")
+        with self._connect() as con:
+            people = con.execute("SELECT name, role, position FROM annotators ORDER BY position").fetchall()
+            self._order = [p[0] for p in people]
+            self._images = [Candidate(*r) for r in con.execute("SELECT image, path, original_label, original_name, flag FROM images ORDER BY position")]
+        self._lock = Lock()
+        self._seen = 0  # the largest row id folded into the caches below
+        self._by_image: dict[str, list[VerdictRow]] = {c.image: [] for c in self._images}
+        self._outcomes: dict[str, Outcome] = {c.image: Outcome("stage1") for c in self._images}
 
     # -- set-up ---------------------------------------------------------------------------------
     @classmethod
@@ -135,11 +179,14 @@ class ProtocolStore:
         candidates: list[Candidate],
         stage1: tuple[str, str] | list[str],
         stage3: str,
-        n_classes: int | None = None,
+        n_classes: int,
+        synonyms: bool | None = None,
     ) -> tuple[ProtocolStore, dict[str, str]]:
         """Create the store with its images and annotators; return it and name -> fresh token.
 
-        Tokens are shown only here (the store keeps their SHA-256).
+        n_classes: the ID class count (ID verdicts are checked against it). synonyms: compare OOD
+        labels with WordNet synonyms (default: when WordNet is installed). Tokens are shown only here
+        (the store keeps their SHA-256).
         """
         path = Path(path)
         names = [*stage1, stage3]
@@ -149,6 +196,10 @@ class ProtocolStore:
             raise ValueError(f"the three annotator names must be distinct and non-empty, got {names}")
         if not candidates:
             raise ValueError("no candidate images to annotate")
+        if isinstance(n_classes, bool) or not isinstance(n_classes, int) or n_classes < 1:
+            raise ValueError(f"n_classes must be a positive integer, got {n_classes!r}")
+        if synonyms is None:
+            synonyms = wordnet_synonyms() is not None
         ids = [c.image for c in candidates]
         if len(set(ids)) != len(ids):
             raise ValueError(f"{len(ids) - len(set(ids))} duplicate image id(s) among the candidates")
@@ -158,9 +209,12 @@ class ProtocolStore:
         with atomic_path(path) as tmp:
             con = sqlite3.connect(tmp)
             try:
+                os.chmod(tmp, 0o600)  # SQLite gives the -wal and -shm files the same mode
                 con.executescript(SCHEMA)
-                con.execute("INSERT INTO meta VALUES ('format', 'oodeval.construct.protocol/1')")
-                con.execute("INSERT INTO meta VALUES ('n_classes', ?)", (str(n_classes) if n_classes else "",))
+                con.executemany("INSERT INTO meta VALUES (?, ?)", [
+                    ("format", FORMAT), ("n_classes", str(n_classes)), ("pool_sha256", pool_sha256(candidates)),
+                    ("synonyms", "wordnet" if synonyms else "none"),
+                ])
                 con.executemany(
                     "INSERT INTO images VALUES (?, ?, ?, ?, ?, ?)",
                     [(c.image, i, c.path, c.original_label, c.original_name, c.flag) for i, c in enumerate(candidates)],
@@ -209,45 +263,50 @@ class ProtocolStore:
                 return a
         raise AuthError(f"unknown annotator {name!r}")
 
+    def reissue(self, name: str) -> str:
+        """A new access token for ``name``; the old one stops working at once. Returns the token."""
+        self.annotator(name)
+        token = _new_token()
+        with self._connect() as con:
+            con.execute("UPDATE annotators SET token_sha256 = ? WHERE name = ?", (_hash_token(token), name))
+        return token
+
     # -- images ---------------------------------------------------------------------------------
     def images(self) -> list[Candidate]:
         """The pool in its original order."""
-        with self._connect() as con:
-            rows = con.execute("SELECT image, path, original_label, original_name, flag FROM images ORDER BY position").fetchall()
-        return [Candidate(*r) for r in rows]
+        return list(self._images)
 
     def image(self, image: str) -> Candidate:
-        with self._connect() as con:
-            row = con.execute("SELECT image, path, original_label, original_name, flag FROM images WHERE image = ?", (image,)).fetchone()
-        if row is None:
-            raise ProtocolError(f"unknown image id {image!r}")
-        return Candidate(*row)
+        for c in self._images:
+            if c.image == image:
+                return c
+        raise ProtocolError(f"unknown image id {image!r}")
 
     # -- verdicts -------------------------------------------------------------------------------
     @staticmethod
-    def _rows(con: sqlite3.Connection, image: str | None = None) -> list[VerdictRow]:
-        sql = "SELECT id, image, annotator, stage, verdict, ood_label, fine_grained, id_class, note, created FROM verdicts"
-        rows = con.execute(sql + (" WHERE image = ? ORDER BY id" if image else " ORDER BY id"), (image,) if image else ()).fetchall()
-        return [VerdictRow(r[0], r[1], r[2], r[3], r[4], r[5], bool(r[6]), r[7], r[8], r[9]) for r in rows]
+    def _rows(con: sqlite3.Connection, image: str | None = None, after: int = 0) -> list[VerdictRow]:
+        sql = f"SELECT {_COLUMNS} FROM verdicts WHERE id > ?"
+        if image is not None:
+            return [_row(r) for r in con.execute(sql + " AND image = ? ORDER BY id", (after, image))]
+        return [_row(r) for r in con.execute(sql + " ORDER BY id", (after,))]
 
     def rows(self, image: str | None = None) -> list[VerdictRow]:
         """Every stored row (of one image), oldest first: the full audit trail."""
         with self._connect() as con:
             return self._rows(con, image)
 
-    @staticmethod
-    def _latest(rows: list[VerdictRow], order: list[str]) -> tuple[list[VerdictRow], list[VerdictRow]]:
-        """The latest row per annotator for Stage 1 and Stage 3, in annotator order."""
+    def _latest(self, rows: list[VerdictRow]) -> tuple[list[VerdictRow], list[VerdictRow]]:
+        """The latest non-withdrawn row per annotator for Stage 1 and Stage 3, in annotator order."""
         latest: dict[tuple[int, str], VerdictRow] = {}
         for r in rows:
             latest[(r.stage, r.annotator)] = r
-        s1 = [latest[(1, n)] for n in order if (1, n) in latest]
-        s3 = [latest[(3, n)] for n in order if (3, n) in latest]
+        s1 = [latest[(1, n)] for n in self._order if (1, n) in latest and latest[(1, n)].verdict != "withdrawn"]
+        s3 = [latest[(3, n)] for n in self._order if (3, n) in latest and latest[(3, n)].verdict != "withdrawn"]
         return s1, s3
 
-    def _outcome(self, rows: list[VerdictRow], order: list[str]) -> Outcome:
-        s1, s3 = self._latest(rows, order)
-        return resolve([r.as_verdict() for r in s1], [r.as_verdict() for r in s3])
+    def _outcome(self, rows: list[VerdictRow]) -> Outcome:
+        s1, s3 = self._latest(rows)
+        return resolve([r.as_verdict() for r in s1], [r.as_verdict() for r in s3], self.synonyms)
 
     def submit(
         self,
@@ -259,117 +318,167 @@ class ProtocolStore:
         fine_grained: bool = False,
         id_class: int | None = None,
         note: str | None = None,
+        submission: str | None = None,
+        base: int | None | object = ANY_BASE,
     ) -> int:
-        """Append one verdict row after checking it against the protocol; return its row id.
+        """Append one verdict row (``withdrawn``: undo) after checking it against the protocol; return its row id.
 
-        Raises ProtocolError (nothing stored) for an unknown image or annotator, a stage the
-        annotator has no part in, a closed stage, or fields that do not fit the verdict.
+        submission: the client's id of this submission (default: a fresh one); a replay of a stored
+        submission returns its row and stores nothing. base: the id of the annotator's latest row for
+        (image, stage) that the submission revises (None: there was none); refused when it is no
+        longer the latest. Raises ProtocolError (nothing stored) for an unknown image or annotator, a
+        stage the annotator has no part in, a closed stage, an outdated base, or fields that do not
+        fit the verdict.
         """
-        try:
-            check_verdict(verdict, ood_label, bool(fine_grained), id_class, self.n_classes)
-        except ValueError as exc:
-            raise ProtocolError(str(exc)) from None
+        if verdict != "withdrawn":
+            try:
+                check_verdict(verdict, ood_label, bool(fine_grained), id_class, self.n_classes)
+            except ValueError as exc:
+                raise ProtocolError(str(exc)) from None
+        elif ood_label or fine_grained or id_class is not None:
+            raise ProtocolError("a 'withdrawn' row (undo) takes no OOD label, fine-grained flag or ID class")
         if stage not in (1, 3):
             raise ProtocolError(f"stage must be 1 or 3 (Stage 2 is the automatic comparison), got {stage!r}")
+        submission = submission or secrets.token_hex(16)
+        row_values = (image, annotator, stage, verdict, (ood_label or "").strip() or None, int(bool(fine_grained)), id_class, note)
         with self._connect() as con:
             con.execute("BEGIN IMMEDIATE")
             try:
-                people = con.execute("SELECT name, role FROM annotators ORDER BY position").fetchall()
-                order = [name for name, _ in people]
-                if annotator not in order:
-                    raise AuthError(f"unknown annotator {annotator!r}")
-                if stage == 1 and dict(people)[annotator] != "stage1":
-                    raise ProtocolError(f"{annotator} is the Stage-3 annotator and gives no Stage-1 verdicts")
-                if con.execute("SELECT 1 FROM images WHERE image = ?", (image,)).fetchone() is None:
-                    raise ProtocolError(f"unknown image id {image!r}")
-                state = self._outcome(self._rows(con, image), order)
-                if stage == 1 and state.status != "stage1":
-                    raise ProtocolError(f"Stage 1 of image {image!r} is closed: both Stage-1 verdicts are in")
-                if stage == 3 and state.status != "stage3":
-                    why = "it is still in Stage 1" if state.status == "stage1" else "it is already decided"
-                    raise ProtocolError(f"image {image!r} takes no Stage-3 verdict: {why}")
+                replay = con.execute(f"SELECT {_COLUMNS} FROM verdicts WHERE submission = ?", (submission,)).fetchone()
+                if replay is not None:
+                    old = _row(replay)
+                    if (old.image, old.annotator, old.stage, old.verdict, old.ood_label, int(old.fine_grained), old.id_class, old.note) != row_values:
+                        raise ProtocolError(f"submission id {submission!r} was already used for another verdict")
+                    con.execute("ROLLBACK")
+                    return old.id
+                self._check(con, annotator, image, stage, verdict, base)
                 created = datetime.now(timezone.utc).isoformat(timespec="microseconds")
                 cur = con.execute(
-                    "INSERT INTO verdicts(image, annotator, stage, verdict, ood_label, fine_grained, id_class, note, created)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (image, annotator, stage, verdict, (ood_label or "").strip() or None, int(bool(fine_grained)), id_class, note, created),
+                    f"INSERT INTO verdicts({_COLUMNS.split(', ', 1)[1]}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (*row_values, submission, created),
                 )
                 con.execute("COMMIT")
             except BaseException:
-                con.execute("ROLLBACK")
+                if con.in_transaction:
+                    con.execute("ROLLBACK")
                 raise
         return int(cur.lastrowid)
 
+    def _check(self, con: sqlite3.Connection, annotator: str, image: str, stage: int, verdict: str, base: int | None | object) -> None:
+        """Raise ProtocolError unless ``annotator`` may add this row now (inside the submit transaction)."""
+        if annotator not in self._order:
+            raise AuthError(f"unknown annotator {annotator!r}")
+        if stage == 1 and self._order.index(annotator) == 2:
+            raise ProtocolError(f"{annotator} is the Stage-3 annotator and gives no Stage-1 verdicts")
+        if image not in self._by_image:
+            raise ProtocolError(f"unknown image id {image!r}")
+        rows = self._rows(con, image)
+        mine = [r for r in rows if r.annotator == annotator and r.stage == stage]
+        latest = mine[-1].id if mine else None
+        if base is not ANY_BASE and base != latest:
+            raise ProtocolError(f"your verdict on {image!r} changed since this page loaded (now row {latest}); reload and try again")
+        state = self._outcome(rows)
+        if verdict == "withdrawn":
+            if not mine or mine[-1].verdict == "withdrawn":
+                raise ProtocolError(f"{annotator} has no Stage-{stage} verdict on {image!r} to undo")
+            if stage == 1 and (_reached_stage3(state) or any(r.stage == 3 for r in rows)):
+                raise ProtocolError(f"image {image!r} is in Stage 3: its Stage-1 verdicts can no longer be undone")
+            if stage == 3 and state.status == "final":
+                raise ProtocolError(f"image {image!r} is already decided: its Stage-3 verdicts can no longer be undone")
+        elif stage == 1 and state.status != "stage1":
+            raise ProtocolError(f"Stage 1 of image {image!r} is closed: both Stage-1 verdicts are in (undo yours to change it)")
+        elif stage == 3 and state.status != "stage3":
+            why = "it is still in Stage 1" if state.status == "stage1" else "it is already decided"
+            raise ProtocolError(f"image {image!r} takes no Stage-3 verdict: {why}")
+
     # -- derived state ----------------------------------------------------------------------------
+    def _refresh(self) -> tuple[dict[str, list[VerdictRow]], dict[str, Outcome]]:
+        """Fold the rows added since the last call into the per-image rows and outcomes."""
+        with self._lock:
+            with self._connect() as con:
+                new = self._rows(con, after=self._seen)
+            for r in new:
+                self._by_image[r.image].append(r)
+            for image in {r.image for r in new}:
+                self._outcomes[image] = self._outcome(self._by_image[image])
+            if new:
+                self._seen = new[-1].id
+            return {k: list(v) for k, v in self._by_image.items()}, dict(self._outcomes)
+
     def outcomes(self) -> dict[str, Outcome]:
         """image -> Outcome for the whole pool, in pool order."""
-        order = [a.name for a in self.annotators()]
-        by_image: dict[str, list[VerdictRow]] = defaultdict(list)
-        for r in self.rows():
-            by_image[r.image].append(r)
-        return {c.image: self._outcome(by_image.get(c.image, []), order) for c in self.images()}
+        return self._refresh()[1]
 
     def outcome(self, image: str) -> Outcome:
         self.image(image)
-        return self._outcome(self.rows(image), [a.name for a in self.annotators()])
+        return self.outcomes()[image]
 
     def view(self, annotator: str, image: str) -> dict:
         """What ``annotator`` may see of ``image``.
 
-        Stage-1 annotators see only their own Stage-1 verdict while the image is undecided or
-        decided at Stage 2; once it is in Stage 3 everyone sees both Stage-1 verdicts and the
-        Stage-3 verdicts so far (the joint review).
+        Stage-1 annotators see only their own Stage-1 verdict and the image's state (``stage1``,
+        ``stage3`` or ``final``; a Stage-2 decision only once both verdicts are in); once it is in
+        Stage 3 everyone sees both Stage-1 verdicts, the Stage-3 verdicts so far and the fields on
+        which they differ (the joint review).
         """
         who = self.annotator(annotator)
         cand = self.image(image)
-        rows = self.rows(image)
-        order = [a.name for a in self.annotators()]
-        s1, s3 = self._latest(rows, order)
-        state = self._outcome(rows, order)
+        by_image, outcomes = self._refresh()
+        rows, state = by_image[image], outcomes[image]
+        s1, s3 = self._latest(rows)
         reached3 = _reached_stage3(state)
-        mine = next((r.as_dict() for r in s1 if r.annotator == who.name), None)
+        mine1 = [r for r in rows if r.annotator == who.name and r.stage == 1]
+        mine3 = [r for r in rows if r.annotator == who.name and r.stage == 3]
         view = {
             "image": cand.image,
             "original_label": cand.original_label,
             "original_name": cand.original_name,
             "flag": cand.flag,
-            "my_stage1": mine,
+            "status": state.status,
+            "my_stage1": next((r.as_dict() for r in s1 if r.annotator == who.name), None),
+            "my_last_row": {1: mine1[-1].id if mine1 else None, 3: mine3[-1].id if mine3 else None},
             "in_stage3": reached3,
         }
+        if state.status == "final" and state.stage == 2 and view["my_stage1"] is not None:
+            view["outcome"] = asdict(state)
         if reached3:
             view["stage1"] = [r.as_dict() for r in s1]
             view["stage3"] = [r.as_dict() for r in s3]
+            view["differences"] = differences([r.as_verdict() for r in s1], self.synonyms)
             view["outcome"] = asdict(state)
         return view
 
     def queue(self, annotator: str, stage: int) -> list[dict]:
-        """The annotator's queue: ``[{image, done}]`` in pool order.
+        """The annotator's queue: ``[{image, done, status}]`` in pool order.
 
-        Stage 1: every image for a Stage-1 annotator (``done`` = own verdict given; nothing about the
-        other annotator). Stage 3: the images that reached Stage 3, for all three annotators.
+        Stage 1: every image for a Stage-1 annotator (``done`` = own verdict given; ``status`` the
+        image's state). Stage 3: the images that reached Stage 3, for all three annotators.
         """
         who = self.annotator(annotator)
-        outcomes = self.outcomes()
-        mine = {(r.image, r.stage) for r in self.rows() if r.annotator == who.name}
-        if stage == 1:
-            if who.role != "stage1":
-                return []
-            return [{"image": img, "done": (img, 1) in mine} for img in outcomes]
-        if stage == 3:
-            return [
-                {"image": img, "done": (img, 3) in mine or o.status == "final"}
-                for img, o in outcomes.items()
-                if _reached_stage3(o)
-            ]
-        raise ProtocolError(f"stage must be 1 or 3, got {stage!r}")
+        by_image, outcomes = self._refresh()
+        if stage not in (1, 3):
+            raise ProtocolError(f"stage must be 1 or 3, got {stage!r}")
+        if stage == 1 and who.role != "stage1":
+            return []
+        out = []
+        for img, o in outcomes.items():
+            s1, s3 = self._latest(by_image[img])
+            if stage == 1:
+                out.append({"image": img, "done": any(r.annotator == who.name for r in s1), "status": o.status})
+            elif _reached_stage3(o):
+                out.append({"image": img, "done": any(r.annotator == who.name for r in s3) or o.status == "final", "status": o.status})
+        return out
 
     def progress(self) -> list[dict]:
-        """Per annotator: Stage-1 verdicts given / pool size, Stage-3 verdicts given / disputed images."""
-        outcomes = self.outcomes()
+        """Per annotator: Stage-1 verdicts given / pool size, Stage-3 verdicts given / disputed images, Stage-3 images waiting."""
+        by_image, outcomes = self._refresh()
         disputed = {img for img, o in outcomes.items() if _reached_stage3(o)}
         done: dict[tuple[str, int], set] = defaultdict(set)
-        for r in self.rows():
-            done[(r.annotator, r.stage)].add(r.image)
+        for img, rows in by_image.items():
+            s1, s3 = self._latest(rows)
+            for r in s1 + s3:
+                done[(r.annotator, r.stage)].add(img)
+        waiting = {img for img, o in outcomes.items() if o.status == "stage3"}
         return [
             {
                 "annotator": a.name,
@@ -378,6 +487,7 @@ class ProtocolStore:
                 "stage1_total": len(outcomes) if a.role == "stage1" else 0,
                 "stage3_done": len(done[(a.name, 3)] & disputed),
                 "stage3_total": len(disputed),
+                "stage3_waiting": len(waiting - done[(a.name, 3)]),
             }
             for a in self.annotators()
         ]
@@ -388,3 +498,15 @@ class ProtocolStore:
         for o in self.outcomes().values():
             counts[o.verdict if o.status == "final" else o.status] += 1
         return counts
+
+
+def open_store(project: Project, check_evidence: bool = False) -> ProtocolStore:
+    """The project's store, after checking it was made for this pool (and, if asked, this evidence)."""
+    store = ProtocolStore(project.db_path)
+    if store.pool_sha256 != pool_sha256(project.candidates):
+        raise ValueError(f"{project.db_path} was made for another candidate pool than {project.folder / 'candidates.csv'}; "
+                         "the pool changed after `construct init`")
+    pinned = project.pinned.get("evidence")
+    if check_evidence and pinned is not None and evidence_sha256(project.evidence_dir) != pinned:
+        raise ValueError(f"the evidence in {project.evidence_dir} changed after `construct init`")
+    return store

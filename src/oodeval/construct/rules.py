@@ -3,20 +3,22 @@
 Stage 1: two annotators each give one verdict per image, independently:
 ``ood`` (with a proposed label and a fine-grained flag), ``id`` (with an ID class) or ``ambiguous``.
 Stage 2: the two verdicts are compared. They *agree* when the verdicts are equal and, for ``id``,
-the classes are equal too (the stricter reading: an image returned to ID needs one class).
-Two ``ood`` verdicts agree whatever their labels: the paper admits agreed OOD images; the OOD
-label and fine-grained flag are then those of the first Stage-1 annotator, and the second
-annotator's label is kept alongside. Agreement is final; disagreement goes to Stage 3.
+the classes are equal; for ``ood``, the labels name the same concept (equal after normalising case
+and whitespace, or WordNet synonyms when a synonym function is given) and the fine-grained flags are
+equal. The paper admits an image only "if the consensus among annotators is reached", with a verified
+OOD label, so any difference (label or flag included) goes to Stage 3; agreement is final.
 Stage 3: the two plus a third annotator review together; each submits a verdict, and the image
-gets a verdict only on full consensus of all three (same rule as agreement), else it is
-``ambiguous``. An agreed ``ood`` takes the third (Stage-3) annotator's label and flag.
+gets a verdict only when all three agree pairwise (same rule), else it is ``ambiguous``.
+An agreed ``ood`` carries the label as the first deciding annotator wrote it (all spellings kept).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from itertools import combinations
 
-__all__ = ["VERDICTS", "Verdict", "Outcome", "agree", "resolve", "check_verdict"]
+__all__ = ["VERDICTS", "Verdict", "Outcome", "agree", "differences", "resolve", "check_verdict", "normalise_label", "same_label"]
 
 VERDICTS = ("ood", "id", "ambiguous")
 
@@ -39,7 +41,7 @@ class Outcome:
 
     status: ``stage1`` (verdicts missing), ``stage3`` (disputed, Stage-3 verdicts missing) or ``final``.
     verdict / stage: the final verdict and the stage that decided it (2 = Stage-1 agreement, 3).
-    labels: every OOD label proposed by the deciding annotators, the adopted one first.
+    labels: every spelling of the agreed OOD label among the deciding verdicts, the adopted one first.
     """
 
     status: str
@@ -69,36 +71,71 @@ def check_verdict(verdict: str, ood_label: str | None, fine_grained: bool, id_cl
         raise ValueError(f"an '{verdict}' verdict takes no ID class")
 
 
-def agree(a: Verdict, b: Verdict) -> bool:
-    """Same verdict, and for ``id`` the same class (OOD labels may differ)."""
-    return a.verdict == b.verdict and (a.verdict != "id" or a.id_class == b.id_class)
+def normalise_label(label: str | None) -> str:
+    """Case-folded, single-spaced label; ``_`` and ``-`` read as spaces (``Denison_barb`` = ``denison barb``)."""
+    return " ".join((label or "").replace("_", " ").replace("-", " ").casefold().split())
 
 
-def _final(verdicts: list[Verdict], chosen: Verdict, stage: int) -> Outcome:
-    if chosen.verdict == "ood":
-        labels = [chosen.ood_label] + [v.ood_label for v in verdicts if v is not chosen and v.ood_label != chosen.ood_label]
-        return Outcome("final", "ood", stage, chosen.ood_label, chosen.fine_grained, None, tuple(dict.fromkeys(labels)))
-    return Outcome("final", chosen.verdict, stage, None, False, chosen.id_class if chosen.verdict == "id" else None)
+Synonyms = Callable[[str], Iterable[str]]
 
 
-def resolve(stage1: list[Verdict], stage3: list[Verdict] | None = None) -> Outcome:
+def same_label(a: str | None, b: str | None, synonyms: Synonyms | None = None) -> bool:
+    """Two OOD labels name the same concept: equal after :func:`normalise_label`, or WordNet synonyms.
+
+    synonyms: normalised label -> its normalised synonyms (e.g. ``oodeval.zeroshot.wordnet.synonyms``).
+    """
+    na, nb = normalise_label(a), normalise_label(b)
+    if na == nb:
+        return True
+    return synonyms is not None and (nb in {normalise_label(s) for s in synonyms(na)} or na in {normalise_label(s) for s in synonyms(nb)})
+
+
+def differences(verdicts: list[Verdict], synonyms: Synonyms | None = None) -> list[str]:
+    """The fields on which the verdicts differ: ``verdict``, ``ood_label``, ``fine_grained``, ``id_class``."""
+    out = []
+    if len({v.verdict for v in verdicts}) > 1:
+        out.append("verdict")
+    ood = [v for v in verdicts if v.verdict == "ood"]
+    if any(not same_label(a.ood_label, b.ood_label, synonyms) for a, b in combinations(ood, 2)):
+        out.append("ood_label")
+    if len({v.fine_grained for v in ood}) > 1:
+        out.append("fine_grained")
+    if len({v.id_class for v in verdicts if v.verdict == "id"}) > 1:
+        out.append("id_class")
+    return out
+
+
+def agree(a: Verdict, b: Verdict, synonyms: Synonyms | None = None) -> bool:
+    """Same verdict; for ``id`` the same class; for ``ood`` the same label (normalised) and the same flag."""
+    return not differences([a, b], synonyms)
+
+
+def _final(verdicts: list[Verdict], stage: int) -> Outcome:
+    first = verdicts[0]
+    if first.verdict == "ood":
+        labels = tuple(dict.fromkeys(v.ood_label for v in verdicts))
+        return Outcome("final", "ood", stage, first.ood_label, first.fine_grained, None, labels)
+    return Outcome("final", first.verdict, stage, None, False, first.id_class if first.verdict == "id" else None)
+
+
+def resolve(stage1: list[Verdict], stage3: list[Verdict] | None = None, synonyms: Synonyms | None = None) -> Outcome:
     """The outcome of one image.
 
     stage1: the Stage-1 verdicts in annotator order (first annotator first); fewer than two = pending.
-    stage3: the Stage-3 verdicts with the third annotator LAST; fewer than three = pending.
+    stage3: the Stage-3 verdicts in annotator order; fewer than three = pending.
+    synonyms: see :func:`same_label` (None: labels agree only when equal after normalising).
     """
     if len(stage1) > 2:
         raise ValueError(f"Stage 1 has two annotators, got {len(stage1)} verdicts")
     if len(stage1) < 2:
         return Outcome("stage1")
-    first, second = stage1
-    if agree(first, second):
-        return _final([first, second], first, 2)
+    if agree(*stage1, synonyms=synonyms):
+        return _final(stage1, 2)
     stage3 = stage3 or []
     if len(stage3) > 3:
         raise ValueError(f"Stage 3 has three annotators, got {len(stage3)} verdicts")
     if len(stage3) < 3:
         return Outcome("stage3")
-    if all(agree(stage3[0], v) for v in stage3[1:]):
-        return _final(stage3, stage3[-1], 3)
+    if not differences(stage3, synonyms):
+        return _final(stage3, 3)
     return Outcome("final", "ambiguous", 3)

@@ -226,18 +226,28 @@ for _n, _c in NINCO_CLEAN.items():
 _ood("clean-ood", sum(NINCO_CLEAN.values()), "CLEAN-OOD: union of the 11 NINCO cleaned sub-samples (paper Tab. 3)",
      "ninco-clean/<dataset>/**/<image>   (the 11 ninco-clean-* folders; ood_label = dataset)", folder="ninco-clean")
 
-_CIFAR = "{name}/train/<class>/<image>.png and {name}/test/<class>/<image>.png   ({k} class folders, sorted = official label order)"
+_CIFAR = ("{name}/train/<class>/<image>.png and {name}/test/<class>/<image>.png   ({k} class folders, sorted = official "
+          "label order; `oodeval datasets convert {name}` writes it from the python-version pickles)")
 register_dataset(DatasetSpec("cifar10", "id", 60_000, _CIFAR.format(name="cifar10", k=10), "CIFAR-10 (Krizhevsky 2009)",
                              _split_folders(True, 10), splits={"train": 50_000, "test": 10_000}))
 register_dataset(DatasetSpec("cifar100", "id", 60_000, _CIFAR.format(name="cifar100", k=100), "CIFAR-100 (Krizhevsky 2009)",
                              _split_folders(True, 100), splits={"train": 50_000, "test": 10_000}))
-register_dataset(DatasetSpec("svhn", "ood", 26_032, "svhn/test/**/<image>", "SVHN test split (Netzer et al. 2011)",
-                             _split_folders(False), splits={"test": 26_032}))
-_ood("tin-crop", 10_000, "TinyImageNet crop (ODIN release, Liang et al. 2018)")
-_ood("tin-resize", 10_000, "TinyImageNet resize (ODIN release, Liang et al. 2018)")
-_ood("lsun-crop", 10_000, "LSUN crop (ODIN release, Liang et al. 2018)")
-_ood("lsun-resize", 10_000, "LSUN resize (ODIN release, Liang et al. 2018)")
-_ood("isun", 8_925, "iSUN (ODIN release, Liang et al. 2018)")
+register_dataset(DatasetSpec(
+    "svhn", "id", 99_289, "svhn/train/<digit>/<image>.png and svhn/test/<digit>/<image>.png   (10 digit folders 0-9; "
+    "`oodeval datasets convert svhn` writes it from train_32x32.mat / test_32x32.mat)",
+    "SVHN cropped digits (Netzer et al. 2011); svhn:test is the usual OOD set",
+    _split_folders(True, 10), splits={"train": 73_257, "test": 26_032}))
+register_dataset(DatasetSpec(
+    "tinyimagenet", "id", 110_000, "tinyimagenet/train/<wnid>/<image>.JPEG and tinyimagenet/val/<wnid>/<image>.JPEG   "
+    "(200 wnid folders, sorted = label order; `oodeval datasets convert tinyimagenet` writes it from tiny-imagenet-200.zip)",
+    "Tiny-ImageNet (Le & Yang 2015), 64 x 64 px, 200 classes", _split_folders(True, 200),
+    splits={"train": 100_000, "val": 10_000}))
+_ODIN = "{name}/**/<image>   (`oodeval datasets convert odin` writes it from the ODIN archive)"
+_ood("tin-crop", 10_000, "TinyImageNet crop (ODIN release, Liang et al. 2018)", _ODIN)
+_ood("tin-resize", 10_000, "TinyImageNet resize (ODIN release, Liang et al. 2018)", _ODIN)
+_ood("lsun-crop", 10_000, "LSUN crop (ODIN release, Liang et al. 2018)", _ODIN)
+_ood("lsun-resize", 10_000, "LSUN resize (ODIN release, Liang et al. 2018)", _ODIN)
+_ood("isun", 8_925, "iSUN (ODIN release, Liang et al. 2018)", _ODIN)
 register_dataset(DatasetSpec(
     "fashion-mnist", "id", 70_000,
     "fashion-mnist/{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]   (IDX files);\n"

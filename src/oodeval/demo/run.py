@@ -54,7 +54,7 @@ def experiment_dict(out: Path, data_root: Path, model: TrainedModel, n_train: in
     from .. import detectors
 
     dets: list = []
-    for name in detectors.names():
+    for name in detectors.names("paper21"):
         dets.append({"name": name, "hyperparameters": {"k": _knn_k(n_train)}} if name == "knn" else name)
     return {
         "name": "oodeval-demo",
@@ -124,19 +124,20 @@ def ood_tables(results: Path, model: str = MODEL_LABEL) -> dict[str, list[dict]]
 
 
 def format_tables(tables: dict[str, list[dict]]) -> str:
-    """Plain-text tables, one per OOD set: FPR@95 and AUROC in % with [95% CI]; * = best in column."""
+    """Plain-text tables (pandas ``to_string``), one per OOD set: FPR@95 and AUROC in % with
+    [95% CI]; * = best in column."""
+    import pandas as pd
+
+    def pct(r: dict, m: str, best: str) -> list[str]:
+        return [f"{100 * r[m]:.1f}" + ("*" if r[best] else " "), f"[{100 * r[m + '_lo']:.1f}, {100 * r[m + '_hi']:.1f}]"]
+
     blocks = []
     for label, rows in tables.items():
         kind = OOD_SETS.get(f"demo-{label}", "")
         head = f"OOD set {label} ({kind}-OOD, {rows[0]['n_ood']} images; ID test {rows[0]['n_id']} images)"
-        lines = [head, f"  {'detector':<24} {'FPR@95 %':>9} {'[95% CI]':<15} {'AUROC %':>9} {'[95% CI]':<15}"]
-        for r in rows:
-            f = f"{100 * r['fpr95']:.1f}" + ("*" if r["best_fpr"] else " ")
-            a = f"{100 * r['auroc']:.1f}" + ("*" if r["best_auroc"] else " ")
-            fci = f"[{100 * r['fpr95_lo']:.1f}, {100 * r['fpr95_hi']:.1f}]"
-            aci = f"[{100 * r['auroc_lo']:.1f}, {100 * r['auroc_hi']:.1f}]"
-            lines.append(f"  {r['detector']:<24} {f:>9} {fci:<15} {a:>9} {aci:<15}")
-        blocks.append("\n".join(lines))
+        frame = pd.DataFrame([[r["detector"], *pct(r, "fpr95", "best_fpr"), *pct(r, "auroc", "best_auroc")] for r in rows],
+                             columns=["detector", "FPR@95 %", "[95% CI]", "AUROC %", "[95% CI]"])  # fmt: skip
+        blocks.append(head + "\n" + frame.to_string(index=False))
     return "\n\n".join(blocks) + "\n  (* = best in the column; FPR@95 lower is better, AUROC higher is better)\n"
 
 

@@ -72,7 +72,7 @@ def _sum64(a: np.ndarray) -> np.ndarray:
     return a.sum(axis=1, dtype=np.float64)
 
 
-@register("react")
+@register("react", tags=("paper21", "activation"), order=6)
 class ReAct(Detector):
     """Energy + ReAct: s = logsumexp(W min(z, c) + b) (Sun, Guo & Li, NeurIPS 2021).
 
@@ -97,14 +97,16 @@ class ReAct(Detector):
         return _energy_of(compute_of(self), x, lambda z: np.minimum(z, self.threshold_), x.weight, x.bias)
 
 
-@register("ash_s")
+@register("ash_s", tags=("paper21", "activation"), order=7)
 class ASHS(Detector):
     """ASH-S: keep the top (100 - p)% entries of z, scale by exp(s1 / s2), energy readout.
 
     Djurisic et al., "Extremely simple activation shaping for OOD detection", ICLR 2023.
     s1 = sum z, s2 = sum of the kept entries, k = D - round(D p / 100) kept. Default p = 90 (the
-    paper's ImageNet ResNet-50 setting, "ASH-S@90"). Not OpenOOD's "ash" postprocessor, which is
-    ASH-B. Rows whose kept sum is 0 are not rescaled (the release would divide by zero).
+    paper's ImageNet ResNet-50 setting, "ASH-S@90"); the release's ViT (95) and DenseNet (99)
+    settings come from :func:`oodeval.detectors.defaults.resolve_defaults`. Not OpenOOD's "ash"
+    postprocessor, which is ASH-B; ASH-B and ASH-P are not implemented. Rows whose kept sum is
+    0 are not rescaled (the release would divide by zero).
     """
 
     needs = ("features", "head")
@@ -118,7 +120,7 @@ class ASHS(Detector):
         return _energy_of(compute_of(self), x, lambda z: ash_s_features(z, self.percentile), x.weight, x.bias)
 
 
-@register("scale")
+@register("scale", tags=("paper21", "activation"), order=8)
 class SCALE(Detector):
     """SCALE: z * exp(s1 / s2) without pruning, energy readout.
 
@@ -139,7 +141,7 @@ class SCALE(Detector):
         return _energy_of(compute_of(self), x, lambda z: scale_features(z, self.percentile), x.weight, x.bias)
 
 
-@register("dice")
+@register("dice", tags=("paper21", "activation"), order=9)
 class DICE(Detector):
     """DICE: energy with the head masked to its most contributing weights (Sun & Li, ECCV 2022).
 

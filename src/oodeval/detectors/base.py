@@ -30,6 +30,21 @@ class Detector(BaseEstimator):
 
     needs: ClassVar[tuple[str, ...]] = ()
     fit_needs: ClassVar[tuple[str, ...]] = ()
+    #: whether the detector reads a K+1 (CnC) model's outlier class; every other one sees the
+    #: K-way classifier of such a FeatureSet (:func:`oodeval.cnc.evaluate.id_view`)
+    reads_outlier_class: ClassVar[bool] = False
+
+    @classmethod
+    def suits(cls, x: FeatureSet) -> bool:
+        """Whether the default selection (:func:`oodeval.detectors.supported`) picks it for ``x``."""
+        return True
+
+    def _view(self, x: FeatureSet) -> FeatureSet:
+        if self.reads_outlier_class or x.meta.get("outlier_class") is None:
+            return x
+        from ..cnc.evaluate import id_view
+
+        return id_view(x)
 
     def fit(self, train: FeatureSet | None = None) -> Detector:
         """Learn all derived state from the ID-train FeatureSet (harmless where nothing is learnt)."""
@@ -41,7 +56,7 @@ class Detector(BaseEstimator):
                 raise ValueError(f"{type(self).__name__} needs an ID-train FeatureSet to fit")
             train.require(self.fit_needs, who)
             train.check_finite(self.fit_needs, who)
-            self._fit(train)
+            self._fit(self._view(train))
         if train is not None:
             self.train_signature_, self.train_name_ = train.signature(), train.name
         self.fitted_ = True
@@ -58,7 +73,7 @@ class Detector(BaseEstimator):
         if hasattr(self, "train_signature_"):
             x.check_agrees(self.train_signature_, self.train_name_, who)
         x.check_finite(self.needs, who)
-        return as_scores(self._score(x), len(x), type(self).__name__)
+        return as_scores(self._score(self._view(x)), len(x), type(self).__name__)
 
     def _score(self, x: FeatureSet) -> np.ndarray:
         raise NotImplementedError

@@ -11,7 +11,9 @@ The two are the same strictly increasing function of p(K+1), so every ranking me
 TNR@TPR95, detection error) is identical; the log-odds form is computed without the float64
 saturation of 1 - p near 0 (confident outliers would otherwise tie at exactly 0).
 It reads logits with K+1 columns; the outlier class is the last column unless ``outlier_class``
-says otherwise (a FeatureSet whose ``meta["cnc"]`` is False, a plain model's, is refused). Not one of the 21 post-hoc detectors of :func:`oodeval.detectors.names`.
+says otherwise (a FeatureSet whose ``meta["cnc"]`` is False, a plain model's, is refused). Not one
+of the paper's 21 (``names("paper21")``); picked by default only for a FeatureSet that names its
+outlier class (``meta["outlier_class"]``, as :func:`oodeval.cnc.train` writes it).
 """
 
 from __future__ import annotations
@@ -26,11 +28,16 @@ from .base import Detector
 __all__ = ["CnC"]
 
 
-@register("cnc")
+@register("cnc", tags=("logit", "cnc"))
 class CnC(Detector):
     """s = 1 - p(K+1) (``form="prob"``) or its log-odds (``form="logodds"``, default)."""
 
     needs = ("logits",)
+    reads_outlier_class = True
+
+    @classmethod
+    def suits(cls, x: FeatureSet) -> bool:
+        return x.meta.get("outlier_class") is not None
 
     def __init__(self, form: str = "logodds", outlier_class: int = -1) -> None:
         self.form = form

@@ -40,7 +40,7 @@ class _CentroidBase(Detector):
         return np.concatenate(out)
 
 
-@register("cosine")
+@register("cosine", tags=("paper21", "feature"), order=15)
 class Cosine(_CentroidBase):
     """s = max_c cos(z, mu_c), mu_c the mean ID-train feature of class c (true labels).
 
@@ -53,28 +53,29 @@ class Cosine(_CentroidBase):
         return self._scores(x, lambda comp, c: comp.rowmax(c))
 
 
-@register("mcm")
+@register("mcm", tags=("paper21", "feature"), order=16)
 class MCM(_CentroidBase):
-    """s = max_c softmax_c(cos(z, mu_c) / T), the class-centroid form of MCM.
+    """s = max_c softmax_c(cos(z, mu_c) / tau), the class-centroid form of MCM.
 
     Ming et al., "Delving into OOD detection with vision-language representations" (MCM),
     NeurIPS 2022, applied to ID-train class-mean features instead of text embeddings
-    (Fi-ImageNet-1k paper Sec. 2.1). Default T = 1 (DESIGN.md).
+    (Fi-ImageNet-1k paper Sec. 2.1). Default ``tau`` = 1 (DESIGN.md); the zero-shot MCM names
+    its temperature ``tau`` too (default 0.01 there, on text embeddings).
     """
 
-    def __init__(self, t: float = 1.0, precision: str = "float32", device: str | None = None) -> None:
-        self.t = t
+    def __init__(self, tau: float = 1.0, precision: str = "float32", device: str | None = None) -> None:
+        self.tau = tau
         self.precision = precision
         self.device = device
 
     def _score(self, x: FeatureSet) -> np.ndarray:
-        if not self.t > 0:
-            raise ValueError(f"mcm temperature t must be > 0, got {self.t}")
+        if not self.tau > 0:
+            raise ValueError(f"mcm temperature tau must be > 0, got {self.tau}")
         # max softmax = 1 / sum_c exp((cos_c - max cos) / T): exp in the product dtype, sum in float64
-        return self._scores(x, lambda comp, c: 1.0 / comp.shifted_expsum(c / self.t)[1])
+        return self._scores(x, lambda comp, c: 1.0 / comp.shifted_expsum(c / self.tau)[1])
 
 
-@register("fdbd")
+@register("fdbd", tags=("paper21", "feature"), order=17)
 class FDBD(Detector):
     """fDBD: mean feature distance to the decision boundaries, regularised by the feature norm.
 
@@ -119,7 +120,7 @@ class FDBD(Detector):
         return np.concatenate(out)
 
 
-@register("neco")
+@register("neco", tags=("paper21", "feature"), order=18)
 class NECO(Detector):
     """NECO: s = ||P_d x|| / ||x||, x the standardised feature, P_d the top-d PCA projection.
 
@@ -129,8 +130,10 @@ class NECO(Detector):
     standardised train features. d: the smallest number of components explaining at least
     ``variance`` (default 0.9) of the variance, unless ``dim`` is given. ``maxlogit=True``
     multiplies by max_c f_c, which the release does for every non-ResNet backbone (ViT, DeiT,
-    Swin); needs logits then. The release's denominator for DeiT/Swin uses the raw feature norm;
-    we keep the standardised norm for every backbone (the paper's formula).
+    Swin); needs logits then. The class default is off (the paper's formula);
+    :func:`oodeval.detectors.defaults.resolve_defaults` turns it on for non-ResNet backbones.
+    The release's denominator for DeiT/Swin uses the raw feature norm; we keep the standardised
+    norm for every backbone (the paper's formula).
     """
 
     needs = ("features",)

@@ -23,7 +23,7 @@ def vim_dim(d: int) -> int:
     return d // 2
 
 
-@register("vim")
+@register("vim", tags=("paper21", "hybrid"), order=20)
 class ViM(Detector):
     """ViM: s = logsumexp(f) - alpha ||(z - u) R||, R the residual (non-principal) eigenvectors.
 

@@ -36,30 +36,39 @@ def _per_chunk(x: FeatureSet, fn, comp: Compute) -> np.ndarray:
         return np.concatenate(list(pool.map(one, slices)))
 
 
+def _temperature(t: float, who: str) -> float:
+    if not (np.isfinite(t) and t > 0):
+        raise ValueError(f"{who} temperature must be a finite number > 0, got {t}")
+    return float(t)
+
+
 def _max_softmax(comp: Compute, f):
     """1 / sum_c exp(f_c - max f): exp in the product precision, the sum in float64."""
     return 1.0 / comp.shifted_expsum(f)[1]
 
 
-@register("msp")
+@register("msp", tags=("paper21", "logit"), order=1)
 class MSP(Detector):
-    """Maximum softmax probability, s = max_c softmax(f)_c (Hendrycks & Gimpel, ICLR 2017).
+    """Maximum softmax probability, s = max_c softmax(f / T)_c (Hendrycks & Gimpel, ICLR 2017).
 
-    Computed as 1 / sum_c exp(f_c - max f), which never overflows. Only hyperparameter:
-    ``precision`` of the exp (the sum is float64 either way).
+    Default T = ``temperature`` = 1 (the paper's baseline); T > 1 is temperature scaling as in ODIN's first step
+    (without its input perturbation). Computed as 1 / sum_c exp((f_c - max f) / T), which
+    never overflows; ``precision`` is that of the exp (the sum is float64 either way).
     """
 
     needs = ("logits",)
 
-    def __init__(self, precision: str = "float32") -> None:
+    def __init__(self, temperature: float = 1.0, precision: str = "float32") -> None:
+        self.temperature = temperature
         self.precision = precision
 
     def _score(self, x: FeatureSet) -> np.ndarray:
+        t = _temperature(self.temperature, "msp")
         comp = compute_of(self)
-        return _per_chunk(x, lambda f: _max_softmax(comp, f), comp)
+        return _per_chunk(x, lambda f: _max_softmax(comp, f if t == 1 else f / t), comp)
 
 
-@register("maxlogit")
+@register("maxlogit", tags=("paper21", "logit"), order=2)
 class MaxLogit(Detector):
     """Maximum logit, s = max_c f_c (Hendrycks et al., "Scaling OOD detection", ICML 2022)."""
 
@@ -70,59 +79,58 @@ class MaxLogit(Detector):
         return _per_chunk(x, lambda f: f.max(axis=1), exact)
 
 
-@register("energy")
+@register("energy", tags=("paper21", "logit"), order=4)
 class Energy(Detector):
-    """Energy score, s = T logsumexp(f / T) (Liu et al., NeurIPS 2020); default T = 1.
+    """Energy score, s = T logsumexp(f / T) (Liu et al., NeurIPS 2020); default T = ``temperature`` = 1.
 
     Higher = ID (the negative free energy).
     """
 
     needs = ("logits",)
 
-    def __init__(self, t: float = 1.0, precision: str = "float32") -> None:
-        self.t = t
+    def __init__(self, temperature: float = 1.0, precision: str = "float32") -> None:
+        self.temperature = temperature
         self.precision = precision
 
     def _score(self, x: FeatureSet) -> np.ndarray:
-        if not self.t > 0:
-            raise ValueError(f"energy temperature t must be > 0, got {self.t}")
+        t = _temperature(self.temperature, "energy")
         comp = compute_of(self)
-        return _per_chunk(x, lambda f: comp.logsumexp(f if self.t == 1 else f / self.t) * self.t, comp)
+        return _per_chunk(x, lambda f: comp.logsumexp(f if t == 1 else f / t) * t, comp)
 
 
-@register("gen")
+@register("gen", tags=("paper21", "logit"), order=5)
 class GEN(Detector):
     """Generalized entropy, s = -sum over the M largest p_c of p_c^g (1 - p_c)^g.
 
     Liu, Lochman & Zach, "GEN: Pushing the limits of softmax-based OOD detection", CVPR 2023.
-    Defaults g = 0.1 and M = 100 (the paper's ImageNet setting; its release uses the same);
-    M is capped at the number of classes. The top M are found on the logits (softmax is
+    Defaults g = ``gamma`` = 0.1 and M = ``top_m`` = 100 (the paper's ImageNet setting; its
+    release uses the same); M is capped at the number of classes. The top M are found on the logits (softmax is
     monotone); their p_c and 1 - p_c are computed in float64 whatever ``precision``, so
     p_c close to 1 keeps its (1 - p_c)^g.
     """
 
     needs = ("logits",)
 
-    def __init__(self, gamma: float = 0.1, m: int = 100, precision: str = "float32") -> None:
+    def __init__(self, gamma: float = 0.1, top_m: int = 100, precision: str = "float32") -> None:
         self.gamma = gamma
-        self.m = m
+        self.top_m = top_m
         self.precision = precision
 
     def _score(self, x: FeatureSet) -> np.ndarray:
-        if self.m < 1:
-            raise ValueError(f"gen needs m >= 1, got {self.m}")
+        if self.top_m < 1:
+            raise ValueError(f"gen needs top_m >= 1, got {self.top_m}")
         g = self.gamma
         comp = compute_of(self)
 
         def fn(f: np.ndarray) -> np.ndarray:
-            m = min(int(self.m), f.shape[1])
+            m = min(int(self.top_m), f.shape[1])
             log_top = comp.topk(f, m) - comp.logsumexp(f)[:, None]  # float64 log p of the top M
             return -np.sum(np.exp(g * log_top) * (-np.expm1(log_top)) ** g, axis=1)
 
         return _per_chunk(x, fn, comp)
 
 
-@register("kl_matching")
+@register("kl_matching", tags=("paper21", "logit"), order=3)
 class KLMatching(Detector):
     """KL matching, s = -min_k KL(p || d_k) (Hendrycks et al., "Scaling OOD detection", ICML 2022).
 

@@ -77,7 +77,7 @@ class _MahalanobisBase(Detector):
         return np.concatenate(out)
 
 
-@register("mahalanobis")
+@register("mahalanobis", tags=("paper21", "feature"), order=10)
 class Mahalanobis(_MahalanobisBase):
     """s = -min_c (z - mu_c)^T S^-1 (z - mu_c), S the shared (tied) class covariance.
 
@@ -88,7 +88,7 @@ class Mahalanobis(_MahalanobisBase):
     """
 
 
-@register("relative_mahalanobis")
+@register("relative_mahalanobis", tags=("paper21", "feature"), order=11)
 class RelativeMahalanobis(_MahalanobisBase):
     """s = -min_c (MD_c(z) - MD_0(z)), MD_0 the distance to one Gaussian fitted on all ID-train z.
 
@@ -101,7 +101,7 @@ class RelativeMahalanobis(_MahalanobisBase):
     relative = True
 
 
-@register("mahalanobis_pp")
+@register("mahalanobis_pp", tags=("paper21", "feature"), order=12)
 class MahalanobisPP(_MahalanobisBase):
     """Mahalanobis++: Mahalanobis on l2-normalised features, train and test alike.
 
@@ -112,7 +112,7 @@ class MahalanobisPP(_MahalanobisBase):
     normalise = True
 
 
-@register("relative_mahalanobis_pp")
+@register("relative_mahalanobis_pp", tags=("paper21", "feature"), order=13)
 class RelativeMahalanobisPP(_MahalanobisBase):
     """Relative Mahalanobis++: s = -min_c (MD_c(z/|z|) - MD_0(z/|z|)), all Gaussians fitted on
     l2-normalised ID-train features (Mueller & Hein, ICML 2025, applied to Ren et al. 2021).

@@ -12,8 +12,10 @@ Defaults are the release's ResNet-50 ImageNet configuration (``nac_imagenet.yml`
 avgpool (= ``pre_logits``) O=10, M=50, alpha=3000; layer3 O=500, M=50, alpha=300;
 layer2 O=50, M=500, alpha=0.01; layer1 O=5000, M=1000, alpha=1; fitted on ``n_fit`` = 1000
 ID-train samples drawn class-balanced with a seed (the release's ``valid_num``). O counts
-samples, so it only keeps its meaning with n_fit = 1000. Layers with other names (e.g. ViT
-blocks) fall back to the avgpool setting; override with ``layer_params``.
+samples, so it only keeps its meaning at the release's n_fit. Layers with other names fall back
+to the avgpool setting. The release's ViT setting (final norm and ``ln_2`` of the last three
+blocks, n_fit = 50,000) and the choice per backbone come from
+:func:`oodeval.detectors.defaults.resolve_defaults`; explicit ``layer_params`` / ``n_fit`` win.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from . import register
 from ._common import chunks
 from .base import Detector
 
-__all__ = ["NAC", "NAC_DEFAULTS", "nac_grid"]
+__all__ = ["NAC", "NAC_DEFAULTS", "NAC_VIT_NORM", "NAC_VIT_BLOCKS", "NAC_N_FIT", "nac_grid", "fit_rows"]
 
 PREFIX = "nac/"
 
@@ -38,13 +40,21 @@ NAC_DEFAULTS: dict[str, dict[str, float]] = {
     "layer1": {"O": 5000, "M": 1000, "alpha": 1.0},
 }
 FALLBACK = "pre_logits"
+#: the release's ViT-B/16 ImageNet setting (``vit/nac_imagenet.yml``): the final LayerNorm, then
+#: ``ln_2`` of the last, second-last and third-last blocks
+NAC_VIT_NORM = {"O": 500, "M": 50, "alpha": 100.0}
+NAC_VIT_BLOCKS = ({"O": 50, "M": 500, "alpha": 1.0}, {"O": 10, "M": 500, "alpha": 10.0},
+                  {"O": 10, "M": 1000, "alpha": 1.0})  # fmt: skip
+#: the release's ``valid_num`` (fitting rows) per backbone family
+NAC_N_FIT = {"resnet": 1000, "vit": 50000}
 
 
 def nac_grid(m: int) -> np.ndarray:
-    """The release's interval edges: 2 (m // 2) points from 0 to 1.01 (log-spaced towards 0 and
-    towards 1, mirrored), then 1.2 appended."""
-    if m < 4:
-        raise ValueError(f"nac needs M >= 4 bins, got {m}")
+    """The release's m interval edges: m - 1 points from 0 to 1.01 (log-spaced towards 0 and
+    towards 1, mirrored), then 1.2 appended. The release builds m // 2 points per side, so an
+    odd M would silently become M - 1: it is refused."""
+    if m < 4 or m % 2:
+        raise ValueError(f"nac needs an even M >= 4 (bins per neuron), got {m}")
     half = m // 2
     x = np.linspace(1.0, np.sqrt(1e3), half)
     left = np.log(x) / np.log(1e3)
@@ -60,7 +70,34 @@ def _interval(s: np.ndarray, grid: np.ndarray) -> np.ndarray:
     return idx
 
 
-@register("nac")
+def fit_rows(labels: np.ndarray, n_fit: int | None, seed: int) -> np.ndarray:
+    """The sorted ID-train rows NAC fits on: all when ``n_fit`` is None or >= N, else
+    floor(n_fit / K) rows per class (capped by the smallest class), drawn with ``seed``; the
+    release's class-balanced ``valid_num`` subset. Unlabelled data: n_fit rows at random.
+
+    Extraction calls this too, so NAC's taps are computed for exactly these rows.
+    """
+    labels = np.asarray(labels)
+    n = labels.shape[0]
+    if n_fit is None or n_fit >= n:
+        return np.arange(n)
+    if n_fit < 1:
+        raise ValueError(f"nac n_fit must be >= 1 (or None for all rows), got {n_fit}")
+    rng = np.random.default_rng(seed)
+    classes = np.unique(labels[labels >= 0])
+    if classes.size == 0:
+        return np.sort(rng.choice(n, size=int(n_fit), replace=False))
+    if n_fit < classes.size:
+        raise ValueError(
+            f"nac n_fit={n_fit} is below the {classes.size} classes of the train set: a class-balanced "
+            f"subset needs at least one row per class (use n_fit >= {classes.size}, or None for all rows)"
+        )
+    members = [np.flatnonzero(labels == c) for c in classes]
+    per = min(min(len(m) for m in members), int(n_fit) // classes.size)
+    return np.sort(np.concatenate([rng.choice(m, size=per, replace=False) for m in members]))
+
+
+@register("nac", tags=("paper21", "feature"), order=19)
 class NAC(Detector):
     """NAC-UE (Liu et al., "Neuron activation coverage", ICLR 2024); see the module docstring.
 
@@ -89,19 +126,6 @@ class NAC(Detector):
         p.update((self.layer_params or {}).get(layer, {}))
         return p
 
-    def _rows(self, train: FeatureSet) -> np.ndarray:
-        n = len(train)
-        if self.n_fit is None or self.n_fit >= n:
-            return np.arange(n)
-        rng = np.random.default_rng(self.seed)
-        labels = np.asarray(train.labels)
-        classes = np.unique(labels[labels >= 0])
-        if classes.size == 0:
-            return np.sort(rng.choice(n, size=int(self.n_fit), replace=False))
-        members = [np.flatnonzero(labels == c) for c in classes]
-        per = min(min(len(m) for m in members), max(1, int(self.n_fit) // classes.size))
-        return np.sort(np.concatenate([rng.choice(m, size=per, replace=False) for m in members]))
-
     def _fit(self, train: FeatureSet) -> None:
         found = sorted(k[len(PREFIX) :] for k in train.extras if k.startswith(PREFIX))
         layers = list(self.layers) if self.layers is not None else found
@@ -111,7 +135,7 @@ class NAC(Detector):
                 f"nac: the train set lacks NAC states {[PREFIX + n for n in missing or layers]}; "
                 f"it has {[PREFIX + n for n in found]}"
             )
-        rows = self._rows(train)
+        rows = fit_rows(train.labels, self.n_fit, self.seed)
         self.layers_ = layers
         self.fit_rows_ = rows
         self.grids_, self.coverage_, self.params_ = {}, {}, {}

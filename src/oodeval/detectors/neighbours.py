@@ -52,7 +52,7 @@ def top_similarities(comp: Compute, bank: np.ndarray, z: np.ndarray, k: int) -> 
         yield comp.get(best)
 
 
-@register("knn")
+@register("knn", tags=("paper21", "feature"), order=14)
 class KNN(Detector):
     """Deep kNN: s = -|| z/|z| - b_(k) ||, the distance to the k-th nearest normalised ID-train feature.
 
@@ -111,7 +111,7 @@ def _bank_rows(n: int, fraction: float, seed: int, k: int, who: str) -> np.ndarr
     return np.sort(np.random.default_rng(seed).choice(n, size=size, replace=False))
 
 
-@register("nnguide")
+@register("nnguide", tags=("paper21", "hybrid"), order=21)
 class NNGuide(Detector):
     """NNGuide: s = E(x) * mean of the top-k of <z/|z|, E(b) b/|b|> over a bank b of ID train.
 
@@ -121,6 +121,8 @@ class NNGuide(Detector):
     multiplied by its own energy; the guidance is the mean of the k largest inner products
     with that weighted bank (k = 10, the paper's default), exactly as the release ranks them.
     Banks drawn in loader order (as some forks do) are not random; here the seed decides.
+    This is plain NNGuide; the release's ImageNet ResNet-50 setting additionally clips the
+    features at their ID-train 95th percentile (ReAct) first, which is not implemented.
     """
 
     needs = ("features", "logits")

@@ -1,4 +1,4 @@
-"""The models x detectors x datasets grid (issue 6): a validated experiment file, a resumable
+"""The models x detectors x datasets grid: a validated experiment file, a resumable
 runner that appends to one Parquet results table, and the per-cell score files the reports read.
 
     from oodeval.experiment import run_experiment

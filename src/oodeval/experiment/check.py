@@ -4,7 +4,8 @@ Checks, each problem reported with what is needed: every dataset resolves (regis
 manifest; a model's precomputed FeatureSet folder stands in for it), every weights file exists and
 loads safely (safetensors, or ``torch.load(weights_only=True)``), every model name exists in timm's or
 open_clip's registry (and an open_clip tag in its pretrained table), every vocabulary file and the ID
-class-name file exist. Nothing is extracted or computed.
+class-name file exist, and so do a model's probe head file and the ``[selection]`` validation sets. Nothing
+is extracted or computed. ``names_only`` checks the model names alone.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ __all__ = ["check_experiment"]
 
 
 def _model_problem(model: ModelSpec) -> str | None:
+    """A model name its library cannot build, or None. A ``hf:`` hub id cannot be verified offline (a local
+    folder must hold a ``config.json``); a ``package.module:factory`` must import and name a callable."""
     from ..features.backbones import parse_model_name
 
     kind, name, tag = parse_model_name(model.name)
@@ -24,6 +27,19 @@ def _model_problem(model: ModelSpec) -> str | None:
         import timm
 
         return None if timm.is_model(name) else f"model {model.label!r}: timm has no model {name!r} (see timm.list_models())"
+    if kind == "hf":
+        if Path(name).exists() and not (Path(name) / "config.json").is_file():
+            return f"model {model.label!r}: {name} has no config.json (expected a transformers model folder)"
+        return None
+    if kind == "python":
+        import importlib
+
+        mod, _, attr = name.partition(":")
+        try:
+            found = callable(getattr(importlib.import_module(mod), attr, None))
+        except ImportError as exc:
+            return f"model {model.label!r}: cannot import {mod!r} ({exc})"
+        return None if found else f"model {model.label!r}: {mod} has no callable {attr!r}"
     import open_clip
 
     if name not in open_clip.list_models():
@@ -62,16 +78,25 @@ def _dataset_problem(role: str, ds: DatasetSpec, cfg: ExperimentConfig, models: 
     return out
 
 
-def check_experiment(cfg: ExperimentConfig) -> list[str]:
-    """Every problem found in ``cfg`` offline (an empty list when the experiment can run as written)."""
-    problems: list[str] = []
+def check_experiment(cfg: ExperimentConfig, names_only: bool = False) -> list[str]:
+    """Every problem found in ``cfg`` offline (an empty list when the experiment can run as written).
+
+    ``names_only``: only what needs no inputs in place (model names in their registries), for a file
+    such as the paper preset checked before its checkpoints and data are downloaded.
+    """
+    problems: list[str] = [p for m in cfg.models for p in [_model_problem(m)] if p]
+    if names_only:
+        return problems
     for m in cfg.models:
-        problems += [p for p in [_model_problem(m)] if p]
         problems += [p for w in dict.fromkeys(m.weights) if w is not None for p in [_weights_problem(m, w)] if p]
+        problems += [p for p in [m.head and _weights_problem(m, m.head)] if p]
     supervised = [m for m in cfg.models if m.kind == "supervised"]
     roles = [("id_test", cfg.id_test, list(cfg.models))] + [(d.label, d, list(cfg.models)) for d in cfg.ood]
     if cfg.id_train is not None:
         roles.insert(0, ("id_train", cfg.id_train, supervised))
+    if cfg.selection is not None:
+        searching = [m for m in cfg.models if any(s.search for s in cfg.detectors_for(m) or ())]
+        roles += [("validation_id", cfg.selection.validation_id, searching), ("validation_ood", cfg.selection.validation_ood, searching)]
     for role, ds, models in roles:
         if models:
             problems += _dataset_problem(role, ds, cfg, models)

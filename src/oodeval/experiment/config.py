@@ -12,7 +12,7 @@ relative paths are relative to the experiment file's folder. See ``docs/experime
     [datasets]
     id_train = "imagefolder:train"    # fits the detectors (supervised models only)
     id_test = "imagefolder:val"
-    ood = ["ninco", { name = "data/fi", label = "Fi", split_column = "fine_grained" }]
+    ood = ["ninco", { name = "data/fi", label = "Fi", split_column = "fine_grained", group = "near" }]
 
     [[models]]
     name = "resnet50"
@@ -30,37 +30,61 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ExperimentConfig", "ModelSpec", "DetectorSpec", "DatasetSpec", "SweepSpec", "load_config", "KINDS"]
+__all__ = ["ExperimentConfig", "ModelSpec", "DetectorSpec", "DatasetSpec", "SweepSpec", "SelectionSpec", "load_config", "KINDS"]
 
 KINDS = ("supervised", "zero-shot")
 _ROLES = ("id_train", "id_test")
 
 _TOP = {
     "name", "store", "results", "data_root", "seeds", "bootstrap_draws", "bootstrap_fixed_id", "device", "batch_size",
-    "num_workers", "retry_failed", "seed_detectors", "datasets", "models", "detectors", "zeroshot", "sweeps",
+    "num_workers", "retry_failed", "seed_detectors", "datasets", "models", "detectors", "zeroshot", "sweeps", "selection",
 }  # fmt: skip
 _DATASETS = {"id_train", "id_test", "ood", "split_column", "id_classes"}
-_OOD = {"name", "label", "split_column"}
+_OOD = {"name", "label", "split_column", "group"}
 _MODEL = {
-    "name", "label", "weights", "kind", "model_kwargs", "taps", "patch_features", "features", "detectors",
+    "name", "label", "weights", "head", "kind", "model_kwargs", "taps", "patch_features", "features", "detectors",
 }  # fmt: skip
-_DETECTOR = {"name", "label", "hyperparameters", "vocabulary"}
+_DETECTOR = {"name", "label", "hyperparameters", "vocabulary", "search"}
+_SELECTION = {"validation_id", "validation_ood"}
 _SWEEP = {"name", "vocabulary", "sizes", "scorer", "hyperparameters"}
 
 
 @dataclass(frozen=True)
 class DetectorSpec:
     """One detector configuration: registry name, hyperparameter overrides, optional vocabulary
-    (zero-shot vocabulary scorers) and a display label (default: the name)."""
+    (zero-shot vocabulary scorers), a display label (default: the name), and an optional
+    ``search`` grid (hyperparameter -> candidate values) chosen on the validation sets of
+    ``[selection]``, never on a test set."""
 
     name: str
     hyperparameters: dict = field(default_factory=dict)
     label: str = ""
     vocabulary: str | None = None
+    search: dict = field(default_factory=dict)
 
     @property
     def display(self) -> str:
         return self.label or self.name
+
+    @property
+    def result_key(self) -> str:
+        """The ``hyperparameters`` key of this configuration's rows in the results table: the
+        overrides, plus the vocabulary of a vocabulary scorer, as canonical JSON."""
+        from ..results import hp_json
+
+        extra = {"vocabulary": self.vocabulary} if self.vocabulary is not None else {}
+        if self.search:
+            extra["search"] = self.search
+        return hp_json({**self.hyperparameters, **extra})
+
+
+@dataclass(frozen=True)
+class SelectionSpec:
+    """Validation data of the opt-in hyperparameter search: an ID split and an OOD set, neither
+    of them a test set (``id_test`` or one of ``ood``)."""
+
+    validation_id: DatasetSpec
+    validation_ood: DatasetSpec
 
 
 @dataclass(frozen=True)
@@ -77,22 +101,26 @@ class SweepSpec:
 
 @dataclass(frozen=True)
 class DatasetSpec:
-    """A dataset: a registry name or a path, the label used in the results, an optional split column."""
+    """A dataset: a registry name or a path, the label used in the results, an optional split column,
+    and an optional group (e.g. ``near`` / ``far``) whose mean the report shows."""
 
     name: str
     label: str
     split_column: str | None = None
+    group: str | None = None
 
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """A model: backbone name, weights (one, or one per seed), kind, extraction options,
-    precomputed FeatureSet folders by dataset role/label, and an optional detector list."""
+    """A model: backbone name, weights (one, or one per seed), an optional linear-probe head file
+    (``oodeval probe``) for a frozen backbone, kind, extraction options, precomputed FeatureSet
+    folders by dataset role/label, and an optional detector list."""
 
     name: str
     label: str
     weights: tuple[str | None, ...]
     kind: str = "supervised"
+    head: str | None = None
     model_kwargs: dict = field(default_factory=dict)
     taps: bool | None = False
     patch_features: bool = False
@@ -126,6 +154,7 @@ class ExperimentConfig:
     retry_failed: bool = True
     seed_detectors: bool = False
     sweeps: tuple[SweepSpec, ...] = ()
+    selection: SelectionSpec | None = None
     id_classes: Path | None = None
     name: str = "experiment"
 
@@ -200,6 +229,7 @@ def _dataset(entry: Any, where: str, base: Path, split_column: str | None) -> Da
         _dataset_name(name, base),
         _typed(t, "label", str, where, _default_label(name)),
         _typed(t, "split_column", str, where, split_column),
+        _typed(t, "group", str, where),
     )
 
 
@@ -219,7 +249,15 @@ def _detector(entry: Any, where: str, known: set[str], base: Path, zeroshot: boo
     if zeroshot and _registry(True)[name].uses_negatives != (vocab is not None):
         raise _fail(where, f"{name!r} needs a `vocabulary` (a Vocabulary JSON or a text file)" if vocab is None
                     else f"{name!r} takes no vocabulary; only {', '.join(n for n, c in _registry(True).items() if c.uses_negatives)} do")
-    return DetectorSpec(name, dict(hp), _typed(t, "label", str, where, ""), None if vocab is None else str(_path(vocab, base)))
+    search = _typed(t, "search", dict, where, {})
+    _check_hyperparameters(name, search, where, zeroshot)
+    bad = sorted(k for k, v in search.items() if not isinstance(v, list) or not v)
+    if bad:
+        raise _fail(where, f"search values must be non-empty lists of candidates; bad: {', '.join(bad)}")
+    both = sorted(set(search) & set(hp))
+    if both:
+        raise _fail(where, f"{', '.join(both)} set both in hyperparameters and in search; give each in one place")
+    return DetectorSpec(name, dict(hp), _typed(t, "label", str, where, ""), None if vocab is None else str(_path(vocab, base)), dict(search))
 
 
 def _registry(zeroshot: bool) -> dict:
@@ -228,10 +266,9 @@ def _registry(zeroshot: bool) -> dict:
         from ..zeroshot.scorers import REGISTRY
 
         return REGISTRY
-    from .. import detectors as registry
+    from ..detectors import REGISTRY
 
-    registry._load()
-    return registry.REGISTRY
+    return REGISTRY
 
 
 def _check_hyperparameters(name: str, hp: dict, where: str, zeroshot: bool) -> None:
@@ -282,6 +319,7 @@ def _model(entry: Any, i: int, base: Path, n_seeds: int) -> ModelSpec:
         name=name,
         label=_typed(t, "label", str, where, name),
         weights=wt,
+        head=None if t.get("head") is None else str(_path(_typed(t, "head", str, where), base)),
         kind=kind,
         model_kwargs=dict(_typed(t, "model_kwargs", dict, where, {})),
         taps=_typed(t, "taps", bool, where, None),
@@ -310,6 +348,20 @@ def _sweep(entry: Any, i: int, base: Path) -> SweepSpec:
         scorer,
         dict(hp),
     )
+
+
+def _selection(value: Any, base: Path, id_test: DatasetSpec, ood: tuple[DatasetSpec, ...]) -> SelectionSpec | None:
+    if value is None:
+        return None
+    t = _check_keys(value, _SELECTION, "[selection]")
+    vid = _dataset(_typed(t, "validation_id", str, "[selection]", required=True), "[selection] validation_id", base, None)
+    vood = _dataset(_typed(t, "validation_ood", str, "[selection]", required=True), "[selection] validation_ood", base, None)
+    if vid.name == id_test.name:
+        raise _fail("[selection]", f"validation_id {vid.name!r} is the test ID set; choose hyperparameters on a separate ID split")
+    tests = {d.name for d in ood} | {d.label for d in ood}
+    if vood.name in tests or vood.label in tests:
+        raise _fail("[selection]", f"validation_ood {vood.name!r} is one of the test OOD sets; choose hyperparameters on a separate OOD set")
+    return SelectionSpec(replace(vid, label="validation_id"), replace(vood, label="validation_ood"))
 
 
 def _default_taps(model: ModelSpec, detectors: tuple[DetectorSpec, ...] | None) -> ModelSpec:
@@ -388,7 +440,7 @@ def load_config(source: str | Path | dict | ExperimentConfig, base_dir: str | Pa
     needs_train = [m.label for m in models if m.kind == "supervised"]
     if needs_train and id_train is None and not all("id_train" in m.features for m in models if m.kind == "supervised"):
         raise _fail("[datasets]", f"id_train is required to fit the detectors of supervised model(s) {', '.join(needs_train)}")
-    allowed_feats = set(_ROLES) | set(labels)
+    allowed_feats = set(_ROLES) | set(labels) | {"validation_id", "validation_ood"}
     for m in models:
         bad = sorted(k for k in set(m.features) - allowed_feats if not (k.startswith("text:") and m.kind == "zero-shot"))
         if bad:
@@ -398,6 +450,7 @@ def load_config(source: str | Path | dict | ExperimentConfig, base_dir: str | Pa
                 " or, for a zero-shot model, text:id / text:<vocabulary> label embeddings",
             )
     detectors = _detectors(t.get("detectors"), "detectors", base)
+    zeroshot = _detectors(t.get("zeroshot"), "zeroshot", base, zeroshot=True)
     models = tuple(_default_taps(m, detectors) for m in models)
     draws = _typed(t, "bootstrap_draws", int, "top level", 1000)
     if draws < 1:
@@ -405,14 +458,19 @@ def load_config(source: str | Path | dict | ExperimentConfig, base_dir: str | Pa
     batch = _typed(t, "batch_size", int, "top level", 64)
     if batch < 1:
         raise _fail("top level", f"batch_size must be positive, got {batch}")
+    selection = _selection(t.get("selection"), base, id_test, ood)
+    searching = [d.name for d in (detectors or ()) + tuple(d for m in models for d in (m.detectors or ())) + (zeroshot or ()) if d.search]
+    if searching and selection is None:
+        raise _fail("top level", f"detector(s) {', '.join(searching)} declare a search but there is no [selection] table with validation_id and validation_ood")
     return ExperimentConfig(
         models=models,
+        selection=selection,
         id_test=id_test,
         ood=ood,
         id_train=id_train,
         detectors=detectors,
         sweeps=tuple(_sweep(e, i, base) for i, e in enumerate(_typed(t, "sweeps", list, "top level", []))),
-        zeroshot=_detectors(t.get("zeroshot"), "zeroshot", base, zeroshot=True),
+        zeroshot=zeroshot,
         seeds=tuple(seeds),
         store=_path(_typed(t, "store", str, "top level", "store"), base),
         results=_path(_typed(t, "results", str, "top level", "results.parquet"), base),

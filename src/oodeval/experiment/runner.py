@@ -110,28 +110,40 @@ def _error_text(exc: BaseException) -> str:
 FeatureFn = Callable[[ModelSpec, "str | None", DatasetSpec, str, ExperimentConfig], FeatureSet]
 
 
+def _extract_options(model: ModelSpec, weights: str | None, cfg: ExperimentConfig) -> dict:
+    return {"weights": weights, "data_root": cfg.data_root, "batch_size": cfg.batch_size, "num_workers": cfg.num_workers,
+            "device": cfg.device, "model_kwargs": model.model_kwargs or None, "progress": True, "head": model.head}
+
+
 def extract_features(model: ModelSpec, weights: str | None, ds: DatasetSpec, role: str, cfg: ExperimentConfig) -> FeatureSet:
     """The FeatureSet of ``ds`` under ``model``: a precomputed folder named in the model's
-    ``features`` table (by role ``id_train`` / ``id_test`` or OOD label), else the store."""
+    ``features`` table (by role ``id_train`` / ``id_test`` or OOD label), else the store.
+    NAC taps (``model.taps``) are extracted for the test and OOD sets here; on ID train only
+    for NAC's fitting rows (:func:`nac_fit_features`). A supervised model's precomputed FeatureSet
+    that records no model is taken to come from its ``name`` (which picks the backbone defaults)."""
     if role in model.features:
-        return FeatureSet.load(model.features[role])
+        fs = FeatureSet.load(model.features[role])
+        if model.kind == "supervised":
+            fs.meta.setdefault("model", model.name)
+        return fs
     from ..features.extract import extract
 
-    path = extract(
-        model.name,
-        ds.name,
-        cfg.store,
-        weights=weights,
-        data_root=cfg.data_root,
-        taps=model.taps,
-        patch_features=model.patch_features,
-        batch_size=cfg.batch_size,
-        num_workers=cfg.num_workers,
-        device=cfg.device,
-        model_kwargs=model.model_kwargs or None,
-        progress=True,
-    )
+    taps = bool(model.taps) and role != "id_train"
+    path = extract(model.name, ds.name, cfg.store, taps=taps, patch_features=model.patch_features,
+                   **_extract_options(model, weights, cfg))  # fmt: skip
     return FeatureSet.load(path)
+
+
+def nac_fit_features(run: _Run, cfg: ExperimentConfig, n_fit: int | None, seed: int) -> FeatureSet:
+    """The tapped ID-train rows NAC fits on (``extract_nac_fit``), extracted once per (n_fit, seed)."""
+    key = f"nac-fit/{n_fit}/{seed}"
+    if key not in run.feats:
+        from ..features.extract import extract_nac_fit
+
+        path = extract_nac_fit(run.model.name, cfg.id_train.name, cfg.store, n_fit=n_fit, seed=seed,
+                               **_extract_options(run.model, run.weights, cfg))  # fmt: skip
+        run.feats[key] = FeatureSet.load(path)
+    return run.feats[key]
 
 
 def split_values(fs: FeatureSet, ds: DatasetSpec, cfg: ExperimentConfig) -> np.ndarray | None:
@@ -169,26 +181,39 @@ def _split_masks(values: np.ndarray | None, column: str | None) -> dict[str, np.
 
 # ---------------------------------------------------------------------------- scorers
 class _Scorer:
-    """fit(train) / score(fs) over a post-hoc detector or a zero-shot scorer."""
+    """fit(train) / score(fs) over a post-hoc detector or a zero-shot scorer.
 
-    def __init__(self, model: ModelSpec, spec: DetectorSpec, hp: dict, context: dict) -> None:
+    A post-hoc detector takes the backbone defaults of ``source`` (the FeatureSet whose metadata
+    names the model) under the explicit ``hp``; ``resolved`` is the JSON of every hyperparameter
+    it runs with."""
+
+    def __init__(self, model: ModelSpec, spec: DetectorSpec, hp: dict, context: dict, source: FeatureSet | None = None) -> None:
         self.model, self.spec, self.hp, self.context = model, spec, hp, context
+        self.resolved = hp_json(hp)
         if model.kind == "supervised":
             from .. import detectors
+            from ..detectors.defaults import resolve_defaults
 
             try:
-                self.det = detectors.create(spec.name, **hp)
+                self.det = detectors.create(spec.name, **resolve_defaults(spec.name, source, hp))
             except TypeError as exc:
                 raise ValueError(f"detector {spec.name!r} rejects hyperparameters {hp}: {exc}") from exc
             self.fit_needs = self.det.fit_needs
+            self.resolved = hp_json(self.det.get_params())
+
+    def _view(self, fs: FeatureSet | None) -> FeatureSet | None:
+        """A K+1 (CnC) model's first K logits for every detector but ``cnc``, as ``cnc evaluate`` does."""
+        from ..cnc.evaluate import id_view
+
+        return fs if fs is None or self.spec.name == "cnc" else id_view(fs)
 
     def fit(self, train: FeatureSet | None) -> None:
         if self.model.kind == "supervised":
-            self.det.fit(train)
+            self.det.fit(self._view(train))
 
     def score(self, fs: FeatureSet) -> np.ndarray:
         if self.model.kind == "supervised":
-            return self.det.score(fs)
+            return self.det.score(self._view(fs))
         from .zeroshot import zeroshot_scores
 
         return zeroshot_scores(self.spec, self.hp, fs, self.context)
@@ -218,6 +243,9 @@ def _id_accuracy(model: ModelSpec, fs: FeatureSet, context: dict) -> float:
     if not (fs.labels >= 0).any():
         return float("nan")
     if model.kind == "supervised":
+        from ..cnc.evaluate import id_view
+
+        fs = id_view(fs)  # a K+1 (CnC) model: argmax over the first K logits
         return accuracy(fs.logits, fs.labels) if fs.logits is not None else float("nan")
     from .zeroshot import zeroshot_logits
 
@@ -249,17 +277,17 @@ def _specs_for(run: _Run, cfg: ExperimentConfig) -> list[DetectorSpec]:
         test = run.feats.get("id_test")
         if test is None:
             return []
-        return [DetectorSpec(n) for n in detectors.supported(run.feats.get("id_train"), test)]
+        names = detectors.supported(run.feats.get("id_train"), test)
+        if _taps_nac_fit_rows(run, run.feats.get("id_train")) and detectors.supported(test, test, ["nac"]):
+            names = [n for n in detectors.names() if n in names or n == "nac"]  # NAC fits on its own tapped rows
+        return [DetectorSpec(n) for n in names]
     from .zeroshot import default_zeroshot_specs
 
-    return default_zeroshot_specs(run.feats.get("id_test"))
+    return default_zeroshot_specs()
 
 
 def _hp_key(spec: DetectorSpec) -> str:
-    hp = dict(spec.hyperparameters)
-    if spec.vocabulary is not None:
-        hp["vocabulary"] = spec.vocabulary
-    return hp_json(hp)
+    return spec.result_key
 
 
 def _cell_key(run: _Run, spec: DetectorSpec, dataset: str, split: str, seed: int) -> tuple:
@@ -271,6 +299,8 @@ def _plan_run(run: _Run, cfg: ExperimentConfig, features: FeatureFn) -> None:
     if run.model.kind == "supervised" and (cfg.id_train is not None or "id_train" in run.model.features):
         roles.insert(0, ("id_train", cfg.id_train or DatasetSpec("id_train", "id_train")))
     roles += [(d.label, d) for d in cfg.ood]
+    if cfg.selection is not None and any(s.search for s in cfg.detectors_for(run.model) or ()):
+        roles += [("validation_id", cfg.selection.validation_id), ("validation_ood", cfg.selection.validation_ood)]
     for role, ds in roles:
         try:
             run.feats[role] = features(run.model, run.weights, ds, role, cfg)
@@ -284,7 +314,7 @@ def _plan_run(run: _Run, cfg: ExperimentConfig, features: FeatureFn) -> None:
         from .zeroshot import build_context
 
         try:
-            run.context = build_context(run.model, run.weights, cfg)
+            run.context = build_context(run.model, run.weights, cfg, run.feats)
         except Exception as exc:  # noqa: BLE001
             run.errors["id_test"] = f"zero-shot text side failed: {_error_text(exc)}"
     try:
@@ -329,6 +359,13 @@ def _settled(
                         return None
                     n += parts
     return n
+
+
+def _current(table: pd.DataFrame) -> pd.DataFrame:
+    """The rows that count as done: a post-hoc cell recorded without its resolved hyperparameters
+    predates per-backbone defaults (it may have run with other values), so it is computed again."""
+    stale = (table["status"] == "ok") & (table["kind"] == "supervised") & table["hyperparameters_resolved"].isna()
+    return table[~stale.fillna(False).astype(bool)]
 
 
 def _row(key: tuple, **values) -> dict:
@@ -388,7 +425,7 @@ def pending_units(cfg: ExperimentConfig) -> tuple[list[Unit], int]:
     lists the detectors, else one per model run), known without loading any features, and the
     number of cells already done outside them."""
     table = load_results(cfg.results)
-    done = done_keys(table, include_errors=not cfg.retry_failed)
+    done = done_keys(_current(table), include_errors=not cfg.retry_failed)
     split_done = _split_cells(done)
     runs, settled = _model_runs(cfg, done, split_done)
     units: list[Unit] = []
@@ -424,7 +461,7 @@ def run_units(
     from tqdm.auto import tqdm
 
     table = load_results(cfg.results)
-    done = done_keys(table, include_errors=not cfg.retry_failed)
+    done = done_keys(_current(table), include_errors=not cfg.retry_failed)
     summary = RunSummary(results=cfg.results)
     split_done = _split_cells(done)
     runs, settled_cells = _model_runs(cfg, done, split_done)
@@ -503,8 +540,13 @@ def _failed_kept(table: pd.DataFrame, cfg: ExperimentConfig) -> int:
 
 
 def _base_info(run: _Run, spec: DetectorSpec, cfg: ExperimentConfig) -> dict:
+    from ..detectors.defaults import backbone_family
+
+    source = run.feats.get("id_train", run.feats.get("id_test"))
     return {
         "kind": run.model.kind,
+        "backbone": backbone_family(source.meta.get("model") if source is not None else run.model.name),
+        "hyperparameters_resolved": None,
         "label": spec.display,
         "vocabulary": vocabulary_label(spec.vocabulary),
         "id_train": cfg.id_train.label if cfg.id_train else None,
@@ -517,6 +559,16 @@ def _base_info(run: _Run, spec: DetectorSpec, cfg: ExperimentConfig) -> dict:
 def _run_detector(run: _Run, spec: DetectorSpec, cells: list, cfg: ExperimentConfig, record, summary: RunSummary) -> None:
     """Fit once per distinct (seeded) hyperparameter set, score once per dataset, evaluate every cell."""
     info = _base_info(run, spec, cfg)
+    if spec.search and not run.errors.get("id_test"):
+        from .validation import choose_on_validation
+
+        t0 = time.perf_counter()
+        try:
+            spec, info["selection"] = choose_on_validation(run, spec, cfg)
+        except Exception as exc:  # noqa: BLE001 - recorded, the grid goes on
+            for key, _, _, _ in cells:
+                record(_row(key, status="error", error=f"validation search failed: {_error_text(exc)}", seconds=time.perf_counter() - t0, **info))
+            return
     by_hp: dict[str, tuple[dict, list]] = {}
     for cell in cells:
         hp = _seeded_hp(run.model, spec, cell[3], cfg.seed_detectors)
@@ -528,6 +580,7 @@ def _run_detector(run: _Run, spec: DetectorSpec, cells: list, cfg: ExperimentCon
 
     for hpj, (hp, hp_cells) in by_hp.items():
         t0 = time.perf_counter()
+        info["hyperparameters_resolved"] = None
         if spec.name == "*":
             fail(hp_cells, run.errors.get("id_test") or "no detector applies to these features", t0)
             continue
@@ -536,8 +589,12 @@ def _run_detector(run: _Run, spec: DetectorSpec, cells: list, cfg: ExperimentCon
             fail(hp_cells, blocking, t0)
             continue
         try:
-            scorer = _Scorer(run.model, spec, hp, run.context)
             train = run.feats.get("id_train")
+            scorer = _Scorer(run.model, spec, hp, run.context, train if train is not None else run.feats.get("id_test"))
+            if spec.name == "nac" and _taps_nac_fit_rows(run, train):
+                train = nac_fit_features(run, cfg, scorer.det.n_fit, scorer.det.seed)
+                scorer = _Scorer(run.model, spec, hp, run.context, train)  # its layer defaults follow the tapped layers
+            info["hyperparameters_resolved"] = scorer.resolved
             if run.model.kind == "supervised" and scorer.fit_needs and train is None:
                 raise RuntimeError(run.errors.get("id_train", "no ID-train features to fit on"))
             scorer.fit(train)
@@ -585,6 +642,13 @@ def _run_detector(run: _Run, spec: DetectorSpec, cells: list, cfg: ExperimentCon
                 except Exception as exc:  # noqa: BLE001
                     log.debug("cell %s failed\n%s", key, traceback.format_exc())
                     record(_row(key, status="error", error=_error_text(exc), seconds=time.perf_counter() - t2, **info))
+
+
+def _taps_nac_fit_rows(run: _Run, train: FeatureSet | None) -> bool:
+    """Whether NAC's fitting rows must be extracted with taps: an extracted (not precomputed) ID
+    train set of a model with taps, which therefore holds no NAC states of its own."""
+    return (run.model.kind == "supervised" and bool(run.model.taps) and train is not None
+            and "id_train" not in run.model.features and not train.extras_with_prefix("nac/"))  # fmt: skip
 
 
 def _evaluate(id_scores: np.ndarray, ood: np.ndarray, seed: int, draws: int, fixed_id: bool = True) -> dict:

@@ -17,10 +17,7 @@ import numpy as np
 from ..features import FeatureSet
 from .config import DetectorSpec, ExperimentConfig, ModelSpec
 
-__all__ = ["run_sweeps", "build_context", "zeroshot_scores", "zeroshot_logits", "default_zeroshot_specs", "vocabulary_label", "LOGIT_SPACE"]
-
-#: the seven logit-space scorers of the paper's Tab. 1 (zero-shot rows)
-LOGIT_SPACE = ("mcm", "maxlogit", "energy", "gen", "entropy", "margin", "gl_mcm")
+__all__ = ["run_sweeps", "build_context", "zeroshot_scores", "zeroshot_logits", "default_zeroshot_specs", "vocabulary_label"]
 
 
 def _unit(x: np.ndarray) -> np.ndarray:
@@ -29,16 +26,17 @@ def _unit(x: np.ndarray) -> np.ndarray:
 
 
 def _class_names(cfg: ExperimentConfig) -> list[str]:
-    if cfg.id_classes is not None:
-        from ..zeroshot.build import read_id_names
+    """``[datasets] id_classes`` (a file or ``imagenet1k``), else the ID-test manifest's names (wnids mapped)."""
+    from ..zeroshot.build import prompt_names, read_id_names
 
+    if cfg.id_classes is not None:
         return read_id_names(str(cfg.id_classes))[0]
     from ..data import resolve
 
     names = list(resolve(cfg.id_test.name, cfg.data_root).class_names or [])
     if not names:
         raise ValueError("zero-shot models need the ID class names: set [datasets] id_classes to a text file (one per line) or 'imagenet1k'")
-    return names
+    return prompt_names(names, f"the class names of {cfg.id_test.name!r} (set [datasets] id_classes to override)")
 
 
 def _encoder(model: ModelSpec, weights: str | None, cfg: ExperimentConfig):
@@ -67,17 +65,22 @@ def vocabulary_label(name: str | None) -> str | None:
     return Path(name).stem if ("/" in name or "." in Path(name).name) else name
 
 
-def build_context(model: ModelSpec, weights: str | None, cfg: ExperimentConfig) -> dict:
+def build_context(model: ModelSpec, weights: str | None, cfg: ExperimentConfig, images: dict[str, FeatureSet] | None = None) -> dict:
     """``{"id_text": (C, E), "vocab": callable(name) -> (M, E) | None}`` for a zero-shot model run.
 
     Label embeddings come from the model's ``features`` table when given there as ``.npy`` files
-    (``text:id``; ``text:<vocabulary>``), else from the model's text tower (cached under the store).
+    (``text:id``; ``text:<vocabulary>``), else from the model's text tower (cached under the store),
+    after checking that it is the model that made the image features ``images`` (``check_same_model``).
     """
     state: dict = {}
 
     def encode(labels: list[str]) -> np.ndarray:
         if "encoder" not in state:
-            state["encoder"] = _encoder(model, weights, cfg)
+            from ..zeroshot.text import check_same_model
+
+            enc = _encoder(model, weights, cfg)
+            check_same_model(enc.key["text_tower"], images or {})
+            state["encoder"] = enc
         return state["encoder"].encode(labels, progress=True)
 
     if "text:id" in model.features:
@@ -101,37 +104,28 @@ def build_context(model: ModelSpec, weights: str | None, cfg: ExperimentConfig) 
 
 
 def zeroshot_scores(spec: DetectorSpec, hp: dict, fs: FeatureSet, context: dict) -> np.ndarray:
-    """Scores of zero-shot scorer ``spec`` on image embeddings ``fs`` (normalised here)."""
+    """Scores of zero-shot scorer ``spec`` on image embeddings ``fs``, streamed from the store in
+    chunks and l2-normalised chunk by chunk (``ZeroShotScorer.score(normalize=True)``)."""
     from ..zeroshot.scorers import create
 
     scorer = create(spec.name, **hp)
-    fs.check_finite(["features"] + [f"extra:{k}" for k in fs.extras if k == "patch_features"], spec.name)
-    image = FeatureSet(features=_unit(fs.features), labels=fs.labels, extras=_normalised_extras(fs))
+    fs.check_finite(list(scorer.needs), spec.name)
     negatives = context["vocab"](spec.vocabulary) if scorer.uses_negatives else None
     if scorer.uses_negatives and negatives is None:
         raise ValueError(f"zero-shot scorer {spec.name!r} needs a vocabulary (set `vocabulary` in its table)")
-    return scorer.score(image, context["id_text"], negatives)
+    return scorer.score(fs, context["id_text"], negatives, normalize=True)
 
 
-def _normalised_extras(fs: FeatureSet) -> dict:
-    out = {}
-    if "patch_features" in fs.extras:
-        out["patch_features"] = _unit(fs.extras["patch_features"])
-    return out
+def zeroshot_logits(fs: FeatureSet, context: dict, rows: int = 8192) -> np.ndarray | None:
+    """Cosine similarities (N, C) float32 to the ID label embeddings (argmax = the zero-shot prediction),
+    computed in chunks of ``rows`` streamed image rows."""
+    from ..features.stream import iter_chunks
 
-
-def zeroshot_logits(fs: FeatureSet, context: dict) -> np.ndarray | None:
-    """Cosine similarities to the ID label embeddings (argmax = the zero-shot prediction)."""
     if "id_text" not in context:
         return None
-    return _unit(fs.features) @ context["id_text"].T
-
-
-def default_zeroshot_specs(id_test: FeatureSet | None) -> list[DetectorSpec]:
-    """The logit-space scorers the image FeatureSet supports (gl_mcm only with patch features)."""
-    out = [DetectorSpec(n) for n in LOGIT_SPACE if n != "gl_mcm"]
-    if id_test is not None and "patch_features" in id_test.extras:
-        out.append(DetectorSpec("gl_mcm"))
+    out = np.empty((len(fs), len(context["id_text"])), np.float32)
+    for part, chunk in iter_chunks({"features": fs.features}, rows):
+        out[part] = _unit(chunk["features"]) @ context["id_text"].T
     return out
 
 
@@ -144,6 +138,14 @@ def _sweep_key(sweep, model: ModelSpec) -> str:
     files = [sweep.vocabulary, model.features.get(f"text:{vocabulary_label(sweep.vocabulary)}")]
     hashes = [file_hash(f) if f and Path(f).is_file() else f for f in files]
     return hash_json([hashes, list(sweep.sizes), sweep.scorer, sweep.hyperparameters])
+
+
+def default_zeroshot_specs() -> list[DetectorSpec]:
+    """The seven logit-space scorers of Tab. 1. gl_mcm is always listed: on features without patch
+    features its cells are recorded as errors saying why (never dropped silently)."""
+    from ..zeroshot.scorers import names
+
+    return [DetectorSpec(n) for n in names("logit")]
 
 
 def run_sweeps(model: ModelSpec, feats: dict[str, FeatureSet], context: dict, errors: dict, cfg: ExperimentConfig, summary) -> None:

@@ -2,14 +2,17 @@
 
 Model names: ``timm:<name>`` or a plain ``<name>`` is a timm model; ``open_clip:<arch>`` or
 ``open_clip:<arch>@<pretrained tag>`` an open_clip model (the tag fixes the preprocessing: mean,
-std, interpolation, resize mode, QuickGELU). Weights come from a local file (safetensors, or a
+std, interpolation, resize mode, QuickGELU); ``hf:<repo id or folder>`` a Hugging Face ``transformers``
+image-text model (AIMv2, see ``features.hf``). Weights come from a local file (safetensors, or a
 torch checkpoint read with ``torch.load(weights_only=True)``, never unpickled code) or, only with
 ``pretrained=True``, from the hub. Outputs per batch:
 
 - timm: ``features`` = pre-logits ``forward_head(forward_features(x), pre_logits=True)``,
   ``logits`` = the model's own head on them; the head (W, b) is the ``get_classifier()`` Linear.
   A model without a classifier (``num_classes=0``, e.g. DINOv2) gives features only.
-- open_clip: ``features`` = l2-normalised image embeddings; no logits and no head.
+- open_clip / hf: ``features`` = l2-normalised image embeddings; no logits and no head.
+  ``info["text_tower"]`` is the fingerprint of the text tower's parameters (``text_tower_fingerprint``),
+  recorded with extracted features so label embeddings are checked to come from the same model.
 - either, with a probe head file (``oodeval probe``): logits = features @ W.T + b.
 """
 
@@ -28,13 +31,22 @@ from torch import nn
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Backbone", "load_backbone", "load_open_clip", "load_state_dict_file", "load_head", "save_head", "file_hash", "parse_model_name"]
+__all__ = ["Backbone", "full_precision", "load_backbone", "load_open_clip", "load_state_dict_file", "load_head", "save_head", "file_hash",
+           "parse_model_name", "text_tower_fingerprint"]
+
+#: state-dict name prefixes of image-tower parameters (open_clip ``visual.``; transformers
+#: ``vision_model.`` / ``visual_projection.``, also under oodeval's ``hf.`` wrapper)
+_IMAGE_PREFIXES = ("visual.", "vision_model.", "visual_projection.", "hf.vision_model.", "hf.visual_projection.")
 
 
 def parse_model_name(model: str) -> tuple[str, str, str | None]:
-    """``(kind, name, tag)`` for ``timm:<name>``, ``<name>``, ``open_clip:<arch>[@<tag>]``, and
-    ``package.module:factory`` (kind ``python``: user code returning an ``nn.Module``, see
-    :mod:`oodeval.features.module`)."""
+    """``(kind, name, tag)`` for ``timm:<name>``, ``<name>``, ``open_clip:<arch>[@<tag>]``, ``hf:<repo or folder>``
+    (a transformers VLM, :mod:`oodeval.features.hf`), and ``package.module:factory`` (kind ``python``: user
+    code returning an ``nn.Module``, see :mod:`oodeval.features.module`)."""
+    if model.startswith("hf:"):
+        if not model[3:]:
+            raise ValueError(f"model {model!r}: no Hugging Face repo id or folder after 'hf:'")
+        return "hf", model[3:], None
     if model.startswith("open_clip:"):
         arch = model[len("open_clip:") :]
         arch, _, tag = arch.partition("@")
@@ -48,6 +60,14 @@ def parse_model_name(model: str) -> tuple[str, str, str | None]:
     if not model:
         raise ValueError("empty model name")
     return "timm", model, None
+
+
+def text_tower_fingerprint(model: nn.Module) -> str:
+    """Hash of a VLM's text-side parameters and buffers (everything but the image tower; random init included)."""
+    from .._io import hash_arrays
+
+    return hash_arrays({name: t.detach().to("cpu", torch.float32).numpy() for name, t in model.state_dict().items()
+                        if not name.startswith(_IMAGE_PREFIXES)})
 
 
 def file_hash(path: str | Path) -> str:
@@ -161,33 +181,44 @@ class Backbone:
         return self
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
-        """Pre-logits (timm) or l2-normalised image embeddings (open_clip)."""
-        if self.kind == "open_clip":
+        """Pre-logits (timm) or l2-normalised image embeddings (open_clip, hf)."""
+        if self.kind in ("open_clip", "hf"):
             return self.model.encode_image(x, normalize=True)
         return self.model.forward_head(self.model.forward_features(x), pre_logits=True)
 
     def logits_from(self, feats: torch.Tensor) -> torch.Tensor | None:
-        """The head applied to features: the probe's if attached, else timm's own classifier."""
-        if self._probe is not None:
-            w, b = self._probe
-            return feats.float() @ w.T + b
-        if self.kind != "timm":
-            return None
-        if self.info.get("linear_head"):
-            return self.model.get_classifier()(feats)
+        """The head applied to features in float32 (autocast off): the probe's if attached, else
+        timm's own Linear classifier."""
+        with full_precision(feats):
+            feats = feats.float()
+            if self._probe is not None:
+                w, b = self._probe
+                return feats @ w.T + b
+            if self.kind != "timm":
+                return None
+            if self.info.get("linear_head"):
+                return self.model.get_classifier()(feats)
         if self.info.get("classifier"):
             raise ValueError(f"{self.name}: logits from features need a Linear classifier; use forward()")
         return None
 
     def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor | None]:
+        """Features and logits, float32. Under autocast only the trunk runs in low precision: the
+        head (timm's ``forward_head``: pooling, final norm, classifier) runs in float32 on the
+        float32 trunk output, so logits are the float32 head applied to the stored features."""
         if self.kind == "timm" and self._probe is None and self.info.get("classifier"):
             feats_map = self.model.forward_features(x)
-            feats = self.model.forward_head(feats_map, pre_logits=True)
-            logits = self.model.forward_head(feats_map)
-            if self.info.get("linear_head") and not self.info.get("head_checked"):
-                self._check_linear_head(feats, logits)
+            with full_precision(feats_map):
+                feats_map = feats_map.float()
+                feats = self.model.forward_head(feats_map, pre_logits=True)
+                if self.info.get("linear_head") and not self.info.get("head_checked"):
+                    self._check_linear_head(feats, self.model.forward_head(feats_map))
+                if self.info.get("linear_head"):
+                    logits = self.model.get_classifier()(feats)
+                else:
+                    logits = self.model.forward_head(feats_map)
         else:
-            feats = self.features(x)
+            feats = self.features(x).float()
             logits = self.logits_from(feats)
         return {"features": feats.float(), "logits": None if logits is None else logits.float()}
 
@@ -210,6 +241,11 @@ class Backbone:
         dev = next(self.model.parameters()).device
         self._probe = (torch.from_numpy(w).to(dev), torch.from_numpy(b).to(dev))
         self.info["head"] = str(path)
+
+
+def full_precision(t: torch.Tensor):
+    """A context that turns autocast off on ``t``'s device (the head runs in float32)."""
+    return torch.autocast(device_type=t.device.type, enabled=False)
 
 
 def _timm_head(model: nn.Module) -> tuple[np.ndarray | None, np.ndarray | None, bool]:
@@ -317,6 +353,7 @@ def _load(model: str, kind: str, name: str, tag: str | None, weights, pretrained
                 "transform": repr(preprocess)}
         bb = Backbone(net, "open_clip", model, preprocess, prep, "RGB", tokenizer=tokenizer,
                       info={"feature_dim": int(getattr(visual, "output_dim", 0)) or None})
+        bb.info["text_tower"] = text_tower_fingerprint(net)
     elif kind == "python":
         from .module import load_factory, module_backbone
 
@@ -324,6 +361,14 @@ def _load(model: str, kind: str, name: str, tag: str | None, weights, pretrained
         if weights is not None:
             _load_into(net, weights)
         bb = module_backbone(net, transform, name=model)
+    elif kind == "hf":
+        if model_kwargs:
+            raise ValueError("model_kwargs apply to timm models only")
+        from .hf import load_hf
+
+        net, transform, tokenizer, prep = load_hf(name, weights, pretrained)
+        bb = Backbone(net, "hf", model, transform, prep, "RGB", tokenizer=tokenizer,
+                      info={"feature_dim": int(net.hf.config.projection_dim), "text_tower": text_tower_fingerprint(net)})
     else:
         bb = _load_timm(name, None if weights is None else str(weights), pretrained, dict(model_kwargs or {}))
     bb.info["weights"] = None if weights is None else str(weights)

@@ -30,7 +30,7 @@ from . import store as st
 from .backbones import Backbone, file_hash, load_backbone, parse_model_name
 from .preprocess import SplitTransform, split_transform
 
-__all__ = ["extract", "entry_key", "ManifestDataset"]
+__all__ = ["extract", "extract_nac_fit", "entry_key", "ManifestDataset"]
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +145,7 @@ class _Runner:
                 if self.patch:
                     from .valuepath import image_and_patch_features
 
-                    feats, patches = image_and_patch_features(self.bb.model.visual, x)
+                    feats, patches = image_and_patch_features(self.bb.model, x)
                     out = {"features": feats.float(), "logits": self.bb.logits_from(feats.float()), "patch_features": patches.float()}
                 else:
                     out = dict(self.bb.forward(x))
@@ -192,7 +192,7 @@ def extract(
     ``dataset``: a Manifest, registry name, ``NAME:SPLIT``, image folder or CSV (see
     :func:`oodeval.data.resolve`). ``taps``: record NAC states (``extras['nac/<layer>']``, layers
     from :func:`oodeval.features.taps.default_nac_layers` unless ``nac_layers``). ``patch_features``:
-    open_clip ViT value-path patch features (``extras['patch_features']``). ``head``: a probe head
+    VLM value-path patch features (GL-MCM; ``features.valuepath``) (``extras['patch_features']``). ``head``: a probe head
     file whose logits/weight/bias replace the model's own. ``amp``: bf16 autocast, default on CUDA only.
     ``shard_size``: rows per shard for a new entry (a resumed entry keeps its own). A manifest row
     whose file does not exist is a FileNotFoundError unless ``skip_missing`` (then it is skipped and
@@ -218,10 +218,10 @@ def extract(
         raise ValueError("transform, classifier and feature_layer apply to an nn.Module model, not to a model name")
     else:
         kind, _, _ = parse_model_name(model)
-    if patch_features and kind != "open_clip":
-        raise ValueError("patch_features apply to open_clip ViT models only")
-    if taps and (kind == "open_clip" or head is not None):
-        raise ValueError("taps (NAC states) need a classifier with its own head (no open_clip, no probe head)")
+    if patch_features and kind not in ("open_clip", "hf"):
+        raise ValueError("patch_features apply to VLM image towers only (open_clip:..., hf:...)")
+    if taps and (kind in ("open_clip", "hf") or head is not None):
+        raise ValueError("taps (NAC states) need a classifier with its own head (no VLM, no probe head)")
     manifest = dataset if isinstance(dataset, Manifest) else resolve(dataset, data_root, strict=strict)
     if len(manifest) == 0:
         raise ValueError(f"dataset {manifest.name!r} has no images")
@@ -271,6 +271,34 @@ def extract(
             dist.destroy_process_group()
 
 
+def extract_nac_fit(
+    model: str,
+    dataset: str | os.PathLike | Manifest,
+    store: str | os.PathLike,
+    *,
+    n_fit: int | None,
+    seed: int = 0,
+    data_root: str | os.PathLike | None = None,
+    strict: bool = True,
+    **options,
+) -> Path:
+    """NAC's fitting set: only the ID-train rows NAC fits on, extracted with taps (cached).
+
+    NAC's states need a backward pass per image; fitting reads ``n_fit`` class-balanced rows
+    (:func:`oodeval.detectors.nac.fit_rows` with ``seed``), so only those are tapped, not the whole
+    training set. The rows are chosen in manifest order, so they are the rows NAC picks from a
+    full tapped extraction of the same manifest when no image is unreadable. Fit NAC on the result
+    with the same ``n_fit`` (it holds at most ``n_fit`` rows, all of which are used). ``options``
+    are :func:`extract`'s (``taps`` is implied).
+    """
+    from ..detectors.nac import fit_rows
+
+    manifest = dataset if isinstance(dataset, Manifest) else resolve(dataset, data_root, strict=strict)
+    rows = fit_rows(manifest.labels, n_fit, seed)
+    name = f"{manifest.name}.nac-fit-{n_fit}-seed{seed}" if rows.size < len(manifest) else manifest.name
+    return extract(model, manifest.subset(rows, name=name), store, taps=True, **options)
+
+
 @dataclass
 class _Job:
     """Everything one extraction run needs (see :func:`extract` for the meaning of each option)."""
@@ -316,9 +344,10 @@ def _run(job: _Job) -> Path:
     bb.to(dev)
     split = split_transform(bb.transform)
     layers = None
-    if job.taps:
-        from .taps import default_nac_layers
+    from .taps import default_nac_layers, vit_depth
 
+    depth = vit_depth(bb.model) if bb.kind == "timm" else None
+    if job.taps:
         layers = list(job.nac_layers) if job.nac_layers else list(default_nac_layers(bb.model))
     if mine:
         if done:
@@ -371,9 +400,9 @@ def _run(job: _Job) -> Path:
             "preprocessing": {**bb.preprocessing, "tensor_tail_batched": split is not None},
             "image_mode": bb.image_mode, "dataset": manifest.name,
             "manifest_hash": manifest.content_hash(), "class_names": manifest.class_names, "key": job.key,
-            "taps": layers, "patch_features": job.patch_features, "precision": "bf16" if job.amp else "fp32",
+            "taps": layers, "depth": depth, "patch_features": job.patch_features, "precision": "bf16" if job.amp else "fp32",
             "device": dev.type, "world_size": world, "role": manifest.meta.get("role"),
-            "timing_rank0": timing,
+            "timing_rank0": timing, "text_tower": bb.info.get("text_tower"),
         }
         try:
             st.assemble(partial, n_shards, job.entry, manifest, meta, head=(bb.weight, bb.bias) if bb.weight is not None else None)

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from .._io import atomic_folder, hash_arrays
+from .stream import iter_chunks
 
 __all__ = ["FeatureSet", "FIELDS"]
 
@@ -45,11 +46,10 @@ def _nonfinite(arrays: dict[str, np.ndarray], chunk_elements: int = 1 << 24) -> 
         rows = max(1, chunk_elements // max(1, arr.size // max(1, arr.shape[0] if arr.ndim else 1)))
         flat = arr.reshape(1, -1) if arr.ndim < 2 else arr
         count, first = 0, None
-        for start in range(0, flat.shape[0], rows):
-            chunk = np.asarray(flat[start : start + rows])
-            if np.isfinite(chunk.sum()):  # NaN/inf propagate: a finite sum means every value is finite
+        for part, chunk in iter_chunks({"a": flat}, rows):  # file reads: a memmap's pages do not pile up
+            if np.isfinite(chunk["a"].sum()):  # NaN/inf propagate: a finite sum means every value is finite
                 continue
-            bad = ~np.isfinite(chunk)
+            start, bad = part.start, ~np.isfinite(chunk["a"])
             if bad.any():
                 per_row = bad.reshape(bad.shape[0], -1).sum(axis=1)
                 count += int(per_row.sum())

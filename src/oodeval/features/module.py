@@ -19,6 +19,7 @@ network needs its own 32-px normalisation; no ImageNet default is guessed).
 from __future__ import annotations
 
 import importlib
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -27,7 +28,9 @@ import torch
 from torch import nn
 
 from .._io import hash_arrays
-from .backbones import Backbone
+from .backbones import Backbone, full_precision
+
+log = logging.getLogger(__name__)
 
 __all__ = ["ModuleBackbone", "module_backbone", "module_fingerprint", "load_factory"]
 
@@ -82,18 +85,36 @@ class ModuleBackbone(Backbone):
             logits = self.logits_from(feats)
         elif not isinstance(logits, torch.Tensor) or logits.ndim != 2:
             raise ValueError(f"{self.name}: the model must return logits (B, C), got {type(logits).__name__}")
+        elif self.info.get("linear_head"):
+            logits = self._head_logits(feats, logits)
         return {"features": feats.float(), "logits": logits.float()}
+
+    def _head_logits(self, feats: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """The Linear head in float32 on the features (whatever the trunk's autocast). Checked once
+        against the module's own output (within 2 bf16 ulps of its scale); a module that changes
+        its head's output keeps its output as logits, and its weight/bias are dropped."""
+        again = self.logits_from(feats)
+        if not self.info.get("head_checked"):
+            self.info["head_checked"] = True
+            if not torch.allclose(again, out.float(), rtol=0, atol=2.0**-7 * float(out.abs().max()) + 1e-6):
+                log.warning("%s: its output is not its head applied to the features; keeping the output, dropping weight/bias", self.name)
+                self.weight = self.bias = None
+                self.info["linear_head"] = False
+                return out
+        return again
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward(x)["features"]
 
     def logits_from(self, feats: torch.Tensor) -> torch.Tensor | None:
-        if self._probe is not None:
-            w, b = self._probe
-            return feats.float() @ w.T + b
-        if self.weight is None:
-            return None
-        return self.model.get_submodule(self.head_name)(feats)
+        """The probe's or the module's Linear head on ``feats``, in float32 (autocast off)."""
+        with full_precision(feats):
+            if self._probe is not None:
+                w, b = self._probe
+                return feats.float() @ w.T + b
+            if self.weight is None:
+                return None
+            return self.model.get_submodule(self.head_name)(feats.float())
 
     @property
     def classifier(self) -> nn.Module | None:

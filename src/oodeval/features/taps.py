@@ -16,7 +16,8 @@ scaled by sigmoid"). The sigmoid steepness alpha stays a detector hyperparameter
 Layers are module names of the model, plus the reserved name ``pre_logits``: the input of the
 classifier (``model.get_classifier()``), i.e. the pooled penultimate feature - for a ResNet the
 release's ``avgpool`` layer. :func:`default_nac_layers` gives the release's ImageNet choice for
-ResNets (avgpool, layer3, layer2, layer1) and the same rule for other timm nets.
+ResNets (avgpool, layer3, layer2, layer1) and ViTs (final norm, ``ln_2`` of the last three
+blocks), and the ResNet rule for other timm nets.
 """
 
 from __future__ import annotations
@@ -26,23 +27,36 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-__all__ = ["PRE_LOGITS", "NacPass", "default_nac_layers", "forward_with_nac", "nac_states", "pool_state"]
+__all__ = ["PRE_LOGITS", "NacPass", "default_nac_layers", "vit_depth", "forward_with_nac", "nac_states", "pool_state"]
 
 #: reserved layer name: the classifier's input (pooled penultimate feature)
 PRE_LOGITS = "pre_logits"
 
 
 def default_nac_layers(model: nn.Module) -> list[str]:
-    """NAC layers for a timm model, deepest first.
+    """NAC layers for a timm model, deepest first (the NAC release's choice where it has one).
 
-    Rule: ``pre_logits`` plus the outputs of the three feature stages before the last one, from
-    timm's ``feature_info`` (module names). For ResNets this is the NAC release's ImageNet
-    choice ``avgpool, layer3, layer2, layer1`` (``pre_logits`` = avgpool's output). For ViTs it
-    gives the classifier input and blocks[-2], blocks[-3], blocks[-4]. Models without
-    ``feature_info`` get ``["pre_logits"]``.
+    * ViT / DeiT (timm ``VisionTransformer``): the release's ViT-B/16 layers, the final
+      LayerNorm (torchvision ``encoder.ln`` = timm ``norm``, or ``fc_norm`` for average-pooled
+      models) and ``ln_2`` of the last three blocks (timm ``blocks.{L-1,L-2,L-3}.norm2``).
+    * every other model: ``pre_logits`` plus the outputs of the three feature stages before the
+      last one, from timm's ``feature_info`` (module names). For ResNets this is the release's
+      ImageNet choice ``avgpool, layer3, layer2, layer1`` (``pre_logits`` = avgpool's output).
+      Models without ``feature_info`` get ``["pre_logits"]``.
     """
+    depth = vit_depth(model)
+    if depth is not None:
+        final = "norm" if not isinstance(model.norm, nn.Identity) else "fc_norm"
+        return [final] + [f"blocks.{i}.norm2" for i in range(depth - 1, max(depth - 4, -1), -1)]
     modules = [e["module"] for e in _feature_info(model)]
     return [PRE_LOGITS] + modules[-2:-5:-1]
+
+
+def vit_depth(model: nn.Module) -> int | None:
+    """Number of transformer blocks of a timm ``VisionTransformer`` (DeiT included), else None."""
+    from timm.models.vision_transformer import VisionTransformer
+
+    return len(model.blocks) if isinstance(model, VisionTransformer) else None
 
 
 def _feature_info(model: nn.Module) -> list[dict]:
@@ -80,8 +94,10 @@ def forward_with_nac(model: nn.Module, images: Tensor, layers: list[str], classi
     """Run ``model`` once on ``images`` and return logits, pre-logit features and NAC states.
 
     The model must be in eval mode (BatchNorm statistics fixed, so each sample's gradient is its
-    own). Parameters get no gradients; all returned tensors are detached, float32. ``classifier``:
-    the head whose input is ``pre_logits`` (default: timm's ``model.get_classifier()``).
+    own). Parameters get no gradients; all returned tensors are detached, float32; the returned
+    logits are ``classifier`` applied in float32 to the returned features (the gradient flows
+    through the model's own, possibly autocast, logits). ``classifier``: the head whose input is
+    ``pre_logits`` (default: timm's ``model.get_classifier()``).
     """
     if model.training:
         raise ValueError("forward_with_nac needs model.eval(): train-mode BatchNorm mixes samples")
@@ -128,7 +144,10 @@ def forward_with_nac(model: nn.Module, images: Tensor, layers: list[str], classi
     for name, g in zip(layers, grads):
         o = captured[name].detach()
         states[name] = (pool_state(o, channels.get(name)) * pool_state(g, channels.get(name))).float()
-    return NacPass(logits.detach().float(), captured[PRE_LOGITS].detach().float(), states)
+    features = captured[PRE_LOGITS].detach().float()
+    with torch.no_grad(), torch.autocast(device_type=features.device.type, enabled=False):
+        logits32 = classifier(features)  # the float32 head on the stored features, whatever the trunk's autocast
+    return NacPass(logits32.float(), features, states)
 
 
 def nac_states(model: nn.Module, images: Tensor, layers: list[str]) -> tuple[Tensor, dict[str, Tensor]]:

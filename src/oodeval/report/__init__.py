@@ -15,12 +15,18 @@ from .._io import atomic_path, check_output, claim_folder, parquet_has_columns, 
 from ..results import ALL_SPLIT, load_cell_scores, load_results
 from . import figures as figs
 from .cnc import cnc_summary
+from .paper_views import CLEAN_SUFFIX, benchmarks, clean_subsamples, eoe_prompts, gallery_items, supervised_models
+from .reference import comparison_view
 from .render import html_page, latex, markdown
+from .selection import select_configurations
 from .subsampling import model_scores, subsampling_curves, subsampling_table
 from .tables import best_per_model, dataset_by_model, detector_by_model, split_rows, vocabularies, vocabularies_by_dataset
-from .views import Figure, View, add_det, full_split, prepare
+from .views import Figure, View, add_det, best_row, full_split, prepare
 
-__all__ = ["write_report", "build_views", "sweeps_path", "save_sweep"]
+__all__ = ["write_report", "build_views", "sweeps_path", "save_sweep", "CONVENTIONS"]
+
+#: ``paper``: FPR@95 with ID positive (the papers'); ``openood`` adds OpenOOD v1.5's OOD-positive FPR@95 beside it
+CONVENTIONS = ("paper", "openood")
 
 _is_sweeps_table = parquet_has_columns("sweep", "size", "fpr95")
 
@@ -60,14 +66,32 @@ def save_sweep(results: str | Path, sweep: str, model: str, dataset: str, sizes,
 
 
 def _pick_model(frame: pd.DataFrame) -> str | None:
+    """The paper's model of Tab. 3, A3, A6 and Fig. 1, A4: the supervised model with the best ID-test
+    Top-1 (EVA02-L-448); without accuracies, the one with the lowest mean best FPR@95."""
     f = full_split(frame)
     f = f[f["vocabulary"].isna()]
     if len(f) == 0:
         return None
     sup = f[f["kind"] == "supervised"]
     f = sup if len(sup) else f
+    acc = f.groupby("model", sort=False)["id_accuracy"].mean()
+    if acc.notna().any():
+        return str(acc.idxmax())
     best = f.groupby(["model", "dataset"], sort=False)["fpr95"].min().groupby("model", sort=False).mean()
     return str(best.idxmin())
+
+
+def _with_openood(df: pd.DataFrame, results_path: Path) -> pd.DataFrame:
+    """``df`` with ``fpr95_openood`` (``metrics.fpr_ood_positive`` of each ok row's stored scores; NaN without them)."""
+    from ..metrics import fpr_ood_positive
+
+    values = []
+    for _, r in df.iterrows():
+        try:
+            values.append(fpr_ood_positive(*load_cell_scores(r, results_path)))
+        except (OSError, ValueError):
+            values.append(float("nan"))
+    return df.assign(fpr95_openood=values)
 
 
 def build_views(
@@ -79,8 +103,11 @@ def build_views(
     subsample_n: int | None = None,
     draws: int = 1000,
     seed: int = 0,
+    groups: dict[str, str] | None = None,
 ) -> tuple[list[View], dict]:
-    """Every table view, and the choices made (primary set, model, n) for the figures."""
+    """Every table view, and the choices made (primary set, model, n) for the figures.
+
+    ``groups`` maps OOD set -> group name (near / far ...) for Tab. A2's group means."""
     frame = prepare(df)
     datasets = list(dict.fromkeys(full_split(frame)["dataset"]))
     if primary is None and datasets:
@@ -91,13 +118,16 @@ def build_views(
     if model is not None and model not in models:
         raise ValueError(f"model {model!r} is not in the results; they hold: {', '.join(models)}")
     model = model or _pick_model(frame)
+    p = primary or ""
     views = [
-        best_per_model(frame, primary or ""),
-        detector_by_model(frame, primary or ""),
-        dataset_by_model(frame, primary or ""),
-        vocabularies(frame, primary or ""),
-        vocabularies_by_dataset(frame, primary or ""),
-        split_rows(frame),
+        best_per_model(frame, p),
+        vocabularies(frame, p),
+        benchmarks(frame, p, model),
+        detector_by_model(frame, p),
+        dataset_by_model(frame, p, groups),
+        clean_subsamples(frame, model),
+        eoe_prompts(frame),
+        vocabularies_by_dataset(frame, p, groups),
     ]
     scores = model_scores(df, results_path, model) if model else {}
     if subsample_n is None and primary in scores:
@@ -105,22 +135,36 @@ def build_views(
     if scores and subsample_n:
         views.append(subsampling_table(scores, subsample_n, draws=draws, seed=seed, model=model))
     else:
-        views.append(View("tabA6", "Tab. A6 — sub-sampling", "", note="omitted: no stored scores for a model on the primary set"))
-    views.append(cnc_summary(df))
+        views.append(View("tabA6", "Tab. A6 — sub-sampling to the primary set's size", "", note="omitted: no stored scores for a model on the primary set"))
+    views += [supervised_models(frame, p), split_rows(frame), cnc_summary(df), comparison_view(frame)]
     return views, {"frame": frame, "primary": primary, "model": model, "scores": scores, "n": subsample_n}
 
 
-def _figures(df: pd.DataFrame, results_path: Path, choice: dict, fig_dir: Path, draws: int, seed: int, sweeps: pd.DataFrame | None) -> list[Figure]:
+def _gallery_figures(export: str | Path | None, fig_dir: Path, seed: int, formats: tuple[str, ...]) -> list[Figure]:
+    out = []
+    for key, title, count, skip in (("fig2", "Fig. 2 — certified OOD images", 14, 0), ("figA5", "Fig. A5 — more certified OOD images", 42, 14)):
+        fg = Figure(key, title, "Verified OOD label in green, the original ImageNet-1k label the image was collected under in red (a seeded random draw of the construction export's ood.csv).")
+        items = gallery_items(export, count, skip, seed)
+        if items:
+            fg.path = figs.save_figure(figs.gallery(items, title), fig_dir / f"{key}_gallery.png", formats)
+        else:
+            fg.note = "omitted: " + ("no construction export given (--gallery EXPORT_DIR)" if export is None else f"the export holds no more than {skip} OOD images")
+        out.append(fg)
+    return out
+
+
+def _figures(df: pd.DataFrame, results_path: Path, choice: dict, fig_dir: Path, draws: int, seed: int, sweeps: pd.DataFrame | None, formats: tuple[str, ...]) -> list[Figure]:
     frame, primary, model, scores = choice["frame"], choice["primary"], choice["model"], choice["scores"]
     out: list[Figure] = []
     f = full_split(frame)
     f = f[f["vocabulary"].isna()]
     # Fig. 1
-    fig1 = Figure("fig1", "Fig. 1 — best detector per OOD set", f"{model}: lowest FPR@95 over its detectors on every OOD set.")
+    fig1 = Figure("fig1", "Fig. 1 — best detector per OOD set", f"{model}: lowest FPR@95 over its detectors on every full-size OOD set.")
     mf = f[f["model"] == model]
     if len(mf):
-        best = mf.loc[mf.groupby("dataset", sort=False)["fpr95"].idxmin(), ["dataset", "fpr95", "det"]]
-        fig1.path = figs.best_per_dataset(best, model, fig_dir / "fig1_best_per_dataset.png")
+        full_size = mf[~mf["dataset"].str.endswith(CLEAN_SUFFIX)]
+        best = pd.DataFrame([best_row(g) for _, g in full_size.groupby("dataset", sort=False)])[["dataset", "fpr95", "det"]]
+        fig1.path = figs.save_figure(figs.best_per_dataset(best, model), fig_dir / "fig1_best_per_dataset.png", formats)
     else:
         fig1.note = "omitted: no results"
     out.append(fig1)
@@ -128,9 +172,12 @@ def _figures(df: pd.DataFrame, results_path: Path, choice: dict, fig_dir: Path, 
     roc = Figure("roc", "ROC curves", f"{model} on {primary}: the five detectors with the lowest FPR@95 (ID positive).")
     on_primary = scores.get(primary, {})
     if on_primary:
-        ranked = mf[mf["dataset"] == primary].sort_values("fpr95")["det"].tolist()[:5]
+        ranked, rest = [], mf[mf["dataset"] == primary]
+        while len(rest) and len(ranked) < 5:
+            ranked.append(best_row(rest)["det"])
+            rest = rest[rest["det"] != ranked[-1]]
         curves = {d: on_primary[d] for d in ranked if d in on_primary}
-        roc.path = figs.roc_curves(curves, f"{model} — {primary}", fig_dir / "roc.png")
+        roc.path = figs.save_figure(figs.roc_curves(curves, f"{model} — {primary}"), fig_dir / "roc.png", formats)
     else:
         roc.note = "omitted: no stored scores on the primary set"
     out.append(roc)
@@ -140,13 +187,13 @@ def _figures(df: pd.DataFrame, results_path: Path, choice: dict, fig_dir: Path, 
     rows = add_det(df[(df["status"] == "ok") & (df["split"] == ALL_SPLIT) & (df["dataset"] == primary) & df["vocabulary"].isna()])
     for m, g in rows.groupby("model", sort=False):
         g = g[g["seed"] == g["seed"].min()]
-        r = g.loc[g["fpr95"].idxmin()]
+        r = best_row(g)
         try:
             panels[m] = (r["det"], *load_cell_scores(r, results_path))
         except (OSError, ValueError):
             continue
     if panels:
-        hist.path = figs.histograms(dict(list(panels.items())[:9]), primary, fig_dir / "histograms.png")
+        hist.path = figs.save_figure(figs.histograms(dict(list(panels.items())[:9]), primary), fig_dir / "histograms.png", formats)
     else:
         hist.note = "omitted: no stored scores on the primary set"
     out.append(hist)
@@ -156,10 +203,19 @@ def _figures(df: pd.DataFrame, results_path: Path, choice: dict, fig_dir: Path, 
     curves = subsampling_curves(others, draws=draws, seed=seed) if others else {}
     if curves:
         ref = (primary, float(mf[mf["dataset"] == primary]["fpr95"].min())) if primary in set(mf["dataset"]) else None
-        a4.path = figs.subsampling_bands(curves, model, ref, choice["n"], fig_dir / "figA4_subsampling.png")
+        a4.path = figs.save_figure(figs.subsampling_bands(curves, model, ref, choice["n"]), fig_dir / "figA4_subsampling.png", formats)
     else:
         a4.note = "omitted: needs stored scores on at least one OOD set besides the primary one with 12 or more images"
     out.append(a4)
+    # Fig. A3: sweeps over k negatives per class from the merged pool
+    merged = sweeps[sweeps["sweep"].str.lower().str.startswith("merged")] if sweeps is not None and len(sweeps) else None
+    a3 = Figure("figA3", "Fig. A3 — size of the merged per-class negative pool", f"FPR@95 against k negatives kept per ID class, mean over models; solid: {primary}, dashed: the other OOD sets.")
+    if merged is not None and len(merged):
+        a3.path = figs.save_figure(figs.merged_pool(merged, primary), fig_dir / "figA3_merged_pool.png", formats)
+        sweeps = sweeps.drop(merged.index)
+    else:
+        a3.note = "omitted: no sweep named 'merged...' (oodeval.report.save_sweep(results, 'merged_pool', model, dataset, sizes, fpr95))"
+    out.append(a3)
     # Fig. A1 / A2
     if sweeps is None or len(sweeps) == 0:
         out.append(Figure("figA1", "Fig. A1 / A2 — vocabulary-size curves", "", note="omitted: no vocabulary sweep data (oodeval.report.save_sweep)"))
@@ -169,7 +225,8 @@ def _figures(df: pd.DataFrame, results_path: Path, choice: dict, fig_dir: Path, 
                 log_x = "wordnet" in name.lower() or ("param" in gd and (gd["param"] == "M").any())
                 key = f"sweep{i}_{j}"
                 fg = Figure(key, f"Fig. {'A2' if log_x else 'A1'} — {name} on {dataset}", "FPR@95 against vocabulary size: gray per model, blue the mean.")
-                fg.path = figs.vocabulary_curves(gd, f"{name} — {dataset}", "pool size M" if log_x else "negatives per ID class k", fig_dir / f"{key}.png", log_x=log_x)
+                curve = figs.vocabulary_curves(gd, f"{name} — {dataset}", "pool size M" if log_x else "negatives per ID class k", log_x=log_x)
+                fg.path = figs.save_figure(curve, fig_dir / f"{key}.png", formats)
                 out.append(fg)
     return out
 
@@ -185,22 +242,43 @@ def write_report(
     seed: int = 0,
     sweeps: str | Path | pd.DataFrame | None = None,
     title: str = "oodeval report",
+    experiment=None,
+    convention: str = "paper",
+    gallery: str | Path | None = None,
+    formats: tuple[str, ...] = figs.FORMATS,
 ) -> dict[str, Path]:
-    """Write ``report.md``, ``report.tex``, ``report.html`` (self-contained) and ``figures/*.png``.
+    """Write ``report.md``, ``report.tex``, ``report.html`` (self-contained) and ``figures/*`` (PNG, PDF, SVG).
 
     ``results``: the Parquet table (or a :class:`~oodeval.experiment.RunSummary`); ``primary``: the
-    OOD set of Tabs. 1, A1, 2 (default: the first in the table); ``model``: the model of Fig. 1, A4,
-    ROC and Tab. A6 (default: the supervised model with the lowest mean best FPR@95); ``subsample_n``:
+    OOD set of Tabs. 1, A1, 2 (default: the first in the table); ``model``: the model of Tab. 3, A3,
+    A6 and Fig. 1, A4, ROC (default: the supervised model with the best Top-1, as the paper); ``subsample_n``:
     the draw size of Tab. A6 (default: the primary set's size); ``draws``/``seed``: sub-sampling.
-    Returns ``{"markdown", "latex", "html", <figure key>: path, ...}``. ``out_dir`` is created, or
+    ``experiment`` (a path or :class:`~oodeval.experiment.ExperimentConfig`): show only its declared
+    configurations (:mod:`oodeval.report.selection`) and take its OOD groups; ``convention="openood"``
+    adds OpenOOD's OOD-positive FPR@95 beside the paper's; ``gallery``: a construction export folder
+    whose ``ood.csv`` images make Fig. 2 / A5; ``formats``: figure files besides the PNG (PDF, SVG).
+    Returns ``{"markdown", "latex", "html", <figure key>: PNG path, ...}``. ``out_dir`` is created, or
     rewritten when it is an earlier report; any other existing file or folder there is refused.
     """
+    if convention not in CONVENTIONS:
+        raise ValueError(f"convention must be one of {', '.join(CONVENTIONS)}, got {convention!r}")
     results = Path(getattr(results, "results", results))
     if not results.is_file():
         raise FileNotFoundError(f"results table {results} does not exist (run `oodeval run` first)")
     df = load_results(results)
     if len(df) == 0:
         raise ValueError(f"results table {results} has no rows")
+    if experiment is not None:
+        from ..experiment import load_config
+
+        experiment = load_config(experiment)
+    selection = select_configurations(df, experiment)
+    df = selection.rows
+    if len(df) == 0:
+        raise ValueError(f"results table {results} holds no cell of a configuration declared by experiment {experiment.name!r}")
+    if convention == "openood":
+        df = _with_openood(df, results)
+    groups = {d.label: d.group for d in experiment.ood if d.group} if experiment is not None else None
     out_dir = claim_folder(out_dir, "report", is_own=lambda p: (p / "report.html").is_file())
     fig_dir = out_dir / "figures"
     fig_dir.mkdir(exist_ok=True)
@@ -208,14 +286,17 @@ def write_report(
         sweeps = sweeps_path(results)
     if sweeps is not None and not isinstance(sweeps, pd.DataFrame):
         sweeps = pd.read_parquet(sweeps)
-    views, choice = build_views(df, results, primary=primary, model=model, subsample_n=subsample_n, draws=draws, seed=seed)
-    figures = _figures(df, results, choice, fig_dir, draws, seed, sweeps)
+    views, choice = build_views(df, results, primary=primary, model=model, subsample_n=subsample_n, draws=draws, seed=seed, groups=groups)
+    figures = _figures(df, results, choice, fig_dir, draws, seed, sweeps, formats) + _gallery_figures(gallery, fig_dir, seed, formats)
     n_ok, n_err = int((df["status"] == "ok").sum()), int((df["status"] != "ok").sum())
     intro = (
         f"From {results.name}: {n_ok} evaluated cells ({n_err} failed, not shown), "
         f"{df['model'].nunique()} model(s), {df['dataset'].nunique()} OOD set(s), seeds {sorted(set(df['seed'].tolist()))}. "
         f"Primary OOD set: {choice['primary']}; figure model: {choice['model']}. Values in % (means over seeds); "
-        "FPR@95 lower is better, AUROC higher is better; ID is the positive class."
+        "FPR@95 lower is better, AUROC higher is better; ID is the positive class. Brackets: bootstrap 95% CIs "
+        f"({'OOD resampled, ID threshold fixed' if df['bootstrap_fixed_id'].fillna(True).all() else 'as recorded per cell'}; "
+        "bounds averaged over seeds). Best detector: lowest FPR@95 (highest AUROC for AUROC), ties to the better other "
+        f"metric, then the paper's detector order. {selection.statement}"
     )
     paths: dict[str, Path] = {"markdown": out_dir / "report.md", "latex": out_dir / "report.tex", "html": out_dir / "report.html"}
     write_text_atomic(paths["markdown"], markdown(title, intro, views, figures, out_dir))

@@ -6,7 +6,11 @@
 - Fig. A4: mean FPR@95 over sub-sampling draws ± 2 std against n, full-set values dotted, the
   primary set as a black reference line and a gray line at the primary set's size.
 - Fig. A1 / A2: vocabulary-size curves (one gray line per model, the mean in blue) from sweep tables.
-Every figure is written atomically.
+- Fig. A3: FPR@95 against k negatives per ID class from the merged pool, mean over models, one line
+  per OOD set (the primary set solid, the others dashed).
+- Fig. 2 / A5: a gallery of certified OOD images, the verified label in green, the original in red.
+Each function returns a matplotlib Figure (Agg canvas); :func:`save_figure` writes it atomically as
+PNG (200 dpi, for the HTML page) with PDF and SVG beside it.
 """
 
 from __future__ import annotations
@@ -19,17 +23,26 @@ from matplotlib.figure import Figure
 
 from .._io import atomic_path
 
-__all__ = ["save_png", "best_per_dataset", "roc_curves", "histograms", "subsampling_bands", "vocabulary_curves"]
+__all__ = ["save_figure", "FORMATS", "merged_pool", "gallery", "best_per_dataset", "roc_curves", "histograms", "subsampling_bands", "vocabulary_curves"]
 
 
-def save_png(fig: Figure, path: Path) -> Path:
-    """Write ``fig`` as PNG to ``path`` atomically."""
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
+FORMATS = ("png", "pdf", "svg")
+
+
+def save_figure(fig: Figure, path: Path, formats: tuple[str, ...] = FORMATS) -> Path:
+    """Write ``fig`` to ``path`` (``.png``, always) and beside it in the other ``formats`` (PDF, SVG),
+    each atomically; returns the PNG path."""
+    unknown = sorted(set(formats) - set(FORMATS))
+    if unknown:
+        raise ValueError(f"figure format(s) {', '.join(unknown)} unknown; use {', '.join(FORMATS)}")
+    path = Path(path).with_suffix(".png")
+    for fmt in ("png", *[f for f in FORMATS[1:] if f in formats]):
+        with atomic_path(path.with_suffix(f".{fmt}")) as tmp:
+            fig.savefig(tmp, format=fmt, dpi=200 if fmt == "png" else None, bbox_inches="tight")
     return path
 
 
-def best_per_dataset(best: pd.DataFrame, model: str, path: Path) -> Path:
+def best_per_dataset(best: pd.DataFrame, model: str) -> Figure:
     """Fig. 1 from ``best`` (columns dataset, fpr95, det), one bar per OOD set, sorted."""
     best = best.sort_values("fpr95")
     fig = Figure(figsize=(7, 0.45 * len(best) + 1.2))
@@ -43,10 +56,10 @@ def best_per_dataset(best: pd.DataFrame, model: str, path: Path) -> Path:
     ax.set_xlim(0, 115)
     ax.set_xlabel("FPR@95 (%, lower is better)")
     ax.set_title(f"{model}: best detector per OOD set")
-    return save_png(fig, path)
+    return fig
 
 
-def roc_curves(curves: dict[str, tuple[np.ndarray, np.ndarray]], title: str, path: Path) -> Path:
+def roc_curves(curves: dict[str, tuple[np.ndarray, np.ndarray]], title: str) -> Figure:
     """ROC (TPR of ID vs FPR of OOD) for each detector: label -> (ID scores, OOD scores)."""
     from sklearn.metrics import roc_curve
 
@@ -62,10 +75,10 @@ def roc_curves(curves: dict[str, tuple[np.ndarray, np.ndarray]], title: str, pat
     ax.set_ylabel("TPR: ID accepted (%)")
     ax.set_title(title)
     ax.legend(fontsize=8, loc="lower right")
-    return save_png(fig, path)
+    return fig
 
 
-def histograms(panels: dict[str, tuple[str, np.ndarray, np.ndarray]], dataset: str, path: Path) -> Path:
+def histograms(panels: dict[str, tuple[str, np.ndarray, np.ndarray]], dataset: str) -> Figure:
     """One panel per model: title -> (detector, ID scores, OOD scores); densities with shared bins."""
     k = len(panels)
     cols = min(k, 3)
@@ -81,11 +94,12 @@ def histograms(panels: dict[str, tuple[str, np.ndarray, np.ndarray]], dataset: s
         ax.axvline(np.sort(id_s)[::-1][k95 - 1], color="k", ls="--", lw=1, label="TPR95 threshold")
         ax.set_title(f"{model} / {det}", fontsize=9)
         ax.set_xlabel("score (higher = ID)")
+        ax.set_ylabel("density")
         ax.legend(fontsize=7)
-    return save_png(fig, path)
+    return fig
 
 
-def subsampling_bands(curves: dict, model: str, reference: tuple[str, float] | None, n_ref: int | None, path: Path) -> Path:
+def subsampling_bands(curves: dict, model: str, reference: tuple[str, float] | None, n_ref: int | None) -> Figure:
     """Fig. A4 from :func:`oodeval.report.subsampling.subsampling_curves`."""
     fig = Figure(figsize=(7, 4.5))
     ax = fig.add_subplot()
@@ -93,7 +107,7 @@ def subsampling_bands(curves: dict, model: str, reference: tuple[str, float] | N
         color = f"C{i}"
         m, s = 100 * c["mean"], 100 * c["std"]
         ax.plot(c["n"], m, color=color, label=f"{dataset} ({c['detector']})")
-        ax.fill_between(c["n"], m - 2 * s, m + 2 * s, color=color, alpha=0.2)
+        ax.fill_between(c["n"], np.clip(m - 2 * s, 0, 100), np.clip(m + 2 * s, 0, 100), color=color, alpha=0.2)
         ax.axhline(100 * c["full"], color=color, ls=":", lw=1)
     if reference is not None:
         ax.axhline(100 * reference[1], color="k", lw=1.5, label=f"{reference[0]} (full)")
@@ -101,13 +115,14 @@ def subsampling_bands(curves: dict, model: str, reference: tuple[str, float] | N
         ax.axvline(n_ref, color="0.6", lw=1)
     ax.set_xscale("log")
     ax.set_xlabel("draw size n (log)")
-    ax.set_ylabel("FPR@95 (%), mean ± 2 std over draws")
+    ax.set_ylabel("FPR@95 (%), mean ± 2 std over draws (clipped to [0, 100])")
+    ax.set_ylim(0, 100)
     ax.set_title(f"{model}: FPR@95 on random subsets")
     ax.legend(fontsize=7)
-    return save_png(fig, path)
+    return fig
 
 
-def vocabulary_curves(sweep: pd.DataFrame, title: str, xlabel: str, path: Path, log_x: bool = False) -> Path:
+def vocabulary_curves(sweep: pd.DataFrame, title: str, xlabel: str, log_x: bool = False) -> Figure:
     """Fig. A1/A2: FPR@95 against vocabulary size, gray per model, blue the mean over models.
 
     ``sweep`` columns: model, size, fpr95 (fractions).
@@ -126,4 +141,38 @@ def vocabulary_curves(sweep: pd.DataFrame, title: str, xlabel: str, path: Path, 
     ax.set_ylabel("FPR@95 (%)")
     ax.set_title(title)
     ax.legend(fontsize=8)
-    return save_png(fig, path)
+    return fig
+
+
+def merged_pool(sweep: pd.DataFrame, primary: str) -> Figure:
+    """Fig. A3 from a sweep table (columns model, dataset, size, fpr95): the mean over models per
+    OOD set against k; the primary set solid, the others dashed."""
+    fig = Figure(figsize=(6, 4))
+    ax = fig.add_subplot()
+    for i, (dataset, g) in enumerate(sweep.groupby("dataset", sort=False)):
+        mean = g.groupby("size")["fpr95"].mean()
+        ax.plot(mean.index, 100 * mean.to_numpy(), color="k" if dataset == primary else f"C{i}", ls="-" if dataset == primary else "--", lw=2 if dataset == primary else 1.2, label=str(dataset))
+    ax.set_xlabel("negatives kept per ID class k")
+    ax.set_ylabel("FPR@95 (%), mean over models")
+    ax.set_title("Size of the merged per-class negative pool")
+    ax.legend(fontsize=7)
+    return fig
+
+
+def gallery(items: list[tuple[Path, str, str]], title: str, cols: int = 7) -> Figure:
+    """Images with the verified OOD label (green) above the original label (red)."""
+    from PIL import Image
+
+    rows = int(np.ceil(len(items) / cols))
+    fig = Figure(figsize=(2.1 * cols, 2.5 * rows))
+    for i, (image, verified, original) in enumerate(items):
+        ax = fig.add_subplot(rows, cols, i + 1)
+        with Image.open(image) as im:
+            im = im.convert("RGB")
+            im.thumbnail((256, 256))
+            ax.imshow(np.asarray(im))
+        ax.set_axis_off()
+        ax.set_title(verified, fontsize=8, color="green", pad=12)
+        ax.text(0.5, 1.01, original, transform=ax.transAxes, ha="center", va="bottom", fontsize=7, color="red")
+    fig.suptitle(title)
+    return fig

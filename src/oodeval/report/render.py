@@ -50,12 +50,17 @@ def markdown(title: str, intro: str, views: list[View], figures: list[Figure], b
     out += ["## Figures", ""]
     for f in figures:
         out += [f"### {f.title}", "", f.caption, ""]
-        out += [f"![{f.title}]({Path(f.path).relative_to(base).as_posix()})" if f.path else f"*{f.note}*", ""]
+        if f.path:
+            rel = Path(f.path).relative_to(base)
+            vector = [f"[{s.upper()}]({rel.with_suffix('.' + s).as_posix()})" for s in ("pdf", "svg") if Path(f.path).with_suffix("." + s).is_file()]
+            out += [f"![{f.title}]({rel.as_posix()})", ""] + ([f"Vector: {', '.join(vector)}", ""] if vector else [])
+        else:
+            out += [f"*{f.note}*", ""]
     return "\n".join(out)
 
 
 # ---------------------------------------------------------------------------- LaTeX
-_TEX = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "±": r"$\pm$", "–": "--", "—": "---", "≤": r"$\leq$"}
+_TEX = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "±": r"$\pm$", "–": "--", "—": "---", "≤": r"$\leq$", "Δ": r"$\Delta$"}
 
 
 _LONG = 40  # tables with more rows become a longtable
@@ -76,8 +81,14 @@ def _tex_cell(c: Cell) -> str:
     return t
 
 
+def _tex_figure(png: Path) -> Path:
+    """The PDF beside a figure's PNG when it was written, else the PNG."""
+    pdf = png.with_suffix(".pdf")
+    return pdf if pdf.is_file() else png
+
+
 def latex(title: str, intro: str, views: list[View], figures: list[Figure], base: Path) -> str:
-    """A standalone LaTeX document (booktabs tables, figures by relative path)."""
+    """A standalone LaTeX document (booktabs tables, figures by relative path, as PDF where written)."""
     out = [
         r"\documentclass{article}",
         r"\usepackage[margin=1.5cm,landscape]{geometry}",
@@ -106,7 +117,7 @@ def latex(title: str, intro: str, views: list[View], figures: list[Figure], base
             out += [
                 r"\begin{figure}[ht]",
                 r"\centering",
-                rf"\includegraphics[width=0.7\linewidth]{{{Path(f.path).relative_to(base).as_posix()}}}",
+                rf"\includegraphics[width=0.7\linewidth]{{{_tex_figure(Path(f.path)).relative_to(base).as_posix()}}}",
                 rf"\caption{{\textbf{{{_tex(f.title)}}}. {_tex(f.caption)}}}",
                 r"\end{figure}",
                 "",

@@ -17,10 +17,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..metrics import fpr_at_tpr
+from ..metrics import auroc, fpr_at_tpr
 from ..results import ALL_SPLIT, load_cell_scores
 from ..stats import rank_stability, standard_error, subsample
-from .views import Cell, View, add_det, pct
+from .views import Cell, View, add_det, best_row, pct
 
 __all__ = ["model_scores", "subsampling_table", "subsampling_curves", "chunked_subsample"]
 
@@ -42,6 +42,12 @@ def model_scores(df: pd.DataFrame, results_path: Path, model: str) -> dict[str, 
         except (OSError, ValueError):
             continue
     return out
+
+
+def _best(names: list[str], dets: dict, full: np.ndarray) -> int:
+    """Index of the best detector by the report's one rule (:func:`views.best_row`)."""
+    frame = pd.DataFrame({"det": names, "fpr95": full, "auroc": [auroc(*dets[d]) for d in names]})
+    return names.index(best_row(frame)["det"])
 
 
 def chunked_subsample(id_scores: np.ndarray, ood_scores: np.ndarray, n: int, draws: int, seed: int):
@@ -77,7 +83,7 @@ def subsampling_table(scores: dict, n: int, draws: int = 1000, seed: int = 0, mo
         ood_m = np.stack([dets[d][1] for d in names])
         N = ood_m.shape[1]
         full = np.array([fpr_at_tpr(id_m[k], ood_m[k]) for k in range(len(names))])
-        b = int(np.argmin(full))
+        b = _best(names, dets, full)
         row = {"Dataset": dataset, "N": str(N), "n/N (%)": f"{100 * min(n, N) / N:.1f}", "full": pct(full[b], 2), "detector": Cell(names[b], muted=True)}
         if N <= n:
             row.update({"mean": "–", "bias": "–", "std": "–", "closed form": pct(standard_error(full[b], N), 2), "rho": "–"})
@@ -112,7 +118,7 @@ def subsampling_curves(scores: dict, draws: int = 1000, seed: int = 0, points: i
         dets = scores[dataset]
         names = list(dets)
         full = np.array([fpr_at_tpr(*dets[d]) for d in names])
-        b = int(np.argmin(full))
+        b = _best(names, dets, full)
         id_s, ood_s = dets[names[b]]
         N = ood_s.size
         if N < 12:

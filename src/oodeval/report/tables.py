@@ -1,13 +1,18 @@
 """The Fi-ImageNet-1k paper's tables from a prepared results frame (:func:`views.prepare`).
 
-Values are percentages (FPR@95 lower is better, AUROC higher is better), means over seeds.
+Values are percentages (FPR@95 lower is better, AUROC higher is better), means over seeds. A cell
+that is one evaluated configuration carries its bootstrap 95% CI in brackets; a mean over models
+or OOD sets carries none. The best detector of a cell is named by :func:`views.best_row`.
 - Tab. 1: per model the best detector by FPR@95 and, independently, by AUROC on the primary set.
 - Tab. A1: every detector x every supervised model, FPR@95 / AUROC; best FPR bold, best AUROC underlined.
 - Tab. A2: every OOD set x every model, the best FPR@95 / best AUROC over detectors (chosen
-  independently); a Mean row over the other sets and the primary set last, a Mean column over models.
+  independently); Mean rows over the other sets (and per near/far group) and the primary set last,
+  a Mean column over models.
 - Tab. 2 / A5: zero-shot models x negative vocabularies (FPR@95), with the best logit-space detector.
-- Tab. A4: fine-grained vs ordinary (split) rows x detectors, mean FPR@95 over models.
+- Split view: fine-grained vs ordinary (split) rows x detectors, mean FPR@95 over models.
 Vocabulary-based scorers are kept out of Tabs. 1, A1 and A2 (they are Tab. 2's subject).
+With the OpenOOD convention (``fpr95_openood`` in the frame) Tabs. 1 and A1 add OpenOOD's
+OOD-positive FPR@95 (``metrics.fpr_ood_positive``) beside the paper's.
 """
 
 from __future__ import annotations
@@ -16,11 +21,12 @@ import numpy as np
 import pandas as pd
 
 from ..results import ALL_SPLIT
-from .views import Cell, View, full_split, order_detectors, pct
+from .views import Cell, View, best_row, full_split, order_detectors, pct, row_ci
 
-__all__ = ["best_per_model", "detector_by_model", "dataset_by_model", "vocabularies", "vocabularies_by_dataset", "split_rows"]
+__all__ = ["best_per_model", "detector_by_model", "dataset_by_model", "vocabularies", "vocabularies_by_dataset", "split_rows", "fpr_cell"]
 
 _ORACLE = "oracle"
+_OPENOOD = "fpr95_openood"
 
 
 def _no_vocab(frame: pd.DataFrame) -> pd.DataFrame:
@@ -32,41 +38,66 @@ def _models(frame: pd.DataFrame, kind: str | None = None) -> list[str]:
     return list(dict.fromkeys(f["model"]))
 
 
+
+def fpr_cell(rows: pd.DataFrame, metric: str = "fpr95") -> tuple[float, str]:
+    """(value, text) of ``rows``: one row gives its value with its CI, several their mean (no CI)."""
+    if len(rows) == 0:
+        return np.nan, "–"
+    if len(rows) == 1:
+        return float(rows[metric].iloc[0]), row_ci(rows.iloc[0], metric)
+    value = float(rows[metric].mean())
+    return value, pct(value)
+
+
+def _paper_params() -> dict[str, str]:
+    """Model name -> parameter count as printed in the paper (Tabs. A7 and 1, both naming schemes)."""
+    from .reference import load_reference
+
+    t1, a7 = load_reference("tab1"), load_reference("tabA7")
+    return {**dict(zip(a7["model"], a7["params"])), **dict(zip(t1["model"], t1["params"])), **dict(zip(t1["paper_label"], t1["params"]))}
+
+
 def best_per_model(frame: pd.DataFrame, primary: str) -> View:
     """Tab. 1."""
     title = "Tab. 1 — best detector per model"
     caption = (
         f"Post-hoc OOD detection on {primary}. For every model the best detector by FPR@95 (%, lower is better) "
-        "and, chosen independently, by AUROC (%, higher is better); Top-1 is the ID-test accuracy (%). "
+        "and, chosen independently, by AUROC (%, higher is better), each with its bootstrap 95% CI in brackets; "
+        "Top-1 is the ID-test accuracy (%); Params from the paper's Tabs. 1 / A7 where the model carries a name of them (else –). "
         "Bold: best column value within each group (supervised / zero-shot)."
     )
     f = _no_vocab(full_split(frame))
     f = f[f["dataset"] == primary]
     if len(f) == 0:
         return View("tab1", title, caption, note=f"omitted: no results on {primary}")
+    openood = _OPENOOD in f.columns
+    params = _paper_params()
     rows = []
     for kind in ("supervised", "zero-shot"):
         g = f[f["kind"] == kind]
         if len(g) == 0:
             continue
-        best_fpr = g.loc[g.groupby("model", sort=False)["fpr95"].idxmin()]
-        best_auc = g.loc[g.groupby("model", sort=False)["auroc"].idxmax()].set_index("model")
+        picks = {m: (best_row(gm, "fpr95"), best_row(gm, "auroc")) for m, gm in g.groupby("model", sort=False)}
         top1 = g.groupby("model", sort=False)["id_accuracy"].mean()
-        lo_fpr, hi_auc, hi_acc = best_fpr["fpr95"].min(), best_auc["auroc"].max(), top1.max()
-        for _, r in best_fpr.iterrows():
-            a = best_auc.loc[r["model"]]
-            acc = top1[r["model"]]
-            rows.append(
-                {
-                    "Group": kind,
-                    "Model": r["model"],
-                    "Top-1": Cell(pct(acc), bold=bool(np.isfinite(acc) and acc == hi_acc)),
-                    "FPR@95": Cell(pct(r["fpr95"]), bold=bool(r["fpr95"] == lo_fpr)),
-                    "FPR detector": r["det"],
-                    "AUROC": Cell(pct(a["auroc"]), bold=bool(a["auroc"] == hi_auc)),
-                    "AUROC detector": a["det"],
-                }
-            )
+        lo_fpr = min(p[0]["fpr95"] for p in picks.values())
+        hi_auc = max(p[1]["auroc"] for p in picks.values())
+        hi_acc = top1.max()
+        for m, (r, a) in picks.items():
+            acc = top1[m]
+            row = {
+                "Group": kind,
+                "Model": m,
+                "Params": params.get(m, "–"),
+                "Top-1": Cell(pct(acc), bold=bool(np.isfinite(acc) and acc == hi_acc)),
+                "FPR@95": Cell(row_ci(r, "fpr95"), bold=bool(r["fpr95"] == lo_fpr)),
+                "FPR detector": r["det"],
+            }
+            if openood:
+                row["FPR@95 (OpenOOD)"] = pct(r[_OPENOOD])
+            row.update({"AUROC": Cell(row_ci(a, "auroc"), bold=bool(a["auroc"] == hi_auc)), "AUROC detector": a["det"]})
+            rows.append(row)
+    if openood:
+        caption += " FPR@95 (OpenOOD): OpenOOD v1.5's OOD-positive FPR at 95% OOD recall of the same detector."
     return View("tab1", title, caption, pd.DataFrame(rows))
 
 
@@ -74,13 +105,16 @@ def detector_by_model(frame: pd.DataFrame, primary: str) -> View:
     """Tab. A1."""
     title = "Tab. A1 — every detector x every model"
     caption = (
-        f"All post-hoc detectors on {primary}, FPR@95 (%) / AUROC (%). Per model the best FPR@95 is bold "
-        "and the best AUROC underlined."
+        f"All post-hoc detectors on {primary}, FPR@95 (%) / AUROC (%), each with its bootstrap 95% CI. Per model the "
+        "best FPR@95 is bold and the best AUROC underlined."
     )
     f = _no_vocab(full_split(frame))
     f = f[(f["dataset"] == primary) & (f["kind"] == "supervised")]
     if len(f) == 0:
         return View("tabA1", title, caption, note=f"omitted: no supervised-model results on {primary}")
+    openood = _OPENOOD in f.columns
+    if openood:
+        caption += " A third value: OpenOOD's OOD-positive FPR@95."
     models = _models(f)
     dets = order_detectors(list(f["det"]))
     table = {d: {"Detector": d} for d in dets}
@@ -92,16 +126,27 @@ def detector_by_model(frame: pd.DataFrame, primary: str) -> View:
                 table[d][m] = Cell("–", muted=True)
                 continue
             r = g.loc[d]
-            table[d][m] = Cell(f"{pct(r['fpr95'])} / {pct(r['auroc'])}", bold=bool(r["fpr95"] == lo), underline=bool(r["auroc"] == hi))
+            text = f"{row_ci(r, 'fpr95')} / {row_ci(r, 'auroc')}" + (f" / {pct(r[_OPENOOD])}" if openood else "")
+            table[d][m] = Cell(text, bold=bool(r["fpr95"] == lo), underline=bool(r["auroc"] == hi))
     return View("tabA1", title, caption, pd.DataFrame(list(table.values())))
 
 
-def dataset_by_model(frame: pd.DataFrame, primary: str) -> View:
-    """Tab. A2."""
+def _best_cells(f: pd.DataFrame) -> pd.DataFrame:
+    """Per (dataset, model): the best FPR@95 and, independently, the best AUROC, with their CIs."""
+    out = []
+    for (d, m), g in f.groupby(["dataset", "model"], sort=False):
+        r, a = best_row(g, "fpr95"), best_row(g, "auroc")
+        out.append({"dataset": d, "model": m, "fpr95": r["fpr95"], "auroc": a["auroc"], "text": f"{row_ci(r, 'fpr95')} / {row_ci(a, 'auroc')}"})
+    return pd.DataFrame(out)
+
+
+def dataset_by_model(frame: pd.DataFrame, primary: str, groups: dict[str, str] | None = None) -> View:
+    """Tab. A2; ``groups`` maps OOD set -> group (e.g. near / far) for one Mean row per group."""
     title = "Tab. A2 — every OOD set x every model"
     caption = (
         "Best FPR@95 (%) / best AUROC (%) over the detectors, per model (supervised ones when there are any) and OOD set, the two metrics "
-        f"selected independently. Mean: over the OOD sets above it; {primary} (the primary set) last."
+        f"selected independently, each with its bootstrap 95% CI. Mean: over the OOD sets above it (Mean (group): over that group's sets, "
+        f"no CI); {primary} (the primary set) last."
     )
     f = _no_vocab(full_split(frame))
     if (f["kind"] == "supervised").any():
@@ -109,27 +154,38 @@ def dataset_by_model(frame: pd.DataFrame, primary: str) -> View:
     if len(f) == 0:
         return View("tabA2", title, caption, note="omitted: no results")
     models = _models(f)
-    best = f.groupby(["dataset", "model"], sort=False).agg(fpr95=("fpr95", "min"), auroc=("auroc", "max")).reset_index()
+    best = _best_cells(f)
     datasets = [d for d in dict.fromkeys(f["dataset"]) if d != primary]
     rows = []
 
-    def row(name: str, sub: pd.DataFrame, bold: bool = False) -> dict:
+    def row(name: str, sub: pd.DataFrame, bold: bool = False, single: bool = True) -> dict:
         r = {"Dataset": Cell(name, bold=bold)}
         for m in models:
             s = sub[sub["model"] == m]
-            r[m] = f"{pct(s['fpr95'].mean())} / {pct(s['auroc'].mean())}" if len(s) else Cell("–", muted=True)
+            if len(s) == 0:
+                r[m] = Cell("–", muted=True)
+            else:
+                r[m] = s["text"].iloc[0] if single else f"{pct(s['fpr95'].mean())} / {pct(s['auroc'].mean())}"
         by_model = sub.groupby("model")[["fpr95", "auroc"]].mean()
         r["Mean"] = f"{pct(by_model['fpr95'].mean())} / {pct(by_model['auroc'].mean())}" if len(by_model) else "–"
         return r
 
     for d in datasets:
         rows.append(row(d, best[best["dataset"] == d]))
-    if len(datasets) > 1:
-        per_model = best[best["dataset"].isin(datasets)].groupby("model", sort=False)[["fpr95", "auroc"]].mean().reset_index()
-        rows.append(row("Mean", per_model, bold=True))
+    for name, members in _group_means(datasets, groups):
+        rows.append(row(name, best[best["dataset"].isin(members)], bold=True, single=False))
     if primary in set(best["dataset"]):
         rows.append(row(primary, best[best["dataset"] == primary]))
     return View("tabA2", title, caption, pd.DataFrame(rows))
+
+
+def _vocab_cells(rows: pd.DataFrame, cols: list[str]) -> dict[str, Cell]:
+    """One cell per vocabulary column of ``rows`` (:func:`fpr_cell`); bold the best deployable one,
+    mute the oracle (a lower bound, not a detector)."""
+    cells = {c: fpr_cell(rows[rows["col"] == c]) for c in cols}
+    deploy = [c for c in cols if np.isfinite(cells[c][0]) and _ORACLE not in c.lower()]
+    best = min(cells[c][0] for c in deploy) if deploy else np.nan
+    return {c: Cell(text, bold=bool(c in deploy and val == best), muted=_ORACLE in c.lower()) for c, (val, text) in cells.items()}
 
 
 def _vocab_column(frame: pd.DataFrame) -> pd.Series:
@@ -143,7 +199,7 @@ def vocabularies(frame: pd.DataFrame, primary: str) -> View:
     """Tab. 2."""
     title = "Tab. 2 — negative vocabularies x VLMs"
     caption = (
-        f"Zero-shot models with negative vocabularies on {primary}, FPR@95 (%). logit-sp.: the best "
+        f"Zero-shot models with negative vocabularies on {primary}, FPR@95 (%) with bootstrap 95% CIs (the Mean row has none). logit-sp.: the best "
         "vocabulary-free (logit-space) scorer. Bold: best deployable vocabulary per row (an 'oracle' vocabulary "
         "is a lower bound, not a detector)."
     )
@@ -157,61 +213,76 @@ def vocabularies(frame: pd.DataFrame, primary: str) -> View:
     rows = []
     values: dict[str, list[float]] = {c: [] for c in ["logit-sp."] + cols}
     for m in _models(v):
-        logit = _no_vocab(f[f["model"] == m])["fpr95"].min()
-        r = {"Model": m, "logit-sp.": pct(logit)}
-        values["logit-sp."].append(logit)
-        g = v[v["model"] == m].groupby("col")["fpr95"].mean()
-        deploy = [c for c in cols if c in g.index and _ORACLE not in c.lower()]
-        best = g[deploy].min() if deploy else np.nan
+        lf = _no_vocab(f[f["model"] == m])
+        logit = best_row(lf, "fpr95") if len(lf) else None
+        r = {"Model": m, "logit-sp.": "–" if logit is None else row_ci(logit, "fpr95")}
+        values["logit-sp."].append(np.nan if logit is None else logit["fpr95"])
+        g = v[v["model"] == m]
         for c in cols:
-            val = g.get(c, np.nan)
-            values[c].append(val)
-            r[c] = Cell(pct(val), bold=bool(c in deploy and val == best), muted=_ORACLE in c.lower())
-        rows.append(r)
+            values[c].append(fpr_cell(g[g["col"] == c])[0])
+        rows.append({**r, **_vocab_cells(g, cols)})
     rows.append({"Model": Cell("Mean", bold=True), **{c: pct(np.nanmean(x)) if np.isfinite(x).any() else "–" for c, x in values.items()}})
     return View("tab2", title, caption, pd.DataFrame(rows))
 
 
-def vocabularies_by_dataset(frame: pd.DataFrame, primary: str) -> View:
-    """Tab. A5."""
+def _group_means(datasets: list[str], groups: dict[str, str] | None) -> list[tuple[str, list[str]]]:
+    """("Mean", every set) when there are several, then ("Mean (<group>)", its sets) per group."""
+    out = [("Mean", datasets)] if len(datasets) > 1 else []
+    for group in dict.fromkeys((groups or {}).values()):
+        members = [d for d in datasets if (groups or {}).get(d) == group]
+        if members:
+            out.append((f"Mean ({group})", members))
+    return out
+
+
+def vocabularies_by_dataset(frame: pd.DataFrame, primary: str, groups: dict[str, str] | None = None) -> View:
+    """Tab. A5; ``groups`` as in :func:`dataset_by_model`."""
     title = "Tab. A5 — negative vocabularies on every OOD set"
-    caption = "FPR@95 (%) of each vocabulary, mean over the zero-shot models, per OOD set; bold: best deployable vocabulary."
+    caption = (
+        "FPR@95 (%) of each vocabulary, mean over the zero-shot models (one model: its value with its bootstrap 95% CI), "
+        f"per OOD set; bold: best deployable vocabulary. Mean rows (no CI): over the OOD sets (or a group's) other than {primary}, "
+        "each vocabulary over the sets it was run on."
+    )
     f = full_split(frame)
     v = f[(f["kind"] == "zero-shot") & f["vocabulary"].notna()]
     if len(v) == 0:
         return View("tabA5", title, caption, note="omitted: no zero-shot results with a vocabulary")
     v = v.assign(col=_vocab_column(v))
     cols = list(dict.fromkeys(v["col"]))
-    datasets = [d for d in dict.fromkeys(v["dataset"]) if d != primary] + ([primary] if primary in set(v["dataset"]) else [])
-    rows = []
-    for d in datasets:
-        g = v[v["dataset"] == d].groupby("col")["fpr95"].mean()
-        n = v[v["dataset"] == d]["n_ood"].iloc[0]
-        deploy = [c for c in cols if c in g.index and _ORACLE not in c.lower()]
-        best = g[deploy].min() if deploy else np.nan
-        rows.append({"Dataset": d, "n": str(n), **{c: Cell(pct(g.get(c, np.nan)), bold=bool(c in deploy and g.get(c) == best)) for c in cols}})
+    others = [d for d in dict.fromkeys(v["dataset"]) if d != primary]
+
+    def row(d: str) -> dict:
+        vd = v[v["dataset"] == d]
+        return {"Dataset": d, "n": str(vd["n_ood"].iloc[0]), **_vocab_cells(vd, cols)}
+
+    rows = [row(d) for d in others]
+    for name, members in _group_means(others, groups):
+        per = v[v["dataset"].isin(members)].groupby(["col", "dataset"])["fpr95"].mean().groupby("col").mean()
+        rows.append({"Dataset": Cell(name, bold=True), "n": "", **{c: pct(per.get(c, np.nan)) for c in cols}})
+    if primary in set(v["dataset"]):
+        rows.append(row(primary))
     return View("tabA5", title, caption, pd.DataFrame(rows))
 
 
 def split_rows(frame: pd.DataFrame) -> View:
-    """Tab. A4: rows of OOD sets that have a split column, with one row per split value."""
-    title = "Tab. A4 — fine-grained vs ordinary rows"
+    """The split view: rows of OOD sets that have a split column, with one row per split value."""
+    title = "Split view — fine-grained vs ordinary rows"
     caption = (
-        "FPR@95 (%) per detector (columns), mean over the models that ran it, on each OOD set with a split "
-        "column and on each of its parts. Bold: best detector per row."
+        "FPR@95 (%) per detector (columns), mean over the models that ran it (one model: its value with its bootstrap "
+        "95% CI), on each OOD set with a split column and on each of its parts. Bold: best detector per row."
     )
     split_sets = list(dict.fromkeys(frame.loc[frame["split"] != ALL_SPLIT, "dataset"]))
     if not split_sets:
-        return View("tabA4", title, caption, note="omitted: no OOD set has a split column (set split_column in the experiment)")
+        return View("splits", title, caption, note="omitted: no OOD set has a split column (set split_column in the experiment)")
     f = frame[frame["dataset"].isin(split_sets)]
     dets = order_detectors(list(f["det"]))
     rows = []
     for d in split_sets:
         g = f[f["dataset"] == d]
         for split in [ALL_SPLIT] + sorted(set(g["split"]) - {ALL_SPLIT}):
-            s = g[g["split"] == split].groupby("det")["fpr95"].mean()
-            best = s.min()
+            gs = g[g["split"] == split]
+            cells = {k: fpr_cell(gs[gs["det"] == k]) for k in dets}
+            best = np.nanmin([c[0] for c in cells.values()])
             name = d if split == ALL_SPLIT else f"  {split}"
-            n = g[g["split"] == split]["n_ood"].iloc[0]
-            rows.append({"Dataset / split": name, "n": str(n), **{k: Cell(pct(s.get(k, np.nan)), bold=bool(s.get(k) == best)) for k in dets}})
-    return View("tabA4", title, caption, pd.DataFrame(rows))
+            rows.append({"Dataset / split": name, "n": str(gs["n_ood"].iloc[0]), **{k: Cell(c[1], bold=bool(c[0] == best)) for k, c in cells.items()}})
+    return View("splits", title, caption, pd.DataFrame(rows))

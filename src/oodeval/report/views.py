@@ -3,6 +3,7 @@ or a note saying why it is omitted), plus the prepared results frame every table
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import numpy as np
@@ -10,7 +11,7 @@ import pandas as pd
 
 from ..results import ALL_SPLIT
 
-__all__ = ["Cell", "View", "Figure", "prepare", "add_det", "full_split", "pct", "order_detectors"]
+__all__ = ["Cell", "View", "Figure", "prepare", "add_det", "full_split", "pct", "pct_ci", "row_ci", "order_detectors", "best_row", "hp_text"]
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,7 @@ class View:
 
 @dataclass
 class Figure:
-    """One PNG figure of the report (``path`` None when omitted, with ``note`` saying why)."""
+    """One figure of the report: ``path`` its PNG (PDF and SVG beside it), None when omitted, with ``note`` saying why."""
 
     key: str
     title: str
@@ -59,8 +60,20 @@ def pct(value: float, digits: int = 1) -> str:
     return f"{100 * value:.{digits}f}"
 
 
-def order_detectors(labels: list[str]) -> list[str]:
-    """Detector labels in the paper's order (registry order), unknown ones after, alphabetically."""
+def pct_ci(value: float, lo: float = float("nan"), hi: float = float("nan"), digits: int = 1) -> str:
+    """A fraction as a percentage with its 95% CI: ``"65.0 [63.1, 66.9]"`` (the bounds left out when missing)."""
+    text = pct(value, digits)
+    if text == "–" or lo is None or hi is None or not (np.isfinite(lo) and np.isfinite(hi)):
+        return text
+    return f"{text} [{pct(lo, digits)}, {pct(hi, digits)}]"
+
+
+def row_ci(row: pd.Series, metric: str) -> str:
+    """``pct_ci`` of a prepared row's ``metric`` with its ``<metric>_lo`` / ``<metric>_hi`` bounds."""
+    return pct_ci(row[metric], row.get(f"{metric}_lo", np.nan), row.get(f"{metric}_hi", np.nan))
+
+
+def _detector_rank() -> dict[str, int]:
     from .. import detectors
 
     try:
@@ -71,13 +84,45 @@ def order_detectors(labels: list[str]) -> list[str]:
         zs = []
     supervised = detectors.names()
     paper = supervised + [n for n in zs if n not in supervised]
-    rank = {n: i for i, n in enumerate(paper)}
+    return {n: i for i, n in enumerate(paper)}
 
-    def key(label: str) -> tuple:
-        base = label.split(" ", 1)[0].split("[", 1)[0]
-        return (rank.get(base, len(rank)), label)
 
-    return sorted(set(labels), key=key)
+def _label_key(label: str, rank: dict[str, int]) -> tuple:
+    base = label.split(" ", 1)[0].split("[", 1)[0]
+    return (rank.get(base, len(rank)), label)
+
+
+def order_detectors(labels: list[str]) -> list[str]:
+    """Detector labels in the paper's order (registry order), unknown ones after, alphabetically."""
+    rank = _detector_rank()
+    return sorted(set(labels), key=lambda label: _label_key(label, rank))
+
+
+def best_row(rows: pd.DataFrame, metric: str = "fpr95") -> pd.Series:
+    """The row naming the best detector, by the one rule of every report view and figure (and the
+    demo's printed sub-sampling table, which reuses them):
+    lowest FPR@95 (``metric="fpr95"``) or highest AUROC (``metric="auroc"``); ties go to the better
+    other metric, then to the detector earlier in the paper's order, then to the label."""
+    if len(rows) == 0:
+        raise ValueError("best_row of no rows")
+    rank = _detector_rank()
+    other = "auroc" if metric == "fpr95" else "fpr95"
+    sign = {"fpr95": 1.0, "auroc": -1.0}
+    keys = [
+        (sign[metric] * r[metric], sign[other] * r[other], *_label_key(str(r["det"]), rank), i)
+        for i, (_, r) in enumerate(rows.iterrows())
+    ]
+    keys = [tuple(np.inf if isinstance(v, float) and np.isnan(v) else v for v in k) for k in keys]
+    return rows.iloc[min(keys)[-1]]
+
+
+def hp_text(hp_json_text: str) -> str:
+    """A configuration's overrides for display: ``{"k":5,"t":2.0}`` -> ``k=5, t=2.0``; ``{}`` -> ``defaults``."""
+    hp = json.loads(hp_json_text) if hp_json_text else {}
+    hp.pop("vocabulary", None)
+    search = hp.pop("search", {})
+    parts = [f"{k}={v}" for k, v in hp.items()] + [f"{k} searched in {v}" for k, v in search.items()]
+    return ", ".join(parts) or "defaults"
 
 
 def add_det(rows: pd.DataFrame) -> pd.DataFrame:
@@ -89,10 +134,8 @@ def add_det(rows: pd.DataFrame) -> pd.DataFrame:
     label = rows["label"].fillna(rows["detector"]).astype(str)
     vocab = rows["vocabulary"].astype("string")
     rows["det"] = np.where(vocab.isna(), label, label + "[" + vocab.fillna("") + "]")
-    hp = rows["hyperparameters"].astype(str)
-    hp = hp.where(vocab.isna(), hp.str.replace(r',?"vocabulary":"[^"]*"', "", regex=True).str.replace("{,", "{"))
     clash = rows.groupby(["model", "det"])["hyperparameters"].transform("nunique") > 1
-    rows.loc[clash, "det"] = rows.loc[clash, "det"] + " " + hp[clash]
+    rows.loc[clash, "det"] = rows.loc[clash, "det"] + " " + rows.loc[clash, "hyperparameters"].astype(str).map(hp_text)
     return rows
 
 
@@ -100,26 +143,21 @@ def prepare(df: pd.DataFrame) -> pd.DataFrame:
     """The ok rows with a display column ``det`` (label, plus vocabulary and hyperparameters
     where needed to tell configurations apart), averaged over seeds and weights.
 
-    Columns: model, kind, det, detector, vocabulary, dataset, split, fpr95, tnr95, auroc,
-    detection_error, id_accuracy, n_ood, runs.
+    Columns: model, kind, det, detector, hyperparameters, vocabulary, dataset, split, fpr95, tnr95,
+    auroc, detection_error, id_accuracy, n_ood, runs, the CI bounds ``fpr95_lo/hi``, ``auroc_lo/hi``
+    (each run's bootstrap bounds, averaged over runs) and ``fpr95_openood`` where the rows carry it.
     """
     ok = add_det(df[df["status"] == "ok"])
     if len(ok) == 0:
         return ok.assign(runs=pd.Series(dtype="int64"))
     vocab = ok["vocabulary"].astype("string")
-    keys = ["model", "kind", "det", "detector", "dataset", "split"]
+    keys = ["model", "kind", "det", "detector", "hyperparameters", "dataset", "split"]
     ok["vocabulary"] = vocab.fillna("")
+    means = ["fpr95", "tnr95", "auroc", "detection_error", "id_accuracy", "fpr95_lo", "fpr95_hi", "auroc_lo", "auroc_hi", "fpr95_openood"]
+    means = [m for m in means if m in ok.columns]
     agg = (
         ok.groupby(keys + ["vocabulary"], sort=False, dropna=False)
-        .agg(
-            fpr95=("fpr95", "mean"),
-            tnr95=("tnr95", "mean"),
-            auroc=("auroc", "mean"),
-            detection_error=("detection_error", "mean"),
-            id_accuracy=("id_accuracy", "mean"),
-            n_ood=("n_ood", "first"),
-            runs=("seed", "size"),
-        )
+        .agg(**{m: (m, "mean") for m in means}, n_ood=("n_ood", "first"), runs=("seed", "size"))
         .reset_index()
     )
     agg["vocabulary"] = agg["vocabulary"].replace("", None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -11,11 +12,36 @@ from .text import TextEncoder
 from .vocabulary import Vocabulary
 from .wordnet import DEFAULT_WORDNET, head_lemmas
 
-__all__ = ["build_wordnet", "read_id_names"]
+__all__ = ["build_wordnet", "read_id_names", "prompt_names"]
+
+_WNID = re.compile(r"^n\d{8}$")
+
+
+def prompt_names(names: Sequence[str], source: str) -> list[str]:
+    """Class names fit to be prompt text: ImageNet-1k wnids (``n01440764``) are mapped to their curated
+    names (``zeroshot.imagenet``); a wnid outside ImageNet-1k, or a list mixing wnids and names, is refused."""
+    names = [str(n) for n in names]
+    wn = [n for n in names if _WNID.match(n)]
+    if not wn:
+        return names
+    if len(wn) != len(names):
+        raise ValueError(f"ID names from {source} mix {len(wn)} WordNet ids (e.g. {wn[0]!r}) with names; "
+                         "give names only (a file, one per line, or 'imagenet1k')")
+    from .imagenet import class_names, wnids
+
+    index = {w: i for i, w in enumerate(wnids())}
+    unknown = [w for w in names if w not in index]
+    if unknown:
+        raise ValueError(f"ID names from {source} are WordNet ids, {len(unknown)} not in ImageNet-1k (e.g. {unknown[:3]}): "
+                         "wnids are never used as prompt text; give the class names in a file (one per line)")
+    curated = class_names()
+    return [curated[index[w]] for w in names]
 
 
 def read_id_names(spec: str) -> tuple[list[str], list[str] | None]:
-    """``imagenet1k`` -> (the 1000 unique curated names, wnids); a file -> (one name per line, None)."""
+    """``imagenet1k`` -> (the 1000 unique curated names, wnids); a file -> (one name per line, None).
+
+    A file of ImageNet-1k wnids gives their curated names (``prompt_names``)."""
     if spec == "imagenet1k":
         from .imagenet import class_names, wnids
 
@@ -30,7 +56,7 @@ def read_id_names(spec: str) -> tuple[list[str], list[str] | None]:
     if dup:
         repeated = [n for n, count in Counter(names).items() if count > 1]
         raise ValueError(f"ID names file {path} repeats {dup} names, e.g. {repeated[:3]}")
-    return names, None
+    return prompt_names(names, str(path)), None
 
 
 def build_wordnet(

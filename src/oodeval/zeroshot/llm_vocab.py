@@ -6,11 +6,16 @@ space-insensitive); the per-class lists are kept (for the k sweep) and the pool 
 concatenation. Repeated generations differ by the request parameter ``seed = generation``, so each one is
 cached separately and replays offline.
 
-EOE (Cao et al., ICML 2024): three prompt styles over the whole ID set, ``far`` and ``fine_grained``
-(one conversation asking for 50 outlier classes per turn until ``n_classes`` = 500 are reached) and
-``near`` (one prompt per ID class for a few neighbours). The prompt texts here follow the structure of
-EOE's release (semicolon-separated ID names, answers as ``- name`` lines) in our own words; pass
-``prompts=`` to use other wording. Answers are lower-cased, de-duplicated, and ID names removed.
+EOE (Cao et al., ICML 2024, released code): three prompt styles. ``far`` and ``fine_grained``: one
+conversation over the whole ID set asking for ``batch`` = 50 outlier classes per turn until
+``n_classes`` = 500 are asked for; ``near``: one prompt per ID class for ``per_class`` = 3 neighbours,
+then the release's word-overlap filter (a label sharing any whitespace-separated word with an ID
+name is dropped; the release compares the lower-cased LLM labels with the ID names as given, and so
+does this). Answers are lower-cased, de-duplicated, and ID names removed (case-insensitive), as released.
+
+Prompt wording comes from a prompt file (``zeroshot.prompts``; ours by default, EOE's released prompts
+when the user supplies them). Answers are read as lists only (``parse_list``): prose lines never
+become labels.
 """
 
 from __future__ import annotations
@@ -18,39 +23,15 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
+from pathlib import Path
 
 from ..llm import ChatClient
+from .prompts import load_prompts, prompts_provenance
 from .vocabulary import Vocabulary
 
-__all__ = ["SIBLING_PROMPT", "EOE_PROMPTS", "parse_list", "generate_siblings", "siblings_vocabulary", "generate_eoe"]
+__all__ = ["parse_list", "overlap_filter", "generate_siblings", "siblings_vocabulary", "generate_eoe"]
 
-SIBLING_PROMPT = (
-    "The image classifier knows this class: \"{name}\". List {k} other fine-grained visual categories "
-    "that are its nearest siblings: things a person could easily confuse with \"{name}\" in a photo but "
-    "that are NOT \"{name}\" and are not among the classifier's other classes. Use short common names. "
-    "Answer with one name per line, each line starting with '- ', and nothing else."
-)
-
-EOE_PROMPTS = {
-    "far": (
-        "An image classifier recognises these {n_id} classes: {id_names}. Name {batch} visual categories "
-        "that look clearly different from every one of them (far outliers for this classifier). "
-        "Answer with one name per line, each line starting with '- ', and nothing else."
-    ),
-    "fine_grained": (
-        "An image classifier recognises these {n_id} fine-grained classes: {id_names}. Name {batch} "
-        "fine-grained visual categories of the same kinds that are not in the list but look similar to "
-        "some of them. Answer with one name per line, each line starting with '- ', and nothing else."
-    ),
-    "near": (
-        "An image classifier recognises the class \"{name}\" among others. Name {batch} visual categories "
-        "that look similar to \"{name}\" but are different things. Answer with one name per line, each "
-        "line starting with '- ', and nothing else."
-    ),
-    "again": "Name {batch} more such categories, different from all the ones you gave, in the same format.",
-}
-
-_BULLET = re.compile(r"^\s*(?:[-*\u2022]|\d+[.)])\s*")
+_BULLET = re.compile(r"^\s*(?:[-*\u2022]|\d+[.)])\s+")
 
 
 def _key(name: str) -> str:
@@ -58,7 +39,8 @@ def _key(name: str) -> str:
 
 
 def parse_list(text: str) -> list[str]:
-    """Names from an answer: a JSON list of strings, or one name per (bulleted / numbered) line."""
+    """Names from an answer: a JSON list of strings, or the list-item lines (``- x``, ``* x``, ``1. x``,
+    ``1) x``). Any other line (preamble, prose, an item ending in ':' as a heading) is not a name."""
     text = text.strip()
     if text.startswith("```"):
         text = text.strip("`").split("\n", 1)[-1]
@@ -70,10 +52,19 @@ def parse_list(text: str) -> list[str]:
         pass
     out = []
     for line in text.splitlines():
-        name = _BULLET.sub("", line).strip().strip('"').strip()
-        if name and not line.strip().endswith(":"):
+        match = _BULLET.match(line)
+        if not match:
+            continue
+        name = line[match.end() :].strip().strip('"').strip()
+        if name and not name.endswith(":"):
             out.append(name)
     return out
+
+
+def overlap_filter(labels: Sequence[str], id_names: Sequence[str]) -> list[str]:
+    """EOE's near-style filter: drop every label that shares a whitespace-separated word with an ID name."""
+    words = {w for name in id_names for w in name.split()}
+    return [label for label in labels if not any(w in words for w in label.split())]
 
 
 def generate_siblings(
@@ -82,14 +73,14 @@ def generate_siblings(
     k: int = 20,
     generation: int = 0,
     synonyms: Sequence[frozenset[str]] | None = None,
-    prompt: str = SIBLING_PROMPT,
+    prompts: str | Path | None = None,
     progress: bool = True,
     **params,
 ) -> dict[str, list[str]]:
     """Per ID class, its filtered siblings (answer order, de-duplicated): ``{class name: [labels]}``.
 
     ``synonyms[i]``: normalised WordNet synonyms of class i (``wordnet.synonyms``); with the ID names
-    themselves they are removed from every class's list.
+    themselves they are removed from every class's list. ``prompts``: a prompt file (default: ours).
     """
     from tqdm import tqdm
 
@@ -98,6 +89,7 @@ def generate_siblings(
         if len(synonyms) != len(id_names):
             raise ValueError(f"{len(synonyms)} synonym sets for {len(id_names)} ID names")
         banned |= {_key(s) for group in synonyms for s in group}
+    prompt = load_prompts(prompts, needed=("siblings",))["siblings"]
     out: dict[str, list[str]] = {}
     for name in tqdm(id_names, desc=f"siblings gen {generation}", unit="class", disable=not progress):
         answer = client.complete(prompt.format(name=name, k=k), seed=generation, **params)
@@ -133,29 +125,34 @@ def generate_eoe(
     n_classes: int = 500,
     generation: int = 0,
     batch: int = 50,
-    prompts: dict[str, str] | None = None,
+    per_class: int = 3,
+    prompts: str | Path | None = None,
     **params,
 ) -> Vocabulary:
-    """EOE's envisioned outlier classes for one prompt style (far, near, fine_grained)."""
-    prompts = {**EOE_PROMPTS, **(prompts or {})}
+    """EOE's envisioned outlier classes for one prompt style (far, near, fine_grained), as released."""
     if style not in ("far", "near", "fine_grained"):
         raise ValueError(f"unknown EOE prompt style {style!r}; known: far, near, fine_grained")
+    keys = ("eoe.near.first",) if style == "near" else (f"eoe.{style}.first", f"eoe.{style}.again")
+    texts = load_prompts(prompts, needed=keys)
     names: list[str] = []
     if style == "near":
-        per_class = max(1, n_classes // max(len(id_names), 1))
         for name in id_names:
-            answer = client.complete(prompts["near"].format(name=name, batch=per_class), seed=generation, **params)
+            answer = client.complete(texts["eoe.near.first"].format(name=name, batch=per_class), seed=generation, **params)
             names.extend(parse_list(answer))
     else:
-        first = prompts[style].format(n_id=len(id_names), id_names="; ".join(id_names), batch=batch)
-        messages = [{"role": "user", "content": first}]
+        fields = {"n_id": len(id_names), "id_names": "; ".join(id_names), "batch": batch}
+        messages = [{"role": "user", "content": texts[keys[0]].format(**fields)}]
         for turn in range(max(1, -(-n_classes // batch))):
             if turn:
-                messages.append({"role": "user", "content": prompts["again"].format(batch=batch)})
+                messages.append({"role": "user", "content": texts[keys[1]].format(**fields)})
             answer = client.complete(messages, seed=generation, **params)
             messages.append({"role": "assistant", "content": answer})
             names.extend(parse_list(answer))
-    banned = {_key(n) for n in id_names}
-    labels = [s for s in dict.fromkeys(_key(n) for n in names) if s not in banned]
-    prov = {"style": style, "n_classes": n_classes, "generation": generation, "llm_model": client.model, "answers": len(names)}
+    lowered = list(dict.fromkeys(n.lower() for n in names))
+    banned = {n.lower() for n in id_names}
+    labels = [s for s in lowered if s not in banned]
+    if style == "near":
+        labels = overlap_filter(labels, id_names)
+    prov = {"style": style, "n_classes": n_classes, "batch": batch, "per_class": per_class, "generation": generation,
+            "llm_model": client.model, "answers": len(names), **prompts_provenance(prompts, keys)}
     return Vocabulary(labels, "eoe", prov)

@@ -1,4 +1,4 @@
-"""Load an open_clip model and tokenizer for text encoding (local weights, a hub tag, or random init).
+"""Load a VLM (open_clip, or ``hf:`` transformers) and tokenizer for text encoding (local weights, a hub tag, or random init).
 
 Delegates to ``oodeval.features.backbones.load_open_clip`` (the image side's loader), so the text
 tower gets the same architecture options (QuickGELU from an ``@tag``) and, for random init, the same
@@ -13,7 +13,8 @@ __all__ = ["load_clip"]
 
 
 def load_clip(model: str, weights: str | None = None, pretrained: str | None = None, seed: int = 0, device: str = "cpu"):
-    """``(model, tokenizer, name)`` for ``[open_clip:]<arch>[@<tag>]`` or a model-config ``.json`` path.
+    """``(model, tokenizer, name)`` for ``[open_clip:]<arch>[@<tag>]``, a model-config ``.json`` path, or
+    ``hf:<repo or folder>`` (``features.hf.load_hf``; ``pretrained`` any value but None/"none" = from_pretrained).
 
     weights: a local checkpoint file; pretrained: an open_clip tag to download (needs network), or
     None / "none" for random initialisation under ``torch.manual_seed(seed)`` (the global RNG is
@@ -25,6 +26,13 @@ def load_clip(model: str, weights: str | None = None, pretrained: str | None = N
     from ..features.backbones import load_open_clip
 
     name = model
+    if model.startswith("hf:"):
+        from ..features.hf import load_hf
+
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            net, _, tokenizer, _ = load_hf(model[3:], weights, pretrained not in (None, "none"))
+        return net.to(device).eval(), tokenizer, name
     path = Path(model)
     if path.suffix == ".json":
         if not path.is_file():

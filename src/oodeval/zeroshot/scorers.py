@@ -30,20 +30,24 @@ from sklearn.base import BaseEstimator
 
 from ..detectors.base import as_scores
 from ..features import FeatureSet
+from ..registry import Registry
 
 __all__ = [
-    "ZeroShotScorer", "REGISTRY", "names", "create", "score_zeroshot", "similarity_logits",
+    "ZeroShotScorer", "REGISTRY", "register", "names", "create", "score_zeroshot", "similarity_logits",
     "MCM", "MaxLogit", "Energy", "GEN", "Entropy", "Margin", "GLMCM", "NegLabel", "EOE",
 ]  # fmt: skip
 
-REGISTRY: dict[str, type[ZeroShotScorer]] = {}
+REGISTRY = Registry("zero-shot scorer", "oodeval.zeroshot_scorers")
 
 
-def _register(name: str):
+def register(name: str, order: int | None = None, vocabulary: bool = False):
+    """Class decorator: register a :class:`ZeroShotScorer` with tags "zeroshot" and "logit" (ID
+    names only) or, with ``vocabulary``, "needs-vocabulary" (scored against negatives too)."""
+    add = REGISTRY.register(name, tags=("zeroshot", "needs-vocabulary" if vocabulary else "logit"), order=order)
+
     def deco(cls):
-        REGISTRY[name] = cls
-        cls.name = name
-        return cls
+        cls.uses_negatives = vocabulary
+        return add(cls)
 
     return deco
 
@@ -80,43 +84,90 @@ def _max_softmax(logits: np.ndarray) -> np.ndarray:
     return np.exp(logits.max(axis=-1) - logsumexp(logits, axis=-1))
 
 
+def _prepare(name: str, x: np.ndarray, normalize: bool) -> np.ndarray:
+    """float64 rows of ``x``, l2-normalised first when ``normalize`` (zero rows refused), then checked unit."""
+    x = np.asarray(x, dtype=np.float64)
+    if normalize:
+        bad = ~np.isfinite(x)
+        if bad.any():
+            raise ValueError(f"{name} has {int(bad.sum())} non-finite values")
+        norms = np.linalg.norm(x, axis=-1, keepdims=True)
+        if (norms == 0).any():
+            raise ValueError(f"{name}: {int((norms == 0).sum())} rows have norm 0 and cannot be normalised")
+        x = x / norms
+    return _check_unit(name, x, x.ndim)
+
+
 class ZeroShotScorer(BaseEstimator):
-    """Base class: constructor = hyperparameters; ``score(image, id_text, negatives=None)``.
+    """Base class: constructor = hyperparameters; ``score(image, id_text, negatives=None, normalize=False)``.
 
     image: a FeatureSet whose ``features`` are l2-normalised image embeddings (N, E), or that array.
-    id_text: (C, E) l2-normalised ID label embeddings; negatives: (M, E) or None.
+    id_text: (C, E) l2-normalised ID label embeddings; negatives: (M, E) or None. ``normalize``
+    l2-normalises image rows (and patch features) chunk by chunk instead of requiring unit rows.
+    Images are streamed in row chunks (``features.stream.iter_chunks``: a memory-mapped store is read with
+    file reads), so peak memory is one chunk's float64 work arrays plus the text embeddings,
+    whatever N. Rows per chunk: ``chunk_rows`` if set, else ``CHUNK_ELEMENTS`` / the per-row width.
     """
 
     needs: ClassVar[tuple[str, ...]] = ("features",)
+    #: set by the registration (tag "needs-vocabulary")
     uses_negatives: ClassVar[bool] = False
-    chunk_rows: ClassVar[int] = 2048
+    chunk_rows: int | None = None
 
-    def score(self, image: FeatureSet | np.ndarray, id_text: np.ndarray, negatives: np.ndarray | None = None) -> np.ndarray:
+    def _row_width(self, image: FeatureSet, n_labels: int) -> int:
+        """float64 values one image row needs at once (embedding + its logits)."""
+        return int(image.features.shape[1]) + n_labels
+
+    def score(self, image: FeatureSet | np.ndarray, id_text: np.ndarray, negatives: np.ndarray | None = None,
+              normalize: bool = False) -> np.ndarray:
         """float64 (N,) scores, higher = more in-distribution."""
+        from ..detectors._common import CHUNK_ELEMENTS
+        from ..features.stream import iter_chunks
+
         who = type(self).__name__
         if isinstance(image, FeatureSet):
             image.require(self.needs, who)
-            n = len(image)
         else:
             if self.needs != ("features",):
                 raise ValueError(f"{who} needs {self.needs}: pass a FeatureSet, not an array")
             image = FeatureSet(features=np.asarray(image))
-            n = len(image)
         if negatives is not None and not self.uses_negatives:
             raise ValueError(f"{who} uses the ID names only; negatives were given ({len(negatives)})")
-        if n <= self.chunk_rows:
-            return as_scores(self._score(image, id_text, negatives), n, who)
-        parts = [
-            self._score(image.subset(slice(s, s + self.chunk_rows)), id_text, negatives)
-            for s in range(0, n, self.chunk_rows)
-        ]  # image chunks keep the (rows, labels) logit matrices small
-        return as_scores(np.concatenate(parts), n, who)
+        if not self.tau > 0:
+            raise ValueError(f"tau must be > 0, got {self.tau}")
+        id_text = _check_unit("text embeddings", id_text, 2)
+        if id_text.shape[0] == 0:
+            raise ValueError("no text embeddings (0 labels)")
+        if negatives is not None:
+            negatives = np.asarray(negatives, dtype=np.float64)
+            negatives = (negatives.reshape(0, image.features.shape[1]) if negatives.size == 0
+                         else _check_unit("negative text embeddings", negatives, 2))
+        for name, t in (("text", id_text), ("negative text", negatives)):
+            if t is not None and len(t) and t.shape[1] != image.features.shape[1]:
+                raise ValueError(f"image embeddings have dim {image.features.shape[1]}, {name} embeddings {t.shape[1]}")
+        n = len(image)
+        extras = [need[len("extra:") :] for need in self.needs if need.startswith("extra:")]
+        arrays = {"features": image.features, **{k: image.extras[k] for k in extras}}
+        n_labels = len(id_text) + (0 if negatives is None else len(negatives))
+        rows = self.chunk_rows or max(1, CHUNK_ELEMENTS // max(1, self._row_width(image, n_labels)))
+        out = np.empty(n)
+        for part, chunk in iter_chunks(arrays, rows):
+            feats = _prepare("image embeddings", chunk.pop("features"), normalize)
+            ex = {k: _prepare(k, v, normalize) for k, v in chunk.items()}
+            out[part] = self._score(FeatureSet(features=feats, extras=ex), id_text, negatives)
+        return as_scores(out, n, who)
 
     def _score(self, image: FeatureSet, id_text: np.ndarray, negatives: np.ndarray | None) -> np.ndarray:
+        """Scores of one chunk: float64 unit-norm ``image`` rows, validated float64 label embeddings."""
         raise NotImplementedError
 
 
-@_register("mcm")
+def _logits(image: np.ndarray, text: np.ndarray, tau: float) -> np.ndarray:
+    """image @ text.T / tau of already validated float64 arrays."""
+    return image @ text.T / tau
+
+
+@register("mcm", 1)
 class MCM(ZeroShotScorer):
     """max_c softmax_c(h't_c / tau) (MCM)."""
 
@@ -124,10 +175,10 @@ class MCM(ZeroShotScorer):
         self.tau = tau
 
     def _score(self, image, id_text, negatives):
-        return _max_softmax(similarity_logits(image.features, id_text, self.tau))
+        return _max_softmax(_logits(image.features, id_text, self.tau))
 
 
-@_register("maxlogit")
+@register("maxlogit", 2)
 class MaxLogit(ZeroShotScorer):
     """max_c h't_c / tau."""
 
@@ -135,10 +186,10 @@ class MaxLogit(ZeroShotScorer):
         self.tau = tau
 
     def _score(self, image, id_text, negatives):
-        return similarity_logits(image.features, id_text, self.tau).max(axis=1)
+        return _logits(image.features, id_text, self.tau).max(axis=1)
 
 
-@_register("energy")
+@register("energy", 3)
 class Energy(ZeroShotScorer):
     """T * logsumexp_c(l_c / T) on the tau-scaled logits (T = 1)."""
 
@@ -147,11 +198,11 @@ class Energy(ZeroShotScorer):
         self.temperature = temperature
 
     def _score(self, image, id_text, negatives):
-        logits = similarity_logits(image.features, id_text, self.tau)
+        logits = _logits(image.features, id_text, self.tau)
         return self.temperature * logsumexp(logits / self.temperature, axis=1)
 
 
-@_register("gen")
+@register("gen", 4)
 class GEN(ZeroShotScorer):
     """-sum over the top-M probabilities of p^g (1-p)^g (GEN; g = 0.1, M = 100, capped at C)."""
 
@@ -161,7 +212,7 @@ class GEN(ZeroShotScorer):
         self.top_m = top_m
 
     def _score(self, image, id_text, negatives):
-        logits = similarity_logits(image.features, id_text, self.tau)
+        logits = _logits(image.features, id_text, self.tau)
         m = min(int(self.top_m), logits.shape[1])
         if m < 1:
             raise ValueError(f"GEN top_m must be >= 1, got {self.top_m}")
@@ -175,7 +226,7 @@ class GEN(ZeroShotScorer):
         return -np.sum(top**self.gamma * rest**self.gamma, axis=1)
 
 
-@_register("entropy")
+@register("entropy", 5)
 class Entropy(ZeroShotScorer):
     """Negative entropy of the ID posterior, sum_c p log p (0 for a one-hot posterior)."""
 
@@ -183,11 +234,11 @@ class Entropy(ZeroShotScorer):
         self.tau = tau
 
     def _score(self, image, id_text, negatives):
-        logp = log_softmax(similarity_logits(image.features, id_text, self.tau), axis=1)
+        logp = log_softmax(_logits(image.features, id_text, self.tau), axis=1)
         return np.sum(np.exp(logp) * logp, axis=1)
 
 
-@_register("margin")
+@register("margin", 6)
 class Margin(ZeroShotScorer):
     """Gap between the two largest logits (``space="logit"``) or probabilities (``space="prob"``)."""
 
@@ -196,7 +247,7 @@ class Margin(ZeroShotScorer):
         self.space = space
 
     def _score(self, image, id_text, negatives):
-        logits = similarity_logits(image.features, id_text, self.tau)
+        logits = _logits(image.features, id_text, self.tau)
         if logits.shape[1] < 2:
             raise ValueError("margin needs at least 2 ID labels")
         if self.space == "prob":
@@ -207,7 +258,7 @@ class Margin(ZeroShotScorer):
         return top2[:, 0] - top2[:, 1]
 
 
-@_register("gl_mcm")
+@register("gl_mcm", 7)
 class GLMCM(ZeroShotScorer):
     """MCM + lambda * max_patches max_c softmax(patch logits) (GL-MCM; lambda = 1).
 
@@ -220,15 +271,23 @@ class GLMCM(ZeroShotScorer):
         self.tau = tau
         self.lam = lam
 
+    def _row_width(self, image: FeatureSet, n_labels: int) -> int:
+        p, e = image.extras["patch_features"].shape[1:3]
+        return (p + 1) * (e + n_labels)
+
+    def score(self, image, id_text, negatives=None, normalize=False):
+        if isinstance(image, FeatureSet) and "patch_features" not in image.extras:
+            src = image.meta.get("dataset", "this FeatureSet")
+            raise ValueError(f"gl_mcm needs patch features, which {src} does not have: extract the VLM with "
+                             "patch_features (`oodeval extract --patch-features`, `patch_features = true` in a grid)")
+        return super().score(image, id_text, negatives, normalize)
+
     def _score(self, image, id_text, negatives):
-        glob = _max_softmax(similarity_logits(image.features, id_text, self.tau))
-        patches = np.asarray(image.extras["patch_features"])
+        glob = _max_softmax(_logits(image.features, id_text, self.tau))
+        patches = image.extras["patch_features"]
         if patches.ndim != 3 or patches.shape[0] != len(image):
             raise ValueError(f"patch_features must be (N, P, E) with N={len(image)}, got {patches.shape}")
-        local = np.empty(len(image))
-        for start in range(0, len(image), 256):  # chunks: (n, P, C) logits stay small
-            chunk = similarity_logits(patches[start : start + 256], id_text, self.tau)
-            local[start : start + 256] = _max_softmax(chunk).max(axis=1)
+        local = _max_softmax(_logits(patches, id_text, self.tau)).max(axis=1)
         return glob + self.lam * local
 
 
@@ -237,7 +296,7 @@ def _log_share(lse_id: np.ndarray, lse_neg: np.ndarray) -> np.ndarray:
     return lse_id - np.logaddexp(lse_id, lse_neg)
 
 
-@_register("neglabel")
+@register("neglabel", 8, vocabulary=True)
 class NegLabel(ZeroShotScorer):
     """Eq. 3 with NegLabel's grouping (n_groups = 100, seed = 0). No negatives: the score is 1.
 
@@ -246,21 +305,19 @@ class NegLabel(ZeroShotScorer):
     equal size; when M < G every negative is its own group (G = M).
     """
 
-    uses_negatives = True
-
     def __init__(self, tau: float = 0.01, n_groups: int = 100, seed: int = 0) -> None:
         self.tau = tau
         self.n_groups = n_groups
         self.seed = seed
 
     def _score(self, image, id_text, negatives):
-        id_logits = similarity_logits(image.features, id_text, self.tau)
+        id_logits = _logits(image.features, id_text, self.tau)
         if negatives is None or len(negatives) == 0:
             return np.ones(len(id_logits))
         if int(self.n_groups) < 1:
             raise ValueError(f"n_groups must be >= 1, got {self.n_groups}")
         lse_id = logsumexp(id_logits, axis=1)
-        neg_logits = similarity_logits(image.features, negatives, self.tau)
+        neg_logits = _logits(image.features, negatives, self.tau)
         m = neg_logits.shape[1]
         groups = min(int(self.n_groups), m)
         keep = m - m % groups
@@ -270,38 +327,35 @@ class NegLabel(ZeroShotScorer):
         return np.exp(_log_share(lse_id[:, None], lse_neg)).mean(axis=1)
 
 
-@_register("eoe")
+@register("eoe", 9, vocabulary=True)
 class EOE(ZeroShotScorer):
     """max_ID p - beta * max_neg p, p = softmax over ID and negative logits (EOE; beta = 0.25).
 
     Without negatives it is MCM.
     """
 
-    uses_negatives = True
-
     def __init__(self, tau: float = 0.01, beta: float = 0.25) -> None:
         self.tau = tau
         self.beta = beta
 
     def _score(self, image, id_text, negatives):
-        id_logits = similarity_logits(image.features, id_text, self.tau)
+        id_logits = _logits(image.features, id_text, self.tau)
         if negatives is None or len(negatives) == 0:
             return _max_softmax(id_logits)
-        neg_logits = similarity_logits(image.features, negatives, self.tau)
+        neg_logits = _logits(image.features, negatives, self.tau)
         lse = np.logaddexp(logsumexp(id_logits, axis=1), logsumexp(neg_logits, axis=1))
         return np.exp(id_logits.max(axis=1) - lse) - self.beta * np.exp(neg_logits.max(axis=1) - lse)
 
 
-def names() -> list[str]:
-    """The zero-shot scorer names: 7 logit-space, then the 2 vocabulary-based ones."""
-    return list(REGISTRY)
+def names(*tags: str) -> list[str]:
+    """Zero-shot scorer names carrying every tag in ``tags``: the 7 logit-space ones ("logit"),
+    then the 2 vocabulary-based ones ("needs-vocabulary")."""
+    return REGISTRY.names(*tags)
 
 
 def create(name: str, **hyperparameters) -> ZeroShotScorer:
     """A new scorer ``name`` with the paper's defaults overridden by ``hyperparameters``."""
-    if name not in REGISTRY:
-        raise KeyError(f"unknown zero-shot scorer {name!r}; known: {', '.join(REGISTRY)}")
-    return REGISTRY[name](**hyperparameters)
+    return REGISTRY.create(name, **hyperparameters)
 
 
 def score_zeroshot(

@@ -11,6 +11,7 @@ full length. Results are cached per (model, weights, template set, label) when a
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from functools import lru_cache
@@ -21,21 +22,31 @@ import numpy as np
 from .templates import PAPER, templates_id
 from .text_cache import TextEmbeddingCache
 
-__all__ = ["TextEncoder", "encode_labels", "encode_prompts", "model_fingerprint"]
+__all__ = ["TextEncoder", "encode_labels", "encode_prompts", "model_fingerprint", "check_same_model"]
+
+log = logging.getLogger(__name__)
 
 
 def model_fingerprint(model) -> str:
     """Hash of the text tower's parameters and buffers (identifies random-init weights too)."""
-    import torch
+    from ..features.backbones import text_tower_fingerprint
 
-    from .._io import hash_arrays
+    return text_tower_fingerprint(model)
 
-    arrays = {}
-    for name, tensor in model.state_dict().items():
-        if name.startswith("visual."):
-            continue
-        arrays[name] = tensor.detach().to("cpu", torch.float32).numpy()
-    return hash_arrays(arrays)
+
+def check_same_model(text_tower: str, featuresets: dict) -> None:
+    """Raise ValueError unless every FeatureSet's recorded ``meta["text_tower"]`` (the fingerprint of the
+    VLM that made its image embeddings, stored at extraction) equals ``text_tower``, the fingerprint of
+    the model about to encode the labels. FeatureSets without a record (made elsewhere) get a warning."""
+    for name, fs in featuresets.items():
+        recorded = fs.meta.get("text_tower")
+        if recorded is None:
+            log.warning("%s: no text-tower fingerprint recorded with the image features; cannot check that the "
+                        "labels are encoded by the same model and weights", name)
+        elif recorded != text_tower:
+            raise ValueError(f"{name}: the image features were extracted with {fs.meta.get('model', 'another model')!r} "
+                             f"(weights {fs.meta.get('weights') or fs.meta.get('pretrained')}) whose text tower differs from the one "
+                             f"given for the labels (fingerprint {recorded[:12]} != {text_tower[:12]}); give the same model and weights")
 
 
 def _truncation_kind(model) -> str | None:

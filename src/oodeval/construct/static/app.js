@@ -1,8 +1,10 @@
 "use strict";
 // oodeval construct annotation page: one queue at a time, evidence beside the image, keyboard first.
+// Enter acts only inside the verdict form; every submission carries a fresh id and the row it revises.
 
 const $ = (sel) => document.querySelector(sel);
-const state = { me: null, stage: 1, items: [], pos: 0, item: null, shortcutClasses: [], seq: 0 };
+const state = { me: null, stage: 1, items: [], pos: 0, item: null, shortcutClasses: [], seq: 0, busy: false };
+const FIELD_NAMES = { verdict: "verdict", ood_label: "OOD label", fine_grained: "fine-grained flag", id_class: "ID class" };
 
 function el(tag, attrs = {}, ...children) {
   const node = document.createElement(tag);
@@ -36,6 +38,15 @@ function className(label) {
   return label === null || label === undefined ? "" : `${names[label] ?? label} (${label})`;
 }
 
+function submissionId() {
+  const bytes = crypto.getRandomValues(new Uint8Array(16));
+  return Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
+}
+
+function mine(p) {
+  return p.annotator === state.me.name;
+}
+
 function renderProgress() {
   const body = $("#progress tbody");
   body.replaceChildren();
@@ -44,6 +55,9 @@ function renderProgress() {
     body.append(el("tr", { "data-annotator": p.annotator },
       el("td", { text: p.annotator }), el("td", { text: s1 }), el("td", { text: `${p.stage3_done}/${p.stage3_total}` })));
   }
+  const me = state.me.progress.find(mine);
+  const waiting = me ? me.stage3_waiting : 0;
+  $("#waiting").textContent = waiting ? `${waiting} image${waiting > 1 ? "s" : ""} wait for you in Stage 3 (press s)` : "";
 }
 
 async function loadMe() {
@@ -108,19 +122,34 @@ function renderEvidence(item) {
   }
 }
 
+function describeState(item) {
+  const o = item.outcome;
+  if (item.status === "final" && o) {
+    const what = o.verdict === "ood" ? `OOD — ${o.ood_label}${o.fine_grained ? " (fine-grained)" : ""}` : o.verdict === "id" ? `ID — ${className(o.id_class)}` : "ambiguous";
+    return `Decided at Stage ${o.stage}: ${what}.`;
+  }
+  if (item.status === "stage3") return "The two Stage-1 verdicts differ: the image waits for the joint review in Stage 3.";
+  if (item.status === "final") return "Decided.";
+  return item.my_stage1 ? "Your verdict is in; you can revise or undo it until both verdicts are in." : "Waiting for your verdict.";
+}
+
 function renderStage3(item) {
   const panel = $("#stage3-panel");
   panel.hidden = !(state.stage === 3 && item.in_stage3);
   if (panel.hidden) return;
+  const diff = item.differences || [];
+  $("#stage3-differences").textContent = `The Stage-1 verdicts differ on: ${diff.map((d) => FIELD_NAMES[d]).join(", ") || "nothing"}.`;
   const body = $("#stage3-table tbody");
   body.replaceChildren();
+  const cell = (text, field) => el("td", diff.includes(field) ? { class: "differs", text } : { text });
   for (const v of [...(item.stage1 || []), ...(item.stage3 || [])]) {
     body.append(el("tr", { class: `verdict-row stage${v.stage}` },
-      el("td", { text: String(v.stage) }), el("td", { text: v.annotator }), el("td", { text: v.verdict }),
-      el("td", { text: v.ood_label || "" }), el("td", { text: v.fine_grained ? "yes" : "" }), el("td", { text: className(v.id_class) })));
+      el("td", { text: String(v.stage) }), el("td", { text: v.annotator }), cell(v.verdict, "verdict"),
+      cell(v.ood_label || "", "ood_label"), cell(v.fine_grained ? "yes" : "", "fine_grained"), cell(className(v.id_class), "id_class")));
   }
   const o = item.outcome || {};
-  $("#stage3-outcome").textContent = o.status === "final" ? `Decided: ${o.verdict}${o.ood_label ? " — " + o.ood_label : ""}` : "Waiting for all three Stage-3 verdicts (full consensus needed).";
+  $("#stage3-outcome").textContent = o.status === "final" ? `Decided: ${o.verdict}${o.ood_label ? " — " + o.ood_label : ""}`
+    : "Waiting for all three Stage-3 verdicts: all three must agree on the verdict, OOD label, fine-grained flag and ID class.";
 }
 
 function fillForm(v) {
@@ -133,71 +162,110 @@ function fillForm(v) {
   $("#note").value = v.note || "";
 }
 
+function myVerdict(item) {
+  return state.stage === 1 ? item.my_stage1 : (item.stage3 || []).find(mine);
+}
+
 async function show(pos, seq = ++state.seq) {
   state.pos = pos;
   const empty = state.items.length === 0;
   $("#empty").hidden = !empty;
-  $("#item").hidden = empty;
-  $("#position").textContent = empty ? "" : `Stage ${state.stage}: image ${pos + 1} of ${state.items.length} (${state.items.filter((i) => i.done).length} done)`;
-  if (empty) return;
+  $("#empty").textContent = state.stage === 3 ? "No image is in Stage 3." : "Nothing in this queue.";
+  $("#position").textContent = empty ? `Stage ${state.stage}` : `Stage ${state.stage}: image ${pos + 1} of ${state.items.length} (${state.items.filter((i) => i.done).length} done)`;
+  if (empty) {
+    state.item = null;
+    $("#item").hidden = true;
+    return;
+  }
   const item = await api(`/api/item?image=${encodeURIComponent(state.items[pos].image)}`);
   if (seq !== state.seq) return;
   state.item = item;
+  $("#item").hidden = false;
   $("#image").src = item.image_url;
   $("#image").dataset.image = item.image;
   $("#meta").textContent = item.image;
+  $("#state").textContent = describeState(item);
   renderEvidence(item);
   renderStage3(item);
-  const mine = state.stage === 1 ? item.my_stage1 : (item.stage3 || []).find((v) => v.annotator === state.me.name);
-  fillForm(mine);
+  const own = myVerdict(item);
+  fillForm(own);
   $("#form-legend").textContent = state.stage === 1 ? "Your Stage-1 verdict (independent)" : "Your Stage-3 verdict (joint review)";
-  $("#submit").disabled = state.stage === 3 && item.outcome && item.outcome.status === "final";
+  const open = state.stage === 1 ? item.status === "stage1" : item.status === "stage3";
+  $("#submit").disabled = !open;
+  const undoable = own && (state.stage === 1 ? !item.in_stage3 : item.status === "stage3");
+  $("#undo").disabled = !undoable;
 }
 
-async function submit(event) {
+async function post(body, done) {
+  if (state.busy) return;
+  state.busy = true;
+  try {
+    const res = await api("/api/verdict", { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) });
+    if (document.activeElement) document.activeElement.blur(); // the next keys navigate, not edit the last field
+    await loadMe();
+    await loadQueue(state.stage, done === "undo" ? res.image : null);
+    const left = state.items.filter((i) => !i.done).length;
+    say(done === "undo" ? `undone: your verdict on ${res.image} is withdrawn (row ${res.row})`
+      : `saved ${body.verdict} for ${res.image} (row ${res.row})` + (left ? "" : " — this queue is finished"));
+  } catch (err) {
+    say(err.message, "error");
+  } finally {
+    state.busy = false;
+  }
+}
+
+function submit(event) {
   if (event) event.preventDefault();
+  if (!state.item || $("#submit").disabled) return say("nothing to submit here", "error");
   const checked = document.querySelector("input[name=verdict]:checked");
   if (!checked) return say("choose OOD (o), ID (i) or ambiguous (a) first", "error");
   const verdict = checked.value;
-  const body = { image: state.item.image, stage: state.stage, verdict, note: $("#note").value || null };
+  const body = { image: state.item.image, stage: state.stage, verdict, note: $("#note").value || null,
+    submission: submissionId(), base: state.item.my_last_row[state.stage] };
   if (verdict === "ood") {
     body.ood_label = $("#ood-label").value;
     body.fine_grained = $("#fine-grained").checked;
   }
   if (verdict === "id") body.id_class = $("#id-class").value === "" ? null : Number($("#id-class").value);
-  try {
-    const res = await api("/api/verdict", { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) });
-    await loadMe();
-    await loadQueue(state.stage, null);
-    const left = state.items.filter((i) => !i.done).length;
-    say(`saved ${verdict} for ${res.image} (row ${res.row})` + (left ? "" : " — this queue is finished"));
-  } catch (err) {
-    say(err.message, "error");
-  }
+  return post(body, "saved");
 }
 
-function chooseVerdict(v) {
+function undo() {
+  if (!state.item || $("#undo").disabled) return say("nothing to undo here", "error");
+  return post({ image: state.item.image, stage: state.stage, verdict: "withdrawn", submission: submissionId(),
+    base: state.item.my_last_row[state.stage] }, "undo");
+}
+
+function chooseVerdict(v, focus) {
   $(`#v-${v}`).checked = true;
   if (v !== "ood") $("#fine-grained").checked = false;
+  $(focus || `#v-${v}`).focus();
 }
 
 function onKey(event) {
   const t = event.target;
-  const typing = t instanceof HTMLInputElement && t.type === "text" || t instanceof HTMLSelectElement || t instanceof HTMLTextAreaElement
+  const inForm = $("#verdict-form").contains(t);
+  const typing = t instanceof HTMLSelectElement || t instanceof HTMLTextAreaElement
     || (t instanceof HTMLInputElement && !["radio", "checkbox"].includes(t.type));
-  if (event.key === "Escape") { t.blur && t.blur(); return; }
-  if (event.key === "Enter" && t instanceof HTMLSelectElement && state.item) { event.preventDefault(); submit(); return; }
-  if (typing || event.ctrlKey || event.metaKey || event.altKey || !state.item) return;
+  if (event.key === "Escape") { if (state.item) $("#verdict-form").focus(); return; }
+  if (event.key === "Enter") {
+    // only inside the verdict form; on links, tabs and buttons elsewhere Enter keeps its usual meaning
+    if (inForm && !(t instanceof HTMLButtonElement)) { event.preventDefault(); submit(); }
+    return;
+  }
+  if (typing || event.ctrlKey || event.metaKey || event.altKey || !state.me || $("#app").hidden) return;
   const k = event.key;
-  if (k === "o") { chooseVerdict("ood"); $("#ood-label").focus(); }
-  else if (k === "i") { chooseVerdict("id"); $("#id-class").focus(); }
+  if (k === "s" && state.me.role === "stage1") loadQueue(state.stage === 1 ? 3 : 1);
+  else if (!state.item) return;
+  else if (k === "o") chooseVerdict("ood", "#ood-label");
+  else if (k === "i") chooseVerdict("id", "#id-class");
   else if (k === "a") chooseVerdict("ambiguous");
-  else if (k === "f") { chooseVerdict("ood"); $("#fine-grained").checked = !$("#fine-grained").checked; }
+  else if (k === "f") { chooseVerdict("ood", "#fine-grained"); $("#fine-grained").checked = !$("#fine-grained").checked; }
   else if (/^[1-9]$/.test(k) && state.shortcutClasses[Number(k) - 1] !== undefined) {
-    chooseVerdict("id");
+    chooseVerdict("id", "#id-class");
     $("#id-class").value = String(state.shortcutClasses[Number(k) - 1]);
   }
-  else if (k === "Enter") submit();
+  else if (k === "u") undo();
   else if ((k === "n" || k === "ArrowRight") && state.pos + 1 < state.items.length) show(state.pos + 1);
   else if ((k === "p" || k === "ArrowLeft") && state.pos > 0) show(state.pos - 1);
   else return;
@@ -209,12 +277,16 @@ async function main() {
     await loadMe();
   } catch (err) {
     $("#login").hidden = false;
-    if (err.status !== 401) $("#login-error").textContent = err.message;
+    if (location.hash === "#login-failed") $("#login-error").textContent = "That access token is not valid. Use the one `oodeval construct init` printed for you, or ask for a new one (`construct token reissue`).";
+    else if (err.status !== 401) $("#login-error").textContent = `The server answered: ${err.message}`;
+    $("#token-input").focus();
     return;
   }
+  if (location.hash) history.replaceState(null, "", "/");
   $("#app").hidden = false;
   document.querySelectorAll("nav button").forEach((b) => b.addEventListener("click", () => loadQueue(Number(b.dataset.stage))));
   $("#verdict-form").addEventListener("submit", submit);
+  $("#undo").addEventListener("click", undo);
   document.addEventListener("keydown", onKey);
   await loadQueue(state.me.role === "stage1" ? 1 : 3);
 }

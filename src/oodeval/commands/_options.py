@@ -1,0 +1,100 @@
+"""The options several sub-commands share, defined once: progress, device, pretrained weights, output.
+
+Every (nested) sub-command is made with :func:`add_command`, which gives it a description and an
+example in its ``--help``; ``-v`` is added to all of them by :mod:`oodeval.cli`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import textwrap
+from pathlib import Path
+
+__all__ = ["Formatter", "add_command", "add_progress", "add_device", "add_pretrained", "with_pretrained", "add_out", "examples"]
+
+#: ``--pretrained`` given without a TAG: the weights the model name itself names
+FROM_MODEL_NAME = "from-model-name"
+
+
+class Formatter(argparse.HelpFormatter):
+    """argparse's formatter, except that blocks with lines indented by two spaces (examples) stay
+    as written. argparse's own ``RawDescriptionHelpFormatter`` would keep them too, but would also
+    stop wrapping the long descriptions."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        out = []
+        for block in text.split("\n\n"):
+            if block.startswith("  ") or "\n  " in block:
+                out.append("\n".join(indent + line for line in block.splitlines()))
+            else:
+                out.append(textwrap.fill(" ".join(block.split()), width, initial_indent=indent, subsequent_indent=indent))
+        return "\n\n".join(out)
+
+
+def examples(*lines: str) -> str:
+    """An epilog: ``examples:`` and one command per line."""
+    return "examples:\n" + "\n".join(f"  {line}" for line in lines)
+
+
+def add_command(sub, name: str, help: str, example: str | list[str], description: str | None = None, **options) -> argparse.ArgumentParser:
+    """A sub-command parser with a description (default: ``help``) and its example(s) in ``--help``;
+    ``options`` go to ``add_parser``."""
+    lines = [example] if isinstance(example, str) else list(example)
+    return sub.add_parser(name, help=help, description=description or help, epilog=examples(*lines), formatter_class=Formatter, **options)
+
+
+def add_progress(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+
+
+def add_device(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda or cuda:N (default auto)")
+
+
+def resolve_device(device: str) -> str:
+    """``auto`` -> ``cuda`` when torch sees a GPU, else ``cpu``; anything else unchanged."""
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def add_pretrained(p: argparse.ArgumentParser, absent: str) -> None:
+    """``--pretrained [TAG]``; ``absent`` says what the command does without it."""
+    p.add_argument(
+        "--pretrained", nargs="?", const=FROM_MODEL_NAME, default=None, metavar="TAG",
+        help="download weights from the hub (needs network): alone, the ones the model name names (timm's default, "
+        f"open_clip's ARCH@TAG); with TAG, that pretrained tag; 'none': random init. Without it: {absent}",
+    )  # fmt: skip
+
+
+def with_pretrained(model: str, value: str | None, kind: str) -> tuple[str, bool]:
+    """``(model name carrying the hub tag, whether to download)`` for a ``--pretrained`` value.
+
+    ``kind``: "open_clip" (a TAG joins the name as ``ARCH@TAG``) or "timm" (``NAME.TAG``); a
+    name that already carries a different tag is refused. Other kinds ("hf", "python") take
+    ``--pretrained`` alone or ``none`` only.
+    """
+    if value in (None, "none"):
+        return model, False
+    if value == FROM_MODEL_NAME:
+        return model, True
+    if kind not in ("open_clip", "timm"):
+        raise ValueError(f"--pretrained {value} names a hub tag, which only timm and open_clip models have; "
+                         "give --pretrained alone for the weights the model name names")
+    sep = "@" if kind == "open_clip" else "."
+    _, tagged, tag = model.removeprefix(f"{kind}:").partition(sep)
+    if tagged and tag != value:
+        raise ValueError(f"--model {model} already names the weights {tag!r}; --pretrained {value} disagrees")
+    return (model if tagged else f"{model}{sep}{value}"), True
+
+
+def add_out(p: argparse.ArgumentParser, what: str, *, folder: bool = False, required: bool = False, default: Path | None = None,
+            flag: str = "--out") -> None:
+    """The output option: a new path, or one that holds an earlier ``what`` written by oodeval."""
+    kind = "folder" if folder else "file"
+    shown = f" (default {default})" if default is not None else ""
+    p.add_argument(flag, type=Path, required=required, default=default, metavar="DIR" if folder else "PATH",
+                   help=f"{kind} for the {what}{shown}: a new path, or one holding an earlier {what} of oodeval's; "
+                   "anything else is refused")  # fmt: skip

@@ -1,0 +1,47 @@
+"""The opt-in hyperparameter search of a detector on validation data, never on a test set.
+
+A detector entry with ``search = { k = [10, 50, 1000] }`` is fitted once per candidate (the grid's
+product) on ID-train and scored on ``[selection]``'s ``validation_id`` split and ``validation_ood``
+set; the candidate with the lowest FPR@95 wins (ties: the higher AUROC, then the earlier candidate in
+grid order). Only the winner is evaluated on the test sets, and every one of its result rows records
+the choice (column ``selection``). This is the role of OpenOOD's APS mode and pytorch-ood's grid
+search, restricted to data that the config names as validation data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from itertools import product
+
+__all__ = ["choose_on_validation", "VALIDATION_ROLES"]
+
+VALIDATION_ROLES = ("validation_id", "validation_ood")
+
+
+def choose_on_validation(run, spec, cfg):
+    """``(spec with the chosen hyperparameters, the sentence recorded with its rows)``."""
+    from ..metrics import auroc, fpr_at_tpr
+    from .runner import _Scorer
+
+    for role in VALIDATION_ROLES:
+        if role in run.errors or role not in run.feats:
+            raise RuntimeError(run.errors.get(role, f"no {role} features for the hyperparameter search"))
+    names = list(spec.search)
+    best = None
+    for values in product(*(spec.search[n] for n in names)):
+        hp = {**spec.hyperparameters, **dict(zip(names, values))}
+        train = run.feats.get("id_train")
+        scorer = _Scorer(run.model, replace(spec, hyperparameters=hp), hp, run.context, train if train is not None else run.feats.get("id_test"))
+        scorer.fit(train)
+        s_id, s_ood = scorer.score(run.feats["validation_id"]), scorer.score(run.feats["validation_ood"])
+        key = (fpr_at_tpr(s_id, s_ood), -auroc(s_id, s_ood))
+        if best is None or key < best[0]:
+            best = (key, hp, dict(zip(names, values)))
+    (fpr, neg_auc), hp, chosen = best
+    grid = "; ".join(f"{n} in {spec.search[n]}" for n in names)
+    sel = cfg.selection
+    note = (
+        f"validation: {', '.join(f'{k}={v}' for k, v in chosen.items())} chosen from {grid} by FPR@95 on "
+        f"{sel.validation_id.name} vs {sel.validation_ood.name} (FPR@95 {100 * fpr:.1f}%, AUROC {-100 * neg_auc:.1f}%)"
+    )
+    return replace(spec, hyperparameters=hp, search={}), note

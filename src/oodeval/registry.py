@@ -1,0 +1,101 @@
+"""One way to make something creatable by name: the post-hoc detectors and the zero-shot scorers.
+
+A :class:`Registry` maps names to classes, each registered with ``@REGISTRY.register(name,
+tags=(...), order=N)``. ``names(*tags)`` lists the names carrying every given tag, sorted by
+``order`` (the paper's order; unordered entries follow in registration order), so no list of
+names is written twice. Packages extend a registry by naming a module in its entry-point group
+(``oodeval.detectors`` / ``oodeval.zeroshot_scorers``); the module is imported on first use and
+registers its classes, so they work in every command (docs/extending.md). ``create(name, **hyperparameters)`` builds one and names the valid
+hyperparameters when given an unknown one. Tags in use: "paper21" (the Fi-ImageNet-1k paper's 21
+post-hoc detectors), the paper's groups "logit", "activation", "feature", "hybrid", "cnc" (reads
+the outlier class of a K+1 model), "zeroshot" and "needs-vocabulary" (a negative vocabulary).
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Callable, Iterator, Mapping
+from importlib.metadata import entry_points
+
+__all__ = ["Registry"]
+
+
+class Registry(Mapping[str, type]):
+    """name -> class, with tags and an order. On first use ``load`` (optional) imports the
+    registering modules, then the modules of entry-point ``group`` are imported (plugins), so
+    that importing the package stays light."""
+
+    def __init__(self, kind: str, group: str, load: Callable[[], None] | None = None) -> None:
+        self.kind = kind
+        self.group = group
+        self._load = load
+        self._loaded = False
+        self._classes: dict[str, type] = {}
+        self._tags: dict[str, frozenset[str]] = {}
+        self._order: dict[str, float] = {}
+
+    def register(self, name: str, *, tags: tuple[str, ...] = (), order: int | None = None) -> Callable[[type], type]:
+        """Class decorator: make ``name`` creatable; sets ``cls.name`` and ``cls.tags``."""
+
+        def deco(cls: type) -> type:
+            if name in self._classes and self._classes[name] is not cls:
+                raise ValueError(f"{self.kind} {name!r} registered twice")
+            self._classes[name] = cls
+            self._tags[name] = frozenset(tags)
+            self._order[name] = math.inf if order is None else order
+            cls.name, cls.tags = name, frozenset(tags)
+            return cls
+
+        return deco
+
+    def _ensure_loaded(self) -> None:
+        if not self._loaded:
+            self._loaded = True
+            if self._load is not None:
+                self._load()
+            for plugin in entry_points(group=self.group):
+                plugin.load()
+
+    def __getitem__(self, name: str) -> type:
+        self._ensure_loaded()
+        if name not in self._classes:
+            raise KeyError(f"unknown {self.kind} {name!r}; known: {', '.join(self.names())}")
+        return self._classes[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())
+
+    def __len__(self) -> int:
+        self._ensure_loaded()
+        return len(self._classes)
+
+    def __contains__(self, name: object) -> bool:
+        self._ensure_loaded()
+        return name in self._classes
+
+    def all_tags(self) -> list[str]:
+        """Every tag in use, sorted."""
+        self._ensure_loaded()
+        return sorted(set().union(*self._tags.values()))
+
+    def names(self, *tags: str) -> list[str]:
+        """Names carrying every tag in ``tags`` (all names when none), in registry order."""
+        self._ensure_loaded()
+        unknown = sorted(set(tags) - set(self.all_tags()))
+        if unknown:
+            raise ValueError(f"unknown {self.kind} tag(s) {', '.join(unknown)}; tags: {', '.join(self.all_tags())}")
+        index = {n: i for i, n in enumerate(self._classes)}
+        chosen = [n for n in self._classes if self._tags[n].issuperset(tags)]
+        return sorted(chosen, key=lambda n: (self._order[n], index[n]))
+
+    def create(self, name: str, **hyperparameters: object) -> object:
+        """A new ``name`` with its defaults overridden by ``hyperparameters`` (unknown ones refused)."""
+        cls = self[name]
+        params = inspect.signature(cls).parameters
+        unknown = sorted(set(hyperparameters) - set(params))
+        if unknown and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+            raise ValueError(
+                f"{self.kind} {name!r} has no hyperparameter(s) {', '.join(unknown)}; it takes: {', '.join(sorted(params)) or 'none'}"
+            )
+        return cls(**hyperparameters)

@@ -1,0 +1,209 @@
+"""The annotation page in headless Chromium: a pool SVG that cannot run, the page's states, and a keyboard-only
+walk of two annotators who disagree on the OOD label through Stage 3 to an agreed export."""
+
+import csv
+import shutil
+import time
+
+import pytest
+
+from oodeval.cli import main
+from oodeval.construct.rules import Outcome
+from test_construct_app import make_project, start
+
+CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+
+
+@pytest.fixture
+def browser(tmp_path):
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage",
+                f"--user-data-dir={tmp_path / 'chromium-profile'}", "--window-size=1280,900"):
+        opts.add_argument(arg)
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
+    driver.set_page_load_timeout(30)
+    yield driver
+    driver.quit()
+    shutil.rmtree(tmp_path / "chromium-profile", ignore_errors=True)
+
+
+@pytest.fixture
+def app(request, tmp_path):
+    project, store, tokens = make_project(tmp_path, **getattr(request, "param", {"svg": True}))
+    server, base = start(project)
+    yield base, store, tokens, project
+    server.shutdown()
+    server.server_close()
+
+
+class Page:
+    """Keyboard-only driving of the page: log in by typing the token, then keys to the focused element."""
+
+    def __init__(self, browser, base, tokens):
+        from selenium.webdriver.common.by import By
+        from selenium.webdriver.support.ui import WebDriverWait
+
+        self.d, self.base, self.tokens, self.By = browser, base, tokens, By
+        self.wait = WebDriverWait(browser, 30)
+
+    def text(self, id_):
+        return self.d.find_element(self.By.ID, id_).text
+
+    def shown(self, id_):
+        return self.d.find_element(self.By.ID, id_).is_displayed()
+
+    def keys(self, *seq):
+        for k in seq:
+            self.d.switch_to.active_element.send_keys(k)
+
+    def login(self, name):
+        from selenium.webdriver.common.keys import Keys
+
+        self.d.delete_all_cookies()  # the next annotator's own browser
+        self.d.get(self.base + "/")
+        self.wait.until(lambda d: self.shown("login"))
+        self.keys(self.tokens[name], Keys.ENTER)
+        self.wait.until(lambda d: name in self.text("who"))
+        self.wait.until(lambda d: self.text("position").startswith("Stage"))
+
+    def at_image(self, image):
+        self.wait.until(lambda d: d.find_element(self.By.ID, "image").get_attribute("data-image") == image)
+
+    def saved(self, prefix="saved"):
+        self.wait.until(lambda d: self.text("message").startswith(prefix))
+        self.d.execute_script("document.getElementById('message').textContent = ''")
+
+
+def test_a_pool_svg_with_a_script_does_not_run_as_a_page(app, browser):
+    base, store, tokens, project = app
+    svg = project.candidates[0].image
+    assert svg.endswith(".svg")
+    page = Page(browser, base, tokens)
+    page.login("alice")  # logged in: the script would act as alice
+    assert page.text("who").startswith("alice")  # the app's own script runs
+    browser.get(f"{base}/image?image={svg}")
+    time.sleep(1.0)  # time for the script's two fetches, had it run
+    assert "ran as" not in browser.title and "not a raster image" in browser.page_source
+    example = f"{base}/example?label=0&k=0"  # the HTML page among the ID examples
+    browser.get(example)
+    time.sleep(0.5)
+    assert browser.title != "ran" and "not a raster image" in browser.page_source
+    assert store.rows() == []
+
+
+@pytest.mark.parametrize("app", [{"long_names": True}], indirect=True)
+def test_page_states(app, browser):
+    from selenium.webdriver.common.keys import Keys
+
+    base, store, tokens, project = app
+    page = Page(browser, base, tokens)
+    first, second = project.candidates[0].image, project.candidates[1].image
+    browser.get(base + "/")  # logged out: only the login form, no app skeleton or broken image
+    page.wait.until(lambda d: page.shown("login"))
+    assert not page.shown("app") and not page.shown("image")
+    page.keys("not-a-token", Keys.ENTER)
+    page.wait.until(lambda d: "not valid" in page.text("login-error"))
+    assert "{" not in page.text("login-error") and not page.shown("app")
+
+    page.login("alice")
+    page.at_image(first)
+    assert "no object of any ID class is visible" in page.text("definitions") and "too degraded" in page.text("definitions")
+    form, evidence = (browser.find_element(page.By.ID, i).rect for i in ("verdict-form", "evidence"))
+    assert form["x"] + form["width"] <= evidence["x"]  # long class names do not push the form into the evidence
+    page.keys("a")  # a verdict chosen, then Enter on a Stage tab: nothing is submitted
+    browser.execute_script("document.getElementById('tab-stage1').focus()")
+    page.keys(Keys.ENTER)
+    time.sleep(0.5)
+    assert store.rows() == []
+    page.at_image(first)
+    page.keys("a", Keys.ENTER)  # Enter inside the form submits
+    page.saved()
+    page.keys("s")  # Stage 3 is empty: no image, no form, Enter does nothing and throws nothing
+    page.wait.until(lambda d: page.text("position") == "Stage 3" and page.shown("empty"))
+    assert not page.shown("item") and "No image is in Stage 3" in page.text("empty")
+    page.keys(Keys.ENTER, "a", Keys.ENTER)
+    time.sleep(0.5)
+    errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE" and "Failed to load resource" not in e["message"]]
+    assert errors == [] and len(store.rows()) == 1
+
+    page.login("bob")  # bob's Enter decides the image at Stage 2 ...
+    page.at_image(first)
+    page.keys("a", Keys.ENTER)
+    page.saved()
+    assert store.outcome(first) == Outcome("final", "ambiguous", 2)
+    page.keys("p")  # ... he sees it decided, and undoes it while Stage 3 has not begun
+    page.at_image(first)
+    page.wait.until(lambda d: "Decided at Stage 2: ambiguous" in page.text("state"))
+    page.keys("u")
+    page.saved("undone")
+    assert store.outcome(first) == Outcome("stage1") and "Waiting for your verdict" in page.text("state")
+    page.keys("i", Keys.ESCAPE, "1", Keys.ENTER)  # a dispute instead: Stage 3 waits, and bob is told
+    page.saved()
+    page.wait.until(lambda d: "1 image wait" in page.text("waiting"))
+    page.keys("p")
+    page.at_image(first)
+    page.wait.until(lambda d: "waits for the joint review in Stage 3" in page.text("state"))
+    assert browser.find_element(page.By.ID, "undo").get_attribute("disabled") is not None
+    assert store.outcome(second) == Outcome("stage1")
+    page.keys("n")
+    page.at_image(second)
+    rows = len(store.rows())
+    page.keys("a")  # a verdict chosen, then Enter on "log out": it logs out and submits nothing
+    browser.execute_script("document.getElementById('logout').focus()")
+    page.keys(Keys.ENTER)
+    page.wait.until(lambda d: page.shown("login"))
+    assert len(store.rows()) == rows and store.outcome(second) == Outcome("stage1")
+
+
+def test_keyboard_walk_two_annotators_disagree_on_the_label_then_agree_in_stage3(app, browser, capsys):
+    from selenium.webdriver.common.keys import Keys
+
+    base, store, tokens, project = app
+    image = project.candidates[1].image  # a PNG (the first candidate is the refused SVG of the fixture)
+    page = Page(browser, base, tokens)
+
+    def ood(label, *after):
+        page.keys("o", label, Keys.ESCAPE, "f", *after, Keys.ENTER)  # label typed into the focused field, flag ticked
+        page.saved()
+
+    page.login("alice")
+    page.keys("n")
+    page.at_image(image)
+    ood("Denison barb")
+    page.login("bob")
+    page.keys("n")
+    page.at_image(image)
+    assert "Denison barb" not in browser.page_source
+    ood("tayra")  # same verdict and flag, another label: no agreement
+    assert store.outcome(image) == Outcome("stage3")
+    page.wait.until(lambda d: "1 image wait" in page.text("waiting"))
+    page.keys("s")
+    page.at_image(image)
+    page.wait.until(lambda d: "differ on: OOD label." in page.text("stage3-differences"))
+    table = page.text("stage3-table")
+    assert "Denison barb" in table and "tayra" in table and "alice" in table
+    ood("Denison barb")
+    page.login("carol")
+    page.at_image(image)
+    ood("denison  Barb")  # the same label up to case and spacing
+    assert store.outcome(image) == Outcome("stage3")
+    page.login("alice")
+    page.keys("s")
+    page.at_image(image)
+    ood("Denison barb")
+    got = store.outcome(image)
+    assert (got.status, got.verdict, got.stage, got.ood_label, got.fine_grained) == ("final", "ood", 3, "Denison barb", True)
+    page.wait.until(lambda d: "Decided: ood — Denison barb" in page.text("stage3-outcome"))
+
+    assert main(["construct", "export", str(project.folder), "--allow-pending"]) == 0
+    capsys.readouterr()
+    with open(project.folder / "export" / "ood.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert [(r["ood_label"], r["fine_grained"], r["decided_stage"]) for r in rows] == [("Denison barb", "1", "3")]
+    assert rows[0]["other_labels"] == "denison  Barb"
