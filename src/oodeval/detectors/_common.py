@@ -15,8 +15,8 @@ import scipy.sparse
 from ._backend import Compute
 
 __all__ = [
-    "chunk_rows", "chunks", "as64", "l2_normalise", "energy", "log_softmax", "logsumexp_rows",
-    "max_softmax", "class_means", "scatter", "mean_rows", "onehot", "pinv_sym", "chunked_percentile", "head_logits", "labelled",
+    "chunk_rows", "chunks", "as64", "l2_normalise", "energy", "logsumexp_rows",
+    "class_means", "scatter", "mean_rows", "onehot", "pinv_sym", "chunked_percentile", "labelled",
 ]  # fmt: skip
 
 #: float64 elements per chunk (~32 MB); rows per chunk = this / row width.
@@ -62,26 +62,10 @@ def logsumexp_rows(logits: np.ndarray) -> np.ndarray:
     return m + np.log(total)
 
 
-def max_softmax(logits: np.ndarray) -> np.ndarray:
-    """max_c softmax(f)_c per row = 1 / sum_c exp(f_c - max f), float64."""
-    return 1.0 / _shifted_exp_sum(as64(logits))[1]
-
-
 def energy(logits: np.ndarray, t: float = 1.0) -> np.ndarray:
     """Negative free energy T logsumexp(f / T) per row (Liu et al. 2020), float64."""
     f = as64(logits)
     return logsumexp_rows(f) if t == 1 else t * logsumexp_rows(f / t)
-
-
-def log_softmax(logits: np.ndarray) -> np.ndarray:
-    """Row-wise log softmax in float64."""
-    f = as64(logits)
-    return f - logsumexp_rows(f)[:, None]
-
-
-def head_logits(z: np.ndarray, weight: np.ndarray, bias: np.ndarray) -> np.ndarray:
-    """f = z W^T + b in float64."""
-    return as64(z) @ as64(weight).T + as64(bias)
 
 
 def labelled(labels: np.ndarray, who: str) -> tuple[np.ndarray, np.ndarray]:
