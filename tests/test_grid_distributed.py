@@ -11,7 +11,6 @@ from pathlib import Path
 import cloudpickle
 import numpy as np
 import pandas as pd
-import pytest
 from test_grid_run import config, make_sets
 
 from oodeval import cli
