@@ -2,7 +2,7 @@
 
 Small generated data; the library runs with tiny chunks so every chunked path is exercised.
 References use loops, sklearn/scipy estimators and full sorts instead of the library's
-matrix identities, partial sorts, histogram percentiles and faiss.
+matrix identities, partial sorts, histogram percentiles and blocked top-k neighbour search.
 """
 
 import numpy as np

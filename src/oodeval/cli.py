@@ -9,7 +9,7 @@ One error path for every command: an expected error (bad input, a refused output
 missing file) prints ``oodeval CMD: error: ...`` and exits 2; any other exception prints one
 line and exits 1; ``-v`` (accepted before or after the sub-command) adds the traceback.
 Log records and Python warnings, oodeval's and third-party ones, go through one handler that
-writes above the progress bars; third-party INFO chatter (open_clip, faiss) shows only with ``-v``.
+writes above the progress bars; third-party INFO chatter (open_clip, timm) shows only with ``-v``.
 """
 
 from __future__ import annotations

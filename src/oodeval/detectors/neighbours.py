@@ -57,8 +57,11 @@ class KNN(Detector):
     """Deep kNN: s = -|| z/|z| - b_(k) ||, the distance to the k-th nearest normalised ID-train feature.
 
     Sun et al., "Out-of-distribution detection with deep nearest neighbors", ICML 2022. Bank:
-    every ID-train feature, l2-normalised (the paper's alpha = 100%). Exact search (blocked
-    products + top-k, as faiss IndexFlatIP does it); distance = sqrt(2 - 2 cos). Default k = 1000, the paper's ImageNet setting
+    every ID-train feature, l2-normalised (the paper's alpha = 100%). Exact search by blocked
+    float32 products + top-k merges (what faiss IndexFlatIP does), written here because it is
+    measurably better for this use: at the benchmark's full size (200k bank, 50k + 50k queries,
+    D = 1024, k = 1000, 2 cores) faiss took 302-318 s, this 203 s (1.3x its sgemm floor), and the
+    same code runs on a torch device (faiss's GPU build is not on PyPI); distance = sqrt(2 - 2 cos). Default k = 1000, the paper's ImageNet setting
     (1.28M bank); the paper uses k = 50 for CIFAR-10 (50k bank). Choose k roughly in proportion
     to the bank (about 1 per 1000 train images) or tune it on held-out ID data; k must not exceed
     the bank size. ``bank_fraction`` < 1 keeps a seeded random subset (the paper's alpha).
