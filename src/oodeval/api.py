@@ -77,7 +77,7 @@ def evaluate(
     """
     import pandas as pd
 
-    from .scoring import add_intervals, evaluate_detectors
+    from .scoring import evaluate_detectors
 
     if not ood:
         raise ValueError("evaluate needs at least one OOD set in ood={name: data}")
@@ -87,7 +87,6 @@ def evaluate(
     train_fs = _features(train, "train", model, store, options)
     id_fs = _features(id, "id", model, store, options)
     ood_fs = {name: _features(d, f"ood[{name!r}]", model, store, options) for name, d in ood.items()}
-    scores: dict = {}
     rows = evaluate_detectors(train_fs, id_fs, ood_fs, list(detectors) if detectors else None, hyperparameters,
-                              scores_out=scores, progress=progress)
-    return pd.DataFrame(add_intervals(rows, scores, draws=draws, seed=seed, fixed_id=fixed_id))
+                              progress=progress, draws=draws, seed=seed, fixed_id=fixed_id)
+    return pd.DataFrame(rows)

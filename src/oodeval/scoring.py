@@ -1,19 +1,20 @@
-"""Fit-then-score every requested detector on cached features and tabulate FPR@95 and AUROC.
+"""Fit-then-score detectors on cached features and evaluate every (ID, OOD) cell.
 
-The reusable loop behind ``oodeval score`` (and the experiment grid): one fit per detector on
-the ID-train FeatureSet, one score pass over the ID-test set and each OOD set, metrics from
-:func:`oodeval.metrics.evaluate` (fractions; ID positive, higher score = ID).
+:func:`fit_score_evaluate` is the one loop behind ``oodeval score``, the experiment grid and
+``oodeval cnc evaluate``: one fit per detector on the ID-train FeatureSet, one score pass over the
+ID-test set and each OOD set, metrics and bootstrap CIs from :func:`cell_metrics` (fractions; ID
+positive, higher score = ID), failures as error rows.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 from .features import FeatureSet
 
-__all__ = ["evaluate_detectors", "supported_names", "parse_hyperparameters", "format_table", "failures", "cell_metrics", "add_intervals"]
+__all__ = ["evaluate_detectors", "supported_names", "parse_hyperparameters", "format_table", "failures", "cell_metrics", "fit_score_evaluate"]
 
 
 def parse_hyperparameters(items: list[str]) -> dict[str, dict[str, object]]:
@@ -55,10 +56,15 @@ def evaluate_detectors(
     scores_out: dict | None = None,
     progress: bool = True,
     fit_sets: Mapping[str, FeatureSet] | None = None,
+    draws: int = 0,
+    seed: int = 0,
+    fixed_id: bool = True,
 ) -> list[dict]:
     """One row per (detector, OOD set): detector, ood, status ``ok``, n_id, n_ood, fpr95, tnr95,
     auroc, aupr_in, aupr_out, detection_error (fractions), fit seconds and score seconds (ID test
-    + that set), the backbone family and the detector's full resolved hyperparameters (JSON).
+    + that set), the backbone family and the detector's full resolved hyperparameters (JSON); with
+    ``draws`` > 0 also the bootstrap bounds of :func:`cell_metrics` (seeded by ``seed``) and
+    ``ci_resamples``. Each detector runs through :func:`fit_score_evaluate`.
 
     ``names`` defaults to every detector the FeatureSets support (:func:`detectors.supported`,
     checked against the test and every OOD set). A detector that fails (its fit, the ID-test set
@@ -74,7 +80,6 @@ def evaluate_detectors(
     """
     from . import detectors
     from .detectors.defaults import backbone_family, resolve_defaults
-    from .metrics import evaluate
     from .results import hp_json
 
     if not oods:
@@ -94,42 +99,88 @@ def evaluate_detectors(
     for name in _progress(names, progress):
         fit_on = fit_sets.get(name, train)
         det = detectors.create(name, **resolve_defaults(name, fit_on if fit_on is not None else source, hyperparameters.get(name)))
-        t0 = time.perf_counter()
-        try:
-            stage = "fit on the ID-train set"
-            det.fit(fit_on)
-            fit_s = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            stage = "scoring the ID-test set"
-            id_scores = det.score(test)
-            id_s = time.perf_counter() - t0
-        except Exception as err:  # noqa: BLE001 - recorded as this detector's failure, the others go on
-            rows += [_failed(name, o, f"{stage}: {_message(err)}") for o in oods]
-            continue
-        out = {"id": id_scores}
-        for ood_name, fs in oods.items():
-            t1 = time.perf_counter()
-            try:
-                s = out[ood_name] = det.score(fs)
-            except Exception as err:  # noqa: BLE001
-                rows.append(_failed(name, ood_name, f"scoring OOD set {ood_name!r}: {_message(err)}"))
-                continue
-            row = {"detector": name, "ood": ood_name, "status": "ok", "n_id": int(id_scores.size), "n_ood": int(s.size)}
-            row.update({k: float(v) for k, v in evaluate(id_scores, s).items()})
-            row.update(fit_seconds=round(fit_s, 4), score_seconds=round(id_s + time.perf_counter() - t1, 4),
-                       backbone=family, hyperparameters=hp_json(det.get_params()))
-            rows.append(row)
-        if scores_out is not None:
+        out: dict = {}
+        for row in fit_score_evaluate(det, fit_on, test, oods, draws=draws, seed=seed, fixed_id=fixed_id, scores_out=out):
+            row.pop("split"), row.pop("seed")
+            if row["status"] == "ok":
+                row.update(backbone=family, hyperparameters=hp_json(det.get_params()))
+                if draws:
+                    row["ci_resamples"] = "OOD (ID fixed)" if fixed_id else "ID and OOD"
+            rows.append({"detector": name, **row})
+        if scores_out is not None and "id" in out:
             scores_out[name] = out
     return rows
+
+
+def fit_score_evaluate(
+    det,
+    train: FeatureSet | None,
+    test: FeatureSet,
+    oods: Mapping[str, FeatureSet | BaseException],
+    *,
+    cells: Mapping[str, list[tuple[str, int, object]]] | None = None,
+    draws: int = 0,
+    seed: int = 0,
+    fixed_id: bool = True,
+    scores_out: dict | None = None,
+) -> Iterator[dict]:
+    """The one fit -> score -> evaluate loop of ``oodeval score``, the experiment grid and ``cnc evaluate``.
+
+    ``det`` (anything with ``fit(train)`` and ``score(fs)``) is fitted once on ``train``, scores
+    ``test`` once and each OOD set once; every cell of a set then gets :func:`cell_metrics`
+    (``draws`` bootstrap resamples, seeded by the cell's seed). ``cells`` maps an OOD set to its
+    cells ``(split, seed, mask)`` (mask None: the whole set); default one cell per set,
+    ``(results.ALL_SPLIT, seed, None)``. An OOD set given as an exception stands for a set that could
+    not be loaded. Yields one row per cell as soon as it is evaluated (a caller can keep each
+    before the next is computed): ood, split, seed, status, and either the metrics with fit_seconds /
+    score_seconds, or ``error``: the stage that failed and its message (a failed fit or ID-test score
+    fails every cell). ``scores_out`` receives ``"id"`` and each set's scores before its cells.
+    """
+    from .results import ALL_SPLIT
+
+    cells = {name: list((cells or {}).get(name, [(ALL_SPLIT, seed, None)])) for name in oods}
+    t0 = time.perf_counter()
+    try:
+        stage = "fit on the ID-train set"
+        det.fit(train)
+        fit_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        stage = "scoring the ID-test set"
+        id_scores = det.score(test)
+        id_s = time.perf_counter() - t0
+    except Exception as err:  # noqa: BLE001 - recorded as this detector's failure, the caller goes on
+        yield from (_failed(o, c, f"{stage}: {_message(err)}") for o in oods for c in cells[o])
+        return
+    if scores_out is not None:
+        scores_out["id"] = id_scores
+    for ood_name, fs in oods.items():
+        t1 = time.perf_counter()
+        try:
+            if isinstance(fs, BaseException):
+                raise fs
+            s = det.score(fs)
+        except Exception as err:  # noqa: BLE001
+            yield from (_failed(ood_name, c, f"scoring OOD set {ood_name!r}: {_message(err)}") for c in cells[ood_name])
+            continue
+        if scores_out is not None:
+            scores_out[ood_name] = s
+        score_s = id_s + time.perf_counter() - t1
+        for split, cell_seed, mask in cells[ood_name]:
+            try:
+                metrics = cell_metrics(id_scores, s if mask is None else s[mask], seed=cell_seed, draws=draws, fixed_id=fixed_id)
+            except Exception as err:  # noqa: BLE001
+                yield _failed(ood_name, (split, cell_seed), f"evaluating OOD set {ood_name!r}: {_message(err)}")
+                continue
+            yield {"ood": ood_name, "split": split, "seed": cell_seed, "status": "ok", **metrics,
+                   "fit_seconds": round(fit_s, 4), "score_seconds": round(score_s, 4)}  # fmt: skip
 
 
 def _message(err: BaseException) -> str:
     return str(err) if isinstance(err, ValueError | RuntimeError) else f"{type(err).__name__}: {err}"
 
 
-def _failed(name: str, ood: str, message: str) -> dict:
-    return {"detector": name, "ood": ood, "status": "error", "error": message}
+def _failed(ood: str, cell: tuple, message: str) -> dict:
+    return {"ood": ood, "split": cell[0], "seed": cell[1], "status": "error", "error": message}
 
 
 def failures(rows: list[dict]) -> list[str]:
@@ -163,7 +214,7 @@ def cell_metrics(id_scores, ood_scores, seed: int = 0, draws: int = 1000, fixed_
     """Every metric of one (ID, OOD) pair (fractions) with percentile 95% bootstrap bounds
     ``<metric>_lo`` / ``<metric>_hi`` for fpr95, tnr95, auroc, detection_error
     (:func:`oodeval.stats.bootstrap`: OOD resampled with the ID set fixed, the paper's App. C
-    protocol, or both sets resampled when ``fixed_id`` is False)."""
+    protocol, or both sets resampled when ``fixed_id`` is False); ``draws=0``: the metrics alone."""
     import numpy as np
 
     from .metrics import evaluate
@@ -172,27 +223,11 @@ def cell_metrics(id_scores, ood_scores, seed: int = 0, draws: int = 1000, fixed_
 
     id_scores, ood_scores = np.asarray(id_scores), np.asarray(ood_scores)
     out: dict = {k: float(v) for k, v in evaluate(id_scores, ood_scores).items()}
+    out["n_id"], out["n_ood"] = int(id_scores.size), int(ood_scores.size)
+    if draws == 0:
+        return out
     boot = bootstrap(id_scores, ood_scores, draws=draws, seed=seed, fixed_id=fixed_id)
     for m in BOOTSTRAPPED:
         lo, hi = confidence_interval(boot[m][0])
         out[f"{m}_lo"], out[f"{m}_hi"] = float(lo), float(hi)
-    out["n_id"], out["n_ood"] = int(id_scores.size), int(ood_scores.size)
-    return out
-
-
-def add_intervals(rows: list[dict], scores: Mapping[str, Mapping[str, object]], draws: int = 1000, seed: int = 0,
-                  fixed_id: bool = True) -> list[dict]:
-    """``rows`` of :func:`evaluate_detectors` with the bootstrap bounds of :func:`cell_metrics` added
-    (``scores`` is its ``scores_out``); failed rows and ``draws=0`` leave rows unchanged."""
-    if draws == 0:
-        return rows
-    out = []
-    for r in rows:
-        if r.get("status") == "error":
-            out.append(r)
-            continue
-        s = scores[r["detector"]]
-        cell = cell_metrics(s["id"], s[r["ood"]], seed=seed, draws=draws, fixed_id=fixed_id)
-        out.append({**r, **{k: v for k, v in cell.items() if k.endswith(("_lo", "_hi"))},
-                    "ci_resamples": "OOD (ID fixed)" if fixed_id else "ID and OOD"})
     return out

@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     from ..detectors.defaults import describe
     from ..features import FeatureSet
     from ..results import is_results_table
-    from ..scoring import add_intervals, evaluate_detectors, failures, format_table, parse_hyperparameters, supported_names
+    from ..scoring import evaluate_detectors, failures, format_table, parse_hyperparameters, supported_names
 
     is_score_table = csv_header_starts("detector", "ood")
     parquet = args.out is not None and args.out.suffix == ".parquet"
@@ -70,12 +70,10 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("--nac-train works with a .csv output; for a results table, name NAC's fit set in an experiment file")
         return _results_table(args, train, names or supported_names(train, test, oods), hps)
     fit_sets = {} if args.nac_train is None else {"nac": FeatureSet.load(args.nac_train)}
-    scores: dict = {}
-    rows = evaluate_detectors(train, test, oods, names, hps, scores_out=scores, progress=not args.no_progress,
-                              fit_sets=fit_sets)  # fmt: skip
+    rows = evaluate_detectors(train, test, oods, names, hps, progress=not args.no_progress, fit_sets=fit_sets,
+                              draws=args.draws, seed=args.seed)  # fmt: skip
     if not rows:
         raise ValueError("no detector is supported by these FeatureSets")
-    rows = add_intervals(rows, scores, draws=args.draws, seed=args.seed)
     ran = list(dict.fromkeys(r["detector"] for r in rows))
     print("\n".join(describe([n for n in ran if n not in fit_sets], train, hps)))
     for name, fs in fit_sets.items():

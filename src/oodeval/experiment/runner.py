@@ -2,10 +2,11 @@
 
 For every model run (a model with one weights file; per-seed weights make one run per seed):
 FeatureSets come from the store (``oodeval.features.extract``, cached) or from precomputed folders;
-each detector configuration is fitted ONCE on ID-train (once per seed only for seeded detectors
-when ``seed_detectors = true``), scores ID-test once and every OOD set once;
-each (dataset, split, seed) cell then gets ``oodeval.metrics.evaluate`` and percentile 95% CIs from
-``oodeval.stats.bootstrap`` (seeded by the cell's seed). The cells of each detector fit are
+each detector configuration goes through ``oodeval.scoring.fit_score_evaluate`` (the loop of
+``oodeval score`` and ``cnc evaluate`` too): fitted ONCE on ID-train (once per seed only for seeded
+detectors when ``seed_detectors = true``), ID-test and every OOD set scored once, each
+(dataset, split, seed) cell evaluated with ``oodeval.scoring.cell_metrics`` (percentile 95% CIs
+seeded by the cell's seed). The cells of each detector fit are
 added to the table as one results part (``oodeval.results.write_part``; also when interrupted),
 and the parts are folded into the main file once at the end, so the table is never rewritten
 per cell and a killed process loses at most the detector in flight; a failing cell is recorded
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import time
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -28,6 +28,7 @@ import pandas as pd
 
 from .._io import check_output, claim_folder, hash_json, save_npy_atomic
 from ..features import FeatureSet
+from ..scoring import fit_score_evaluate
 from ..results import (
     ALL_SPLIT,
     KEY,
@@ -597,51 +598,34 @@ def _run_detector(run: _Run, spec: DetectorSpec, cells: list, cfg: ExperimentCon
             info["hyperparameters_resolved"] = scorer.resolved
             if run.model.kind == "supervised" and scorer.fit_needs and train is None:
                 raise RuntimeError(run.errors.get("id_train", "no ID-train features to fit on"))
-            scorer.fit(train)
-            summary.fits += 1
-            id_scores = scorer.score(run.feats["id_test"])
             if run.id_accuracy is None:
                 run.id_accuracy = _id_accuracy(run.model, run.feats["id_test"], run.context)
-            acc = run.id_accuracy
         except Exception as exc:  # noqa: BLE001 - recorded, the grid goes on
             log.debug("detector %s failed", spec.name, exc_info=True)
             fail(hp_cells, _error_text(exc), t0)
             continue
+        by_set: dict[str, list] = {}
+        for _, label, split, seed in hp_cells:
+            by_set.setdefault(label, []).append((split, seed, run.splits[label][split]))
+        oods = {label: RuntimeError(run.errors[label]) if label in run.errors else run.feats[label] for label in by_set}
+        keys = {(label, split, seed): key for key, label, split, seed in hp_cells}
+        scores: dict = {}
+        fitted = False
         folder = scores_dir(cfg.results) / hash_json([run.model.label, run.weights or "", spec.name, _hp_key(spec), hpj])
-        id_file = folder / "id.npy"
-        save_npy_atomic(id_file, np.asarray(id_scores, dtype=np.float64))
-        fit_seconds = time.perf_counter() - t0
-        datasets: dict[str, list] = {}
-        for cell in hp_cells:
-            datasets.setdefault(cell[1], []).append(cell)
-        for label, ds_cells in datasets.items():
-            t1 = time.perf_counter()
-            try:
-                if label in run.errors:
-                    raise RuntimeError(run.errors[label])
-                ood_all = scorer.score(run.feats[label])
-            except Exception as exc:  # noqa: BLE001
-                fail(ds_cells, _error_text(exc), t1)
-                continue
-            for key, _, split, seed in ds_cells:
-                t2 = time.perf_counter()
-                try:
-                    mask = run.splits[label][split]
-                    ood = ood_all if mask is None else ood_all[mask]
-                    ood_file = folder / f"{hash_json([label, split])}.npy"
-                    save_npy_atomic(ood_file, np.asarray(ood, dtype=np.float64))
-                    row = _evaluate(id_scores, ood, seed, cfg.bootstrap_draws, cfg.bootstrap_fixed_id)
-                    row.update(
-                        status="ok",
-                        id_accuracy=acc,
-                        scores_id=str(id_file.relative_to(cfg.results.parent)),
-                        scores_ood=str(ood_file.relative_to(cfg.results.parent)),
-                        seconds=fit_seconds / len(hp_cells) + time.perf_counter() - t2,
-                    )
-                    record(_row(key, **info, **row))
-                except Exception as exc:  # noqa: BLE001
-                    log.debug("cell %s failed\n%s", key, traceback.format_exc())
-                    record(_row(key, status="error", error=_error_text(exc), seconds=time.perf_counter() - t2, **info))
+        for row in fit_score_evaluate(scorer, train, run.feats["id_test"], oods, cells=by_set, draws=cfg.bootstrap_draws,
+                                      fixed_id=cfg.bootstrap_fixed_id, scores_out=scores):  # fmt: skip
+            if "id" in scores and not fitted:
+                fitted, summary.fits = True, summary.fits + 1
+                save_npy_atomic(folder / "id.npy", np.asarray(scores["id"], dtype=np.float64))
+            label, split, seed = row.pop("ood"), row.pop("split"), row.pop("seed")
+            if row["status"] == "ok":
+                mask = run.splits[label][split]
+                ood_file = folder / f"{hash_json([label, split])}.npy"
+                save_npy_atomic(ood_file, np.asarray(scores[label] if mask is None else scores[label][mask], dtype=np.float64))
+                row.update(id_accuracy=run.id_accuracy, scores_id=str((folder / "id.npy").relative_to(cfg.results.parent)),
+                           scores_ood=str(ood_file.relative_to(cfg.results.parent)),
+                           seconds=row.pop("fit_seconds") / len(hp_cells) + row.pop("score_seconds"))  # fmt: skip
+            record(_row(keys[(label, split, seed)], **info, **row))
 
 
 def _taps_nac_fit_rows(run: _Run, train: FeatureSet | None) -> bool:
@@ -649,10 +633,3 @@ def _taps_nac_fit_rows(run: _Run, train: FeatureSet | None) -> bool:
     train set of a model with taps, which therefore holds no NAC states of its own."""
     return (run.model.kind == "supervised" and bool(run.model.taps) and train is not None
             and "id_train" not in run.model.features and not train.extras_with_prefix("nac/"))  # fmt: skip
-
-
-def _evaluate(id_scores: np.ndarray, ood: np.ndarray, seed: int, draws: int, fixed_id: bool = True) -> dict:
-    """Metrics and 95% bootstrap bounds of one cell (:func:`oodeval.scoring.cell_metrics`)."""
-    from ..scoring import cell_metrics
-
-    return cell_metrics(id_scores, ood, seed=seed, draws=draws, fixed_id=fixed_id)
