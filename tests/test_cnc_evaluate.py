@@ -214,3 +214,46 @@ def test_grid_treats_k_plus_one_models_like_cnc_evaluate(tmp_path):
         assert df.loc[det, "id_accuracy"] == pytest.approx(ref["id_accuracy"], abs=1e-12)
     first_k = (sets["id_test"].logits[:, :k].argmax(1) == sets["id_test"].labels).mean()
     assert ref["id_accuracy"] == pytest.approx(first_k) and first_k > 0.1
+
+
+def test_cli_evaluate_results_table_shows_in_report(tmp_path, capsys):
+    """`cnc evaluate --results R.parquet` writes results rows (same numbers as its JSON, with CIs)
+    and `oodeval report R.parquet` shows them in its CnC summary."""
+    from oodeval.cli import main
+    from oodeval.results import load_results
+    from oodeval.stats import mean_std
+
+    rng = np.random.default_rng(0)
+    labels = np.arange(48) % 3
+    images = rng.integers(0, 50, size=(48, 12, 12), dtype=np.uint8)
+    for i, c in enumerate(labels):
+        images[i, c * 4 : c * 4 + 3] = 220
+    np.savez(tmp_path / "train.npz", images=images, labels=labels)
+    np.savez(tmp_path / "far.npz", images=rng.integers(0, 256, size=(20, 12, 12), dtype=np.uint8))
+    np.savez(tmp_path / "near.npz", images=rng.integers(0, 120, size=(24, 12, 12), dtype=np.uint8))
+    common = ["--model", "test_resnet", "--epochs", "1", "--batch-size", "16", "--no-progress", "--corruptions", "contrast"]
+    for seed in ("0", "1"):
+        assert main(["cnc", "train", "--dataset", str(tmp_path / "train.npz"), "--out", str(tmp_path / f"s{seed}"),
+                     "--seed", seed, *common]) == 0  # fmt: skip
+    results, js = tmp_path / "r.parquet", tmp_path / "r.json"
+    assert main(["cnc", "evaluate", "--checkpoint", str(tmp_path / "s0"), str(tmp_path / "s1"), "--id-test",
+                 str(tmp_path / "train.npz"), "--ood", str(tmp_path / "far.npz"), str(tmp_path / "near.npz"),
+                 "--results", str(results), "--json", str(js), "--draws", "50", "--no-progress"]) == 0  # fmt: skip
+    runs = json.loads(js.read_text())["runs"]
+    df = load_results(results)
+    assert len(df) == 2 * 3 * 2 and (df["status"] == "ok").all() and set(df["seed"]) == {0, 1}
+    for seed, run in enumerate(runs):
+        for _, row in df[df["seed"] == seed].iterrows():
+            ref = run["detectors"][row["detector"]]["sets"][row["dataset"]]
+            assert row["tnr95"] == ref["tnr95"] and row["auroc"] == ref["auroc"]
+            assert row["id_accuracy"] == run["id_accuracy"] and row["tnr95_lo"] <= row["tnr95"] <= row["tnr95_hi"]
+    capsys.readouterr()
+    assert main(["report", str(results), "--out", str(tmp_path / "rep"), "--draws", "10"]) == 0
+    md = (tmp_path / "rep" / "report.md").read_text()
+    cnc_part = md[md.index("CnC-style summary"):]
+    assert "test\\_resnet (CnC)" in cnc_part
+    for det in ("cnc", "msp", "energy"):
+        for ood in ("far", "near"):
+            tnr = mean_std(np.array([r["detectors"][det]["sets"][str(tmp_path / f"{ood}.npz")]["tnr95"] for r in runs]), ddof=1)
+            line = next(x for x in cnc_part.splitlines() if f"| {det} |" in x and f"{ood}.npz" in x)
+            assert f"| 2 | {100 * tnr['mean']:.2f} ± {100 * tnr['std']:.2f} |" in line

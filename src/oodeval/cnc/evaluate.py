@@ -108,13 +108,20 @@ def evaluate_run(
     detectors: Sequence[str] | Mapping[str, dict] = ("cnc",),
     train: FeatureSet | None = None,
     groups: Mapping[str, Sequence[str]] | None = None,
+    rows_out: list | None = None,
+    draws: int = 0,
+    seed: int = 0,
 ) -> dict:
     """One model (one seed): ID accuracy and, per detector, metrics per set, mean and group means.
 
     ``detectors``: names, or {label: {"name": registry name, **hyperparameters}}. ``train``: the
     ID-train FeatureSet for detectors that fit. ``groups``: {group: set names} (e.g. near/far).
+    Each detector runs through :func:`oodeval.scoring.fit_score_evaluate`; a failure is a ValueError
+    naming the detector. ``rows_out`` (a list) receives its rows, one per OOD set, with the
+    detector's label, registry name and hyperparameters, and ``draws`` bootstrap bounds seeded by ``seed``.
     """
     from ..detectors import create
+    from ..scoring import fit_score_evaluate
 
     if id_test.labels is None or not (np.asarray(id_test.labels) >= 0).any():
         raise ValueError("the ID test FeatureSet needs class labels for ID accuracy")
@@ -132,15 +139,21 @@ def evaluate_run(
         name = spec.pop("name", label)
         det = create(name, **spec)
         view = (lambda fs: fs) if name == "cnc" else id_view
-        det.fit(None if train is None else view(train))
-        id_scores = det.score(view(id_test))
-        per = set_metrics(id_scores, {s: det.score(view(fs)) for s, fs in ood.items()})
-        entry = {"sets": {s: per[s] for s in ood}, "mean": per["mean"]}
+        rows = list(fit_score_evaluate(det, None if train is None else view(train), view(id_test),
+                                       {s: view(fs) for s, fs in ood.items()}, draws=draws, seed=seed))  # fmt: skip
+        failed = [r["error"] for r in rows if r["status"] != "ok"]
+        if failed:
+            raise ValueError(f"detector {label!r} failed: {failed[0]}")
+        per = {r["ood"]: {m: r[m] for m in METRICS} for r in rows}
+        entry = {"sets": per, "mean": {m: float(np.mean([per[s][m] for s in ood])) for m in METRICS}}
         if groups:
             entry["groups"] = {
                 g: {m: float(np.mean([per[s][m] for s in members])) for m in METRICS} for g, members in groups.items()
             }
         result["detectors"][label] = entry
+        if rows_out is not None:
+            rows_out += [{**r, "detector": name, "label": label, "hyperparameters": spec,
+                          "hyperparameters_resolved": det.get_params(), "id_accuracy": result["id_accuracy"]} for r in rows]  # fmt: skip
     return result
 
 

@@ -64,6 +64,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     e.add_argument("--detectors", nargs="+", default=None, help="default: cnc msp energy (CnC), msp energy (plain)")
     e.add_argument("--no-per-set", action="store_true", help="print only group and mean rows")
     add_out(e, "CnC evaluation JSON (runs and aggregate)", flag="--json")
+    add_out(e, "results table (.parquet, the format of `oodeval run`: one row per checkpoint, detector and OOD "
+            "set with 95%% bootstrap intervals; `oodeval report` shows it in its CnC summary)", flag="--results")
+    e.add_argument("--draws", type=int, default=1000,
+                   help="bootstrap resamples for the intervals in --results (OOD resampled, ID fixed; seeded by each run's seed)")
     e.add_argument("--resize", action="store_true",
                    help="resize sets whose image size differs from the training size (default: refuse them)")
     add_device(e)
@@ -183,10 +187,15 @@ def _evaluate(args: argparse.Namespace) -> int:
     from ..cnc.suites import suite
     from ..cnc.train import extract, load_checkpoint
     from ..detectors import create
+    from ..results import is_results_table
 
     is_evaluation = json_has_keys("runs", "checkpoints", "aggregate")
     if args.json:
         check_output(args.json, "CnC evaluation", is_own=is_evaluation)
+    if args.results:
+        if args.results.suffix != ".parquet" or args.draws < 1:
+            raise ValueError("--results takes a .parquet results table, with --draws at least 1 (it carries 95% intervals)")
+        check_output(args.results, "results table", is_own=is_results_table)
     s = suite(args.suite) if args.suite else None
     id_test = args.id_test or (s.id_test if s else None)
     id_train = args.id_train or (s.id_train if s else None)
@@ -211,13 +220,16 @@ def _evaluate(args: argparse.Namespace) -> int:
         x_train, y_train = _select(x_train, y_train, cfg0.class_ids)
         check_id_labels(y_train, cfg0.num_classes, id_train)
     ood_arrays = {name: _load_for(args, name, cfg0)[0] for name in ood}
-    runs = []
+    runs, rows = [], []
     for path, (model, cfg, _) in zip(args.checkpoint, loaded):
         dev = args.device
         fs_test = extract(model, x_test, cfg, y_test, meta={"dataset": id_test, "checkpoint": str(path)}, device=dev)
         fs_train = extract(model, x_train, cfg, y_train, meta={"dataset": id_train}, device=dev) if needs_train else None
         fs_ood = {n: extract(model, a, cfg, meta={"dataset": n}, device=dev) for n, a in ood_arrays.items()}
-        r = evaluate_run(fs_test, fs_ood, detectors, train=fs_train, groups=groups)
+        run_rows: list = []
+        r = evaluate_run(fs_test, fs_ood, detectors, train=fs_train, groups=groups, rows_out=run_rows if args.results else None,
+                         draws=args.draws, seed=cfg.seed)  # fmt: skip
+        rows += [dict(row, weights=str(Path(path).resolve())) for row in run_rows]
         runs.append(r)
         if len(args.checkpoint) > 1:
             print(format_table(r, per_set=not args.no_per_set, title=f"== {path}"))
@@ -231,4 +243,30 @@ def _evaluate(args: argparse.Namespace) -> int:
             "config": cfg0.to_json(), "resized": bool(args.resize),
         }, "CnC evaluation", is_evaluation)  # fmt: skip
         print(f"wrote {args.json}")
+    if args.results:
+        _write_results(args.results, rows, cfg0, id_test, id_train if needs_train else None, args.draws)
+        print(f"wrote {args.results}; `oodeval report {args.results} --out DIR` shows it")
     return 0
+
+
+def _write_results(path: Path, rows: list[dict], cfg, id_test: str, id_train: str | None, draws: int) -> None:
+    """Add the rows of :func:`oodeval.cnc.evaluate.evaluate_run` to the results table at ``path``
+    (one part, then compacted): model = the timm model with "CnC" or "plain", weights = the
+    checkpoint folder, seed = the run's training seed, split "all"."""
+    from datetime import datetime, timezone
+
+    import pandas as pd
+
+    from ..results import ALL_SPLIT, compact_results, hp_json, write_part
+
+    created = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    model = f"{cfg.model} ({'CnC' if cfg.cnc else 'plain'})"
+    table = pd.DataFrame([
+        dict(r, model=model, dataset=r.pop("ood"), split=ALL_SPLIT, hyperparameters=hp_json(r["hyperparameters"]),
+             hyperparameters_resolved=hp_json(r["hyperparameters_resolved"]), kind="supervised", id_test=id_test,
+             id_train=id_train, bootstrap_draws=draws, bootstrap_fixed_id=True,
+             seconds=r.pop("fit_seconds") + r.pop("score_seconds"), created=created)
+        for r in map(dict, rows)
+    ])  # fmt: skip
+    write_part(table, path)
+    compact_results(path)
