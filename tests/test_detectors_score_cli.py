@@ -130,3 +130,21 @@ def test_score_writes_a_results_table_that_report_reads(folders, tmp_path, capsy
     assert all(d in html for d in ("msp", "knn", "vim"))
     assert main([*argv[:-1], "--draws", "0", "--out", str(tmp_path / "zero.parquet")]) == 2
     assert "--draws must be at least 1" in capsys.readouterr().err
+
+
+def test_score_csv_and_grid_give_identical_numbers(folders, tmp_path):
+    """The CSV (`score`'s own run) and the results table (the grid) are one loop: every metric,
+    every bootstrap bound and the resolved hyperparameters are equal to the bit."""
+    from oodeval.results import BOOTSTRAPPED, METRICS
+
+    argv = ["score", "--train", str(folders / "train"), "--test", str(folders / "test"),
+            "--ood", f"far={folders / 'far'}", "--ood", f"near={folders / 'near'}",
+            "--detectors", "energy,knn,mahalanobis", "--set", "knn.k=5", "--draws", "40", "--seed", "3", "--no-progress"]  # fmt: skip
+    assert main([*argv, "--out", str(tmp_path / "s.csv")]) == 0
+    assert main([*argv, "--out", str(tmp_path / "s.parquet")]) == 0
+    csv = pd.read_csv(tmp_path / "s.csv").set_index(["detector", "ood"]).sort_index()
+    grid = pd.read_parquet(tmp_path / "s.parquet").rename(columns={"dataset": "ood"}).set_index(["detector", "ood"]).sort_index()
+    assert (grid["seed"] == 3).all() and list(csv.index) == list(grid.index) and len(csv) == 6
+    cols = [*METRICS, *(f"{m}_{b}" for m in BOOTSTRAPPED for b in ("lo", "hi")), "n_id", "n_ood"]
+    np.testing.assert_array_equal(csv[cols].to_numpy(float), grid[cols].to_numpy(float))
+    assert list(csv["hyperparameters"]) == list(grid["hyperparameters_resolved"])
