@@ -147,3 +147,32 @@ def test_the_documented_zeroshot_scorer_registers(monkeypatch):
     got = zeroshot.score_zeroshot("lse_margin", image, text)
     # |logits| <= 1/tau = 100, so both sides carry float64 rounding of about 100 ulp(1) ~ 2e-14
     np.testing.assert_allclose(got, logits.max(1) - np.log(np.exp(logits).sum(1)), rtol=0, atol=1e-12)
+
+
+def test_the_documented_report_view_appears_in_the_report(tmp_path, monkeypatch):
+    """docs/extending.md's report view, one decorated function, is built and rendered in its place."""
+    from oodeval.experiment import run_experiment
+    from oodeval.report import VIEWS, build_views, write_report
+    from oodeval.results import load_results
+
+    for attr in ("_classes", "_tags", "_order"):  # restored after the test: the view stays out of the others
+        monkeypatch.setattr(VIEWS, attr, dict(getattr(VIEWS, attr)))
+    exec(compile(_doc_block("## A report view"), "extending.md", "exec"), {})
+    keys = VIEWS.names()
+    assert keys.index("tab3") < keys.index("mean_auroc") < keys.index("tabA1")
+    _cnc_folders(tmp_path)
+    paths = {role: str(tmp_path / name) for role, name in (("id_train", "train"), ("id_test", "test"), ("far", "far"))}
+    results = run_experiment({
+        "seeds": [0], "bootstrap_draws": 20, "results": str(tmp_path / "r.parquet"),
+        "datasets": {"id_train": "train", "id_test": "test", "ood": ["far"]},
+        "models": [{"name": "m", "features": paths}], "detectors": ["msp", "energy"],
+    }, progress=False).results  # fmt: skip
+    df = load_results(results)
+    views, _ = build_views(df, results, draws=10)
+    assert [v.key for v in views] == keys
+    view = next(v for v in views if v.key == "mean_auroc")
+    assert list(view.frame["Detector"]) == ["msp", "energy"]
+    for det in ("msp", "energy"):
+        assert view.frame.set_index("Detector").loc[det, "AUROC"] == f"{100 * df.set_index('detector').loc[det, 'auroc']:.2f}"
+    md = write_report(results, tmp_path / "rep", draws=10)["markdown"].read_text()
+    assert md.index("Tab. 3") < md.index("Mean AUROC over the OOD sets") < md.index("Tab. A1")

@@ -14,16 +14,13 @@ import pandas as pd
 from .._io import atomic_path, check_output, claim_folder, parquet_has_columns, write_text_atomic
 from ..results import ALL_SPLIT, load_cell_scores, load_results
 from . import figures as figs
-from .cnc import cnc_summary
-from .paper_views import CLEAN_SUFFIX, benchmarks, clean_subsamples, eoe_prompts, gallery_items, supervised_models
-from .reference import comparison_view
+from .paper_views import CLEAN_SUFFIX, gallery_items
 from .render import html_page, latex, markdown
 from .selection import select_configurations
-from .subsampling import model_scores, subsampling_curves, subsampling_table
-from .tables import best_per_model, dataset_by_model, detector_by_model, split_rows, vocabularies, vocabularies_by_dataset
-from .views import Figure, View, add_det, best_row, full_split, prepare
+from .subsampling import model_scores, subsampling_curves
+from .views import VIEWS, Figure, View, add_det, best_row, full_split, prepare, register_view
 
-__all__ = ["write_report", "build_views", "sweeps_path", "save_sweep", "CONVENTIONS"]
+__all__ = ["write_report", "build_views", "register_view", "VIEWS", "sweeps_path", "save_sweep", "CONVENTIONS"]
 
 #: ``paper``: FPR@95 with ID positive (the papers'); ``openood`` adds OpenOOD v1.5's OOD-positive FPR@95 beside it
 CONVENTIONS = ("paper", "openood")
@@ -105,7 +102,8 @@ def build_views(
     seed: int = 0,
     groups: dict[str, str] | None = None,
 ) -> tuple[list[View], dict]:
-    """Every table view, and the choices made (primary set, model, n) for the figures.
+    """Every registered table view (:data:`VIEWS`, in order; :func:`register_view`), and the
+    choices made (primary set, model, n) for the figures.
 
     ``groups`` maps OOD set -> group name (near / far ...) for Tab. A2's group means."""
     frame = prepare(df)
@@ -118,25 +116,12 @@ def build_views(
     if model is not None and model not in models:
         raise ValueError(f"model {model!r} is not in the results; they hold: {', '.join(models)}")
     model = model or _pick_model(frame)
-    p = primary or ""
-    views = [
-        best_per_model(frame, p),
-        vocabularies(frame, p),
-        benchmarks(frame, p, model),
-        detector_by_model(frame, p),
-        dataset_by_model(frame, p, groups),
-        clean_subsamples(frame, model),
-        eoe_prompts(frame),
-        vocabularies_by_dataset(frame, p, groups),
-    ]
     scores = model_scores(df, results_path, model) if model else {}
     if subsample_n is None and primary in scores:
         subsample_n = next(iter(scores[primary].values()))[1].size
-    if scores and subsample_n:
-        views.append(subsampling_table(scores, subsample_n, draws=draws, seed=seed, model=model))
-    else:
-        views.append(View("tabA6", "Tab. A6 — sub-sampling to the primary set's size", "", note="omitted: no stored scores for a model on the primary set"))
-    views += [supervised_models(frame, p), split_rows(frame), cnc_summary(df), comparison_view(frame)]
+    inputs = {"frame": frame, "primary": primary or "", "model": model, "groups": groups, "results": df, "scores": scores,
+              "subsample_n": subsample_n, "draws": draws, "seed": seed}  # fmt: skip
+    views = [VIEWS[key](*(inputs[n] for n in VIEWS[key].needs)) for key in VIEWS.names()]
     return views, {"frame": frame, "primary": primary, "model": model, "scores": scores, "n": subsample_n}
 
 

@@ -13,7 +13,7 @@ import pandas as pd
 
 from ..results import ALL_SPLIT
 from ..stats import mean_std
-from .views import Cell, View, add_det
+from .views import Cell, View, add_det, register_view
 
 __all__ = ["cnc_summary", "DDOF"]
 
@@ -31,6 +31,7 @@ def _fmt(values: np.ndarray) -> str:
     return f"{100 * s['mean']:.2f} ± {100 * s['std']:.2f}"
 
 
+@register_view("cnc", order=120, needs=("results",))
 def cnc_summary(df: pd.DataFrame) -> View:
     """One row per (model, detector, OOD set) and a mean-over-OOD-sets row per (model, detector)."""
     title = "CnC-style summary"

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .views import Cell, View, best_row, full_split, pct, row_ci
+from .views import Cell, View, best_row, full_split, pct, register_view, row_ci
 
 __all__ = ["benchmarks", "clean_subsamples", "eoe_prompts", "supervised_models", "gallery_items", "CLEAN_SUFFIX"]
 
@@ -44,6 +44,7 @@ def _best_pair(g: pd.DataFrame) -> dict:
     return {"FPR@95": row_ci(r, "fpr95"), "FPR detector": Cell(r["det"], muted=True), "AUROC": row_ci(a, "auroc"), "AUROC detector": Cell(a["det"], muted=True)}
 
 
+@register_view("tab3", order=30, needs=("frame", "primary", "model"))
 def benchmarks(frame: pd.DataFrame, primary: str, model: str | None) -> View:
     """Tab. 3."""
     title = "Tab. 3 — the primary set against the other OOD benchmarks"
@@ -60,6 +61,7 @@ def benchmarks(frame: pd.DataFrame, primary: str, model: str | None) -> View:
     return View("tab3", title, caption, pd.DataFrame(rows))
 
 
+@register_view("tabA3", order=60, needs=("frame", "model"))
 def clean_subsamples(frame: pd.DataFrame, model: str | None) -> View:
     """Tab. A3."""
     title = "Tab. A3 — popular OOD sets at full size and as NINCO-cleaned sub-samples"
@@ -90,6 +92,7 @@ def _prompt_and_generation(vocabulary: str) -> tuple[str, str]:
     return (m["prompt"], m["gen"]) if m else (vocabulary, "0")
 
 
+@register_view("tabA4", order=70)
 def eoe_prompts(frame: pd.DataFrame) -> View:
     """Tab. A4 (the paper's: EOE's prompts x OOD sets)."""
     title = "Tab. A4 — EOE's prompts across OOD sets"
@@ -132,6 +135,7 @@ def eoe_prompts(frame: pd.DataFrame) -> View:
     return View("tabA4", title, caption, pd.DataFrame(rows))
 
 
+@register_view("tabA7", order=100, needs=("frame", "primary"))
 def supervised_models(frame: pd.DataFrame, primary: str) -> View:
     """Tab. A7."""
     from .reference import load_reference

@@ -15,7 +15,7 @@ from importlib import resources
 import numpy as np
 import pandas as pd
 
-from .views import View, best_row, full_split, row_ci
+from .views import View, best_row, full_split, register_view, row_ci
 
 __all__ = ["TABLES", "load_reference", "comparison_view"]
 
@@ -47,6 +47,7 @@ def _entry(table: str, row: pd.Series, metric: str, ours: pd.Series | None, pape
     }  # fmt: skip
 
 
+@register_view("paper", order=130)
 def comparison_view(frame: pd.DataFrame) -> View:
     """Every cell of Tabs. 1, 2, 3, A1, A2, A5 and A7 that the results reproduce, beside the paper's value."""
     title = "Paper comparison — reproduced cells beside the published ones"

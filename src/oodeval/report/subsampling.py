@@ -20,7 +20,7 @@ import pandas as pd
 from ..metrics import auroc, fpr_at_tpr
 from ..results import ALL_SPLIT, load_cell_scores
 from ..stats import rank_stability, standard_error, subsample
-from .views import Cell, View, add_det, best_row, pct
+from .views import Cell, View, add_det, best_row, pct, register_view
 
 __all__ = ["model_scores", "subsampling_table", "subsampling_curves", "chunked_subsample"]
 
@@ -105,6 +105,15 @@ def subsampling_table(scores: dict, n: int, draws: int = 1000, seed: int = 0, mo
             )
         rows.append(row)
     return View("tabA6", title, caption, pd.DataFrame(rows))
+
+
+@register_view("tabA6", order=90, needs=("scores", "subsample_n", "draws", "seed", "model"))
+def subsampling_view(scores: dict, n: int | None, draws: int, seed: int, model: str | None) -> View:
+    """Tab. A6 as the report shows it: :func:`subsampling_table`, or a note when the figure model
+    has no stored scores or no draw size is known."""
+    if scores and n:
+        return subsampling_table(scores, n, draws=draws, seed=seed, model=model)
+    return View("tabA6", "Tab. A6 — sub-sampling to the primary set's size", "", note="omitted: no stored scores for a model on the primary set")
 
 
 def subsampling_curves(scores: dict, draws: int = 1000, seed: int = 0, points: int = 8, max_sets: int = 6) -> dict:

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from ..results import ALL_SPLIT
-from .views import Cell, View, best_row, full_split, order_detectors, pct, row_ci
+from .views import Cell, View, best_row, full_split, order_detectors, pct, register_view, row_ci
 
 __all__ = ["best_per_model", "detector_by_model", "dataset_by_model", "vocabularies", "vocabularies_by_dataset", "split_rows", "fpr_cell"]
 
@@ -57,6 +57,7 @@ def _paper_params() -> dict[str, str]:
     return {**dict(zip(a7["model"], a7["params"])), **dict(zip(t1["model"], t1["params"])), **dict(zip(t1["paper_label"], t1["params"]))}
 
 
+@register_view("tab1", order=10, needs=("frame", "primary"))
 def best_per_model(frame: pd.DataFrame, primary: str) -> View:
     """Tab. 1."""
     title = "Tab. 1 — best detector per model"
@@ -101,6 +102,7 @@ def best_per_model(frame: pd.DataFrame, primary: str) -> View:
     return View("tab1", title, caption, pd.DataFrame(rows))
 
 
+@register_view("tabA1", order=40, needs=("frame", "primary"))
 def detector_by_model(frame: pd.DataFrame, primary: str) -> View:
     """Tab. A1."""
     title = "Tab. A1 — every detector x every model"
@@ -140,6 +142,7 @@ def _best_cells(f: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+@register_view("tabA2", order=50, needs=("frame", "primary", "groups"))
 def dataset_by_model(frame: pd.DataFrame, primary: str, groups: dict[str, str] | None = None) -> View:
     """Tab. A2; ``groups`` maps OOD set -> group (e.g. near / far) for one Mean row per group."""
     title = "Tab. A2 — every OOD set x every model"
@@ -195,6 +198,7 @@ def _vocab_column(frame: pd.DataFrame) -> pd.Series:
     return v.apply(lambda r: f"{r['detector']}:{r['vocabulary']}" if shared.get(r["vocabulary"], False) else r["vocabulary"], axis=1)
 
 
+@register_view("tab2", order=20, needs=("frame", "primary"))
 def vocabularies(frame: pd.DataFrame, primary: str) -> View:
     """Tab. 2."""
     title = "Tab. 2 — negative vocabularies x VLMs"
@@ -235,6 +239,7 @@ def _group_means(datasets: list[str], groups: dict[str, str] | None) -> list[tup
     return out
 
 
+@register_view("tabA5", order=80, needs=("frame", "primary", "groups"))
 def vocabularies_by_dataset(frame: pd.DataFrame, primary: str, groups: dict[str, str] | None = None) -> View:
     """Tab. A5; ``groups`` as in :func:`dataset_by_model`."""
     title = "Tab. A5 — negative vocabularies on every OOD set"
@@ -264,6 +269,7 @@ def vocabularies_by_dataset(frame: pd.DataFrame, primary: str, groups: dict[str,
     return View("tabA5", title, caption, pd.DataFrame(rows))
 
 
+@register_view("splits", order=110)
 def split_rows(frame: pd.DataFrame) -> View:
     """The split view: rows of OOD sets that have a split column, with one row per split value."""
     title = "Split view — fine-grained vs ordinary rows"

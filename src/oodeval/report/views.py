@@ -1,17 +1,21 @@
 """The report's building blocks: a :class:`Cell` (text + emphasis) and a :class:`View` (one table,
-or a note saying why it is omitted), plus the prepared results frame every table reads."""
+or a note saying why it is omitted), the prepared results frame every table reads, and the
+registry of views (:func:`register_view`): a view is one decorated function, and
+``oodeval.report.build_views`` calls every registered one in order."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
+from ..registry import Registry
 from ..results import ALL_SPLIT
 
-__all__ = ["Cell", "View", "Figure", "prepare", "add_det", "full_split", "pct", "pct_ci", "row_ci", "order_detectors", "best_row", "hp_text"]
+__all__ = ["Cell", "View", "Figure", "VIEWS", "VIEW_INPUTS", "register_view", "prepare", "add_det", "full_split", "pct", "pct_ci", "row_ci", "order_detectors", "best_row", "hp_text"]
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,35 @@ class Figure:
     caption: str
     path: object = None
     note: str = ""
+
+
+#: what a view may ask for (``needs``): the prepared frame (:func:`prepare`), the primary OOD set
+#: ("" when none), the figure model, the OOD groups (set -> group), the raw results rows, the
+#: figure model's stored scores (``subsampling.model_scores``), the Tab. A6 draw size, draws and seed
+VIEW_INPUTS = ("frame", "primary", "model", "groups", "results", "scores", "subsample_n", "draws", "seed")
+
+
+def _load_builtin_views() -> None:
+    from . import cnc, paper_views, reference, subsampling, tables  # noqa: F401 - they register their views
+
+
+#: report views by key, in report order; plugins name a module in the entry-point group ``oodeval.report_views``
+VIEWS = Registry("report view", "oodeval.report_views", load=_load_builtin_views)
+
+
+def register_view(key: str, *, order: int | None = None, needs: tuple[str, ...] = ("frame",)) -> Callable:
+    """Function decorator: ``key`` becomes a report view, called as ``fn(*inputs)`` with the
+    :data:`VIEW_INPUTS` named in ``needs`` (in that order) and returning a :class:`View`; ``order``
+    places it among the others (the paper's tables use 10, 20, ...; none: after them)."""
+    unknown = sorted(set(needs) - set(VIEW_INPUTS))
+    if unknown:
+        raise ValueError(f"view {key!r} needs unknown input(s) {', '.join(unknown)}; inputs: {', '.join(VIEW_INPUTS)}")
+
+    def deco(fn: Callable[..., View]) -> Callable[..., View]:
+        fn.needs = tuple(needs)
+        return VIEWS.register(key, order=order)(fn)
+
+    return deco
 
 
 def pct(value: float, digits: int = 1) -> str:
