@@ -2,7 +2,7 @@
 
 A detector entry with ``search = { k = [10, 50, 1000] }`` is fitted once per candidate (the grid's
 product) on ID-train and scored on ``[selection]``'s ``validation_id`` split and ``validation_ood``
-set; the candidate with the lowest FPR@95 wins (ties: the higher AUROC, then the earlier candidate in
+set (``oodeval.scoring.fit_score_evaluate``, the loop of every command); the candidate with the lowest FPR@95 wins (ties: the higher AUROC, then the earlier candidate in
 grid order). Only the winner is evaluated on the test sets, and every one of its result rows records
 the choice (column ``selection``). This is the role of OpenOOD's APS mode and pytorch-ood's grid
 search, restricted to data that the config names as validation data.
@@ -20,7 +20,7 @@ VALIDATION_ROLES = ("validation_id", "validation_ood")
 
 def choose_on_validation(run, spec, cfg):
     """``(spec with the chosen hyperparameters, the sentence recorded with its rows)``."""
-    from ..metrics import auroc, fpr_at_tpr
+    from ..scoring import fit_score_evaluate
     from .runner import _Scorer
 
     for role in VALIDATION_ROLES:
@@ -32,9 +32,10 @@ def choose_on_validation(run, spec, cfg):
         hp = {**spec.hyperparameters, **dict(zip(names, values))}
         train = run.feats.get("id_train")
         scorer = _Scorer(run.model, replace(spec, hyperparameters=hp), hp, run.context, train if train is not None else run.feats.get("id_test"))
-        scorer.fit(train)
-        s_id, s_ood = scorer.score(run.feats["validation_id"]), scorer.score(run.feats["validation_ood"])
-        key = (fpr_at_tpr(s_id, s_ood), -auroc(s_id, s_ood))
+        (row,) = fit_score_evaluate(scorer, train, run.feats["validation_id"], {"validation_ood": run.feats["validation_ood"]})
+        if row["status"] != "ok":
+            raise RuntimeError(row["error"])
+        key = (row["fpr95"], -row["auroc"])
         if best is None or key < best[0]:
             best = (key, hp, dict(zip(names, values)))
     (fpr, neg_auc), hp, chosen = best
