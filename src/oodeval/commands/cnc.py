@@ -259,14 +259,13 @@ def _write_results(path: Path, rows: list[dict], cfg, id_test: str, id_train: st
 
     from ..results import ALL_SPLIT, compact_results, hp_json, write_part
 
-    created = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    model = f"{cfg.model} ({'CnC' if cfg.cnc else 'plain'})"
-    table = pd.DataFrame([
-        dict(r, model=model, dataset=r.pop("ood"), split=ALL_SPLIT, hyperparameters=hp_json(r["hyperparameters"]),
-             hyperparameters_resolved=hp_json(r["hyperparameters_resolved"]), kind="supervised", id_test=id_test,
-             id_train=id_train, bootstrap_draws=draws, bootstrap_fixed_id=True,
-             seconds=r.pop("fit_seconds") + r.pop("score_seconds"), created=created)
-        for r in map(dict, rows)
-    ])  # fmt: skip
+    table = pd.DataFrame(rows).rename(columns={"ood": "dataset"})
+    table["seconds"] = table.pop("fit_seconds") + table.pop("score_seconds")
+    table = table.assign(
+        model=f"{cfg.model} ({'CnC' if cfg.cnc else 'plain'})", split=ALL_SPLIT, kind="supervised",
+        hyperparameters=table["hyperparameters"].map(hp_json), hyperparameters_resolved=table["hyperparameters_resolved"].map(hp_json),
+        id_test=id_test, id_train=id_train, bootstrap_draws=draws, bootstrap_fixed_id=True,
+        created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    )  # fmt: skip
     write_part(table, path)
     compact_results(path)

@@ -28,7 +28,6 @@ import pandas as pd
 
 from .._io import check_output, claim_folder, hash_json, save_npy_atomic
 from ..features import FeatureSet
-from ..scoring import fit_score_evaluate
 from ..results import (
     ALL_SPLIT,
     KEY,
@@ -41,6 +40,7 @@ from ..results import (
     parts_dir,
     write_part,
 )
+from ..scoring import fit_score_evaluate
 from .config import DatasetSpec, DetectorSpec, ExperimentConfig, ModelSpec, load_config
 from .zeroshot import vocabulary_label
 
