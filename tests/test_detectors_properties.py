@@ -230,3 +230,13 @@ def test_a_set_that_does_not_match_the_training_set_is_refused(problem, name):
     with pytest.raises(ValueError, match='model \\["timm:resnet50", "b", null, null\\] vs \\["timm:resnet50", "a", null, null\\]'):
         det.score(FeatureSet(ood.features, logits=ood.logits, weight=ood.weight, bias=ood.bias, extras=ood.extras, meta={**ood.meta, **model, "weights_hash": "b"}))
     assert det.score(ood).shape == (len(ood),)  # a set without a recorded model is compared on what it has
+
+
+def test_a_head_assigned_after_scoring_is_hashed_again(problem):
+    train, _, ood = problem
+    det = detectors.create("energy").fit(train)
+    fs = FeatureSet(ood.features, logits=ood.logits, weight=ood.weight, bias=ood.bias, meta=ood.meta)
+    det.score(fs)  # hashes and caches fs's head
+    fs.weight = ood.weight + 0.5
+    with pytest.raises(ValueError, match="does not match the ID-train set 'synthetic-id' it was fitted on: head"):
+        det.score(fs)

@@ -19,6 +19,17 @@ from .base import Detector
 __all__ = ["MSP", "MaxLogit", "KLMatching", "Energy", "GEN"]
 
 
+_POOL: list[ThreadPoolExecutor] = []
+
+
+def _pool() -> ThreadPoolExecutor:
+    """One thread per core, started on first use and kept (starting threads per call costs
+    milliseconds, as much as a softmax over 10k x 1000 logits)."""
+    if not _POOL:
+        _POOL.append(ThreadPoolExecutor(os.cpu_count() or 1, thread_name_prefix="oodeval-logit"))
+    return _POOL[0]
+
+
 def _per_chunk(x: FeatureSet, fn, comp: Compute) -> np.ndarray:
     """fn(logit chunk on the backend) for every row chunk, concatenated as float64. With numpy,
     chunks run on a thread per core (numpy's elementwise passes are single-threaded and release
@@ -32,8 +43,7 @@ def _per_chunk(x: FeatureSet, fn, comp: Compute) -> np.ndarray:
     workers = min(len(slices), os.cpu_count() or 1)
     if comp.device is not None or workers < 2:
         return np.concatenate([one(sl) for sl in slices])
-    with ThreadPoolExecutor(workers) as pool:
-        return np.concatenate(list(pool.map(one, slices)))
+    return np.concatenate(list(_pool().map(one, slices)))
 
 
 def _temperature(t: float, who: str) -> float:
