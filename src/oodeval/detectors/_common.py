@@ -77,10 +77,11 @@ def labelled(labels: np.ndarray, who: str) -> tuple[np.ndarray, np.ndarray]:
     return idx, np.unique(labels[idx])
 
 
-def onehot(labels: np.ndarray, classes: np.ndarray) -> scipy.sparse.csr_matrix:
+def onehot(labels: np.ndarray, classes: np.ndarray, dtype=np.float64) -> scipy.sparse.csr_matrix:
+    """(N, K) sparse indicator of each row's class among ``classes``."""
     col = np.searchsorted(classes, labels)
     n = labels.size
-    return scipy.sparse.csr_matrix((np.ones(n), (np.arange(n), col)), shape=(n, classes.size))
+    return scipy.sparse.csr_matrix((np.ones(n, dtype=dtype), (np.arange(n), col)), shape=(n, classes.size))
 
 
 def _stat_compute(comp: Compute | None) -> Compute:
@@ -96,8 +97,9 @@ def class_means(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per-class means (K, D) float64 and counts (K,) over rows with label in ``classes``.
 
-    Rows with label -1 are skipped; ``normalise`` l2-normalises each row first. Sums accumulate
-    in float64 whatever ``comp``'s product precision.
+    Rows with label -1 are skipped; ``normalise`` l2-normalises each row first. Each chunk's class
+    sums are one sparse product in ``comp``'s precision, added into float64 sums (as
+    :func:`scatter` adds each chunk's sgemm).
     """
     comp = _stat_compute(comp)
     d = features.shape[1]
@@ -108,10 +110,11 @@ def class_means(
         keep = y >= 0
         if not keep.any():
             continue
-        z = comp.put(features[sl][keep])
+        everyone = keep.all()  # then the chunk is used as it is, not copied by a mask
+        z = comp.put(features[sl] if everyone else features[sl][keep])
         if normalise:
             z = comp.normalise(z)
-        group = np.searchsorted(classes, y[keep])
+        group = np.searchsorted(classes, y if everyone else y[keep])
         sums += comp.groupsum(z, group, classes.size)
         counts += np.bincount(group, minlength=classes.size)
     if (counts == 0).any():

@@ -31,12 +31,14 @@ class _CentroidBase(Detector):
         self.centroids_ = l2_normalise(means)
 
     def _scores(self, x: FeatureSet, readout) -> np.ndarray:
-        """readout(cosines of a chunk) per chunk, concatenated as float64."""
+        """readout(comp, z mu_c products, 1 / ||z||) per chunk, concatenated as float64: the
+        cosines are the products times 1 / ||z|| (the rows of z are not normalised first)."""
         comp = compute_of(self)
         z, cent = x.features, comp.put(self.centroids_).T
         out = []
         for sl in comp.chunks(len(z), max(z.shape[1], cent.shape[1])):
-            out.append(comp.get(readout(comp, comp.normalise(comp.put(z[sl])) @ cent)))
+            zc = comp.put(z[sl])
+            out.append(comp.get(readout(comp, zc @ cent, comp.inverse_norm(zc))))
         return np.concatenate(out)
 
 
@@ -50,7 +52,7 @@ class Cosine(_CentroidBase):
     """
 
     def _score(self, x: FeatureSet) -> np.ndarray:
-        return self._scores(x, lambda comp, c: comp.rowmax(c))
+        return self._scores(x, lambda comp, p, inv: comp.rowmax(p) * inv)
 
 
 @register("mcm", tags=("paper21", "feature"), order=16)
@@ -72,7 +74,7 @@ class MCM(_CentroidBase):
         if not self.tau > 0:
             raise ValueError(f"mcm temperature tau must be > 0, got {self.tau}")
         # max softmax = 1 / sum_c exp((cos_c - max cos) / T): exp in the product dtype, sum in float64
-        return self._scores(x, lambda comp, c: 1.0 / comp.shifted_expsum(c / self.tau)[1])
+        return self._scores(x, lambda comp, p, inv: 1.0 / comp.shifted_expsum(comp.scale_rows(p, inv / self.tau))[1])
 
 
 @register("fdbd", tags=("paper21", "feature"), order=17)
