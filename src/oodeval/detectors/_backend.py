@@ -10,7 +10,9 @@ or ``"cuda:N"`` with torch on that device, in row chunks whose size is fixed by
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,6 +22,8 @@ __all__ = ["Compute", "compute_of", "PRECISIONS", "TORCH_CHUNK_ELEMENTS"]
 PRECISIONS = ("float32", "float64")
 #: values per row chunk on a torch device (64M: 256 MB of float32 per chunk operand)
 TORCH_CHUNK_ELEMENTS = 64_000_000
+#: fewest rows per thread in :meth:`Compute.by_rows`
+MIN_PARALLEL_ROWS = 128
 
 
 @dataclass(frozen=True)
@@ -106,18 +110,30 @@ class Compute:
     def exp(self, a):
         return np.exp(a) if self.device is None else a.exp()
 
-    def shifted_expsum(self, a):
+    def shifted_expsum(self, a, overwrite: bool = False):
         """(max_c a_c, sum_c exp(a_c - max)) per row: exp in the product dtype (one temporary,
-        exponentiated in place), the sum in float64."""
+        exponentiated in place, or ``a`` itself when ``overwrite``), the sum in float64."""
         m = self.rowmax(a)
-        e = a - m[:, None]
-        e = np.exp(e, out=e) if self.device is None else e.exp_()
-        return m, self.rowsum(e)
+        if self.device is None:
+            e = np.subtract(a, m[:, None], out=a if overwrite else None)
+            return m, self.rowsum(np.exp(e, out=e))
+        e = a.sub_(m[:, None]) if overwrite else a - m[:, None]
+        return m, self.rowsum(e.exp_())
 
-    def logsumexp(self, a):
+    def logsumexp(self, a, overwrite: bool = False):
         """log sum_c exp(a_c) per row, float64 (see :meth:`shifted_expsum`)."""
-        m, total = self.shifted_expsum(a)
+        m, total = self.shifted_expsum(a, overwrite)
         return m + (np.log(total) if self.device is None else total.log())
+
+    def by_rows(self, fn, a):
+        """fn(a) for a row-wise fn, with numpy split into one row block per core run on a kept
+        thread pool (numpy's elementwise passes are single-threaded and release the GIL); each
+        row's result does not depend on the split. On torch (whose ops use every core): fn(a)."""
+        workers = os.cpu_count() or 1
+        if self.device is not None or workers < 2 or len(a) < 2 * MIN_PARALLEL_ROWS:
+            return fn(a)
+        cut = np.linspace(0, len(a), workers + 1).astype(int)
+        return np.concatenate(list(_pool().map(lambda i: fn(a[cut[i] : cut[i + 1]]), range(workers))))
 
     def inverse_norm(self, a, eps: float = 1e-12):
         """1 / max(||a_i||, eps) per row, float64 (norm accumulated in float64)."""
@@ -164,6 +180,17 @@ class Compute:
 
     def concat(self, parts: list, axis: int = 1):
         return np.concatenate(parts, axis=axis) if self.device is None else _torch().cat(parts, dim=axis)
+
+
+_POOL: list[ThreadPoolExecutor] = []
+
+
+def _pool() -> ThreadPoolExecutor:
+    """One thread per core, started on first use and kept (starting threads per call costs
+    milliseconds, as much as a softmax over 10k x 1000 logits)."""
+    if not _POOL:
+        _POOL.append(ThreadPoolExecutor(os.cpu_count() or 1, thread_name_prefix="oodeval"))
+    return _POOL[0]
 
 
 def _torch():

@@ -22,10 +22,18 @@ __all__ = ["ReAct", "ASHS", "SCALE", "DICE", "ash_s_features", "scale_features"]
 
 
 def _energy_of(comp: Compute, x: FeatureSet, shape, weight: np.ndarray, bias: np.ndarray) -> np.ndarray:
-    """logsumexp(shape(z) W^T + b) per row: product in ``comp``'s precision, the sum in float64."""
+    """logsumexp(shape(z) W^T + b) per row: product in ``comp``'s precision, the sum in float64.
+    The shaping and the readout run split across cores (:meth:`Compute.by_rows`), the readout in
+    place on the product."""
     z = x.features
     w, b = comp.put(weight).T, comp.put(bias)
-    out = [comp.get(comp.logsumexp(shape(comp.put(z[sl])) @ w + b)) for sl in comp.chunks(len(z), max(z.shape[1], w.shape[1]))]
+
+    def readout(f):
+        f += b
+        return comp.logsumexp(f, overwrite=True)
+
+    out = [comp.get(comp.by_rows(readout, comp.by_rows(shape, comp.put(z[sl])) @ w))
+           for sl in comp.chunks(len(z), max(z.shape[1], w.shape[1]))]  # fmt: skip
     return np.concatenate(out)
 
 

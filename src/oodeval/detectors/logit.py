@@ -6,9 +6,6 @@ products in float32, every sum over classes accumulated in float64; "float64": a
 
 from __future__ import annotations
 
-import os
-from concurrent.futures import ThreadPoolExecutor
-
 import numpy as np
 
 from ..features import FeatureSet
@@ -19,31 +16,11 @@ from .base import Detector
 __all__ = ["MSP", "MaxLogit", "KLMatching", "Energy", "GEN"]
 
 
-_POOL: list[ThreadPoolExecutor] = []
-
-
-def _pool() -> ThreadPoolExecutor:
-    """One thread per core, started on first use and kept (starting threads per call costs
-    milliseconds, as much as a softmax over 10k x 1000 logits)."""
-    if not _POOL:
-        _POOL.append(ThreadPoolExecutor(os.cpu_count() or 1, thread_name_prefix="oodeval-logit"))
-    return _POOL[0]
-
-
 def _per_chunk(x: FeatureSet, fn, comp: Compute) -> np.ndarray:
-    """fn(logit chunk on the backend) for every row chunk, concatenated as float64. With numpy,
-    chunks run on a thread per core (numpy's elementwise passes are single-threaded and release
-    the GIL); the result does not depend on the number of threads."""
+    """fn(logit chunk on the backend) for every row chunk (split across cores, see
+    :meth:`Compute.by_rows`), concatenated as float64."""
     f = x.logits
-    slices = list(comp.chunks(len(f), f.shape[1]))
-
-    def one(sl: slice) -> np.ndarray:
-        return comp.get(fn(comp.put(f[sl])))
-
-    workers = min(len(slices), os.cpu_count() or 1)
-    if comp.device is not None or workers < 2:
-        return np.concatenate([one(sl) for sl in slices])
-    return np.concatenate(list(_pool().map(one, slices)))
+    return np.concatenate([comp.get(comp.by_rows(fn, comp.put(f[sl]))) for sl in comp.chunks(len(f), f.shape[1])])
 
 
 def _temperature(t: float, who: str) -> float:
