@@ -125,15 +125,17 @@ class Compute:
         m, total = self.shifted_expsum(a, overwrite)
         return m + (np.log(total) if self.device is None else total.log())
 
-    def by_rows(self, fn, a):
-        """fn(a) for a row-wise fn, with numpy split into one row block per core run on a kept
-        thread pool (numpy's elementwise passes are single-threaded and release the GIL); each
-        row's result does not depend on the split. On torch (whose ops use every core): fn(a)."""
-        workers = os.cpu_count() or 1
-        if self.device is not None or workers < 2 or len(a) < 2 * MIN_PARALLEL_ROWS:
-            return fn(a)
-        cut = np.linspace(0, len(a), workers + 1).astype(int)
-        return np.concatenate(list(_pool().map(lambda i: fn(a[cut[i] : cut[i + 1]]), range(workers))))
+    def by_rows(self, fn, *arrays):
+        """fn(*arrays) for a row-wise fn of arrays with equal row counts; with numpy split into
+        one row block per core run on a kept thread pool (numpy's elementwise passes are
+        single-threaded and release the GIL); each row's result does not depend on the split.
+        On torch (whose ops use every core): fn(*arrays)."""
+        workers, n = os.cpu_count() or 1, len(arrays[0])
+        if self.device is not None or workers < 2 or n < 2 * MIN_PARALLEL_ROWS:
+            return fn(*arrays)
+        cut = np.linspace(0, n, workers + 1).astype(int)
+        part = lambda i: fn(*(a[cut[i] : cut[i + 1]] for a in arrays))  # noqa: E731
+        return np.concatenate(list(_pool().map(part, range(workers))))
 
     def inverse_norm(self, a, eps: float = 1e-12):
         """1 / max(||a_i||, eps) per row, float64 (norm accumulated in float64)."""

@@ -38,7 +38,8 @@ class _CentroidBase(Detector):
         out = []
         for sl in comp.chunks(len(z), max(z.shape[1], cent.shape[1])):
             zc = comp.put(z[sl])
-            out.append(comp.get(readout(comp, zc @ cent, comp.inverse_norm(zc))))
+            inv = comp.by_rows(comp.inverse_norm, zc)
+            out.append(comp.get(comp.by_rows(lambda p, s: readout(comp, p, s), zc @ cent, inv)))
         return np.concatenate(out)
 
 
@@ -112,13 +113,17 @@ class FDBD(Detector):
         comp = compute_of(self)
         w, b = comp.put(x.weight).T, comp.put(x.bias)
         inv, mean = comp.put(self.inv_boundary_norm_), comp.put(self.train_mean_)
+
+        def readout(f, zc):
+            f += b
+            gap = comp.rowmax(f)[:, None] - f  # f_y - f_c >= 0, y = argmax f
+            dist = comp.rowdot(gap, inv[comp.argmax(f)]) / (c - 1)
+            return dist / comp.rownorm(zc - mean)
+
         out = []
         for sl in comp.chunks(len(z), max(z.shape[1], c)):
             zc = comp.put(z[sl])
-            f = zc @ w + b
-            gap = comp.rowmax(f)[:, None] - f  # f_y - f_c >= 0, y = argmax f
-            dist = comp.rowdot(gap, inv[comp.argmax(f)]) / (c - 1)
-            out.append(comp.get(dist / comp.rownorm(zc - mean)))
+            out.append(comp.get(comp.by_rows(readout, zc @ w, zc)))
         return np.concatenate(out)
 
 

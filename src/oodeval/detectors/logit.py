@@ -157,10 +157,12 @@ class KLMatching(Detector):
         comp = compute_of(self)
         log_t = comp.put(self.log_templates_.T)
 
-        def fn(f):
-            logp = f - comp.put(comp.logsumexp(f))[:, None]
-            p = comp.exp(logp)
-            kl = comp.rowdot(p, logp)[:, None] - p @ log_t
-            return -comp.rowmin(kl)
-
-        return _per_chunk(x, fn, comp)
+        # -min_k (sum p log p - p . log d_k) = max_k (p . log d_k) - sum p log p: float64 rounding
+        # is monotone in the subtrahend, so this is the same value without a (rows, K) float64 matrix
+        out = []
+        for sl in comp.chunks(len(x.logits), x.logits.shape[1]):
+            logp = comp.by_rows(lambda f: f - comp.put(comp.logsumexp(f))[:, None], comp.put(x.logits[sl]))
+            p = comp.by_rows(comp.exp, logp)
+            neg_entropy = comp.by_rows(comp.rowdot, p, logp)
+            out.append(comp.get(comp.by_rows(lambda m, e: comp.rowmax(m) - e, p @ log_t, neg_entropy)))
+        return np.concatenate(out)
