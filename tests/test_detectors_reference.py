@@ -96,10 +96,22 @@ def test_react(data):
 
 
 @pytest.mark.parametrize("q", [0.0, 13.7, 50.0, 90.0, 100.0])
-def test_chunked_percentile_is_exact(q):
+@pytest.mark.parametrize("sample_rows", [0, 7, 1024])  # histogram only; a sampled bracket; every row
+def test_chunked_percentile_is_exact(q, sample_rows):
     a = np.random.default_rng(1).normal(size=(301, 7)).astype(np.float32)
     a[5, :] = a[6, :]  # ties
-    assert _common.chunked_percentile(a, q, bins=16) == pytest.approx(np.percentile(f64(a), q), rel=1e-12)
+    exact = np.percentile(f64(a), q)  # the same order statistics; the interpolation rounds within 1 ulp
+    assert _common.chunked_percentile(a, q, bins=16, sample_rows=sample_rows) == pytest.approx(exact, rel=1e-12)
+
+
+def test_chunked_percentile_falls_back_when_the_sample_misses():
+    a = np.random.default_rng(2).normal(size=(1000, 5)).astype(np.float32)
+    a[::100] -= 100.0  # the 10 sampled rows (every 100th) lie far below the rest
+    assert _common._bracketed(a, 5, np.dtype(np.float32), 2500, 2501, sample_rows=10) is None
+    assert _common.chunked_percentile(a, 50.0, sample_rows=10) == pytest.approx(np.percentile(f64(a), 50.0), rel=1e-12)
+    a[3, 2] = np.nan
+    with pytest.raises(ValueError, match="non-finite"):
+        _common.chunked_percentile(a, 50.0, sample_rows=10)
 
 
 def shaped_ref(z, percentile, prune):
