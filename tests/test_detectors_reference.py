@@ -15,7 +15,7 @@ from sklearn.decomposition import PCA
 from sklearn.preprocessing import StandardScaler
 
 from oodeval import detectors
-from oodeval.detectors import _common
+from oodeval.detectors import _common, activation
 from oodeval.features import FeatureSet
 
 
@@ -135,6 +135,20 @@ def test_ash_s_and_scale(data):
     for p in (85, 50):
         ref = energy_ref(shaped_ref(test.features, p, False), test.weight, test.bias)
         np.testing.assert_allclose(run("scale", train, test, percentile=p), ref, rtol=1e-10)
+
+
+def test_ash_s_keeps_exactly_k_entries_under_ties():
+    z = np.random.default_rng(3).normal(size=(6, 20)).astype(np.float32)  # k = 2 at percentile 90
+    z[1, [3, 7, 11]] = 5.0  # three entries tie at a nonzero 2nd-largest value
+    z[2] = 0.0
+    z[2, 4] = 1.0  # the 2nd largest is 0, tied 19 times: extra zeros change nothing
+    z[3, :5] = -1.0
+    z[3, 5:] = -2.0  # negative features: the 2nd largest, -1, is tied 5 times
+    shaped = activation.ash_s_features(z, 90.0)
+    assert (np.count_nonzero(shaped, axis=1) == [2, 2, 1, 2, 2, 2]).all()
+    # which of the tied entries are kept is arbitrary (as torch.topk's in the release): compare
+    # each row's kept values; float32 output, so a few float32 ulps (6e-8 each)
+    np.testing.assert_allclose(np.sort(shaped, axis=1), np.sort(shaped_ref(z, 90.0, True), axis=1), rtol=5e-7)
 
 
 def test_dice(data):
