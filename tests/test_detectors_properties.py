@@ -240,3 +240,15 @@ def test_a_head_assigned_after_scoring_is_hashed_again(problem):
     fs.weight = ood.weight + 0.5
     with pytest.raises(ValueError, match="does not match the ID-train set 'synthetic-id' it was fitted on: head"):
         det.score(fs)
+
+
+def test_scores_do_not_depend_on_the_number_of_cores(problem, monkeypatch):
+    from oodeval.detectors import _backend
+
+    train, _, _ = problem  # 2000 rows: four blocks of _backend.PARALLEL_ROWS
+    names = ["msp", "energy", "gen", "kl_matching", "react", "ash_s", "scale", "dice", "cosine", "mcm", "fdbd", "knn", "nnguide"]
+    fitted = {n: detectors.create(n, **SYNTHETIC_HP.get(n, {})).fit(train) for n in names}
+    many = {n: det.score(train) for n, det in fitted.items()}
+    monkeypatch.setattr(_backend.os, "cpu_count", lambda: 1)
+    for n, det in fitted.items():
+        assert det.score(train).tobytes() == many[n].tobytes(), n
