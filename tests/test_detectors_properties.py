@@ -246,7 +246,7 @@ def test_scores_do_not_depend_on_the_number_of_cores(problem, monkeypatch):
     from oodeval.detectors import _backend
 
     train, _, _ = problem  # 2000 rows: four blocks of _backend.PARALLEL_ROWS
-    names = ["msp", "energy", "gen", "kl_matching", "react", "ash_s", "scale", "dice", "cosine", "mcm", "fdbd", "knn", "nnguide"]
+    names = ["msp", "energy", "gen", "kl_matching", "react", "ash_s", "scale", "dice", "cosine", "mcm", "fdbd", "knn", "nnguide", "vim"]
     fitted = {n: detectors.create(n, **SYNTHETIC_HP.get(n, {})).fit(train) for n in names}
     many = {n: det.score(train) for n, det in fitted.items()}
     monkeypatch.setattr(_backend.os, "cpu_count", lambda: 1)
