@@ -9,8 +9,8 @@ Writes are atomic: the folder appears complete or not at all.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 import platform
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
