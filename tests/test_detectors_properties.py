@@ -230,3 +230,25 @@ def test_a_set_that_does_not_match_the_training_set_is_refused(problem, name):
     with pytest.raises(ValueError, match='model \\["timm:resnet50", "b", null, null\\] vs \\["timm:resnet50", "a", null, null\\]'):
         det.score(FeatureSet(ood.features, logits=ood.logits, weight=ood.weight, bias=ood.bias, extras=ood.extras, meta={**ood.meta, **model, "weights_hash": "b"}))
     assert det.score(ood).shape == (len(ood),)  # a set without a recorded model is compared on what it has
+
+
+def test_a_head_assigned_after_scoring_is_hashed_again(problem):
+    train, _, ood = problem
+    det = detectors.create("energy").fit(train)
+    fs = FeatureSet(ood.features, logits=ood.logits, weight=ood.weight, bias=ood.bias, meta=ood.meta)
+    det.score(fs)  # hashes and caches fs's head
+    fs.weight = ood.weight + 0.5
+    with pytest.raises(ValueError, match="does not match the ID-train set 'synthetic-id' it was fitted on: head"):
+        det.score(fs)
+
+
+def test_scores_do_not_depend_on_the_number_of_cores(problem, monkeypatch):
+    from oodeval.detectors import _backend
+
+    train, _, _ = problem  # 2000 rows: four blocks of _backend.PARALLEL_ROWS
+    names = ["msp", "energy", "gen", "kl_matching", "react", "ash_s", "scale", "dice", "cosine", "mcm", "fdbd", "knn", "nnguide", "vim"]
+    fitted = {n: detectors.create(n, **SYNTHETIC_HP.get(n, {})).fit(train) for n in names}
+    many = {n: det.score(train) for n, det in fitted.items()}
+    monkeypatch.setattr(_backend.os, "cpu_count", lambda: 1)
+    for n, det in fitted.items():
+        assert det.score(train).tobytes() == many[n].tobytes(), n

@@ -15,7 +15,7 @@ from sklearn.decomposition import PCA
 from sklearn.preprocessing import StandardScaler
 
 from oodeval import detectors
-from oodeval.detectors import _common
+from oodeval.detectors import _common, activation
 from oodeval.features import FeatureSet
 
 
@@ -96,10 +96,22 @@ def test_react(data):
 
 
 @pytest.mark.parametrize("q", [0.0, 13.7, 50.0, 90.0, 100.0])
-def test_chunked_percentile_is_exact(q):
+@pytest.mark.parametrize("sample_rows", [0, 7, 1024])  # histogram only; a sampled bracket; every row
+def test_chunked_percentile_is_exact(q, sample_rows):
     a = np.random.default_rng(1).normal(size=(301, 7)).astype(np.float32)
     a[5, :] = a[6, :]  # ties
-    assert _common.chunked_percentile(a, q, bins=16) == pytest.approx(np.percentile(f64(a), q), rel=1e-12)
+    exact = np.percentile(f64(a), q)  # the same order statistics; the interpolation rounds within 1 ulp
+    assert _common.chunked_percentile(a, q, bins=16, sample_rows=sample_rows) == pytest.approx(exact, rel=1e-12)
+
+
+def test_chunked_percentile_falls_back_when_the_sample_misses():
+    a = np.random.default_rng(2).normal(size=(1000, 5)).astype(np.float32)
+    a[::100] -= 100.0  # the 10 sampled rows (every 100th) lie far below the rest
+    assert _common._bracketed(a, 5, np.dtype(np.float32), 2500, 2501, sample_rows=10) is None
+    assert _common.chunked_percentile(a, 50.0, sample_rows=10) == pytest.approx(np.percentile(f64(a), 50.0), rel=1e-12)
+    a[3, 2] = np.nan
+    with pytest.raises(ValueError, match="non-finite"):
+        _common.chunked_percentile(a, 50.0, sample_rows=10)
 
 
 def shaped_ref(z, percentile, prune):
@@ -123,6 +135,20 @@ def test_ash_s_and_scale(data):
     for p in (85, 50):
         ref = energy_ref(shaped_ref(test.features, p, False), test.weight, test.bias)
         np.testing.assert_allclose(run("scale", train, test, percentile=p), ref, rtol=1e-10)
+
+
+def test_ash_s_keeps_exactly_k_entries_under_ties():
+    z = np.random.default_rng(3).normal(size=(6, 20)).astype(np.float32)  # k = 2 at percentile 90
+    z[1, [3, 7, 11]] = 5.0  # three entries tie at a nonzero 2nd-largest value
+    z[2] = 0.0
+    z[2, 4] = 1.0  # the 2nd largest is 0, tied 19 times: extra zeros change nothing
+    z[3, :5] = -1.0
+    z[3, 5:] = -2.0  # negative features: the 2nd largest, -1, is tied 5 times
+    shaped = activation.ash_s_features(z, 90.0)
+    assert (np.count_nonzero(shaped, axis=1) == [2, 2, 1, 2, 2, 2]).all()
+    # which of the tied entries are kept is arbitrary (as torch.topk's in the release): compare
+    # each row's kept values; float32 output, so a few float32 ulps (6e-8 each)
+    np.testing.assert_allclose(np.sort(shaped, axis=1), np.sort(shaped_ref(z, 90.0, True), axis=1), rtol=5e-7)
 
 
 def test_dice(data):

@@ -77,10 +77,11 @@ def labelled(labels: np.ndarray, who: str) -> tuple[np.ndarray, np.ndarray]:
     return idx, np.unique(labels[idx])
 
 
-def onehot(labels: np.ndarray, classes: np.ndarray) -> scipy.sparse.csr_matrix:
+def onehot(labels: np.ndarray, classes: np.ndarray, dtype=np.float64) -> scipy.sparse.csr_matrix:
+    """(N, K) sparse indicator of each row's class among ``classes``."""
     col = np.searchsorted(classes, labels)
     n = labels.size
-    return scipy.sparse.csr_matrix((np.ones(n), (np.arange(n), col)), shape=(n, classes.size))
+    return scipy.sparse.csr_matrix((np.ones(n, dtype=dtype), (np.arange(n), col)), shape=(n, classes.size))
 
 
 def _stat_compute(comp: Compute | None) -> Compute:
@@ -96,8 +97,9 @@ def class_means(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per-class means (K, D) float64 and counts (K,) over rows with label in ``classes``.
 
-    Rows with label -1 are skipped; ``normalise`` l2-normalises each row first. Sums accumulate
-    in float64 whatever ``comp``'s product precision.
+    Rows with label -1 are skipped; ``normalise`` l2-normalises each row first. Each chunk's class
+    sums are one sparse product in ``comp``'s precision, added into float64 sums (as
+    :func:`scatter` adds each chunk's sgemm).
     """
     comp = _stat_compute(comp)
     d = features.shape[1]
@@ -108,10 +110,11 @@ def class_means(
         keep = y >= 0
         if not keep.any():
             continue
-        z = comp.put(features[sl][keep])
+        everyone = keep.all()  # then the chunk is used as it is, not copied by a mask
+        z = comp.put(features[sl] if everyone else features[sl][keep])
         if normalise:
             z = comp.normalise(z)
-        group = np.searchsorted(classes, y[keep])
+        group = np.searchsorted(classes, y if everyone else y[keep])
         sums += comp.groupsum(z, group, classes.size)
         counts += np.bincount(group, minlength=classes.size)
     if (counts == 0).any():
@@ -174,13 +177,18 @@ def pinv_sym(a: np.ndarray) -> np.ndarray:
     return np.linalg.pinv(a, hermitian=True)
 
 
-def chunked_percentile(values: np.ndarray, q: float, bins: int = 1 << 16) -> float:
+def chunked_percentile(values: np.ndarray, q: float, bins: int = 1 << 16, sample_rows: int = 1024) -> float:
     """Exactly ``np.percentile(values.ravel(), q)`` (linear interpolation) in chunked passes.
 
-    Pass 1 finds min/max and a histogram; pass 2 keeps only the values in the bins that hold the
-    two order statistics the interpolation needs, so memory stays O(bins + chunk). Bins are
-    computed in the values' own float dtype (one monotone function in both passes, which is all
-    exactness needs); the kept values are sorted and interpolated in float64.
+    First, one pass bracketed by a sample: the values of ``sample_rows`` evenly spaced rows give
+    a range [lo, hi] that holds the two order statistics the interpolation needs with
+    overwhelming probability (6 binomial standard deviations either side); the pass counts the
+    values below lo and keeps those in [lo, hi]. Whether the range holds them is known exactly
+    from the counts; when it does not (or ``sample_rows`` = 0) the histogram method runs: pass 1
+    finds min/max and a histogram, pass 2 keeps only the values in the bins that hold the two
+    order statistics. Memory stays O(sample + bins + chunk). Bins are computed in the values'
+    own float dtype (one monotone function in both passes, which is all exactness needs); the
+    kept values are sorted and interpolated in float64. NaN/inf raise ValueError.
     """
     if not 0 <= q <= 100:
         raise ValueError(f"percentile must be in [0, 100], got {q}")
@@ -190,16 +198,45 @@ def chunked_percentile(values: np.ndarray, q: float, bins: int = 1 << 16) -> flo
     width = values.shape[1] if values.ndim == 2 else 1
     rows = values.reshape(len(values), -1) if values.ndim >= 1 else values.reshape(1, 1)
     dtype = rows.dtype if rows.dtype in (np.float32, np.float64) else np.dtype(np.float64)
+    rank = (flat_n - 1) * q / 100.0
+    k0, k1 = int(np.floor(rank)), int(np.ceil(rank))
+    found = _bracketed(rows, width, dtype, k0, k1, sample_rows) if sample_rows > 0 else None
+    v0, v1 = found if found is not None else _histogram(rows, width, dtype, k0, k1, bins)
+    return float(v0 + (v1 - v0) * (rank - k0))
+
+
+def _bracketed(rows: np.ndarray, width: int, dtype, k0: int, k1: int, sample_rows: int) -> tuple[float, float] | None:
+    """Order statistics k0 <= k1 from one pass over the values in a sampled range, or None."""
+    step = max(1, len(rows) // sample_rows)
+    sample = np.sort(np.asarray(rows[::step], dtype=dtype).ravel())
+    m, n = sample.size, rows.size
+    spread = 6.0 * np.sqrt(m * 0.25) + 1
+    i0, i1 = int(np.floor(k0 / n * m - spread)), int(np.ceil(k1 / n * m + spread))
+    lo = sample[i0] if i0 > 0 else -np.inf
+    hi = sample[i1] if i1 < m - 1 else np.inf
+    below, kept = 0, []
+    for sl in chunks(len(rows), width):
+        c = np.asarray(rows[sl], dtype=dtype).ravel()
+        if not np.isfinite(c.sum()) and not np.isfinite(c).all():  # NaN/inf propagate through the sum
+            raise ValueError("cannot take a percentile of non-finite values")
+        below += int(np.count_nonzero(c < lo))
+        kept.append(c[(c >= lo) & (c <= hi)])
+    sel = np.sort(np.concatenate(kept).astype(np.float64))
+    if not (below <= k0 and k1 - below < sel.size):
+        return None
+    return sel[k0 - below], sel[k1 - below]
+
+
+def _histogram(rows: np.ndarray, width: int, dtype, k0: int, k1: int, bins: int) -> tuple[float, float]:
+    """Order statistics k0 <= k1 from a histogram pass and a pass over the values in their bins."""
     lo, hi = np.inf, -np.inf
     for sl in chunks(len(rows), width):
         c = np.asarray(rows[sl], dtype=dtype)
         lo, hi = min(lo, float(c.min())), max(hi, float(c.max()))
     if not (np.isfinite(lo) and np.isfinite(hi)):
         raise ValueError("cannot take a percentile of non-finite values")
-    rank = (flat_n - 1) * q / 100.0
-    k0, k1 = int(np.floor(rank)), int(np.ceil(rank))
     if lo == hi:
-        return float(lo)
+        return lo, lo
     lo_t, scale = dtype.type(lo), dtype.type(bins / (hi - lo))
 
     def bin_of(c: np.ndarray) -> np.ndarray:
@@ -218,5 +255,4 @@ def chunked_percentile(values: np.ndarray, q: float, bins: int = 1 << 16) -> flo
         idx = bin_of(c)
         kept.append(c[(idx >= b0) & (idx <= b1)])
     sel = np.sort(np.concatenate(kept).astype(np.float64))
-    v0, v1 = sel[k0 - before], sel[k1 - before]
-    return float(v0 + (v1 - v0) * (rank - k0))
+    return sel[k0 - before], sel[k1 - before]

@@ -22,10 +22,18 @@ __all__ = ["ReAct", "ASHS", "SCALE", "DICE", "ash_s_features", "scale_features"]
 
 
 def _energy_of(comp: Compute, x: FeatureSet, shape, weight: np.ndarray, bias: np.ndarray) -> np.ndarray:
-    """logsumexp(shape(z) W^T + b) per row: product in ``comp``'s precision, the sum in float64."""
+    """logsumexp(shape(z) W^T + b) per row: product in ``comp``'s precision, the sum in float64.
+    The shaping and the readout run split across cores (:meth:`Compute.by_rows`), the readout in
+    place on the product."""
     z = x.features
     w, b = comp.put(weight).T, comp.put(bias)
-    out = [comp.get(comp.logsumexp(shape(comp.put(z[sl])) @ w + b)) for sl in comp.chunks(len(z), max(z.shape[1], w.shape[1]))]
+
+    def readout(f):
+        f += b
+        return comp.logsumexp(f, overwrite=True)
+
+    out = [comp.get(comp.by_rows(readout, comp.by_rows(shape, comp.put(z[sl])) @ w))
+           for sl in comp.chunks(len(z), max(z.shape[1], w.shape[1]))]  # fmt: skip
     return np.concatenate(out)
 
 
@@ -50,13 +58,26 @@ def _ratio(s1: np.ndarray, s2: np.ndarray) -> np.ndarray:
 def ash_s_features(z: np.ndarray, percentile: float) -> np.ndarray:
     """ASH-S: zero all but the top k entries of each row, then multiply by exp(s1 / s2),
     s1 = sum of the row, s2 = sum of the kept entries."""
+    kept = _top_k(z, _keep(z.shape[1], percentile))
+    kept *= np.exp(_ratio(_sum64(z), _sum64(kept))).astype(z.dtype)[:, None]
+    return kept
+
+
+def _top_k(z: np.ndarray, k: int) -> np.ndarray:
+    """z with all but the k largest entries of each row set to 0: the entries >= the row's k-th
+    largest value t (one partition and one comparison); a row with more than k of them and t != 0
+    (ties at t) keeps exactly k (argpartition). Extra entries equal to t = 0 change nothing."""
     d = z.shape[1]
-    k = _keep(d, percentile)
-    top = np.argpartition(z, d - k, axis=1)[:, d - k :]
-    vals = np.take_along_axis(z, top, axis=1)
-    kept = np.zeros_like(z)
-    np.put_along_axis(kept, top, vals, axis=1)
-    kept *= np.exp(_ratio(_sum64(z), _sum64(vals))).astype(z.dtype)[:, None]
+    t = np.partition(z, d - k, axis=1)[:, d - k, None]
+    above = z >= t
+    kept = np.where(above, z, 0)
+    ties = np.flatnonzero((t[:, 0] != 0) & (np.count_nonzero(above, axis=1) > k))
+    if ties.size:
+        rows = z[ties]
+        top = np.argpartition(rows, d - k, axis=1)[:, d - k :]
+        exact = np.zeros_like(rows)
+        np.put_along_axis(exact, top, np.take_along_axis(rows, top, axis=1), axis=1)
+        kept[ties] = exact
     return kept
 
 

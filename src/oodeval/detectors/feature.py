@@ -31,12 +31,15 @@ class _CentroidBase(Detector):
         self.centroids_ = l2_normalise(means)
 
     def _scores(self, x: FeatureSet, readout) -> np.ndarray:
-        """readout(cosines of a chunk) per chunk, concatenated as float64."""
+        """readout(comp, z mu_c products, 1 / ||z||) per chunk, concatenated as float64: the
+        cosines are the products times 1 / ||z|| (the rows of z are not normalised first)."""
         comp = compute_of(self)
         z, cent = x.features, comp.put(self.centroids_).T
         out = []
         for sl in comp.chunks(len(z), max(z.shape[1], cent.shape[1])):
-            out.append(comp.get(readout(comp, comp.normalise(comp.put(z[sl])) @ cent)))
+            zc = comp.put(z[sl])
+            inv = comp.by_rows(comp.inverse_norm, zc)
+            out.append(comp.get(comp.by_rows(lambda p, s: readout(comp, p, s), zc @ cent, inv)))
         return np.concatenate(out)
 
 
@@ -50,7 +53,7 @@ class Cosine(_CentroidBase):
     """
 
     def _score(self, x: FeatureSet) -> np.ndarray:
-        return self._scores(x, lambda comp, c: comp.rowmax(c))
+        return self._scores(x, lambda comp, p, inv: comp.rowmax(p) * inv)
 
 
 @register("mcm", tags=("paper21", "feature"), order=16)
@@ -72,7 +75,7 @@ class MCM(_CentroidBase):
         if not self.tau > 0:
             raise ValueError(f"mcm temperature tau must be > 0, got {self.tau}")
         # max softmax = 1 / sum_c exp((cos_c - max cos) / T): exp in the product dtype, sum in float64
-        return self._scores(x, lambda comp, c: 1.0 / comp.shifted_expsum(c / self.tau)[1])
+        return self._scores(x, lambda comp, p, inv: 1.0 / comp.shifted_expsum(comp.scale_rows(p, inv / self.tau))[1])
 
 
 @register("fdbd", tags=("paper21", "feature"), order=17)
@@ -110,13 +113,17 @@ class FDBD(Detector):
         comp = compute_of(self)
         w, b = comp.put(x.weight).T, comp.put(x.bias)
         inv, mean = comp.put(self.inv_boundary_norm_), comp.put(self.train_mean_)
+
+        def readout(f, zc):
+            f += b
+            gap = comp.rowmax(f)[:, None] - f  # f_y - f_c >= 0, y = argmax f
+            dist = comp.rowdot(gap, inv[comp.argmax(f)]) / (c - 1)
+            return dist / comp.rownorm(zc - mean)
+
         out = []
         for sl in comp.chunks(len(z), max(z.shape[1], c)):
             zc = comp.put(z[sl])
-            f = zc @ w + b
-            gap = comp.rowmax(f)[:, None] - f  # f_y - f_c >= 0, y = argmax f
-            dist = comp.rowdot(gap, inv[comp.argmax(f)]) / (c - 1)
-            out.append(comp.get(dist / comp.rownorm(zc - mean)))
+            out.append(comp.get(comp.by_rows(readout, zc @ w, zc)))
         return np.concatenate(out)
 
 

@@ -75,8 +75,11 @@ class ViM(Detector):
         logit, residual = [], []
         for sl in comp.chunks(len(z), max(z.shape[1], w.shape[1])):
             zc = comp.put(z[sl])
-            logit.append(comp.get(readout(zc @ w + b)))
-            residual.append(comp.get(comp.rownorm((zc - origin) @ basis)))
+            f = zc @ w
+            f += b
+            logit.append(comp.get(comp.by_rows(readout, f)))
+            centred = comp.by_rows(lambda a: a - origin, zc)
+            residual.append(comp.get(comp.by_rows(comp.rownorm, centred @ basis)))
         return np.concatenate(logit), np.concatenate(residual)
 
     def _score(self, x: FeatureSet) -> np.ndarray:

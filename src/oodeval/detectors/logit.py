@@ -6,9 +6,6 @@ products in float32, every sum over classes accumulated in float64; "float64": a
 
 from __future__ import annotations
 
-import os
-from concurrent.futures import ThreadPoolExecutor
-
 import numpy as np
 
 from ..features import FeatureSet
@@ -20,20 +17,10 @@ __all__ = ["MSP", "MaxLogit", "KLMatching", "Energy", "GEN"]
 
 
 def _per_chunk(x: FeatureSet, fn, comp: Compute) -> np.ndarray:
-    """fn(logit chunk on the backend) for every row chunk, concatenated as float64. With numpy,
-    chunks run on a thread per core (numpy's elementwise passes are single-threaded and release
-    the GIL); the result does not depend on the number of threads."""
+    """fn(logit chunk on the backend) for every row chunk (split across cores, see
+    :meth:`Compute.by_rows`), concatenated as float64."""
     f = x.logits
-    slices = list(comp.chunks(len(f), f.shape[1]))
-
-    def one(sl: slice) -> np.ndarray:
-        return comp.get(fn(comp.put(f[sl])))
-
-    workers = min(len(slices), os.cpu_count() or 1)
-    if comp.device is not None or workers < 2:
-        return np.concatenate([one(sl) for sl in slices])
-    with ThreadPoolExecutor(workers) as pool:
-        return np.concatenate(list(pool.map(one, slices)))
+    return np.concatenate([comp.get(comp.by_rows(fn, comp.put(f[sl]))) for sl in comp.chunks(len(f), f.shape[1])])
 
 
 def _temperature(t: float, who: str) -> float:
@@ -170,10 +157,12 @@ class KLMatching(Detector):
         comp = compute_of(self)
         log_t = comp.put(self.log_templates_.T)
 
-        def fn(f):
-            logp = f - comp.put(comp.logsumexp(f))[:, None]
-            p = comp.exp(logp)
-            kl = comp.rowdot(p, logp)[:, None] - p @ log_t
-            return -comp.rowmin(kl)
-
-        return _per_chunk(x, fn, comp)
+        # -min_k (sum p log p - p . log d_k) = max_k (p . log d_k) - sum p log p: float64 rounding
+        # is monotone in the subtrahend, so this is the same value without a (rows, K) float64 matrix
+        out = []
+        for sl in comp.chunks(len(x.logits), x.logits.shape[1]):
+            logp = comp.by_rows(lambda f: f - comp.put(comp.logsumexp(f))[:, None], comp.put(x.logits[sl]))
+            p = comp.by_rows(comp.exp, logp)
+            neg_entropy = comp.by_rows(comp.rowdot, p, logp)
+            out.append(comp.get(comp.by_rows(lambda m, e: comp.rowmax(m) - e, p @ log_t, neg_entropy)))
+        return np.concatenate(out)

@@ -39,16 +39,17 @@ def _bank(comp: Compute, z: np.ndarray, rows: np.ndarray | None, weight=None) ->
 
 def top_similarities(comp: Compute, bank: np.ndarray, z: np.ndarray, k: int) -> Iterator[np.ndarray]:
     """The k largest inner products (unordered, float64) of each l2-normalised row of z with the
-    bank rows, exactly, one query chunk at a time."""
+    bank rows, exactly, one query chunk at a time (normalising and selecting split across
+    cores, :meth:`Compute.by_rows`)."""
     block = min(len(bank), BLOCK_ROWS[comp.device is not None])
     dev_bank = comp.put(bank)
     for sl in comp.chunks(len(z), block):
-        q = comp.normalise(comp.put(z[sl]))
+        q = comp.by_rows(comp.normalise, comp.put(z[sl]))
         best = None
         for start in range(0, len(bank), block):
             sims = q @ dev_bank[start : start + block].T
-            top = comp.topk(sims, min(k, sims.shape[1]))
-            best = top if best is None else comp.topk(comp.concat([best, top]), k)
+            top = comp.by_rows(lambda s: comp.topk(s, min(k, s.shape[1])), sims)
+            best = top if best is None else comp.by_rows(lambda a, b: comp.topk(comp.concat([a, b]), k), best, top)
         yield comp.get(best)
 
 
@@ -156,5 +157,5 @@ class NNGuide(Detector):
         top = top_similarities(comp, self.bank_, x.features, int(self.k))
         guidance = np.concatenate([t.mean(axis=1) for t in top])
         f = x.logits
-        conf = np.concatenate([comp.get(comp.logsumexp(comp.put(f[sl]))) for sl in comp.chunks(len(f), f.shape[1])])
+        conf = np.concatenate([comp.get(comp.by_rows(comp.logsumexp, comp.put(f[sl]))) for sl in comp.chunks(len(f), f.shape[1])])
         return conf * guidance

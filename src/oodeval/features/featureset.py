@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import platform
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,6 +38,17 @@ def _package_versions() -> dict[str, str]:
     return out
 
 
+def _row_chunks(arr: np.ndarray, rows: int) -> Iterator[tuple[int, np.ndarray]]:
+    """(first row, chunk) over ``arr``: file reads for a memmap (its pages do not pile up in the
+    process), views of an in-memory array (no copy)."""
+    if isinstance(arr, np.memmap):
+        for part, chunk in iter_chunks({"a": arr}, rows):
+            yield part.start, chunk["a"]
+    else:
+        for start in range(0, arr.shape[0], rows):
+            yield start, arr[start : start + rows]
+
+
 def _nonfinite(arrays: dict[str, np.ndarray], chunk_elements: int = 1 << 24) -> list[str]:
     """'NAME has K non-finite values (first in row R)' for each floating array with NaN/inf."""
     out = []
@@ -46,10 +58,10 @@ def _nonfinite(arrays: dict[str, np.ndarray], chunk_elements: int = 1 << 24) -> 
         rows = max(1, chunk_elements // max(1, arr.size // max(1, arr.shape[0] if arr.ndim else 1)))
         flat = arr.reshape(1, -1) if arr.ndim < 2 else arr
         count, first = 0, None
-        for part, chunk in iter_chunks({"a": flat}, rows):  # file reads: a memmap's pages do not pile up
-            if np.isfinite(chunk["a"].sum()):  # NaN/inf propagate: a finite sum means every value is finite
+        for start, chunk in _row_chunks(flat, rows):
+            if np.isfinite(chunk.sum()):  # NaN/inf propagate: a finite sum means every value is finite
                 continue
-            start, bad = part.start, ~np.isfinite(chunk["a"])
+            bad = ~np.isfinite(chunk)
             if bad.any():
                 per_row = bad.reshape(bad.shape[0], -1).sum(axis=1)
                 count += int(per_row.sum())
@@ -79,6 +91,8 @@ class FeatureSet:
     bias: np.ndarray | None = None
     extras: dict[str, np.ndarray] = field(default_factory=dict)
     meta: dict = field(default_factory=dict)
+    #: (weight, bias, content hash) of the last head hashed by :meth:`signature`
+    _head_hash: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.features = np.asarray(self.features)
@@ -166,12 +180,20 @@ class FeatureSet:
         if self.logits is not None:
             sig["logit classes"] = self.logits.shape[1]
         if self.has_head:
-            sig["head"] = f"{tuple(self.weight.shape)} #{hash_arrays({'w': self.weight, 'b': self.bias})[:12]}"
+            sig["head"] = f"{tuple(self.weight.shape)} #{self._head_fingerprint()}"
         for k, v in self.extras.items():
             sig[f"extra {k!r} shape"] = tuple(v.shape[1:])
         if "model" in self.meta:
             sig["model"] = json.dumps([self.meta.get(k) for k in ("model", "weights_hash", "pretrained", "model_kwargs")], default=str)
         return sig
+
+    def _head_fingerprint(self) -> str:
+        """Content hash of (weight, bias), computed once per pair of head arrays: a head assigned
+        anew is hashed again, one changed in place keeps its old hash."""
+        cached = self._head_hash
+        if cached is None or cached[0] is not self.weight or cached[1] is not self.bias:
+            cached = self._head_hash = (self.weight, self.bias, hash_arrays({"w": self.weight, "b": self.bias})[:12])
+        return cached[2]
 
     def check_agrees(self, reference: dict[str, object], reference_name: str, who: str) -> None:
         """Raise ValueError listing every entry of :meth:`signature` that both sets have and that
