@@ -119,14 +119,20 @@ def test_suites():
         suite("cifar11")
 
 
-def test_cli_train_and_evaluate(tmp_path, capsys):
-    from oodeval.cli import main
-
+def _striped_set() -> tuple[np.random.Generator, np.ndarray, np.ndarray]:
+    """48 greyscale 12x12 images of 3 classes (a bright stripe at a class-dependent row) and the generator."""
     rng = np.random.default_rng(0)
     labels = np.arange(48) % 3
     images = rng.integers(0, 50, size=(48, 12, 12), dtype=np.uint8)
     for i, c in enumerate(labels):
         images[i, c * 4 : c * 4 + 3] = 220
+    return rng, images, labels
+
+
+def test_cli_train_and_evaluate(tmp_path, capsys):
+    from oodeval.cli import main
+
+    rng, images, labels = _striped_set()
     np.savez(tmp_path / "train.npz", images=images, labels=labels)
     np.savez(tmp_path / "ood.npz", images=rng.integers(0, 256, size=(20, 12, 12), dtype=np.uint8))
     ck = tmp_path / "ck"
@@ -147,11 +153,7 @@ def test_cli_train_and_evaluate(tmp_path, capsys):
 def test_cli_evaluate_refuses_incomparable_inputs(tmp_path, capsys):
     from oodeval.cli import main
 
-    rng = np.random.default_rng(0)
-    labels = np.arange(48) % 3
-    images = rng.integers(0, 50, size=(48, 12, 12), dtype=np.uint8)
-    for i, c in enumerate(labels):
-        images[i, c * 4 : c * 4 + 3] = 220
+    rng, images, labels = _striped_set()
     np.savez(tmp_path / "train.npz", images=images, labels=labels)
     np.savez(tmp_path / "other.npz", images=images[::-1], labels=labels[::-1])
     np.savez(tmp_path / "ten.npz", images=images, labels=np.arange(48) % 10)
@@ -223,11 +225,7 @@ def test_cli_evaluate_results_table_shows_in_report(tmp_path, capsys):
     from oodeval.results import load_results
     from oodeval.stats import mean_std
 
-    rng = np.random.default_rng(0)
-    labels = np.arange(48) % 3
-    images = rng.integers(0, 50, size=(48, 12, 12), dtype=np.uint8)
-    for i, c in enumerate(labels):
-        images[i, c * 4 : c * 4 + 3] = 220
+    rng, images, labels = _striped_set()
     np.savez(tmp_path / "train.npz", images=images, labels=labels)
     np.savez(tmp_path / "far.npz", images=rng.integers(0, 256, size=(20, 12, 12), dtype=np.uint8))
     np.savez(tmp_path / "near.npz", images=rng.integers(0, 120, size=(24, 12, 12), dtype=np.uint8))
