@@ -83,3 +83,37 @@ def test_bad_precision_or_device_is_a_clear_error(problem):
         detectors.create("mahalanobis", precision="float16").fit(train)
     with pytest.raises(ValueError, match="device must be None"):
         detectors.create("knn", k=5, device="meta").fit(train)
+
+
+@pytest.mark.parametrize("device", [None, "cpu"])
+def test_row_helpers_agree_with_plain_numpy(device):
+    from oodeval.detectors import _backend
+
+    comp = Compute(device=device)
+    eps = float(np.finfo(np.float32).eps) / 2  # float32 unit roundoff
+    rng = np.random.default_rng(0)
+    a = rng.normal(size=(3 * _backend.PARALLEL_ROWS + 7, 30)).astype(np.float32) * 5
+    b = rng.normal(size=a.shape).astype(np.float32)
+    a64 = a.astype(np.float64)
+    # rowdot: at worst each float32 product rounded once (torch), the sum in float64
+    err = np.abs(comp.get(comp.rowdot(comp.put(a), comp.put(b))) - (a64 * b).sum(axis=1))
+    assert (err <= 2 * eps * np.abs(a64 * b).sum(axis=1)).all()
+    err = np.abs(comp.get(comp.rowsum(comp.put(a))) - a64.sum(axis=1))
+    assert (err <= 1e-12 * np.abs(a64).sum(axis=1)).all()
+    # by_rows: a fn returning a tuple gives the tuple of the whole arrays' results
+    m, e, total = comp.by_rows(comp.shifted_exp, comp.put(a))
+    np.testing.assert_array_equal(comp.get(m), a.max(axis=1))
+    shifted = a64 - a64.max(axis=1, keepdims=True)
+    # exp(x) in float32 of x rounded to float32: relative error |x| eps + a few eps
+    assert (np.abs(comp.get(e) - np.exp(shifted)) <= (np.abs(shifted) + 4) * eps * np.exp(shifted)).all()
+    np.testing.assert_allclose(comp.get(total), comp.get(e).sum(axis=1), rtol=1e-12)
+    out = comp.empty(a.shape)  # shifted_exp writes e where it is told
+    assert comp.shifted_exp(comp.put(a), out)[1] is out
+    # groupsum: weighted sums of the rows by group; the weights and products in float32 and,
+    # with numpy, the sums of one chunk too: at most (n + 2) eps of the sum of |terms|
+    group = rng.integers(0, 4, len(a))
+    weights = rng.random(len(a))
+    terms = [a64[group == g] * weights[group == g, None] for g in range(4)]
+    got = comp.get(comp.groupsum(comp.put(a), group, 4, weights=weights))
+    for g, t in enumerate(terms):
+        assert (np.abs(got[g] - t.sum(axis=0)) <= (len(t) + 2) * eps * np.abs(t).sum(axis=0)).all()

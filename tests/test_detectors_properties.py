@@ -252,3 +252,24 @@ def test_scores_do_not_depend_on_the_number_of_cores(problem, monkeypatch):
     monkeypatch.setattr(_backend.os, "cpu_count", lambda: 1)
     for n, det in fitted.items():
         assert det.score(train).tobytes() == many[n].tobytes(), n
+
+
+def test_a_set_is_checked_for_non_finite_values_once_per_array(problem, monkeypatch):
+    from oodeval.features import featureset
+
+    train, test, _ = problem
+    fs = FeatureSet(test.features, labels=test.labels, logits=test.logits.copy(), weight=test.weight, bias=test.bias, meta=dict(test.meta))
+    read = []
+    real = featureset._nonfinite
+    monkeypatch.setattr(featureset, "_nonfinite", lambda arrays: read.append(sorted(arrays)) or real(arrays))
+    det = detectors.create("msp").fit(train)
+    det.score(fs)
+    det.score(fs)
+    detectors.create("energy").fit(train).score(fs)
+    assert read == [["logits"], [], []]  # every detector of a grid reads the set once between them
+    bad = fs.logits.copy()
+    bad[7, 2] = -np.inf  # a finite-looking score: exp(-inf) = 0 leaves the softmax finite
+    fs.logits = bad  # an array assigned anew is checked again
+    for _ in range(2):  # and a set that fails stays failing
+        with pytest.raises(ValueError, match=r"logits has 1 non-finite value \(first in row 7\)"):
+            det.score(fs)

@@ -11,6 +11,7 @@ or ``"cuda:N"`` with torch on that device, in row chunks whose size is fixed by
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -85,18 +86,22 @@ class Compute:
         return a.detach().to("cpu", dtype=_torch().float64).numpy()
 
     def rowsum(self, a):
-        """Row sums accumulated in float64."""
+        """Row sums accumulated in float64 (numpy: einsum, which casts in its inner loop and
+        takes 0.8x the time of ``sum(dtype=float64)``)."""
         if self.device is None:
-            return a.sum(axis=1, dtype=np.float64)
+            return np.einsum("ij->i", a, dtype=np.float64)
         return a.sum(dim=1, dtype=_torch().float64)
 
     def rowdot(self, a, b):
-        """sum_j a_ij b_ij per row, accumulated in float64."""
+        """sum_j a_ij b_ij per row of two arrays of one shape, accumulated in float64 (numpy:
+        float32 products are exact in float64, so each product is rounded only when added)."""
+        if self.device is None:
+            return np.einsum("ij,ij->i", a, b, dtype=np.float64)
         return self.rowsum(a * b)
 
     def rownorm(self, a):
         """Euclidean row norms, accumulated in float64."""
-        return self.rowsum(a * a) ** 0.5
+        return self.rowdot(a, a) ** 0.5
 
     def rowmax(self, a):
         return a.max(axis=1) if self.device is None else a.amax(dim=1)
@@ -110,15 +115,27 @@ class Compute:
     def exp(self, a):
         return np.exp(a) if self.device is None else a.exp()
 
-    def shifted_expsum(self, a, overwrite: bool = False):
-        """(max_c a_c, sum_c exp(a_c - max)) per row: exp in the product dtype (one temporary,
-        exponentiated in place, or ``a`` itself when ``overwrite``), the sum in float64."""
+    def shifted_exp(self, a, out=None):
+        """(max_c a_c, exp(a - max), sum_c exp(a_c - max)) per row: the exp in the product dtype,
+        written into ``out`` (an array shaped like ``a``, possibly ``a`` itself; default a new
+        one) and exponentiated there in place, the sum in float64."""
         m = self.rowmax(a)
         if self.device is None:
-            e = np.subtract(a, m[:, None], out=a if overwrite else None)
-            return m, self.rowsum(np.exp(e, out=e))
-        e = a.sub_(m[:, None]) if overwrite else a - m[:, None]
-        return m, self.rowsum(e.exp_())
+            e = np.subtract(a, m[:, None], out=out)
+            np.exp(e, out=e)
+        else:
+            e = _torch().sub(a, m[:, None], out=out).exp_() if out is not None else (a - m[:, None]).exp_()
+        return m, e, self.rowsum(e)
+
+    def shifted_expsum(self, a, overwrite: bool = False):
+        """(max_c a_c, sum_c exp(a_c - max)) per row (see :meth:`shifted_exp`; ``overwrite``:
+        the exp is taken in ``a`` itself)."""
+        if overwrite:
+            out = a
+        else:
+            out = _scratch(a.shape, a.dtype) if self.device is None else None
+        m, _, total = self.shifted_exp(a, out)
+        return m, total
 
     def logsumexp(self, a, overwrite: bool = False):
         """log sum_c exp(a_c) per row, float64 (see :meth:`shifted_expsum`)."""
@@ -126,9 +143,10 @@ class Compute:
         return m + (np.log(total) if self.device is None else total.log())
 
     def by_rows(self, fn, *arrays):
-        """fn(*arrays) for a row-wise fn of arrays with equal row counts. With numpy: fn of each
-        block of :data:`PARALLEL_ROWS` rows, the blocks run on a kept pool of one thread per core
-        (numpy's elementwise passes are single-threaded and release the GIL); the blocks do not
+        """fn(*arrays) for a row-wise fn of arrays with equal row counts (fn may return a tuple of
+        row-wise arrays). With numpy: fn of each block of :data:`PARALLEL_ROWS` rows, the blocks
+        run on a kept pool of one thread per core (numpy's elementwise passes are single-threaded
+        and release the GIL), and the passes of one fn stay in the core's cache; the blocks do not
         depend on the number of cores, so neither does any result. On torch (whose ops use
         every core): fn(*arrays)."""
         n = len(arrays[0])
@@ -136,7 +154,10 @@ class Compute:
             return fn(*arrays)
         block = lambda s: fn(*(a[s : s + PARALLEL_ROWS] for a in arrays))  # noqa: E731
         starts = range(0, n, PARALLEL_ROWS)
-        return np.concatenate(list(_pool().map(block, starts) if (os.cpu_count() or 1) > 1 else map(block, starts)))
+        parts = list(_pool().map(block, starts) if (os.cpu_count() or 1) > 1 else map(block, starts))
+        if isinstance(parts[0], tuple):
+            return tuple(np.concatenate(column) for column in zip(*parts))
+        return np.concatenate(parts)
 
     def inverse_norm(self, a, eps: float = 1e-12):
         """1 / max(||a_i||, eps) per row, float64 (norm accumulated in float64)."""
@@ -169,17 +190,27 @@ class Compute:
             return np.zeros(shape)
         return _torch().zeros(shape, dtype=_torch().float64, device=self.device)
 
-    def groupsum(self, a, group: np.ndarray, n_groups: int):
-        """(n_groups, D) sums of the rows of ``a`` (one chunk) by their group index (host ints),
-        to be added into a float64 accumulator. With numpy the sparse product runs in ``a``'s
-        dtype (a float32 chunk is not copied to float64 first, which took 7x the product's time)."""
+    def groupsum(self, a, group: np.ndarray, n_groups: int, weights: np.ndarray | None = None):
+        """(n_groups, D) sums of the rows of ``a`` (one chunk), each times its ``weights`` entry
+        (host floats; default 1), by their group index (host ints), to be added into a float64
+        accumulator. With numpy the sparse product runs in ``a``'s dtype (a float32 chunk is not
+        copied to float64 first, which took 7x the product's time)."""
+        w = np.ones(len(group)) if weights is None else np.asarray(weights, dtype=np.float64)
         if self.device is None:
-            from ._common import onehot
+            import scipy.sparse
 
-            return np.asarray(onehot(group, np.arange(n_groups), a.dtype).T @ a)
+            rows = np.arange(len(group))
+            pick = scipy.sparse.csr_matrix((w.astype(a.dtype), (group, rows)), shape=(n_groups, len(group)))
+            return np.asarray(pick @ a)
         out = self.zeros((n_groups, a.shape[1]))
         idx = _torch().as_tensor(group, device=self.device)
-        return out.index_add_(0, idx, a.to(_torch().float64))
+        return out.index_add_(0, idx, a.to(_torch().float64) * self.put(w, "float64")[:, None])
+
+    def empty(self, shape: tuple[int, ...]):
+        """An uninitialised array of the product dtype on the backend."""
+        if self.device is None:
+            return np.empty(shape, dtype=self.dtype)
+        return _torch().empty(shape, dtype=self.dtype, device=self.device)
 
     def concat(self, parts: list, axis: int = 1):
         return np.concatenate(parts, axis=axis) if self.device is None else _torch().cat(parts, dim=axis)
@@ -194,6 +225,28 @@ def _pool() -> ThreadPoolExecutor:
     if not _POOL:
         _POOL.append(ThreadPoolExecutor(os.cpu_count() or 1, thread_name_prefix="oodeval"))
     return _POOL[0]
+
+
+_SCRATCH = threading.local()
+#: largest kept per-thread buffer, in values (a block of PARALLEL_ROWS rows is far smaller)
+SCRATCH_ELEMENTS = 1 << 22
+
+
+def _scratch(shape: tuple[int, ...], dtype) -> np.ndarray | None:
+    """A per-thread numpy buffer of ``shape`` for a temporary that no caller keeps (None, i.e. a
+    new array, when larger than :data:`SCRATCH_ELEMENTS`): a fresh 2 MB temporary per block
+    costs page faults that take as long as a pass over it."""
+    size = int(np.prod(shape))
+    if size > SCRATCH_ELEMENTS:
+        return None
+    dtype = np.dtype(dtype)
+    kept = getattr(_SCRATCH, "buffers", None)
+    if kept is None:
+        kept = _SCRATCH.buffers = {}
+    buf = kept.get(dtype)
+    if buf is None or buf.size < size:
+        buf = kept[dtype] = np.empty(max(size, PARALLEL_ROWS * 1024), dtype=dtype)
+    return buf[:size].reshape(shape)
 
 
 def _torch():

@@ -10,13 +10,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import numpy as np
-import scipy.sparse
 
 from ._backend import Compute
 
 __all__ = [
     "chunk_rows", "chunks", "as64", "l2_normalise", "energy", "logsumexp_rows",
-    "class_means", "scatter", "mean_rows", "onehot", "pinv_sym", "chunked_percentile", "labelled",
+    "class_means", "scatter", "mean_rows", "pinv_sym", "chunked_percentile", "labelled",
 ]  # fmt: skip
 
 #: float64 elements per chunk (~32 MB); rows per chunk = this / row width.
@@ -75,13 +74,6 @@ def labelled(labels: np.ndarray, who: str) -> tuple[np.ndarray, np.ndarray]:
     if idx.size == 0:
         raise ValueError(f"{who} needs class labels, but all {labels.size} labels are -1")
     return idx, np.unique(labels[idx])
-
-
-def onehot(labels: np.ndarray, classes: np.ndarray, dtype=np.float64) -> scipy.sparse.csr_matrix:
-    """(N, K) sparse indicator of each row's class among ``classes``."""
-    col = np.searchsorted(classes, labels)
-    n = labels.size
-    return scipy.sparse.csr_matrix((np.ones(n, dtype=dtype), (np.arange(n), col)), shape=(n, classes.size))
 
 
 def _stat_compute(comp: Compute | None) -> Compute:

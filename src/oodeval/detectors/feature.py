@@ -116,8 +116,9 @@ class FDBD(Detector):
 
         def readout(f, zc):
             f += b
-            gap = comp.rowmax(f)[:, None] - f  # f_y - f_c >= 0, y = argmax f
-            dist = comp.rowdot(gap, inv[comp.argmax(f)]) / (c - 1)
+            y = comp.argmax(f)
+            f -= comp.rowmax(f)[:, None]  # in place: f_c - f_y <= 0, y = argmax f
+            dist = -comp.rowdot(f, inv[y]) / (c - 1)
             return dist / comp.rownorm(zc - mean)
 
         out = []

@@ -141,11 +141,13 @@ class KLMatching(Detector):
         comp = compute_of(self)
         sums = comp.zeros((c, c))
         counts = np.zeros(c)
-        for sl in comp.chunks(len(f), c):
-            logits = comp.put(f[sl])
-            p = comp.exp(logits - comp.put(comp.logsumexp(logits))[:, None])
-            k = comp.get(comp.argmax(logits)).astype(np.int64)
-            sums += comp.groupsum(p, k, c)
+        chunks = list(comp.chunks(len(f), c))
+        buf = comp.empty((chunks[0].stop - chunks[0].start, c))  # e of each chunk, written in place
+        for sl in chunks:
+            e = buf[: sl.stop - sl.start]
+            total, k = comp.by_rows(lambda a, o: (comp.shifted_exp(a, o)[2], comp.argmax(a)), comp.put(f[sl]), e)
+            k, total = np.asarray(k if comp.device is None else k.cpu()), comp.get(total)
+            sums += comp.groupsum(e, k, c, weights=1.0 / total)  # softmax p = e / total
             counts += np.bincount(k, minlength=c)
         sums = comp.get(sums)
         seen = counts > 0
@@ -158,11 +160,18 @@ class KLMatching(Detector):
         log_t = comp.put(self.log_templates_.T)
 
         # -min_k (sum p log p - p . log d_k) = max_k (p . log d_k) - sum p log p: float64 rounding
-        # is monotone in the subtrahend, so this is the same value without a (rows, K) float64 matrix
+        # is monotone in the subtrahend, so this is the same value without a (rows, K) float64
+        # matrix. With e = exp(f - max f) and p = e / total: p . log d_k = (e . log d_k) / total and
+        # sum p log p = (e . (f - max f)) / total - log total, so p itself is never formed.
+        def softmax_terms(a):
+            shifted = a - comp.rowmax(a)[:, None]
+            e = comp.exp(shifted)
+            total = comp.rowsum(e)
+            return e, total, comp.rowdot(e, shifted) / total - (np.log(total) if comp.device is None else total.log())
+
         out = []
         for sl in comp.chunks(len(x.logits), x.logits.shape[1]):
-            logp = comp.by_rows(lambda f: f - comp.put(comp.logsumexp(f))[:, None], comp.put(x.logits[sl]))
-            p = comp.by_rows(comp.exp, logp)
-            neg_entropy = comp.by_rows(comp.rowdot, p, logp)
-            out.append(comp.get(comp.by_rows(lambda m, e: comp.rowmax(m) - e, p @ log_t, neg_entropy)))
+            e, total, neg_entropy = comp.by_rows(softmax_terms, comp.put(x.logits[sl]))
+            best = comp.by_rows(comp.rowmax, e @ log_t)
+            out.append(comp.get(best / total - neg_entropy))
         return np.concatenate(out)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import platform
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +37,10 @@ def _package_versions() -> dict[str, str]:
         except PackageNotFoundError:
             pass
     return out
+
+
+def _dead() -> None:
+    return None
 
 
 def _row_chunks(arr: np.ndarray, rows: int) -> Iterator[tuple[int, np.ndarray]]:
@@ -93,6 +98,8 @@ class FeatureSet:
     meta: dict = field(default_factory=dict)
     #: (weight, bias, content hash) of the last head hashed by :meth:`signature`
     _head_hash: tuple | None = field(default=None, init=False, repr=False, compare=False)
+    #: array name -> weak reference to the array object :meth:`check_finite` last found free of NaN/inf
+    _finite: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.features = np.asarray(self.features)
@@ -157,7 +164,11 @@ class FeatureSet:
 
     def check_finite(self, needs: tuple[str, ...] | list[str], who: str) -> None:
         """Raise ValueError naming the set, each array among ``needs`` (as in :meth:`require`) with
-        NaN/inf values and their count; read in chunks, so a memory-mapped set is never loaded whole."""
+        NaN/inf values and their count; read in chunks, so a memory-mapped set is never loaded whole.
+
+        Each array is read once per array object: one found finite is not read again (every
+        detector of a grid scores the same set), one assigned anew is checked again, and one
+        changed in place keeps its verdict (as the head hash of :meth:`signature` does)."""
         arrays = self._arrays()
         names = []
         for need in needs:
@@ -168,7 +179,10 @@ class FeatureSet:
                 names += [k for k in arrays if (k.startswith(key[:-1]) if key.endswith("*") else k == key)]
             elif need != "labels":
                 names.append(need)
-        problems = _nonfinite({k: arrays[k] for k in dict.fromkeys(names) if k in arrays})
+        todo = {k: arrays[k] for k in dict.fromkeys(names) if k in arrays and self._finite.get(k, _dead)() is not arrays[k]}
+        problems = _nonfinite(todo)
+        if not problems:
+            self._finite.update({k: weakref.ref(a) for k, a in todo.items()})
         if problems:
             raise ValueError(f"{who}: FeatureSet {self.name!r} has non-finite values: " + "; ".join(problems))
 
