@@ -6,8 +6,9 @@ states) it prints fit+score wall seconds and CPU seconds, the peak of numpy allo
 and the ratio to its float32 floor: the dense products the detector cannot avoid (sgemm, timed
 alone) plus, for softmax readouts, a float32 row max, exp and row sum over the logits, and the
 selections the formula needs (GEN's top M per row, ReAct's train percentile, ASH-S's and
-SCALE's top entries per feature row: one linear-time partition each); the passes and the row
-selections run over the sets' own arrays on every core. The machine's sgemm GFLOP/s is measured
+SCALE's top entries per feature row: one linear-time partition each), and the D x D float64
+eigendecompositions it needs (a pseudo-inverse per covariance, ViM's and NECO's principal
+spaces); the passes and the row selections run over the sets' own arrays on every core. The machine's sgemm GFLOP/s is measured
 and printed. pytorch-ood 0.4.0's implementation of the same detector runs on the same arrays
 with the same k; where its predict cost is far beyond ours (per-class loops), it is timed on
 ``--pood-rows`` rows and extrapolated linearly (marked ``*``). A run (either library's) that
@@ -93,6 +94,14 @@ def percentiles(name: str, n_train: int, d: int) -> list[tuple[int, int]]:
     return [(n_train * d, int(0.9 * n_train * d))] if name == "react" else []
 
 
+def factorisations(name: str) -> int:
+    """How many D x D symmetric eigendecompositions (float64, LAPACK) a detector's formula needs:
+    the pseudo-inverse of each covariance (Mahalanobis: the tied one; RMD: also the background
+    one), ViM's principal space, NECO's PCA."""
+    return {"mahalanobis": 1, "mahalanobis_pp": 1, "relative_mahalanobis": 2, "relative_mahalanobis_pp": 2,
+            "vim": 1, "neco": 1}.get(name, 0)  # fmt: skip
+
+
 def _timed(fn, device: str | None) -> tuple[float, float]:
     """(wall, CPU) seconds of fn() after one warm-up call (synchronised on a CUDA device)."""
     sync = (lambda: None) if device is None or not device.startswith("cuda") else __import__("torch").cuda.synchronize
@@ -124,7 +133,8 @@ def floor_seconds(name: str, shapes: list[tuple[int, int, int]], train: FeatureS
     """(wall, CPU) seconds of the float32 floor of ``name``: its products ``shapes`` (sgemm on
     ``device``, None = numpy, each timed on one chunk and scaled linearly to the full size), and
     on the host arrays themselves the softmax passes (row max, exp, row sum), the per-row
-    partitions and the percentile's partition its formula needs. On a torch device the passes
+    partitions and the percentile's partition its formula needs, and its D x D float64
+    eigendecompositions (on the host CPU). On a torch device the passes
     and partitions run on one chunk there, scaled linearly."""
     wall = cpu = 0.0
     if device is None:
@@ -172,6 +182,16 @@ def floor_seconds(name: str, shapes: list[tuple[int, int, int]], train: FeatureS
             m, n = sum(len(fs) for fs in sets[role]), getattr(sets[role][0], array).shape[1]
             top = lambda a: a.kthvalue(k + 1, dim=1)  # noqa: E731
             add(("select", role, array, k, device), lambda: scaled(lambda r: rand(r, n), top, min(m, max(256, budget // n)), m))
+    if factorisations(name):
+        d = train.features.shape[1]
+
+        def eigh() -> tuple[float, float]:
+            a = np.random.default_rng(0).standard_normal((d, d))
+            spd = a @ a.T / d
+            return _timed(lambda: np.linalg.eigh(spd), None)
+
+        w, c = cache.setdefault(("eigh", d), eigh())
+        wall, cpu = wall + factorisations(name) * w, cpu + factorisations(name) * c
     for n, k in percentiles(name, len(train), train.features.shape[1]):
         width = min(n, budget)
         pos = int(k * width / n)
@@ -365,7 +385,7 @@ def main() -> None:
         fitted = {"n_components_": det.n_components_} if name == "neco" else {}
         shapes = products(name, n_train, n_score, args.dim, args.classes, {**hp, **fitted})
         line = f"{name:<24}{secs:>8.2f}{cpu:>8.2f}{peak:>8.0f}"
-        if shapes or softmax_passes(name):
+        if shapes or softmax_passes(name) or factorisations(name):
             ref, ref_cpu = floor_seconds(name, shapes, train, [test, ood], cache, args.device)
             line += f"{ref:>9.2f}{secs / ref:>7.2f}{cpu / ref_cpu:>7.2f}"
         else:

@@ -144,7 +144,7 @@ class Compute:
 
     def by_rows(self, fn, *arrays):
         """fn(*arrays) for a row-wise fn of arrays with equal row counts (fn may return a tuple of
-        row-wise arrays). With numpy: fn of each block of :data:`PARALLEL_ROWS` rows, the blocks
+        row-wise arrays, or None when it writes into one of the arrays). With numpy: fn of each block of :data:`PARALLEL_ROWS` rows, the blocks
         run on a kept pool of one thread per core (numpy's elementwise passes are single-threaded
         and release the GIL), and the passes of one fn stay in the core's cache; the blocks do not
         depend on the number of cores, so neither does any result. On torch (whose ops use
@@ -155,6 +155,8 @@ class Compute:
         block = lambda s: fn(*(a[s : s + PARALLEL_ROWS] for a in arrays))  # noqa: E731
         starts = range(0, n, PARALLEL_ROWS)
         parts = list(_pool().map(block, starts) if (os.cpu_count() or 1) > 1 else map(block, starts))
+        if parts[0] is None:  # fn wrote its result into an array it was given
+            return None
         if isinstance(parts[0], tuple):
             return tuple(np.concatenate(column) for column in zip(*parts))
         return np.concatenate(parts)
@@ -205,6 +207,12 @@ class Compute:
         out = self.zeros((n_groups, a.shape[1]))
         idx = _torch().as_tensor(group, device=self.device)
         return out.index_add_(0, idx, a.to(_torch().float64) * self.put(w, "float64")[:, None])
+
+    def subtract(self, a, b, out=None):
+        """a - b (broadcast), written into ``out`` when given."""
+        if self.device is None:
+            return np.subtract(a, b, out=out)
+        return a - b if out is None else _torch().sub(a, b, out=out)
 
     def empty(self, shape: tuple[int, ...]):
         """An uninitialised array of the product dtype on the backend."""

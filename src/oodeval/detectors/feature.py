@@ -75,7 +75,12 @@ class MCM(_CentroidBase):
         if not self.tau > 0:
             raise ValueError(f"mcm temperature tau must be > 0, got {self.tau}")
         # max softmax = 1 / sum_c exp((cos_c - max cos) / T): exp in the product dtype, sum in float64
-        return self._scores(x, lambda comp, p, inv: 1.0 / comp.shifted_expsum(comp.scale_rows(p, inv / self.tau))[1])
+
+        def readout(comp, p, inv):
+            p *= comp.put(inv / self.tau)[:, None]  # in place on the product: cos_c / T
+            return 1.0 / comp.shifted_expsum(p, overwrite=True)[1]
+
+        return self._scores(x, readout)
 
 
 @register("fdbd", tags=("paper21", "feature"), order=17)

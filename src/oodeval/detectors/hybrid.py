@@ -72,13 +72,19 @@ class ViM(Detector):
         w, b = comp.put(weight).T, comp.put(bias)
         origin, basis = comp.put(self.origin_), comp.put(self.residual_basis_)
         readout = readout or comp.rowmax
+        def centre(a, out) -> None:
+            comp.subtract(a, origin, out)
+
         logit, residual = [], []
-        for sl in comp.chunks(len(z), max(z.shape[1], w.shape[1])):
+        chunks = list(comp.chunks(len(z), max(z.shape[1], w.shape[1])))
+        buf = comp.empty((chunks[0].stop - chunks[0].start, z.shape[1]))  # z - u of each chunk
+        for sl in chunks:
             zc = comp.put(z[sl])
             f = zc @ w
             f += b
             logit.append(comp.get(comp.by_rows(readout, f)))
-            centred = comp.by_rows(lambda a: a - origin, zc)
+            centred = buf[: len(zc)]
+            comp.by_rows(centre, zc, centred)
             residual.append(comp.get(comp.by_rows(comp.rownorm, centred @ basis)))
         return np.concatenate(logit), np.concatenate(residual)
 

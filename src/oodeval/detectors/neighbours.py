@@ -39,18 +39,20 @@ def _bank(comp: Compute, z: np.ndarray, rows: np.ndarray | None, weight=None) ->
 
 def top_similarities(comp: Compute, bank: np.ndarray, z: np.ndarray, k: int) -> Iterator[np.ndarray]:
     """The k largest inner products (unordered, float64) of each l2-normalised row of z with the
-    bank rows, exactly, one query chunk at a time (normalising and selecting split across
-    cores, :meth:`Compute.by_rows`)."""
+    bank rows, exactly, one query chunk at a time (selecting split across cores,
+    :meth:`Compute.by_rows`). The rows of z are not normalised first: a row's top k are those of
+    its raw products, which are then scaled by 1 / ||z|| (norm accumulated in float64)."""
     block = min(len(bank), BLOCK_ROWS[comp.device is not None])
     dev_bank = comp.put(bank)
     for sl in comp.chunks(len(z), block):
-        q = comp.by_rows(comp.normalise, comp.put(z[sl]))
+        q = comp.put(z[sl])
+        inv = comp.get(comp.by_rows(comp.inverse_norm, q))
         best = None
         for start in range(0, len(bank), block):
             sims = q @ dev_bank[start : start + block].T
             top = comp.by_rows(lambda s: comp.topk(s, min(k, s.shape[1])), sims)
             best = top if best is None else comp.by_rows(lambda a, b: comp.topk(comp.concat([a, b]), k), best, top)
-        yield comp.get(best)
+        yield comp.get(best) * inv[:, None]
 
 
 @register("knn", tags=("paper21", "feature"), order=14)
