@@ -143,8 +143,8 @@ def floor_seconds(name: str, shapes: list[tuple[int, int, int]], train: FeatureS
     ``device``, None = numpy, each timed on one chunk and scaled linearly to the full size), and
     on the host arrays themselves the softmax passes (row max, exp, row sum), the per-row
     partitions and the percentile's partition its formula needs, and its D x D float64
-    eigendecompositions (on the host CPU). On a torch device the passes
-    and partitions run on one chunk there, scaled linearly."""
+    eigendecompositions (on the host CPU). On a torch device the passes and partitions run on
+    one chunk there, scaled linearly."""
     wall = cpu = 0.0
     if device is None:
         rand = lambda *shape: np.random.default_rng(0).standard_normal(shape, dtype=np.float32)  # noqa: E731
@@ -191,16 +191,13 @@ def floor_seconds(name: str, shapes: list[tuple[int, int, int]], train: FeatureS
             m, n = sum(len(fs) for fs in sets[role]), getattr(sets[role][0], array).shape[1]
             top = lambda a: a.kthvalue(k + 1, dim=1)  # noqa: E731
             add(("select", role, array, k, device), lambda: scaled(lambda r: rand(r, n), top, min(m, max(256, budget // n)), m))
-    if factorisations(name):
-        d = train.features.shape[1]
+    def eigh(d: int) -> tuple[float, float]:
+        a = np.random.default_rng(0).standard_normal((d, d))
+        spd = a @ a.T / d
+        return _timed(lambda: np.linalg.eigh(spd), None)
 
-        def eigh() -> tuple[float, float]:
-            a = np.random.default_rng(0).standard_normal((d, d))
-            spd = a @ a.T / d
-            return _timed(lambda: np.linalg.eigh(spd), None)
-
-        w, c = cache.setdefault(("eigh", d), eigh())
-        wall, cpu = wall + factorisations(name) * w, cpu + factorisations(name) * c
+    for _ in range(factorisations(name)):
+        add(("eigh", train.features.shape[1]), lambda: eigh(train.features.shape[1]))
     for n, k in percentiles(name, len(train), train.features.shape[1]):
         width = min(n, budget)
         pos = int(k * width / n)

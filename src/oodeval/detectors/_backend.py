@@ -144,11 +144,11 @@ class Compute:
 
     def by_rows(self, fn, *arrays):
         """fn(*arrays) for a row-wise fn of arrays with equal row counts (fn may return a tuple of
-        row-wise arrays, or None when it writes into one of the arrays). With numpy: fn of each block of :data:`PARALLEL_ROWS` rows, the blocks
-        run on a kept pool of one thread per core (numpy's elementwise passes are single-threaded
-        and release the GIL), and the passes of one fn stay in the core's cache; the blocks do not
-        depend on the number of cores, so neither does any result. On torch (whose ops use
-        every core): fn(*arrays)."""
+        row-wise arrays, or None when it writes into one of the arrays). With numpy: fn of each
+        block of :data:`PARALLEL_ROWS` rows, the blocks run on a kept pool of one thread per core
+        (numpy's elementwise passes are single-threaded and release the GIL), and the passes of
+        one fn stay in the core's cache; the blocks do not depend on the number of cores, so
+        neither does any result. On torch (whose ops use every core): fn(*arrays)."""
         n = len(arrays[0])
         if self.device is not None or n <= PARALLEL_ROWS:
             return fn(*arrays)

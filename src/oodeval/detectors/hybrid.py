@@ -72,6 +72,7 @@ class ViM(Detector):
         w, b = comp.put(weight).T, comp.put(bias)
         origin, basis = comp.put(self.origin_), comp.put(self.residual_basis_)
         readout = readout or comp.rowmax
+
         def centre(a, out) -> None:
             comp.subtract(a, origin, out)
 

@@ -39,10 +39,6 @@ def _package_versions() -> dict[str, str]:
     return out
 
 
-def _dead() -> None:
-    return None
-
-
 def _row_chunks(arr: np.ndarray, rows: int) -> Iterator[tuple[int, np.ndarray]]:
     """(first row, chunk) over ``arr``: file reads for a memmap (its pages do not pile up in the
     process), views of an in-memory array (no copy)."""
@@ -179,12 +175,12 @@ class FeatureSet:
                 names += [k for k in arrays if (k.startswith(key[:-1]) if key.endswith("*") else k == key)]
             elif need != "labels":
                 names.append(need)
-        todo = {k: arrays[k] for k in dict.fromkeys(names) if k in arrays and self._finite.get(k, _dead)() is not arrays[k]}
+        checked = lambda k: k in self._finite and self._finite[k]() is arrays[k]  # noqa: E731
+        todo = {k: arrays[k] for k in dict.fromkeys(names) if k in arrays and not checked(k)}
         problems = _nonfinite(todo)
-        if not problems:
-            self._finite.update({k: weakref.ref(a) for k, a in todo.items()})
         if problems:
             raise ValueError(f"{who}: FeatureSet {self.name!r} has non-finite values: " + "; ".join(problems))
+        self._finite.update({k: weakref.ref(a) for k, a in todo.items()})
 
     def signature(self) -> dict[str, object]:
         """What the train, test and OOD sets of one evaluation must share: feature dimension, class
