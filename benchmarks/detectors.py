@@ -1,20 +1,22 @@
 """Benchmark: oodeval's post-hoc detectors vs their float32 dense-compute floor and pytorch-ood.
 
 Full size (``--scale 1``): 1000 classes, D = 1024, 200k ID-train, 50k ID-test, 50k OOD rows.
-For every detector that runs on cached features/logits (all but nac, which needs per-layer
-states) it prints fit+score wall seconds and CPU seconds, the peak of numpy allocations (tracemalloc),
-and the ratio to its float32 floor: the dense products the detector cannot avoid (sgemm, timed
-alone) plus, for softmax readouts, a float32 row max, exp and row sum over the logits, and the
-selections the formula needs (GEN's top M per row, ReAct's train percentile, ASH-S's and
-SCALE's top entries per feature row: one linear-time partition each), and the D x D float64
-eigendecompositions it needs (a pseudo-inverse per covariance, ViM's and NECO's principal
-spaces); the passes and the row selections run over the sets' own arrays on every core. The machine's sgemm GFLOP/s is measured
-and printed. pytorch-ood 0.4.0's implementation of the same detector runs on the same arrays
-with the same k; where its predict cost is far beyond ours (per-class loops), it is timed on
-``--pood-rows`` rows and extrapolated linearly (marked ``*``). A run (either library's) that
-takes under REPEAT_BELOW_S is repeated REPEATS times and the fastest kept, and each floor is
-the fastest of REPEATS calls after a warm-up (the shared machine's noise only adds time). Totals of the shared detectors are printed with and without kNN, against the
-issue's full-size targets (300 s and 60 s on 2 cores).
+For every detector that runs on cached features/logits (all but nac, which needs per-layer states)
+it prints fit+score wall seconds and CPU seconds, the peak of numpy allocations (tracemalloc), and
+the ratio to its float32 floor: the dense products the detector cannot avoid (sgemm, timed alone)
+plus, for softmax readouts, a float32 row max, exp and row sum over the logits, the passes over the
+features no product makes (the fit's class means or mean feature over ID train, the norms of the
+scored rows; a float32 column or row sum each), the selections the formula needs (GEN's top M per
+row, ReAct's train percentile, ASH-S's and SCALE's top entries per feature row: one linear-time
+partition each), and the D x D float64 eigendecompositions it needs (a pseudo-inverse per
+covariance, ViM's and NECO's principal spaces); the passes and the row selections run over the sets'
+own arrays on every core. The machine's sgemm GFLOP/s is measured and printed. pytorch-ood 0.4.0's
+implementation of the same detector runs on the same arrays with the same k; where its predict cost
+is far beyond ours (per-class loops), it is timed on ``--pood-rows`` rows and extrapolated linearly
+(marked ``*``). A run (either library's) that takes under REPEAT_BELOW_S is repeated REPEATS times
+(LIGHT_REPEATS under LIGHT_S) and the fastest kept, and each floor is the fastest of REPEATS calls after a warm-up (the shared
+machine's noise only adds time). Totals of the shared detectors are printed with and without kNN,
+against the issue's full-size targets (300 s and 60 s on 2 cores).
 
     python benchmarks/detectors.py --scale 0.1         # quick check
     python benchmarks/detectors.py                     # full size (needs ~6 GB RAM, long)
@@ -39,6 +41,15 @@ from oodeval.features import FeatureSet
 #: each floor is the fastest of REPEATS calls after a warm-up
 REPEAT_BELOW_S = 10.0
 REPEATS = 2
+#: a run under LIGHT_S is repeated LIGHT_REPEATS times: the first few runs of a light detector in a
+#: process take up to 3x its steady time, and only for a second or so (measured: MSP at --scale 0.1)
+LIGHT_S = 0.5
+LIGHT_REPEATS = 10
+
+
+def repeats(seconds: float) -> int:
+    """How many more times to run a detector whose first run took ``seconds``."""
+    return 0 if seconds >= REPEAT_BELOW_S else LIGHT_REPEATS if seconds < LIGHT_S else REPEATS
 
 SHARED = ["msp", "maxlogit", "energy", "gen", "kl_matching", "react", "ash_s", "scale", "dice",
           "mahalanobis", "relative_mahalanobis", "knn", "fdbd", "vim", "nnguide", "mcm"]  # fmt: skip
@@ -85,6 +96,16 @@ def softmax_passes(name: str) -> list[str]:
     return table.get(name, [])
 
 
+def reads(name: str) -> list[tuple[str, str]]:
+    """(set, reduction): the passes over the features that no product of the detector makes:
+    the fit statistics over every ID-train row ("columns": the class means of cosine and MCM,
+    the mean feature of fDBD and DICE, kNN's normalised bank) and the norms of the scored rows
+    ("rows": cosine, MCM, kNN and NNGuide normalise them, fDBD divides by ||z - mean||)."""
+    train = [("train", "columns")] if name in ("cosine", "mcm", "fdbd", "dice", "knn") else []
+    score = [("score", "rows")] if name in ("cosine", "mcm", "fdbd", "knn", "nnguide") else []
+    return train + score
+
+
 def selections(name: str, d: int, c: int) -> list[tuple[str, str, int]]:
     """(set, array, k): the per-row selections a detector's formula itself needs, a partition of
     each row at position k: GEN sums the M largest p of each row, ASH-S keeps and SCALE sums the
@@ -108,13 +129,14 @@ def factorisations(name: str) -> int:
 
 
 def _timed(fn, device: str | None) -> tuple[float, float]:
-    """(wall, CPU) seconds of fn(): the fastest of REPEATS calls after one warm-up call
-    (synchronised on a CUDA device)."""
+    """(wall, CPU) seconds of fn(): the fastest of REPEATS calls (LIGHT_REPEATS when the warm-up
+    call took under LIGHT_S) after one warm-up call (synchronised on a CUDA device)."""
     sync = (lambda: None) if device is None or not device.startswith("cuda") else __import__("torch").cuda.synchronize
+    t0 = time.perf_counter()
     fn()
     sync()
     best = (np.inf, np.inf)
-    for _ in range(REPEATS):
+    for _ in range(LIGHT_REPEATS if time.perf_counter() - t0 < LIGHT_S else REPEATS):
         c0, t0 = time.process_time(), time.perf_counter()
         fn()
         sync()
@@ -183,6 +205,14 @@ def floor_seconds(name: str, shapes: list[tuple[int, int, int]], train: FeatureS
         else:
             m, n = sum(len(fs) for fs in sets[role]), sets[role][0].logits.shape[1]
             add(("softmax", role, device), lambda: scaled(lambda r: rand(r, n), passes, min(m, max(256, budget // n)), m))
+    for role, axis in reads(name):
+        if device is None:
+            reduce = (lambda a: a.sum(axis=0)) if axis == "columns" else (lambda a: np.einsum("ij,ij->i", a, a))
+            add(("read", role, axis), lambda: _on_all_cores(reduce, [np.asarray(fs.features) for fs in sets[role]]))
+        else:
+            m, n = sum(len(fs) for fs in sets[role]), train.features.shape[1]
+            reduce = (lambda a: a.sum(dim=0)) if axis == "columns" else (lambda a: (a * a).sum(dim=1))
+            add(("read", role, axis, device), lambda: scaled(lambda r: rand(r, n), reduce, min(m, max(256, budget // n)), m))
     for role, array, k in selections(name, train.features.shape[1], train.logits.shape[1]):
         if device is None:
             top = lambda a: np.partition(a, k, axis=1)  # noqa: E731
@@ -231,7 +261,7 @@ def warm_up(sets: list[FeatureSet]) -> float:
 def run_ours(name: str, train: FeatureSet, score_sets: list[FeatureSet], hp: dict, trace: bool = True) -> tuple[float, float, float, object]:
     """(wall s, CPU s, peak traced MB or NaN, fitted detector) of fit + scoring every set. The
     first run traces numpy's allocations (tracemalloc) for the peak; one under REPEAT_BELOW_S is
-    run REPEATS times more, untraced, and the fastest kept (tracing slows many small allocations by ~15%, and
+    run :func:`repeats` times more, untraced, and the fastest kept (tracing slows many small allocations by ~15%, and
     each floor is timed after a warm-up call)."""
 
     def once() -> tuple[float, float, object]:
@@ -246,7 +276,7 @@ def run_ours(name: str, train: FeatureSet, score_sets: list[FeatureSet], hp: dic
     seconds, cpu, det = once()
     peak = tracemalloc.get_traced_memory()[1] / 2**20 if trace else float("nan")
     tracemalloc.stop()
-    for _ in range(REPEATS if seconds < REPEAT_BELOW_S else 0):
+    for _ in range(repeats(seconds)):
         again = once()
         if again[0] < seconds:
             seconds, cpu, det = again
@@ -395,7 +425,7 @@ def main() -> None:
         if name in SHARED and not args.no_pood:
             try:
                 ps, pc, extra = run_pood(name, train, [test, ood], args.pood_rows, knn_k)
-                for _ in range(REPEATS if ps < REPEAT_BELOW_S else 0):
+                for _ in range(repeats(ps)):
                     ps, pc, extra = min((ps, pc, extra), run_pood(name, train, [test, ood], args.pood_rows, knn_k))
             except AssertionError:  # its Mahalanobis needs every class in the train set
                 print(line + f"{'n/a':>10}", flush=True)

@@ -15,7 +15,7 @@ from sklearn.decomposition import PCA
 from sklearn.preprocessing import StandardScaler
 
 from oodeval import detectors
-from oodeval.detectors import _common, activation
+from oodeval.detectors import _backend, _common, activation, hybrid
 from oodeval.features import FeatureSet
 
 
@@ -23,6 +23,7 @@ from oodeval.features import FeatureSet
 def tiny_chunks(monkeypatch):
     monkeypatch.setattr(_common, "CHUNK_ELEMENTS", 512)
     monkeypatch.setattr(_common, "MIN_CHUNK_ROWS", 7)
+    monkeypatch.setattr(_backend, "PARALLEL_ROWS", 8)  # chunks of a few 8-row blocks, split across cores
 
 
 @pytest.fixture(scope="module")
@@ -245,6 +246,26 @@ def test_vim(data):
     ref = energy_ref(test.features, w, b) - alpha * np.linalg.norm((f64(test.features) - u) @ ns, axis=1)
     assert detectors.hybrid.vim_dim(12) == 6
     np.testing.assert_allclose(run("vim", train, test), ref, rtol=1e-8)
+
+
+@pytest.mark.parametrize("shape", [(10, 24), (24, 10)])
+def test_vim_origin_is_the_pseudo_inverse_solution(shape, monkeypatch):
+    # wide and tall heads through the Cholesky factor of the smaller Gram matrix and refinement,
+    # up to cond(W) = 1e5 (cond(G) = 1e10); a rank-deficient head and one with cond(W) = 1e7 via gelsy
+    rng = np.random.default_rng(5)
+    u, _ = np.linalg.qr(rng.normal(size=(shape[0], min(shape))))
+    v, _ = np.linalg.qr(rng.normal(size=(shape[1], min(shape))))
+    b = rng.normal(size=shape[0])
+    calls = []
+    lstsq = hybrid.scipy.linalg.lstsq
+    monkeypatch.setattr(hybrid.scipy.linalg, "lstsq", lambda *a, **k: calls.append(1) or lstsq(*a, **k))
+    for smallest, via_gelsy in ((0.5, False), (1e-5, False), (0.0, True), (1e-7, True)):
+        w = u @ np.diag(np.r_[np.linspace(1, 2, min(shape) - 1), smallest]) @ v.T
+        ref = -np.linalg.pinv(w) @ b  # a backward-stable solution is within ~cond(W) eps of |u|
+        cond = 1 / max(smallest, 1e-16)
+        np.testing.assert_allclose(hybrid.logit_origin(w, b), ref, rtol=0, atol=100 * min(cond, 1e7) * 2.2e-16 * np.abs(ref).max())
+        assert calls == [1] * via_gelsy
+        calls.clear()
 
 
 def test_nnguide(data):

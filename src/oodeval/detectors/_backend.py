@@ -10,6 +10,7 @@ or ``"cuda:N"`` with torch on that device, in row chunks whose size is fixed by
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from collections.abc import Iterator
@@ -57,11 +58,12 @@ class Compute:
         return getattr(torch, self.precision)
 
     def rows(self, width: int) -> int:
-        """Rows per chunk for rows of ``width`` values."""
+        """Rows per chunk for rows of ``width`` values (numpy: a whole number of
+        :data:`PARALLEL_ROWS` blocks, so the blocks of a chunk share the cores evenly)."""
         if self.device is None:
             from ._common import chunk_rows  # _common imports this module
 
-            return chunk_rows(width)
+            return -(-chunk_rows(width) // PARALLEL_ROWS) * PARALLEL_ROWS
         return max(256, TORCH_CHUNK_ELEMENTS // max(1, int(width)))
 
     def chunks(self, n: int, width: int) -> Iterator[slice]:
@@ -102,6 +104,19 @@ class Compute:
     def rownorm(self, a):
         """Euclidean row norms, accumulated in float64."""
         return self.rowdot(a, a) ** 0.5
+
+    def centred(self, a, centre):
+        """a - centre (broadcast), with numpy in a per-thread scratch buffer: valid until the next
+        use of that buffer on this thread (another ``centred``, or a ``shifted_expsum``)."""
+        if self.device is None:
+            return np.subtract(a, centre, out=_scratch(a.shape, a.dtype))
+        return a - centre
+
+    def pick(self, a, index):
+        """a[i, index_i] per row."""
+        if self.device is None:
+            return np.take_along_axis(a, index[:, None], axis=1)[:, 0]
+        return a.gather(1, index[:, None])[:, 0]
 
     def rowmax(self, a):
         return a.max(axis=1) if self.device is None else a.amax(dim=1)
@@ -148,13 +163,21 @@ class Compute:
         block of :data:`PARALLEL_ROWS` rows, the blocks run on a kept pool of one thread per core
         (numpy's elementwise passes are single-threaded and release the GIL), and the passes of
         one fn stay in the core's cache; the blocks do not depend on the number of cores, so
-        neither does any result. On torch (whose ops use every core): fn(*arrays)."""
+        neither does any result. fn may multiply its block by a matrix: while the pool runs, BLAS
+        is held to one thread, so each core runs its own block's product and then its passes
+        over the product while that is in cache (a product over the whole chunk on every core
+        leaves BLAS's idle threads spinning, about 0.1 s, on the cores the passes then need: 10-20%
+        more CPU time measured). On torch (whose ops use every core): fn(*arrays)."""
         n = len(arrays[0])
         if self.device is not None or n <= PARALLEL_ROWS:
             return fn(*arrays)
         block = lambda s: fn(*(a[s : s + PARALLEL_ROWS] for a in arrays))  # noqa: E731
         starts = range(0, n, PARALLEL_ROWS)
-        parts = list(_pool().map(block, starts) if (os.cpu_count() or 1) > 1 else map(block, starts))
+        if (os.cpu_count() or 1) == 1:
+            parts = list(map(block, starts))
+        else:
+            with _blas().limit(limits=1):
+                parts = list(_pool().map(block, starts))
         if parts[0] is None:  # fn wrote its result into an array it was given
             return None
         if isinstance(parts[0], tuple):
@@ -233,6 +256,14 @@ def _pool() -> ThreadPoolExecutor:
     if not _POOL:
         _POOL.append(ThreadPoolExecutor(os.cpu_count() or 1, thread_name_prefix="oodeval"))
     return _POOL[0]
+
+
+@functools.cache
+def _blas():
+    """The BLAS libraries numpy and scipy loaded (threadpoolctl), to hold to one thread."""
+    from threadpoolctl import ThreadpoolController
+
+    return ThreadpoolController().select(user_api="blas")
 
 
 _SCRATCH = threading.local()

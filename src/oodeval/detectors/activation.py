@@ -23,17 +23,17 @@ __all__ = ["ReAct", "ASHS", "SCALE", "DICE", "ash_s_features", "scale_features"]
 
 def _energy_of(comp: Compute, x: FeatureSet, shape, weight: np.ndarray, bias: np.ndarray) -> np.ndarray:
     """logsumexp(shape(z) W^T + b) per row: product in ``comp``'s precision, the sum in float64.
-    The shaping and the readout run split across cores (:meth:`Compute.by_rows`), the readout in
-    place on the product."""
+    The shaping, the product and the readout (in place on the product) run block by block, split
+    across cores (:meth:`Compute.by_rows`)."""
     z = x.features
     w, b = comp.put(weight).T, comp.put(bias)
 
-    def readout(f):
+    def block(zb):
+        f = shape(zb) @ w
         f += b
         return comp.logsumexp(f, overwrite=True)
 
-    out = [comp.get(comp.by_rows(readout, comp.by_rows(shape, comp.put(z[sl])) @ w))
-           for sl in comp.chunks(len(z), max(z.shape[1], w.shape[1]))]  # fmt: skip
+    out = [comp.get(comp.by_rows(block, comp.put(z[sl]))) for sl in comp.chunks(len(z), max(z.shape[1], w.shape[1]))]
     return np.concatenate(out)
 
 

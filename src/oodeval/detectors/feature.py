@@ -31,16 +31,14 @@ class _CentroidBase(Detector):
         self.centroids_ = l2_normalise(means)
 
     def _scores(self, x: FeatureSet, readout) -> np.ndarray:
-        """readout(comp, z mu_c products, 1 / ||z||) per chunk, concatenated as float64: the
-        cosines are the products times 1 / ||z|| (the rows of z are not normalised first)."""
+        """readout(comp, z mu_c products, 1 / ||z||) per block of rows (:meth:`Compute.by_rows`),
+        concatenated as float64: the cosines are the products times 1 / ||z|| (the rows of z are
+        not normalised first)."""
         comp = compute_of(self)
         z, cent = x.features, comp.put(self.centroids_).T
-        out = []
-        for sl in comp.chunks(len(z), max(z.shape[1], cent.shape[1])):
-            zc = comp.put(z[sl])
-            inv = comp.by_rows(comp.inverse_norm, zc)
-            out.append(comp.get(comp.by_rows(lambda p, s: readout(comp, p, s), zc @ cent, inv)))
-        return np.concatenate(out)
+        block = lambda zb: readout(comp, zb @ cent, comp.inverse_norm(zb))  # noqa: E731
+        return np.concatenate([comp.get(comp.by_rows(block, comp.put(z[sl])))
+                               for sl in comp.chunks(len(z), max(z.shape[1], cent.shape[1]))])  # fmt: skip
 
 
 @register("cosine", tags=("paper21", "feature"), order=15)
@@ -118,19 +116,18 @@ class FDBD(Detector):
         comp = compute_of(self)
         w, b = comp.put(x.weight).T, comp.put(x.bias)
         inv, mean = comp.put(self.inv_boundary_norm_), comp.put(self.train_mean_)
+        inv_sum = comp.rowsum(inv)  # of the inverse norms as the products see them (1 / inf = 0 on the diagonal)
 
-        def readout(f, zc):
+        # sum_c |f_y - f_c| / ||w_y - w_c|| = f_y sum_c inv_yc - sum_c f_c inv_yc, y = argmax f: both
+        # sums in float64 of exact products of float32 values, so no float32 difference f_y - f_c
+        def block(zb):
+            f = zb @ w
             f += b
             y = comp.argmax(f)
-            f -= comp.rowmax(f)[:, None]  # in place: f_c - f_y <= 0, y = argmax f
-            dist = -comp.rowdot(f, inv[y]) / (c - 1)
-            return dist / comp.rownorm(zc - mean)
+            dist = (comp.pick(f, y) * inv_sum[y] - comp.rowdot(f, inv[y])) / (c - 1)
+            return dist / comp.rownorm(comp.centred(zb, mean))
 
-        out = []
-        for sl in comp.chunks(len(z), max(z.shape[1], c)):
-            zc = comp.put(z[sl])
-            out.append(comp.get(comp.by_rows(readout, zc @ w, zc)))
-        return np.concatenate(out)
+        return np.concatenate([comp.get(comp.by_rows(block, comp.put(z[sl]))) for sl in comp.chunks(len(z), max(z.shape[1], c))])
 
 
 @register("neco", tags=("paper21", "feature"), order=18)
@@ -196,10 +193,15 @@ class NECO(Detector):
         z = x.features
         comp = compute_of(self)
         mean, scale, comps = comp.put(self.mean_), comp.put(self.scale_), comp.put(self.components_)
+
+        def block(zb):
+            s = comp.centred(zb, mean)
+            s /= scale
+            return comp.rownorm(s @ comps) / comp.rownorm(s)
+
         out = []
         for sl in comp.chunks(len(z), z.shape[1]):
-            s = (comp.put(z[sl]) - mean) / scale
-            ratio = comp.get(comp.rownorm(s @ comps) / comp.rownorm(s))
+            ratio = comp.get(comp.by_rows(block, comp.put(z[sl])))
             if self.maxlogit:
                 ratio = ratio * np.asarray(x.logits[sl]).max(axis=1)
             out.append(ratio)

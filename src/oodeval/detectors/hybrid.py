@@ -11,7 +11,46 @@ from ._backend import compute_of
 from ._common import as64, scatter
 from .base import Detector
 
-__all__ = ["ViM", "vim_dim"]
+__all__ = ["ViM", "vim_dim", "logit_origin"]
+
+#: largest cond(G) = cond(W)^2 for which :func:`logit_origin` solves through the Gram matrix G:
+#: the first solve is off by at most cond(G) eps (1e-4 here) and each refinement step multiplies
+#: that error by cond(G) eps again, down to cond(W) eps; a worse-conditioned head goes through gelsy
+GRAM_CONDITION_LIMIT = 1e12
+#: refinement steps of :func:`logit_origin`
+REFINE_STEPS = 2
+
+
+def logit_origin(w: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """u = -pinv(W) b for a (C, D) head: the minimum-norm least-squares solution of W u = -b.
+
+    Through the Cholesky factor of the smaller Gram matrix G: u = W^T y with G y = -b, G = W W^T
+    (C <= D), or G u = -W^T b with G = W^T W (C > D), each followed by :data:`REFINE_STEPS`
+    steps of refinement on the residual r = -b - W u of the original system (u += W^T G^-1 r,
+    or u += G^-1 W^T r: the corrected semi-normal equations, Bjorck 1987). For a 1000 x 1024 head
+    that is one product and a 1000^3 / 3 factorisation, 0.04 s, against 0.1-0.2 s for LAPACK's
+    complete orthogonal factorisation (gelsy). Where G is singular or LAPACK's estimate of
+    cond(G) exceeds :data:`GRAM_CONDITION_LIMIT`, gelsy solves it, with numpy's pseudo-inverse
+    cutoff (singular values under max(C, D) eps of the largest count as zero; gelsy's default
+    cutoff, eps, kept a numerically zero one and returned |u| ~ 1e15).
+    """
+    w, b = as64(w), as64(b)
+    wide = w.shape[0] <= w.shape[1]
+    gram = w @ w.T if wide else w.T @ w
+    factor, info = scipy.linalg.lapack.dpotrf(gram)
+    if info == 0:
+        rcond, info = scipy.linalg.lapack.dpocon(factor, np.abs(gram).sum(axis=0).max())
+    if info != 0 or not rcond * GRAM_CONDITION_LIMIT >= 1:
+        return -scipy.linalg.lstsq(w, b, cond=max(w.shape) * np.finfo(np.float64).eps, lapack_driver="gelsy")[0]
+
+    def step(r: np.ndarray) -> np.ndarray:  # the least-norm / least-squares correction for residual r
+        solve = lambda v: scipy.linalg.cho_solve((factor, False), v)  # noqa: E731
+        return w.T @ solve(r) if wide else solve(w.T @ r)
+
+    u = step(-b)
+    for _ in range(REFINE_STEPS):
+        u += step(-b - w @ u)
+    return u
 
 
 def vim_dim(d: int) -> int:
@@ -46,50 +85,41 @@ class ViM(Detector):
         self.device = device
 
     def _fit(self, train: FeatureSet) -> None:
-        z, w, b = train.features, as64(train.weight), as64(train.bias)
+        z = train.features
         d = z.shape[1]
         k = vim_dim(d) if self.dim is None else int(self.dim)
         if not 0 < k < d:
             raise ValueError(f"vim dim must be in [1, {d - 1}] for {d}-d features, got {k}")
         self.principal_dim_ = k
-        # u = -pinv(W) b, the minimum-norm least-squares solution (complete orthogonal
-        # factorisation: the same vector as the SVD pseudo-inverse, without forming it)
-        self.origin_ = -scipy.linalg.lstsq(w, b, lapack_driver="gelsy")[0]
+        self.origin_ = logit_origin(train.weight, train.bias)
         comp = compute_of(self)
         s, n = scatter(z, self.origin_, comp=comp)
         evals, evecs = np.linalg.eigh(s / n)
         order = np.argsort(evals)[::-1]
         self.residual_basis_ = np.ascontiguousarray(evecs[:, order[k:]])
-        max_logit, residual = self._parts(comp, train.features, train.weight, train.bias)
+        max_logit, residual = self._parts(comp, train.features, train.weight, train.bias, energy=False)
         self.alpha_ = float(max_logit.sum() / residual.sum()) if residual.sum() > 0 else 0.0
 
     def residual_norm(self, z: np.ndarray) -> np.ndarray:
         """||(z - u) R|| in float64 for rows z (the virtual logit before scaling by alpha)."""
         return np.linalg.norm((as64(z) - self.origin_) @ self.residual_basis_, axis=1)
 
-    def _parts(self, comp, z: np.ndarray, weight: np.ndarray, bias: np.ndarray, readout=None):
-        """(readout of the logits, ||(z - u) R||) per row as float64; readout defaults to max f."""
+    def _parts(self, comp, z: np.ndarray, weight: np.ndarray, bias: np.ndarray, energy: bool):
+        """(logsumexp f if ``energy`` else max f, ||(z - u) R||) per row as float64, f = W z + b:
+        both products and their readouts block by block (:meth:`Compute.by_rows`)."""
         w, b = comp.put(weight).T, comp.put(bias)
         origin, basis = comp.put(self.origin_), comp.put(self.residual_basis_)
-        readout = readout or comp.rowmax
 
-        def centre(a, out) -> None:
-            comp.subtract(a, origin, out)
-
-        logit, residual = [], []
-        chunks = list(comp.chunks(len(z), max(z.shape[1], w.shape[1])))
-        buf = comp.empty((chunks[0].stop - chunks[0].start, z.shape[1]))  # z - u of each chunk
-        for sl in chunks:
-            zc = comp.put(z[sl])
-            f = zc @ w
+        def block(zb):
+            f = zb @ w
             f += b
-            logit.append(comp.get(comp.by_rows(readout, f)))
-            centred = buf[: len(zc)]
-            comp.by_rows(centre, zc, centred)
-            residual.append(comp.get(comp.by_rows(comp.rownorm, centred @ basis)))
-        return np.concatenate(logit), np.concatenate(residual)
+            logit = comp.logsumexp(f, overwrite=True) if energy else comp.rowmax(f)
+            return logit, comp.rownorm(comp.centred(zb, origin) @ basis)
+
+        parts = [comp.by_rows(block, comp.put(z[sl])) for sl in comp.chunks(len(z), max(z.shape[1], w.shape[1]))]
+        return tuple(np.concatenate([comp.get(p[i]) for p in parts]) for i in (0, 1))
 
     def _score(self, x: FeatureSet) -> np.ndarray:
         comp = compute_of(self)
-        energy, residual = self._parts(comp, x.features, x.weight, x.bias, comp.logsumexp)
+        energy, residual = self._parts(comp, x.features, x.weight, x.bias, energy=True)
         return energy - self.alpha_ * residual

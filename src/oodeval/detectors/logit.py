@@ -169,9 +169,9 @@ class KLMatching(Detector):
             total = comp.rowsum(e)
             return e, total, comp.rowdot(e, shifted) / total - (np.log(total) if comp.device is None else total.log())
 
-        out = []
-        for sl in comp.chunks(len(x.logits), x.logits.shape[1]):
-            e, total, neg_entropy = comp.by_rows(softmax_terms, comp.put(x.logits[sl]))
-            best = comp.by_rows(comp.rowmax, e @ log_t)
-            out.append(comp.get(best / total - neg_entropy))
-        return np.concatenate(out)
+        def block(a):
+            e, total, neg_entropy = softmax_terms(a)
+            return comp.rowmax(e @ log_t) / total - neg_entropy
+
+        f = x.logits
+        return np.concatenate([comp.get(comp.by_rows(block, comp.put(f[sl]))) for sl in comp.chunks(len(f), f.shape[1])])

@@ -59,9 +59,8 @@ class _MahalanobisBase(Detector):
         prec, means, const = comp.put(self.precision_), comp.put(self.means_).T, comp.put(self.mean_norms_)
         if self.relative:
             bg_mean, bg_prec = comp.put(self.background_mean_), comp.put(self.background_precision_)
-        out = []
-        for sl in comp.chunks(len(z), max(z.shape[1], len(self.means_))):
-            c = comp.put(z[sl])
+
+        def block(c):
             if self.normalise:
                 c = comp.normalise(c)
             zp = c @ prec
@@ -71,10 +70,12 @@ class _MahalanobisBase(Detector):
             d = comp.rowdot(zp, c) + comp.rowmin(t)
             d = d * (d > 0)
             if self.relative:
-                r = c - bg_mean
+                r = comp.centred(c, bg_mean)
                 d = d - comp.rowdot(r @ bg_prec, r)
-            out.append(comp.get(-d))
-        return np.concatenate(out)
+            return -d
+
+        return np.concatenate([comp.get(comp.by_rows(block, comp.put(z[sl])))
+                               for sl in comp.chunks(len(z), max(z.shape[1], len(self.means_)))])  # fmt: skip
 
 
 @register("mahalanobis", tags=("paper21", "feature"), order=10)

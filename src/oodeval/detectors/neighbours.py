@@ -39,20 +39,26 @@ def _bank(comp: Compute, z: np.ndarray, rows: np.ndarray | None, weight=None) ->
 
 def top_similarities(comp: Compute, bank: np.ndarray, z: np.ndarray, k: int) -> Iterator[np.ndarray]:
     """The k largest inner products (unordered, float64) of each l2-normalised row of z with the
-    bank rows, exactly, one query chunk at a time (selecting split across cores,
-    :meth:`Compute.by_rows`). The rows of z are not normalised first: a row's top k are those of
-    its raw products, which are then scaled by 1 / ||z|| (norm accumulated in float64)."""
+    bank rows, exactly, one query chunk at a time; with numpy each block of queries is searched
+    on one core (:meth:`Compute.by_rows`). The rows of z are not normalised first: a row's top k
+    are those of its raw products, which are then scaled by 1 / ||z|| (norm accumulated in
+    float64)."""
     block = min(len(bank), BLOCK_ROWS[comp.device is not None])
     dev_bank = comp.put(bank)
-    for sl in comp.chunks(len(z), block):
-        q = comp.put(z[sl])
-        inv = comp.get(comp.by_rows(comp.inverse_norm, q))
+
+    def search(q):
         best = None
         for start in range(0, len(bank), block):
             sims = q @ dev_bank[start : start + block].T
-            top = comp.by_rows(lambda s: comp.topk(s, min(k, s.shape[1])), sims)
-            best = top if best is None else comp.by_rows(lambda a, b: comp.topk(comp.concat([a, b]), k), best, top)
-        yield comp.get(best) * inv[:, None]
+            top = comp.topk(sims, min(k, sims.shape[1]))
+            best = top if best is None else comp.topk(comp.concat([best, top]), k)
+        return best, comp.inverse_norm(q)
+
+    # numpy: queries per chunk as for any D-wide rows (each core's block meets one bank block at
+    # a time); torch: a chunk meets a whole bank block at once, so it is sized by the block
+    for sl in comp.chunks(len(z), block if comp.device is not None else z.shape[1]):
+        best, inv = comp.by_rows(search, comp.put(z[sl]))
+        yield comp.get(best) * comp.get(inv)[:, None]
 
 
 @register("knn", tags=("paper21", "feature"), order=14)
