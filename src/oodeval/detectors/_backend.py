@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Compute", "compute_of", "PRECISIONS", "TORCH_CHUNK_ELEMENTS"]
+__all__ = ["Compute", "compute_of", "one_blas_thread", "PRECISIONS", "TORCH_CHUNK_ELEMENTS"]
 
 PRECISIONS = ("float32", "float64")
 #: values per row chunk on a torch device (64M: 256 MB of float32 per chunk operand)
@@ -163,21 +163,21 @@ class Compute:
         block of :data:`PARALLEL_ROWS` rows, the blocks run on a kept pool of one thread per core
         (numpy's elementwise passes are single-threaded and release the GIL), and the passes of
         one fn stay in the core's cache; the blocks do not depend on the number of cores, so
-        neither does any result. fn may multiply its block by a matrix: while the pool runs, BLAS
-        is held to one thread, so each core runs its own block's product and then its passes
-        over the product while that is in cache (a product over the whole chunk on every core
-        leaves BLAS's idle threads spinning, about 0.1 s, on the cores the passes then need: 10-20%
-        more CPU time measured). On torch (whose ops use every core): fn(*arrays)."""
-        n = len(arrays[0])
-        if self.device is not None or n <= PARALLEL_ROWS:
+        neither does any result. fn may multiply its block by a matrix: BLAS is held to one
+        thread meanwhile, so each core runs its own block's product and then its passes over the
+        product while that is in cache. (A product on every core, over a whole chunk or over a
+        short last chunk alike, leaves BLAS's idle threads spinning for about 0.1 s on the cores
+        the passes then need: 10-20% more CPU time measured, 50% on NNGuide's small products.)
+        On torch (whose ops use every core): fn(*arrays)."""
+        if self.device is not None:
             return fn(*arrays)
+        n = len(arrays[0])
         block = lambda s: fn(*(a[s : s + PARALLEL_ROWS] for a in arrays))  # noqa: E731
         starts = range(0, n, PARALLEL_ROWS)
-        if (os.cpu_count() or 1) == 1:
-            parts = list(map(block, starts))
-        else:
-            with _blas().limit(limits=1):
-                parts = list(_pool().map(block, starts))
+        with one_blas_thread():
+            if n <= PARALLEL_ROWS:
+                return fn(*arrays)
+            parts = list(_pool().map(block, starts) if (os.cpu_count() or 1) > 1 else map(block, starts))
         if parts[0] is None:  # fn wrote its result into an array it was given
             return None
         if isinstance(parts[0], tuple):
@@ -264,6 +264,12 @@ def _blas():
     from threadpoolctl import ThreadpoolController
 
     return ThreadpoolController().select(user_api="blas")
+
+
+def one_blas_thread():
+    """A context holding BLAS to one thread: for a short product (tens of ms) just before a
+    detector's passes, which would otherwise run beside BLAS's idle threads spinning for ~0.1 s."""
+    return _blas().limit(limits=1)
 
 
 _SCRATCH = threading.local()
