@@ -14,9 +14,9 @@ own arrays on every core. The machine's sgemm GFLOP/s is measured and printed. p
 implementation of the same detector runs on the same arrays with the same k; where its predict cost
 is far beyond ours (per-class loops), it is timed on ``--pood-rows`` rows and extrapolated linearly
 (marked ``*``). A run (either library's) that takes under REPEAT_BELOW_S is repeated REPEATS times
-(LIGHT_REPEATS under LIGHT_S) and the fastest kept, and each floor is the fastest of REPEATS calls after a warm-up (the shared
-machine's noise only adds time). Totals of the shared detectors are printed with and without kNN,
-against the issue's full-size targets (300 s and 60 s on 2 cores).
+(LIGHT_REPEATS under LIGHT_S) and the fastest kept, and each floor is the fastest of REPEATS calls
+after a warm-up (the shared machine's noise only adds time). Totals of the shared detectors are
+printed with and without kNN, against the issue's full-size targets (300 s and 60 s on 2 cores).
 
     python benchmarks/detectors.py --scale 0.1         # quick check
     python benchmarks/detectors.py                     # full size (needs ~6 GB RAM, long)
@@ -261,8 +261,8 @@ def warm_up(sets: list[FeatureSet]) -> float:
 def run_ours(name: str, train: FeatureSet, score_sets: list[FeatureSet], hp: dict, trace: bool = True) -> tuple[float, float, float, object]:
     """(wall s, CPU s, peak traced MB or NaN, fitted detector) of fit + scoring every set. The
     first run traces numpy's allocations (tracemalloc) for the peak; one under REPEAT_BELOW_S is
-    run :func:`repeats` times more, untraced, and the fastest kept (tracing slows many small allocations by ~15%, and
-    each floor is timed after a warm-up call)."""
+    run :func:`repeats` times more, untraced, and the fastest kept (tracing slows many small
+    allocations by ~15%, and each floor is timed after a warm-up call)."""
 
     def once() -> tuple[float, float, object]:
         c0, t0 = time.process_time(), time.perf_counter()

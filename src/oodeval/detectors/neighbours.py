@@ -1,10 +1,10 @@
 """Nearest-neighbour detectors: deep kNN and NNGuide, exact search by blocked products + top-k.
 
 The bank is the l2-normalised ID-train rows (NNGuide: times their energy), stored as one array
-in the product precision. Search is exact: for each chunk of queries, the inner products with a
-block of bank rows (one sgemm in float32, the default) are reduced to their k largest, merged
-with the running k largest of the earlier blocks, so memory is the bank plus one (queries x
-block) matrix. On a torch device the bank is moved to the device once per ``score`` call
+in the product precision. Search is exact: for each block of queries (512 rows, one core each
+with numpy), the inner products with a block of bank rows (one sgemm in float32, the default)
+are reduced to their k largest, merged with the running k largest of the earlier blocks, so
+memory is the bank plus one (queries x bank block) matrix per core. On a torch device the bank is moved to the device once per ``score`` call
 (N D 4 bytes in float32); queries and blocks stream through it.
 """
 
@@ -69,9 +69,10 @@ class KNN(Detector):
     every ID-train feature, l2-normalised (the paper's alpha = 100%). Exact search by blocked
     float32 products + top-k merges (what faiss IndexFlatIP does), written here because it is
     measurably better for this use: at the benchmark's full size (200k bank, 50k + 50k queries,
-    D = 1024, k = 1000, 2 cores) faiss took 302-318 s, this 203 s (1.3x its sgemm floor), and the
-    same code runs on a torch device (faiss's GPU build is not on PyPI); distance = sqrt(2 - 2 cos). Default k = 1000, the paper's ImageNet setting
-    (1.28M bank); the paper uses k = 50 for CIFAR-10 (50k bank). Choose k roughly in proportion
+    D = 1024, k = 1000, 2 cores) faiss took 302-318 s, this 171-182 s (1.06-1.10x its sgemm
+    floor), and the same code runs on a torch device (faiss's GPU build is not on PyPI);
+    distance = sqrt(2 - 2 cos). Default k = 1000, the paper's ImageNet setting (1.28M bank); the
+    paper uses k = 50 for CIFAR-10 (50k bank). Choose k roughly in proportion
     to the bank (about 1 per 1000 train images) or tune it on held-out ID data; k must not exceed
     the bank size. ``bank_fraction`` < 1 keeps a seeded random subset (the paper's alpha).
     Older pytorch-ood KNN versions did not normalise and used k = 1 (0.4.0 normalises, k = 50).
