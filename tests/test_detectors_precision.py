@@ -117,3 +117,21 @@ def test_row_helpers_agree_with_plain_numpy(device):
     got = comp.get(comp.groupsum(comp.put(a), group, 4, weights=weights))
     for g, t in enumerate(terms):
         assert (np.abs(got[g] - t.sum(axis=0)) <= (len(t) + 2) * eps * np.abs(t).sum(axis=0)).all()
+
+
+def test_blas_thread_holds_nest_and_restore_the_setting():
+    from oodeval.detectors._backend import PARALLEL_ROWS, _blas, one_blas_thread
+
+    threads = lambda: _blas().info()[0]["num_threads"]  # noqa: E731
+    before = threads()
+    first, second = one_blas_thread(), one_blas_thread()  # as two threads' holds would overlap
+    first.__enter__()
+    second.__enter__()
+    assert threads() == 1
+    first.__exit__(None, None, None)  # not in the order they began: still held by the second
+    assert threads() == 1
+    second.__exit__(None, None, None)
+    assert threads() == before
+    got = Compute().by_rows(lambda a: a @ np.ones((4, 2), dtype=np.float32), np.ones((3 * PARALLEL_ROWS, 4), dtype=np.float32))
+    np.testing.assert_array_equal(got, np.full((3 * PARALLEL_ROWS, 2), 4.0))
+    assert threads() == before

@@ -10,6 +10,7 @@ or ``"cuda:N"`` with torch on that device, in row chunks whose size is fixed by
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import threading
@@ -260,16 +261,34 @@ def _pool() -> ThreadPoolExecutor:
 
 @functools.cache
 def _blas():
-    """The BLAS libraries numpy and scipy loaded (threadpoolctl), to hold to one thread."""
+    """The BLAS libraries loaded when first asked (threadpoolctl), numpy's among them: the one
+    that runs the blocks' products."""
     from threadpoolctl import ThreadpoolController
 
     return ThreadpoolController().select(user_api="blas")
 
 
-def one_blas_thread():
-    """A context holding BLAS to one thread: for a short product (tens of ms) just before a
-    detector's passes, which would otherwise run beside BLAS's idle threads spinning for ~0.1 s."""
-    return _blas().limit(limits=1)
+_HOLDS = {"count": 0, "saved": None}
+_HOLDS_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def one_blas_thread() -> Iterator[None]:
+    """A context holding BLAS to one thread (process-wide, as BLAS's setting is): for the
+    per-core blocks of :meth:`Compute.by_rows`, and for a short product (tens of ms) just before
+    a detector's passes, which would otherwise run beside BLAS's idle threads spinning for ~0.1 s.
+    Holds from several threads nest: the first sets one thread, the last restores the setting."""
+    with _HOLDS_LOCK:
+        if _HOLDS["count"] == 0:
+            _HOLDS["saved"] = _blas().limit(limits=1)
+        _HOLDS["count"] += 1
+    try:
+        yield
+    finally:
+        with _HOLDS_LOCK:
+            _HOLDS["count"] -= 1
+            if _HOLDS["count"] == 0:
+                _HOLDS["saved"].restore_original_limits()
 
 
 _SCRATCH = threading.local()
