@@ -34,7 +34,7 @@ import numpy as np
 
 from oodeval import detectors
 from oodeval.detectors._synthetic import synthetic_problem
-from oodeval.detectors.hybrid import vim_dim
+from oodeval.detectors.hybrid import logit_origin, vim_dim
 from oodeval.features import FeatureSet
 
 #: a detector whose first run takes less than this is run REPEATS times more, the fastest kept;
@@ -241,8 +241,6 @@ def warm_up(sets: list[FeatureSet]) -> float:
     calls, and each set's head hash and NaN/inf check (each done once per FeatureSet, then
     shared by every detector that reads it, as in a grid). Returns the seconds of the hashes and
     checks, which the header prints."""
-    import scipy.linalg
-
     t0 = time.perf_counter()
     for fs in sets:
         fs.signature()
@@ -253,7 +251,7 @@ def warm_up(sets: list[FeatureSet]) -> float:
     a = np.random.default_rng(0).standard_normal((512, 512))
     np.linalg.eigh(a @ a.T)
     np.linalg.pinv(a, hermitian=True)
-    scipy.linalg.lstsq(a[:256], a[:256, 0], lapack_driver="gelsy")
+    logit_origin(a[:256], a[:256, 0])
     np.partition(a.astype(np.float32), 100, axis=1)
     return once
 
@@ -379,6 +377,11 @@ def main() -> None:
     args = ap.parse_args()
     n_train = args.train or int(200_000 * args.scale)
     n_test = args.test or int(50_000 * args.scale)
+    if min(n_train, n_test) < 1:
+        ap.error(f"--scale/--train/--test give {n_train} train and {n_test} test rows; each needs at least 1")
+    unknown = sorted(set((args.detectors or "").split(",")) - set(detectors.names()) - {""})
+    if unknown:
+        ap.error(f"unknown detectors {', '.join(unknown)}; known: {', '.join(detectors.names())}")
     if args.device is not None:
         args.no_pood = True  # pytorch-ood runs on the CPU here; the comparison is a CPU one
     t0 = time.perf_counter()

@@ -173,11 +173,11 @@ class Compute:
         if self.device is not None:
             return fn(*arrays)
         n = len(arrays[0])
-        block = lambda s: fn(*(a[s : s + PARALLEL_ROWS] for a in arrays))  # noqa: E731
-        starts = range(0, n, PARALLEL_ROWS)
         with one_blas_thread():
             if n <= PARALLEL_ROWS:
                 return fn(*arrays)
+            block = lambda s: fn(*(a[s : s + PARALLEL_ROWS] for a in arrays))  # noqa: E731
+            starts = range(0, n, PARALLEL_ROWS)
             parts = list(_pool().map(block, starts) if (os.cpu_count() or 1) > 1 else map(block, starts))
         if parts[0] is None:  # fn wrote its result into an array it was given
             return None
