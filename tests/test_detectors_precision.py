@@ -135,3 +135,50 @@ def test_blas_thread_holds_nest_and_restore_the_setting():
     got = Compute().by_rows(lambda a: a @ np.ones((4, 2), dtype=np.float32), np.ones((3 * PARALLEL_ROWS, 4), dtype=np.float32))
     np.testing.assert_array_equal(got, np.full((3 * PARALLEL_ROWS, 2), 4.0))
     assert threads() == before
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_softmax_sums_take_one_shift_per_block_and_a_row_its_own_where_needed(overwrite):
+    """numpy's logsumexp and max_softmax shift a block by 0 (max <= UNSHIFTED_MAX) or by its
+    max, and a row lying more than UNDERFLOW_MARGIN below that shift by its own max: each is the
+    float64 value within the float32 exp's error, nothing overflows or underflows away, and a
+    confident row keeps its distance to 1."""
+    from scipy.special import logsumexp
+
+    eps = float(np.finfo(np.float32).eps) / 2
+    rng = np.random.default_rng(1)
+    base = rng.normal(size=(6, 1000)) * 4
+    # confident rows, 1 - p_max ~ 1e-6: a float32 total would round that to a multiple of 6e-8
+    base[:, 0] = base[:, 1:].max(axis=1) + 20
+    blocks = {  # row offsets: within reach of exp unshifted; above it; far below the block's shift
+        "unshifted": [0, 30, -30, 45, -35, 5],
+        "shifted": [200, 190, 150, 120, 170, 199],
+        "own": [0, -100, -300, 10, -45, -1000],
+    }
+    comp = Compute()
+    for offsets in blocks.values():
+        a = (base + np.array(offsets, dtype=float)[:, None]).astype(np.float32)
+        a64 = a.astype(np.float64)
+        m = a64.max(axis=1, keepdims=True)
+        # exp of x = a - s rounded to float32: relative error (|x| + 4) eps, s any of the shifts
+        reach = np.max([np.abs(a64), np.abs(a64 - a64.max()), np.abs(a64 - m)], axis=(0, 2))
+        bound = (reach + 4) * eps
+        got = comp.logsumexp(a.copy(), overwrite=overwrite)
+        assert (np.abs(got - logsumexp(a64, axis=1)) <= bound).all()
+        rest = np.exp(a64[:, 1:] - m).sum(axis=1)  # sum over c != argmax of exp(a_c - max a)
+        p = comp.max_softmax(a.copy(), overwrite=overwrite)
+        assert (np.abs((1 / p - 1) - rest) <= 2 * bound * rest + 4 * np.finfo(float).eps).all()
+
+
+def test_a_failing_block_raises_and_leaves_the_pool_usable():
+    from oodeval.detectors._backend import PARALLEL_ROWS
+
+    def fn(a):
+        if a[0, 0] == 3 * PARALLEL_ROWS:
+            raise ValueError("block 3")
+        return a[:, 0]
+
+    rows = np.arange(40 * PARALLEL_ROWS, dtype=np.float32)[:, None]
+    with pytest.raises(ValueError, match="block 3"):
+        Compute().by_rows(fn, rows)
+    np.testing.assert_array_equal(Compute().by_rows(lambda a: a[:, 0] * 2, rows), rows[:, 0] * 2)

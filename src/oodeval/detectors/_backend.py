@@ -10,6 +10,7 @@ or ``"cuda:N"`` with torch on that device, in row chunks whose size is fixed by
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import os
@@ -27,6 +28,11 @@ PRECISIONS = ("float32", "float64")
 TORCH_CHUNK_ELEMENTS = 64_000_000
 #: rows per block in :meth:`Compute.by_rows` (512 x 1000 float32: 2 MB, about a core's cache)
 PARALLEL_ROWS = 512
+#: largest value that numpy's softmax sums exponentiate unshifted (float32 exp overflows past 88.7)
+UNSHIFTED_MAX = 80.0
+#: a row whose max lies further below its block's shift gets its own (float32 exp underflows
+#: below -87.3; terms that far below the row's max, exp(-47) of it, are below float64's resolution)
+UNDERFLOW_MARGIN = 40.0
 
 
 @dataclass(frozen=True)
@@ -108,7 +114,7 @@ class Compute:
 
     def centred(self, a, centre):
         """a - centre (broadcast), with numpy in a per-thread scratch buffer: valid until the next
-        use of that buffer on this thread (another ``centred``, or a ``shifted_expsum``)."""
+        use of that buffer on this thread (another ``centred``, ``logsumexp`` or ``max_softmax``)."""
         if self.device is None:
             return np.subtract(a, centre, out=_scratch(a.shape, a.dtype))
         return a - centre
@@ -143,32 +149,79 @@ class Compute:
             e = _torch().sub(a, m[:, None], out=out).exp_() if out is not None else (a - m[:, None]).exp_()
         return m, e, self.rowsum(e)
 
-    def shifted_expsum(self, a, overwrite: bool = False):
-        """(max_c a_c, sum_c exp(a_c - max)) per row (see :meth:`shifted_exp`; ``overwrite``:
-        the exp is taken in ``a`` itself)."""
-        if overwrite:
-            out = a
-        else:
-            out = _scratch(a.shape, a.dtype) if self.device is None else None
-        m, _, total = self.shifted_exp(a, out)
-        return m, total
+    def _block_exp(self, a, out, top=None):
+        """numpy: (shift, exp(a - shift), its row sums in float64, rows with their own shift),
+        one shift for the whole block (a scalar subtraction, or none, costs 0.2 ns per value
+        against 0.5 for a per-row one): 0 when the block's max is at most :data:`UNSHIFTED_MAX`,
+        else that max. A row whose max lies more than :data:`UNDERFLOW_MARGIN` below the shift
+        (its small terms could underflow) is summed with its own max as its shift: found from the
+        row maxima ``top`` and summed from a copy before ``out`` (possibly ``a``) is written, or,
+        without ``top`` (then ``out`` must not be ``a``), found afterwards by a sum below
+        C exp(-margin)."""
+        s = float(a.max() if top is None else top.max())
+        s = 0.0 if s <= UNSHIFTED_MAX else s
 
-    def logsumexp(self, a, overwrite: bool = False):
-        """log sum_c exp(a_c) per row, float64 (see :meth:`shifted_expsum`)."""
-        m, total = self.shifted_expsum(a, overwrite)
-        return m + (np.log(total) if self.device is None else total.log())
+        def own_rows(rows):
+            peak = a[rows].max(axis=1) if top is None else top[rows]
+            return rows, peak, self.rowsum(np.exp(a[rows] - peak[:, None]))
+
+        if top is not None:
+            own = own_rows(np.flatnonzero(top < s - UNDERFLOW_MARGIN))
+        if s == 0.0:
+            e = np.exp(a, out=out)
+        else:
+            e = np.subtract(a, a.dtype.type(s), out=out)
+            np.exp(e, out=e)
+        total, shift = self.rowsum(e), np.full(len(a), s)
+        if top is None:
+            own = own_rows(np.flatnonzero(total < a.shape[1] * np.exp(-UNDERFLOW_MARGIN)))
+        rows, peak, own_total = own
+        shift[rows], total[rows] = peak, own_total
+        return shift, e, total, rows
+
+    def _exp_out(self, a, overwrite: bool):
+        return a if overwrite else (_scratch(a.shape, a.dtype) if self.device is None else None)
+
+    def logsumexp(self, a, overwrite: bool = False, own_max: bool = False):
+        """log sum_c exp(a_c) per row, float64: s + log sum_c exp(a_c - s), the exp in the
+        product dtype, the sum in float64, s the row max on torch or with ``own_max`` and else a
+        shift per block (see :meth:`_block_exp`). ``own_max`` makes the row max's term exactly
+        1, so that max a - logsumexp a = -log(1 + rest) <= 0 resolves p_max close to 1.
+        ``overwrite``: the exp is taken in ``a`` itself."""
+        out = self._exp_out(a, overwrite)
+        if self.device is not None or own_max:
+            m, _, total = self.shifted_exp(a, out)
+            return m + (total.log() if self.device is not None else np.log(total))
+        shift, _, total, _ = self._block_exp(a, out, None if out is not a else self.rowmax(a))
+        return shift + np.log(total)
+
+    def max_softmax(self, a, overwrite: bool = False):
+        """max_c softmax(a)_c = exp(a_y - s) / sum_c exp(a_c - s) per row, y the argmax, float64,
+        the sum in float64 (s as in :meth:`logsumexp`). The numerator is the sum's own largest
+        term, so a confident row keeps its distance to 1 (1 + the rest of the sum, the rest
+        resolved to float64, not rounded away in a float32 total)."""
+        out = self._exp_out(a, overwrite)
+        if self.device is not None:
+            return 1.0 / self.shifted_exp(a, out)[2]
+        y = self.argmax(a)
+        shift, e, total, own = self._block_exp(a, out, self.pick(a, y))
+        top = self.pick(e, y).astype(np.float64)
+        top[own] = 1.0  # exp(0): a row shifted by its own max
+        return top / total
 
     def by_rows(self, fn, *arrays):
         """fn(*arrays) for a row-wise fn of arrays with equal row counts (fn may return a tuple of
         row-wise arrays, or None when it writes into one of the arrays). With numpy: fn of each
-        block of :data:`PARALLEL_ROWS` rows, the blocks run on a kept pool of one thread per core
-        (numpy's elementwise passes are single-threaded and release the GIL), and the passes of
-        one fn stay in the core's cache; the blocks do not depend on the number of cores, so
-        neither does any result. fn may multiply its block by a matrix: BLAS is held to one
-        thread meanwhile, so each core runs its own block's product and then its passes over the
-        product while that is in cache. (A product on every core, over a whole chunk or over a
-        short last chunk alike, leaves BLAS's idle threads spinning for about 0.1 s on the cores
-        the passes then need: 10-20% more CPU time measured, 50% on NNGuide's small products.)
+        block of :data:`PARALLEL_ROWS` rows, the blocks run on a kept pool of one thread per core,
+        each thread taking the next pending block (numpy's elementwise passes are single-threaded
+        and release the GIL; one task per core, as a task per block cost 0.1-0.2 ms of wake-ups
+        each, 10-20% of a softmax over the logits), and the passes of one fn stay in the core's
+        cache; the blocks do not depend on the number of cores, so neither does any result. fn
+        may multiply its block by a matrix: BLAS is held to one thread meanwhile, so each core
+        runs its own block's product and then its passes over the product while that is in
+        cache. (A product on every core, over a whole chunk or over a short last chunk alike,
+        leaves BLAS's idle threads spinning for about 0.1 s on the cores the passes then need:
+        10-20% more CPU time measured, 50% on NNGuide's small products.)
         On torch (whose ops use every core): fn(*arrays)."""
         if self.device is not None:
             return fn(*arrays)
@@ -176,14 +229,44 @@ class Compute:
         with one_blas_thread():
             if n <= PARALLEL_ROWS:
                 return fn(*arrays)
-            block = lambda s: fn(*(a[s : s + PARALLEL_ROWS] for a in arrays))  # noqa: E731
             starts = range(0, n, PARALLEL_ROWS)
-            parts = list(_pool().map(block, starts) if (os.cpu_count() or 1) > 1 else map(block, starts))
+            parts: list = [None] * len(starts)
+            pending, lock = iter(range(len(starts))), threading.Lock()
+
+            def work(_) -> None:  # one per core: takes the next pending block until none is left
+                while True:
+                    with lock:
+                        i = next(pending, None)
+                    if i is None:
+                        return
+                    try:
+                        parts[i] = fn(*(a[starts[i] : starts[i] + PARALLEL_ROWS] for a in arrays))
+                    except BaseException:
+                        with lock:
+                            collections.deque(pending, maxlen=0)  # the other cores take no more
+                        raise
+
+            list(_pool().map(work, range(min(len(starts), os.cpu_count() or 1))))
         if parts[0] is None:  # fn wrote its result into an array it was given
             return None
         if isinstance(parts[0], tuple):
             return tuple(np.concatenate(column) for column in zip(*parts))
         return np.concatenate(parts)
+
+    def map_rows(self, fn, a, width: int):
+        """fn(block) over the rows of the host array ``a``, each block first made a backend array
+        in the product dtype, the results as float64 numpy (a tuple of them when fn returns a
+        tuple). With numpy, :meth:`by_rows` over the whole of ``a``: each block is converted on
+        its own core, so no chunk is ever copied whole and the pool is started once (a start per
+        4096-row chunk cost 7% of a softmax over the logits). On torch, per chunk of
+        :meth:`rows` (``width``) rows."""
+        if self.device is None:
+            out = self.by_rows(lambda block: fn(self.put(block)), a)
+            return tuple(map(self.get, out)) if isinstance(out, tuple) else self.get(out)
+        parts = [fn(self.put(a[sl])) for sl in self.chunks(len(a), width)]
+        if isinstance(parts[0], tuple):
+            return tuple(np.concatenate([self.get(p[i]) for p in parts]) for i in range(len(parts[0])))
+        return np.concatenate([self.get(p) for p in parts])
 
     def inverse_norm(self, a, eps: float = 1e-12):
         """1 / max(||a_i||, eps) per row, float64 (norm accumulated in float64)."""

@@ -33,8 +33,7 @@ def _energy_of(comp: Compute, x: FeatureSet, shape, weight: np.ndarray, bias: np
         f += b
         return comp.logsumexp(f, overwrite=True)
 
-    out = [comp.get(comp.by_rows(block, comp.put(z[sl]))) for sl in comp.chunks(len(z), max(z.shape[1], w.shape[1]))]
-    return np.concatenate(out)
+    return comp.map_rows(block, z, max(z.shape[1], w.shape[1]))
 
 
 def _check_percentile(p: float, who: str) -> None:

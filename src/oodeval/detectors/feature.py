@@ -37,8 +37,7 @@ class _CentroidBase(Detector):
         comp = compute_of(self)
         z, cent = x.features, comp.put(self.centroids_).T
         block = lambda zb: readout(comp, zb @ cent, comp.inverse_norm(zb))  # noqa: E731
-        return np.concatenate([comp.get(comp.by_rows(block, comp.put(z[sl])))
-                               for sl in comp.chunks(len(z), max(z.shape[1], cent.shape[1]))])  # fmt: skip
+        return comp.map_rows(block, z, max(z.shape[1], cent.shape[1]))
 
 
 @register("cosine", tags=("paper21", "feature"), order=15)
@@ -72,11 +71,11 @@ class MCM(_CentroidBase):
     def _score(self, x: FeatureSet) -> np.ndarray:
         if not self.tau > 0:
             raise ValueError(f"mcm temperature tau must be > 0, got {self.tau}")
-        # max softmax = 1 / sum_c exp((cos_c - max cos) / T): exp in the product dtype, sum in float64
+        # max softmax of cos / T (Compute.max_softmax): exp in the product dtype, sum in float64
 
         def readout(comp, p, inv):
             p *= comp.put(inv / self.tau)[:, None]  # in place on the product: cos_c / T
-            return 1.0 / comp.shifted_expsum(p, overwrite=True)[1]
+            return comp.max_softmax(p, overwrite=True)
 
         return self._scores(x, readout)
 
@@ -129,7 +128,7 @@ class FDBD(Detector):
             dist = (comp.pick(f, y) * inv_sum[y] - comp.rowdot(f, inv[y])) / (c - 1)
             return dist / comp.rownorm(comp.centred(zb, mean))
 
-        return np.concatenate([comp.get(comp.by_rows(block, comp.put(z[sl]))) for sl in comp.chunks(len(z), max(z.shape[1], c))])
+        return comp.map_rows(block, z, max(z.shape[1], c))
 
 
 @register("neco", tags=("paper21", "feature"), order=18)
@@ -201,10 +200,5 @@ class NECO(Detector):
             s /= scale
             return comp.rownorm(s @ comps) / comp.rownorm(s)
 
-        out = []
-        for sl in comp.chunks(len(z), z.shape[1]):
-            ratio = comp.get(comp.by_rows(block, comp.put(z[sl])))
-            if self.maxlogit:
-                ratio = ratio * np.asarray(x.logits[sl]).max(axis=1)
-            out.append(ratio)
-        return np.concatenate(out)
+        ratio = comp.map_rows(block, z, z.shape[1])
+        return ratio * np.asarray(x.logits).max(axis=1) if self.maxlogit else ratio

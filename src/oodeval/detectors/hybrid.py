@@ -116,8 +116,7 @@ class ViM(Detector):
             logit = comp.logsumexp(f, overwrite=True) if energy else comp.rowmax(f)
             return logit, comp.rownorm(comp.centred(zb, origin) @ basis)
 
-        parts = [comp.by_rows(block, comp.put(z[sl])) for sl in comp.chunks(len(z), max(z.shape[1], w.shape[1]))]
-        return tuple(np.concatenate([comp.get(p[i]) for p in parts]) for i in (0, 1))
+        return comp.map_rows(block, z, max(z.shape[1], w.shape[1]))
 
     def _score(self, x: FeatureSet) -> np.ndarray:
         comp = compute_of(self)

@@ -16,11 +16,10 @@ from .base import Detector
 __all__ = ["MSP", "MaxLogit", "KLMatching", "Energy", "GEN"]
 
 
-def _per_chunk(x: FeatureSet, fn, comp: Compute) -> np.ndarray:
-    """fn(logit chunk on the backend) for every row chunk (split across cores, see
-    :meth:`Compute.by_rows`), concatenated as float64."""
-    f = x.logits
-    return np.concatenate([comp.get(comp.by_rows(fn, comp.put(f[sl]))) for sl in comp.chunks(len(f), f.shape[1])])
+def _over_rows(x: FeatureSet, fn, comp: Compute) -> np.ndarray:
+    """fn(logit block on the backend) for every block of rows (split across cores, see
+    :meth:`Compute.map_rows`), as float64."""
+    return comp.map_rows(fn, x.logits, x.logits.shape[1])
 
 
 def _temperature(t: float, who: str) -> float:
@@ -29,18 +28,15 @@ def _temperature(t: float, who: str) -> float:
     return float(t)
 
 
-def _max_softmax(comp: Compute, f):
-    """1 / sum_c exp(f_c - max f): exp in the product precision, the sum in float64."""
-    return 1.0 / comp.shifted_expsum(f)[1]
-
-
 @register("msp", tags=("paper21", "logit"), order=1)
 class MSP(Detector):
     """Maximum softmax probability, s = max_c softmax(f / T)_c (Hendrycks & Gimpel, ICLR 2017).
 
     Default T = ``temperature`` = 1 (the paper's baseline); T > 1 is temperature scaling as in ODIN's first step
-    (without its input perturbation). Computed as 1 / sum_c exp((f_c - max f) / T), which
-    never overflows; ``precision`` is that of the exp (the sum is float64 either way).
+    (without its input perturbation). Computed as exp(f_y - s) / sum_c exp(f_c - s) on f / T,
+    y the argmax, s a shift that keeps every exp finite (:meth:`Compute.max_softmax`): the
+    numerator is the sum's own term, so a confident score keeps its distance to 1; ``precision``
+    is that of the exp (the sum is float64 either way).
     """
 
     needs = ("logits",)
@@ -52,7 +48,7 @@ class MSP(Detector):
     def _score(self, x: FeatureSet) -> np.ndarray:
         t = _temperature(self.temperature, "msp")
         comp = compute_of(self)
-        return _per_chunk(x, lambda f: _max_softmax(comp, f if t == 1 else f / t), comp)
+        return _over_rows(x, lambda f: comp.max_softmax(f if t == 1 else f / t), comp)
 
 
 @register("maxlogit", tags=("paper21", "logit"), order=2)
@@ -63,7 +59,7 @@ class MaxLogit(Detector):
 
     def _score(self, x: FeatureSet) -> np.ndarray:
         exact = Compute("float64" if x.logits.dtype == np.float64 else "float32")  # a max needs no wider type
-        return _per_chunk(x, lambda f: f.max(axis=1), exact)
+        return _over_rows(x, lambda f: f.max(axis=1), exact)
 
 
 @register("energy", tags=("paper21", "logit"), order=4)
@@ -82,7 +78,7 @@ class Energy(Detector):
     def _score(self, x: FeatureSet) -> np.ndarray:
         t = _temperature(self.temperature, "energy")
         comp = compute_of(self)
-        return _per_chunk(x, lambda f: comp.logsumexp(f if t == 1 else f / t) * t, comp)
+        return _over_rows(x, lambda f: comp.logsumexp(f if t == 1 else f / t) * t, comp)
 
 
 @register("gen", tags=("paper21", "logit"), order=5)
@@ -111,10 +107,10 @@ class GEN(Detector):
 
         def fn(f: np.ndarray) -> np.ndarray:
             m = min(int(self.top_m), f.shape[1])
-            log_top = comp.topk(f, m) - comp.logsumexp(f)[:, None]  # float64 log p of the top M
+            log_top = comp.topk(f, m) - comp.logsumexp(f, own_max=True)[:, None]  # float64 log p of the top M
             return -np.sum(np.exp(g * log_top) * (-np.expm1(log_top)) ** g, axis=1)
 
-        return _per_chunk(x, fn, comp)
+        return _over_rows(x, fn, comp)
 
 
 @register("kl_matching", tags=("paper21", "logit"), order=3)
@@ -173,5 +169,4 @@ class KLMatching(Detector):
             e, total, neg_entropy = softmax_terms(a)
             return comp.rowmax(e @ log_t) / total - neg_entropy
 
-        f = x.logits
-        return np.concatenate([comp.get(comp.by_rows(block, comp.put(f[sl]))) for sl in comp.chunks(len(f), f.shape[1])])
+        return _over_rows(x, block, comp)

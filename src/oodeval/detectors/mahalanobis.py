@@ -74,8 +74,7 @@ class _MahalanobisBase(Detector):
                 d = d - comp.rowdot(r @ bg_prec, r)
             return -d
 
-        return np.concatenate([comp.get(comp.by_rows(block, comp.put(z[sl])))
-                               for sl in comp.chunks(len(z), max(z.shape[1], len(self.means_)))])  # fmt: skip
+        return comp.map_rows(block, z, max(z.shape[1], len(self.means_)))
 
 
 @register("mahalanobis", tags=("paper21", "feature"), order=10)

@@ -165,6 +165,4 @@ class NNGuide(Detector):
         comp = compute_of(self)
         top = top_similarities(comp, self.bank_, x.features, int(self.k))
         guidance = np.concatenate([t.mean(axis=1) for t in top])
-        f = x.logits
-        conf = np.concatenate([comp.get(comp.by_rows(comp.logsumexp, comp.put(f[sl]))) for sl in comp.chunks(len(f), f.shape[1])])
-        return conf * guidance
+        return comp.map_rows(comp.logsumexp, x.logits, x.logits.shape[1]) * guidance
