@@ -4,8 +4,9 @@ Full size (``--scale 1``): 1000 classes, D = 1024, 200k ID-train, 50k ID-test, 5
 For every detector that runs on cached features/logits (all but nac, which needs per-layer states)
 it prints fit+score wall seconds and CPU seconds, the peak of numpy allocations (tracemalloc), and
 the ratio to its float32 floor: the dense products the detector cannot avoid (sgemm, timed alone)
-plus, for softmax readouts, a float32 exp and row sum over the logits (no max: one shift per block
-of rows does without a per-row one), the passes over the
+plus, for softmax readouts, a max, an exp and a row sum over the float32 logits (the max of each
+block of rows, which is all a shift that keeps exp finite needs; the sum accumulated in float64, as
+oodeval's contract requires of every reduction that becomes a score), the passes over the
 features no product makes (the fit's class means or mean feature over ID train, the norms of the
 scored rows; a float32 column or row sum each), the selections the formula needs (GEN's top M per
 row, ReAct's train percentile, ASH-S's and SCALE's top entries per feature row: one linear-time
@@ -90,8 +91,8 @@ def sgemm_gflops() -> float:
 
 
 def softmax_passes(name: str) -> list[str]:
-    """The sets ("train" and/or "score") whose logits a softmax readout must pass over: an exp
-    and a row sum."""
+    """The sets ("train" and/or "score") whose logits a softmax readout must pass over: a max
+    (of the block), an exp and a row sum."""
     table = {"msp": ["score"], "energy": ["score"], "gen": ["score"], "kl_matching": ["train", "score"],
              "react": ["score"], "ash_s": ["score"], "scale": ["score"], "dice": ["score"], "vim": ["score"],
              "mcm": ["score"], "nnguide": ["score"]}  # fmt: skip
@@ -193,7 +194,7 @@ def floor_seconds(name: str, shapes: list[tuple[int, int, int]], train: FeatureS
                   cache: dict, device: str | None) -> tuple[float, float]:  # fmt: skip
     """(wall, CPU) seconds of the float32 floor of ``name``: its products ``shapes`` (sgemm on
     ``device``, None = numpy, each timed on one chunk and scaled linearly to the full size), and
-    on the host arrays themselves the softmax passes (exp, row sum), the per-row
+    on the host arrays themselves the softmax passes (block max, exp, row sum in float64), the per-row
     partitions and the percentile's partition its formula needs, and its D x D float64
     eigendecompositions (on the host CPU). On a torch device the passes and partitions run on
     one chunk there, scaled linearly."""
@@ -203,12 +204,12 @@ def floor_seconds(name: str, shapes: list[tuple[int, int, int]], train: FeatureS
 
         def passes(a):
             with np.errstate(over="ignore"):  # raw logits: exp may overflow, at the same speed
-                return np.exp(a, out=_buffer(a.shape)).sum(axis=1)
+                return a.max(), np.einsum("ij->i", np.exp(a, out=_buffer(a.shape)), dtype=np.float64)
     else:
         import torch
 
         rand = lambda *shape: torch.randn(*shape, device=device)  # noqa: E731
-        passes = lambda a: a.exp().sum(dim=1)  # noqa: E731
+        passes = lambda a: (a.amax(), a.exp().sum(dim=1, dtype=torch.float64))  # noqa: E731
     budget = 4_000_000 if device is None else 64_000_000
 
     def add(key, measure) -> None:
