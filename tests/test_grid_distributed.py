@@ -1,4 +1,5 @@
-"""Results parts with concurrent writers, and the grid as submitit local jobs (one killed)."""
+"""Results parts with concurrent writers, and the grid as submitit local jobs and as Ray tasks
+(one killed)."""
 
 from __future__ import annotations
 
@@ -11,14 +12,17 @@ from pathlib import Path
 import cloudpickle
 import numpy as np
 import pandas as pd
+import pytest
+import ray.cloudpickle
 from test_grid_run import config, make_sets
 
 from oodeval import cli
 from oodeval.experiment import run_experiment, runner
 from oodeval.results import KEY, compact_results, load_results, parts_dir, write_part
 
-# the features functions below run inside submitit's worker processes
+# the features functions below run inside submitit's and Ray's worker processes
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 #: columns that legitimately differ between two runs of the same grid
 VOLATILE = ["seconds", "created"]
@@ -80,16 +84,24 @@ def killing_features(model, weights, ds, role, cfg):
     return fs
 
 
-def test_local_jobs_equal_inprocess_and_survive_a_killed_worker(tmp_path, monkeypatch):
+#: per executor: the options of the first run (which loses a worker) and of the rerun
+EXECUTOR_OPTIONS = {
+    "local": ({"max_jobs": 2, "timeout_min": 10}, {"max_jobs": 2}),
+    "ray": ({"max_jobs": 2}, {"max_jobs": 2}),  # a local Ray instance of 2 CPUs, started per run
+}
+
+
+@pytest.mark.parametrize("executor", ["local", "ray"])
+def test_jobs_equal_inprocess_and_survive_a_killed_worker(tmp_path, monkeypatch, executor):
     paths = make_sets(tmp_path)
     dets = ["msp", "energy", "mahalanobis", {"name": "knn", "hyperparameters": {"k": 5}}]
     ref = run_experiment(config(tmp_path / "ref", paths, detectors=dets), progress=False)
     cfg = config(tmp_path / "dist", paths, detectors=dets)
     marker = tmp_path / "killed"
     monkeypatch.setenv("OODEVAL_TEST_KILL", str(marker))
+    first_options, rerun_options = EXECUTOR_OPTIONS[executor]
     first = run_experiment(
-        cfg, progress=False, features=killing_features, executor="local",
-        executor_options={"max_jobs": 2, "timeout_min": 10},
+        cfg, progress=False, features=killing_features, executor=executor, executor_options=first_options,
     )  # fmt: skip
     assert marker.exists()  # one worker really died, after scoring ID test and 'near', inside a 'far' cell
     assert any("did not finish" in e for e in first.errors)
@@ -97,7 +109,7 @@ def test_local_jobs_equal_inprocess_and_survive_a_killed_worker(tmp_path, monkey
     assert 0 < len(partial) < len(load_results(ref.results))
     # the rerun fans out only the missing work; the killed job's cells are computed now
     monkeypatch.delenv("OODEVAL_TEST_KILL")
-    second = run_experiment(cfg, progress=False, executor="local", executor_options={"max_jobs": 2})
+    second = run_experiment(cfg, progress=False, executor=executor, executor_options=rerun_options)
     assert second.skipped == len(partial) and second.computed == ref.total - len(partial)
     assert not second.errors
     pd.testing.assert_frame_equal(_table(cfg["results"]), _table(ref.results))
@@ -110,9 +122,12 @@ def test_cli_executor_options_are_checked(tmp_path, capsys):
     exp = tmp_path / "exp.toml"
     exp.write_text(_toml(cfg))
     assert cli.main(["run", str(exp), "--executor-option", "timeout_min=5", "--no-progress"]) == 2
-    assert "needs --executor local or slurm" in capsys.readouterr().err
+    assert "needs --executor local, slurm or ray" in capsys.readouterr().err
     assert cli.main(["run", str(exp), "--executor", "local", "--executor-option", "oops", "--no-progress"]) == 2
     assert "KEY=VALUE" in capsys.readouterr().err
+    for bad, message in (("num_gpus=one", "num_gpus"), ("nodes=2", "Invalid option keyword nodes")):
+        assert cli.main(["run", str(exp), "--executor", "ray", "--executor-option", bad, "--no-progress"]) == 2
+        assert message in capsys.readouterr().err
     assert not Path(cfg["results"]).exists()
 
 

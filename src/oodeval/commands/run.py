@@ -25,9 +25,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_progress(p)
     p.add_argument(
         "--executor",
-        choices=("inprocess", "local", "slurm"),
+        choices=("inprocess", "local", "slurm", "ray"),
         default="inprocess",
-        help="where the work runs: this process (default), or submitit jobs on this machine or on Slurm",
+        help="where the work runs: this process (default), submitit jobs on this machine or on Slurm, "
+        "or Ray tasks (a local Ray instance, or the cluster named by --executor-option address=...)",
     )
     p.add_argument(
         "--executor-option",
@@ -35,7 +36,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=[],
         metavar="KEY=VALUE",
         help="a submitit parameter for --executor local/slurm (e.g. slurm_partition=gpu, timeout_min=600, "
-        "gpus_per_node=1, max_jobs=50); repeatable",
+        "gpus_per_node=1, max_jobs=50), or for --executor ray a task option or the cluster (num_gpus=1, "
+        "max_retries=2, address=auto, max_jobs=8); repeatable",
     )
 
 
@@ -66,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--names-only applies to --check")
     options = executor_options(args.executor_option)
     if options and args.executor == "inprocess":
-        raise ValueError("--executor-option needs --executor local or slurm")
+        raise ValueError("--executor-option needs --executor local, slurm or ray")
     summary = run_experiment(cfg, progress=not args.no_progress, executor=args.executor, executor_options=options)
     print(summary)
     if args.report is not None:

@@ -1,4 +1,4 @@
-"""The grid as submitit jobs: ``oodeval run EXP --executor local|slurm``.
+"""The grid as jobs: ``oodeval run EXP --executor local|slurm`` (submitit) or ``--executor ray``.
 
 Two stages, each a set of independent jobs: (1) feature extraction per (model run, dataset)
 whose features come from the store (precomputed folders need none); (2) one job per (model
@@ -11,17 +11,29 @@ leaves its cells missing, is listed in the summary, and a rerun computes only th
 
 ``executor_options`` go to submitit's ``update_parameters`` (e.g. ``timeout_min``,
 ``slurm_partition``, ``cpus_per_task``, ``gpus_per_node``, ``mem_gb``), except ``max_jobs``:
-the most jobs in flight at once (default: the CPU count for "local", unlimited for "slurm").
-Job logs and pickles live in ``<results stem>.jobs/`` beside the table.
+the most jobs in flight at once (default: the CPU count for "local" and "ray", unlimited for
+"slurm"). Job logs and pickles live in ``<results stem>.jobs/`` beside the table.
+
+With "ray" each job is a Ray task. ``address`` names a running cluster (``ray start --head``
+on its head node, then ``address=auto`` or ``address=HOST:6379``, or ``RAY_ADDRESS`` set;
+``max_jobs`` is then unlimited by default); without it a local Ray instance with ``max_jobs``
+CPUs is started for the run and stopped after it (a Ray instance this process already started
+is used as it is). The other options
+go to the tasks' ``.options`` (``num_cpus`` (default 1), ``num_gpus``, ``memory``,
+``resources``, ``max_retries``). ``max_retries`` defaults to 0: a task whose worker dies is
+listed like a dead submitit job, and the rerun computes its cells (Ray's own default, 3, would
+retry it in place).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from types import SimpleNamespace
 
 from ..results import compact_results, load_results
 from .config import ExperimentConfig
@@ -75,6 +87,49 @@ def _executor(kind: str, folder: Path, options: dict):
     return ex
 
 
+class _RayJob:
+    """A Ray task seen as a submitit job (``done``, ``result``, ``job_id``)."""
+
+    def __init__(self, ref) -> None:
+        self.ref = ref
+        self.job_id = ref.hex()[:16]
+
+    def done(self) -> bool:
+        import ray
+
+        return bool(ray.wait([self.ref], timeout=0)[0])
+
+    def result(self):
+        import ray
+
+        return ray.get(self.ref)
+
+
+@contextlib.contextmanager
+def _ray_executor(options: dict, cpus: int):
+    """An object whose ``submit(fn, *args)`` runs fn as a Ray task, connected to ``address``
+    or to a local instance of ``cpus`` CPUs started here and stopped on leaving; the task
+    options are checked before anything runs."""
+    import ray
+
+    options = dict(options)
+    address = options.pop("address", None)
+    task = {"num_cpus": 1, "max_retries": 0, **options}
+    try:
+        ray.remote(_extract_job).options(**task)  # an unknown or malformed option raises here
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"--executor ray: {exc}") from None
+    started = not ray.is_initialized()
+    if started:
+        kw = {} if address or "RAY_ADDRESS" in os.environ else {"num_cpus": cpus, "include_dashboard": False}
+        ray.init(address=address, log_to_driver=False, configure_logging=False, **kw)
+    try:
+        yield SimpleNamespace(submit=lambda fn, *args: _RayJob(ray.remote(fn).options(**task).remote(*args)))
+    finally:
+        if started:
+            ray.shutdown()
+
+
 def _run_jobs(ex, calls: Iterable[tuple[str, Callable, tuple]], max_jobs: int | None, summary: RunSummary) -> list:
     """Submit ``(what, fn, args)`` calls with at most ``max_jobs`` in flight; return the
     results of those that finished (a failed job is listed in ``summary.errors``)."""
@@ -100,10 +155,19 @@ def _run_jobs(ex, calls: Iterable[tuple[str, Callable, tuple]], max_jobs: int | 
 
 
 def run_distributed(cfg: ExperimentConfig, kind: str, options: dict, features, progress: bool) -> RunSummary:
-    """Run the pending units of ``cfg`` as submitit jobs of ``kind`` ("local" or "slurm")."""
+    """Run the pending units of ``cfg`` as jobs of ``kind``: submitit's "local" or "slurm", or
+    Ray tasks ("ray")."""
     options = dict(options)
-    max_jobs = options.pop("max_jobs", os.cpu_count() if kind == "local" else None)
-    ex = _executor(kind, jobs_dir(cfg.results), options)
+    on_cluster = kind == "slurm" or (kind == "ray" and ("address" in options or "RAY_ADDRESS" in os.environ))
+    max_jobs = options.pop("max_jobs", None if on_cluster else os.cpu_count() or 1)
+    if kind == "ray":
+        with _ray_executor(options, max_jobs or os.cpu_count() or 1) as ex:
+            return _run_all(cfg, ex, max_jobs, features, progress)
+    return _run_all(cfg, _executor(kind, jobs_dir(cfg.results), options), max_jobs, features, progress)
+
+
+def _run_all(cfg: ExperimentConfig, ex, max_jobs: int | None, features, progress: bool) -> RunSummary:
+    """The two stages of jobs on ``ex``, then the parts folded into the table."""
     summary = RunSummary(results=cfg.results)
     units, settled = pending_units(cfg)
     summary.total = summary.skipped = settled

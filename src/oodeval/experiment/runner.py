@@ -11,7 +11,7 @@ added to the table as one results part (``oodeval.results.write_part``; also whe
 and the parts are folded into the main file once at the end, so the table is never rewritten
 per cell and a killed process loses at most the detector in flight; a failing cell is recorded
 with its error and the grid goes on. ``executor="local"`` / ``"slurm"`` runs the same work as
-submitit jobs (``oodeval.experiment.executors``).
+submitit jobs, ``executor="ray"`` as Ray tasks (``oodeval.experiment.executors``).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ log = logging.getLogger(__name__)
 #: hyperparameter names through which a seeded detector receives the cell's seed
 SEED_PARAMS = ("seed", "random_state")
 #: where the grid's work runs: in this process (default), or as submitit jobs
-EXECUTORS = ("inprocess", "local", "slurm")
+EXECUTORS = ("inprocess", "local", "slurm", "ray")
 #: a unit of work: (model label, weights or "", detector name, hyperparameter key); the last
 #: two are None for a model whose detectors are only known from its features
 Unit = tuple[str, str, "str | None", "str | None"]
@@ -387,8 +387,8 @@ def run_experiment(
     """Run (or resume) the grid of ``config`` and return a :class:`RunSummary`; ``.results`` is
     the Parquet table's path. ``features`` replaces the FeatureSet source (default:
     :func:`extract_features`). ``executor``: "inprocess" (default), or "local" / "slurm" to fan
-    the work out as submitit jobs with ``executor_options`` passed to ``update_parameters``
-    (see :mod:`oodeval.experiment.executors`)."""
+    the work out as submitit jobs with ``executor_options`` passed to ``update_parameters``, or
+    "ray" for Ray tasks (see :mod:`oodeval.experiment.executors`)."""
     cfg = load_config(config)
     features = features or extract_features
     if executor not in EXECUTORS:
