@@ -17,8 +17,9 @@ implementation of the same detector runs on the same arrays with the same k; whe
 is far beyond ours (per-class loops), it is timed on ``--pood-rows`` rows and extrapolated linearly
 (marked ``*``). A run (either library's) that takes under REPEAT_BELOW_S is repeated REPEATS times
 (under LIGHT_S, at least LIGHT_REPEATS times and for at least LIGHT_S seconds) and the fastest
-kept, and each floor is the fastest of REPEATS calls (as many as a light run's) after a warm-up (the shared machine's noise only adds time). Totals of the shared detectors are
-printed with and without kNN, against the issue's full-size targets (300 s and 60 s on 2 cores).
+kept, and each floor is the fastest of REPEATS calls (as many as a light run's) after a warm-up
+(the shared machine's noise only adds time). Totals of the shared detectors are printed with and
+without kNN, against the issue's full-size targets (300 s and 60 s on 2 cores).
 
     python benchmarks/detectors.py --scale 0.1         # quick check
     python benchmarks/detectors.py                     # full size (needs ~6 GB RAM, long)
