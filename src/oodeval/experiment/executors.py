@@ -28,6 +28,7 @@ retry it in place).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import time
@@ -123,8 +124,9 @@ def _ray_executor(options: dict, cpus: int):
     if started:
         kw = {} if address or "RAY_ADDRESS" in os.environ else {"num_cpus": cpus, "include_dashboard": False}
         ray.init(address=address, log_to_driver=False, configure_logging=False, **kw)
+    remote = functools.cache(lambda fn: ray.remote(fn).options(**task))  # one per job kind
     try:
-        yield SimpleNamespace(submit=lambda fn, *args: _RayJob(ray.remote(fn).options(**task).remote(*args)))
+        yield SimpleNamespace(submit=lambda fn, *args: _RayJob(remote(fn).remote(*args)))
     finally:
         if started:
             ray.shutdown()
