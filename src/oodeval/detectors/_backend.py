@@ -180,6 +180,8 @@ class Compute:
         return shift, e, total, rows
 
     def _exp_out(self, a, overwrite: bool):
+        """Where a softmax sum writes its exp: ``a`` itself, else a per-thread scratch buffer
+        (numpy) or a new tensor (torch, None)."""
         return a if overwrite else (_scratch(a.shape, a.dtype) if self.device is None else None)
 
     def logsumexp(self, a, overwrite: bool = False, own_max: bool = False):
