@@ -10,8 +10,6 @@ memory is the bank plus one (queries x bank block) matrix per core. On a torch d
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import numpy as np
 
 from ..features import FeatureSet
@@ -37,12 +35,15 @@ def _bank(comp: Compute, z: np.ndarray, rows: np.ndarray | None, weight=None) ->
     return bank
 
 
-def top_similarities(comp: Compute, bank: np.ndarray, z: np.ndarray, k: int) -> Iterator[np.ndarray]:
-    """The k largest inner products (unordered, float64) of each l2-normalised row of z with the
-    bank rows, exactly, one query chunk at a time; with numpy each block of queries is searched
-    on one core (:meth:`Compute.by_rows`). The rows of z are not normalised first: a row's top k
-    are those of its raw products, which are then scaled by 1 / ||z|| (norm accumulated in
-    float64)."""
+def top_similarities(comp: Compute, bank: np.ndarray, z: np.ndarray, k: int, reduce) -> np.ndarray:
+    """reduce(k largest inner products) / ||z|| per row of z, float64: ``reduce`` maps the (rows,
+    k) unordered top similarities of a block of raw rows to one value per row, and must commute
+    with a positive scale (a min, a mean), as the rows of z are not normalised first: a row's top
+    k are those of its raw products, whose reduction is then scaled by 1 / ||z|| (norm
+    accumulated in float64). Exact; memory is the bank plus one (queries x bank block) matrix
+    per core. With numpy every block of queries is searched on one core
+    (:meth:`Compute.map_rows`); on torch a chunk meets a whole bank block at once, so chunks are
+    sized by the block."""
     block = min(len(bank), BLOCK_ROWS[comp.device is not None])
     dev_bank = comp.put(bank)
 
@@ -52,13 +53,9 @@ def top_similarities(comp: Compute, bank: np.ndarray, z: np.ndarray, k: int) -> 
             sims = q @ dev_bank[start : start + block].T
             top = comp.topk(sims, min(k, sims.shape[1]))
             best = top if best is None else comp.topk(comp.concat([best, top]), k)
-        return best, comp.inverse_norm(q)
+        return reduce(best) * comp.inverse_norm(q)
 
-    # numpy: queries per chunk as for any D-wide rows (each core's block meets one bank block at
-    # a time); torch: a chunk meets a whole bank block at once, so it is sized by the block
-    for sl in comp.chunks(len(z), block if comp.device is not None else z.shape[1]):
-        best, inv = comp.by_rows(search, comp.put(z[sl]))
-        yield comp.get(best) * comp.get(inv)[:, None]
+    return comp.map_rows(search, z, block if comp.device is not None else z.shape[1])
 
 
 @register("knn", tags=("paper21", "feature"), order=14)
@@ -102,8 +99,8 @@ class KNN(Detector):
         self.bank_ = _bank(compute_of(self), z, subset)
 
     def _score(self, x: FeatureSet) -> np.ndarray:
-        top = top_similarities(compute_of(self), self.bank_, x.features, int(self.k))
-        sims = np.concatenate([t.min(axis=1) for t in top])
+        comp = compute_of(self)
+        sims = top_similarities(comp, self.bank_, x.features, int(self.k), comp.rowmin)
         return -np.sqrt(np.maximum(2.0 - 2.0 * sims, 0.0))
 
 
@@ -163,6 +160,6 @@ class NNGuide(Detector):
 
     def _score(self, x: FeatureSet) -> np.ndarray:
         comp = compute_of(self)
-        top = top_similarities(comp, self.bank_, x.features, int(self.k))
-        guidance = np.concatenate([t.mean(axis=1) for t in top])
+        mean = lambda top: comp.rowsum(top) / top.shape[1]  # noqa: E731
+        guidance = top_similarities(comp, self.bank_, x.features, int(self.k), mean)
         return comp.map_rows(comp.logsumexp, x.logits, x.logits.shape[1]) * guidance
