@@ -18,7 +18,9 @@ is far beyond ours (per-class loops), it is timed on ``--pood-rows`` rows and ex
 (marked ``*``). A run (either library's) that takes under REPEAT_BELOW_S is repeated REPEATS times
 (under LIGHT_S, at least LIGHT_REPEATS times and for at least LIGHT_S seconds) and the fastest
 kept, and each floor is the fastest of REPEATS calls (as many as a light run's) after a warm-up
-(the shared machine's noise only adds time). Totals of the shared detectors are printed with and
+(the shared machine's noise only adds time). glibc's mmap threshold is pinned for the run
+(:func:`pin_allocator`), so that neither library's timing depends on what the process freed
+before. Totals of the shared detectors are printed with and
 without kNN, against the issue's full-size targets (300 s and 60 s on 2 cores).
 
     python benchmarks/detectors.py --scale 0.1         # quick check
@@ -28,6 +30,7 @@ without kNN, against the issue's full-size targets (300 s and 60 s on 2 cores).
 from __future__ import annotations
 
 import argparse
+import ctypes
 import math
 import os
 import resource
@@ -52,6 +55,28 @@ REPEATS = 2
 #: spread over 17-45 ms, so ten runs kept a lucky or an unlucky one
 LIGHT_S = 0.5
 LIGHT_REPEATS = 10
+
+
+#: glibc's mallopt parameters: the size from which malloc maps fresh pages, and the free heap top
+#: it keeps (both fixed, which stops glibc moving the threshold with what the process freed)
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+MMAP_THRESHOLD = 32 << 20  # glibc's largest
+TRIM_THRESHOLD = 64 << 20
+
+
+def pin_allocator() -> str:
+    """Fix glibc's mmap and trim thresholds for the whole run, so that both libraries' per-batch
+    temporaries (pytorch-ood's MSP and energy take two 16 MB tensors per 4096-row batch) come
+    from a kept heap whatever the process freed before. With glibc's moving threshold the same
+    pytorch-ood energy run took 10 or 41 ms of CPU at ``--scale 0.1`` depending on the process's
+    history; pinned, it is always its faster mode. Returns what was done, for the header."""
+    try:
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return "allocator as is (no glibc mallopt)"
+    if mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) != 1 or mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD) != 1:
+        return "allocator as is (mallopt refused)"
+    return f"glibc mmap threshold pinned at {MMAP_THRESHOLD >> 20} MB"
 
 
 def repeats(seconds: float) -> int:
@@ -423,12 +448,13 @@ def main() -> None:
         ap.error(f"unknown detectors {', '.join(unknown)}; known: {', '.join(detectors.names())}")
     if args.device is not None:
         args.no_pood = True  # pytorch-ood runs on the CPU here; the comparison is a CPU one
+    allocator = pin_allocator()
     t0 = time.perf_counter()
     train, test, ood = synthetic_problem(args.classes, args.dim, n_train, n_test, n_test, seed=args.seed, nac=False)
     print(f"data: {args.classes} classes, D={args.dim}, train {n_train}, test {n_test}, OOD {n_test} "
           f"(generated in {time.perf_counter() - t0:.1f}s); threads: OMP_NUM_THREADS="
           f"{os.environ.get('OMP_NUM_THREADS', 'unset')}, cpus {os.cpu_count()}; "
-          f"sgemm {sgemm_gflops():.0f} GFLOP/s; oodeval precision {args.precision}, device {args.device or 'numpy'}")  # fmt: skip
+          f"sgemm {sgemm_gflops():.0f} GFLOP/s; {allocator}; oodeval precision {args.precision}, device {args.device or 'numpy'}")  # fmt: skip
     knn_k = 1000 if n_train >= 100_000 else max(1, n_train // 200)
     print(f"knn k = {knn_k} for both libraries")
     hps = {"knn": {"k": knn_k}}
