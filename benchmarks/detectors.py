@@ -69,7 +69,7 @@ def pin_allocator() -> str:
     temporaries (pytorch-ood's MSP and energy take two 16 MB tensors per 4096-row batch) come
     from a kept heap whatever the process freed before. With glibc's moving threshold the same
     pytorch-ood energy run took 10 or 41 ms of CPU at ``--scale 0.1`` depending on the process's
-    history; pinned, it is always its faster mode. Returns what was done, for the header."""
+    history; pinned, it took 10-14 ms in six processes. Returns what was done, for the header."""
     try:
         mallopt = ctypes.CDLL("libc.so.6").mallopt
     except (OSError, AttributeError):
