@@ -10,6 +10,8 @@ memory is the bank plus one (queries x bank block) matrix per core. On a torch d
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from ..features import FeatureSet
@@ -35,7 +37,7 @@ def _bank(comp: Compute, z: np.ndarray, rows: np.ndarray | None, weight=None) ->
     return bank
 
 
-def top_similarities(comp: Compute, bank: np.ndarray, z: np.ndarray, k: int, reduce) -> np.ndarray:
+def top_similarities(comp: Compute, bank: np.ndarray, z: np.ndarray, k: int, reduce: Callable) -> np.ndarray:
     """reduce(k largest inner products) / ||z|| per row of z, float64: ``reduce`` maps the (rows,
     k) unordered top similarities of a block of raw rows to one value per row, and must commute
     with a positive scale (a min, a mean), as the rows of z are not normalised first: a row's top
