@@ -48,8 +48,8 @@ from oodeval.detectors.hybrid import logit_origin, vim_dim
 from oodeval.features import FeatureSet
 
 #: a detector whose first run takes less than this is run REPEATS times more, the least wall and
-#: the least CPU time kept (each from its own run, for both libraries);
-#: each floor is the fastest of REPEATS calls after a warm-up
+#: the least CPU time kept (each from its own run, for both libraries); each floor is the least
+#: of each over REPEATS calls after a warm-up
 REPEAT_BELOW_S = 10.0
 REPEATS = 2
 #: a run under LIGHT_S is repeated at least LIGHT_REPEATS times and for at least LIGHT_S seconds:
@@ -166,9 +166,9 @@ def factorisations(name: str) -> int:
 
 
 def _timed(fn, device: str | None) -> tuple[float, float]:
-    """(wall, CPU) seconds of fn(): the least of each over REPEATS calls (as many as :func:`repeats` gives
-    when the warm-up call took under LIGHT_S) after one warm-up call (synchronised on a CUDA
-    device)."""
+    """(wall, CPU) seconds of fn(): the least of each over REPEATS calls (as many as
+    :func:`repeats` gives when the warm-up call took under LIGHT_S) after one warm-up call
+    (synchronised on a CUDA device)."""
     sync = (lambda: None) if device is None or not device.startswith("cuda") else __import__("torch").cuda.synchronize
     t0 = time.perf_counter()
     fn()
@@ -329,8 +329,8 @@ def warm_up(sets: list[FeatureSet]) -> float:
 def run_ours(name: str, train: FeatureSet, score_sets: list[FeatureSet], hp: dict, trace: bool = True) -> tuple[float, float, float, object]:
     """(wall s, CPU s, peak traced MB or NaN, fitted detector) of fit + scoring every set. The
     first run traces numpy's allocations (tracemalloc) for the peak; one under REPEAT_BELOW_S is
-    run :func:`repeats` times more, untraced, keeping the least wall and the least CPU time (tracing slows many small
-    allocations by ~15%, and each floor is timed after a warm-up call)."""
+    run :func:`repeats` times more, untraced, keeping the least wall and the least CPU time
+    (tracing slows many small allocations by ~15%, and each floor is timed after a warm-up call)."""
 
     def once() -> tuple[float, float, object]:
         c0, t0 = time.process_time(), time.perf_counter()
