@@ -16,9 +16,9 @@ own arrays on every core. The machine's sgemm GFLOP/s is measured and printed. p
 implementation of the same detector runs on the same arrays with the same k; where its predict cost
 is far beyond ours (per-class loops), it is timed on ``--pood-rows`` rows and extrapolated linearly
 (marked ``*``). A run (either library's) that takes under REPEAT_BELOW_S is repeated REPEATS times
-(under LIGHT_S, at least LIGHT_REPEATS times and for at least LIGHT_S seconds) and the fastest
-kept, and each floor is the fastest of REPEATS calls (as many as a light run's) after a warm-up
-(the shared machine's noise only adds time). glibc's mmap threshold is pinned for the run
+(under LIGHT_S, at least LIGHT_REPEATS times and for at least LIGHT_S seconds) and its least
+wall and least CPU time kept, each from its own run; each floor is likewise the least of REPEATS
+calls (as many as a light run's) after a warm-up (the shared machine's noise only adds time). glibc's mmap threshold is pinned for the run
 (:func:`pin_allocator`), so that neither library's timing depends on what the process freed
 before. Totals of the shared detectors are printed with and
 without kNN, against the issue's full-size targets (300 s and 60 s on 2 cores), and the last
