@@ -33,7 +33,7 @@ def test_score_command_prints_table_and_writes_csv(folders, capsys, tmp_path):
     table = pd.read_csv(out)
     assert len(table) == 21 * 2 and set(table.detector) == set(detectors.names("paper21"))
     assert set(table.ood) == {"far", "near"}
-    assert "FPR@95 / AUROC (%)" in printed and "relative_mahalanobis_pp" in printed
+    assert "FPR@95 ID-pos / FPR@95 OOD-pos / AUROC (%)" in printed and "relative_mahalanobis_pp" in printed
     # the CSV holds exactly the metrics of the detector's own scores
     train, test, far = (FeatureSet.load(folders / n) for n in ("train", "test", "far"))
     det = detectors.create("knn", k=5).fit(train)

@@ -79,20 +79,20 @@ def test_cli_report_with_experiment_and_openood_convention(two_knn, capsys):
     out = tmp / "cli"
     assert cli.main(["report", str(results), "--out", str(out), "--draws", "20", "--dataset", "small", "--experiment", str(exp), "--convention", "openood"]) == 0
     md = (out / "report.md").read_text()
-    assert "FPR@95 (OpenOOD)" in md and "knn k=5" not in md
+    assert "FPR@95 OOD-pos" in md and "knn k=5" not in md
     rows = _openood_rows(results)
-    views, _ = build_views(rows, results, primary="small", draws=20)
-    t1 = next(v for v in views if v.key == "tab1").frame.iloc[0]
+    views, _ = build_views(rows, results, primary="small", draws=20, convention="openood")
+    t1 = next(v for v in views if v.key == "tab1").frame
+    assert list(t1.columns).index("FPR@95 OOD-pos") < list(t1.columns).index("FPR@95")  # the chosen convention leads
+    t1 = t1.iloc[0]
     row = rows[(rows["dataset"] == "small") & (rows["label"] == t1["FPR detector"])].iloc[0]
-    assert t1["FPR@95 (OpenOOD)"] == f"{100 * fpr_ood_positive(*load_cell_scores(row, results)):.1f}"
+    assert t1["FPR@95 OOD-pos"].startswith(f"{100 * fpr_ood_positive(*load_cell_scores(row, results)):.1f} [")
     capsys.readouterr()
 
 
 def _openood_rows(results):
-    from oodeval.report import _with_openood
-
     sel = select_configurations(load_results(results), None)
-    return _with_openood(sel.rows[sel.rows["hyperparameters"] != '{"k":5}'], results)
+    return sel.rows[sel.rows["hyperparameters"] != '{"k":5}']
 
 
 def _toml(cfg: dict) -> str:

@@ -70,8 +70,9 @@ def evaluate(
     ``id``, ``train`` and each ``ood`` value: a FeatureSet, a FeatureSet folder, or data to extract
     with ``model`` into ``store`` (then ``transform`` etc. as in :func:`extract_features`).
     ``detectors``: names (default: every detector the features support); ``hyperparameters``:
-    ``{"knn": {"k": 50}}``. Columns: detector, ood, n_id, n_ood, fpr95, tnr95, auroc, aupr_in,
-    aupr_out, detection_error (fractions; ID positive, higher score = ID) and ``<metric>_lo/_hi``
+    ``{"knn": {"k": 50}}``. Columns: detector, ood, n_id, n_ood, fpr95 (the papers' FPR@95, ID
+    positive), fpr95_ood_positive (OpenOOD's and pytorch-ood's, OOD positive; docs/detectors.md),
+    tnr95, auroc, aupr_in, aupr_out, detection_error (fractions; higher score = ID) and ``<metric>_lo/_hi``
     95% percentile bootstrap bounds (``draws`` resamples, ``seed``; OOD resampled with the ID set
     fixed unless ``fixed_id=False``). Same numbers as ``oodeval score --draws D --seed S``.
     """

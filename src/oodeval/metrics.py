@@ -28,9 +28,27 @@ __all__ = [
     "accuracy",
     "evaluate",
     "METRIC_NAMES",
+    "FPR95_CONVENTIONS",
+    "fpr95_columns",
 ]
 
-METRIC_NAMES = ("fpr95", "tnr95", "auroc", "aupr_in", "aupr_out", "detection_error")
+#: ``fpr95`` is the papers' FPR@95 (ID positive); ``fpr95_ood_positive`` the OpenOOD / pytorch-ood one
+#: (OOD positive), see docs/detectors.md "Two FPR@95 conventions"
+METRIC_NAMES = ("fpr95", "fpr95_ood_positive", "tnr95", "auroc", "aupr_in", "aupr_out", "detection_error")
+
+#: convention -> (metric column, short label, what it counts); ``paper``: the Fi-ImageNet-1k and CnC
+#: papers', ``openood``: OpenOOD >= v1.5's and pytorch-ood's
+FPR95_CONVENTIONS = {
+    "paper": ("fpr95", "FPR@95 ID-pos", "OOD accepted at 95% ID recall (ID positive; the papers')"),
+    "openood": ("fpr95_ood_positive", "FPR@95 OOD-pos", "ID rejected at 95% OOD recall (OOD positive; OpenOOD, pytorch-ood)"),
+}
+
+
+def fpr95_columns(lead: str = "paper") -> list[tuple[str, str, str]]:
+    """The two FPR@95 conventions of :data:`FPR95_CONVENTIONS`, ``lead`` first: (column, label, meaning)."""
+    if lead not in FPR95_CONVENTIONS:
+        raise ValueError(f"convention must be one of {', '.join(FPR95_CONVENTIONS)}, got {lead!r}")
+    return [FPR95_CONVENTIONS[lead]] + [v for k, v in FPR95_CONVENTIONS.items() if k != lead]
 
 
 def check_scores(scores: object, name: str = "scores", ndim: int = 1) -> np.ndarray:
@@ -90,6 +108,11 @@ def _fpr_from_counts(I: np.ndarray, O: np.ndarray, tpr: float) -> np.ndarray:
     return np.take_along_axis(cum_o, g[..., None], axis=-1)[..., 0] / m
 
 
+def _fpr_ood_positive_from_counts(I: np.ndarray, O: np.ndarray, tpr: float) -> np.ndarray:
+    """FPR@tpr with OOD positive: the ID-positive rule on the counts in ascending score order."""
+    return _fpr_from_counts(O[..., ::-1], I[..., ::-1], tpr)
+
+
 def _auroc_from_counts(I: np.ndarray, O: np.ndarray) -> np.ndarray:
     cum_o = np.cumsum(O, axis=-1)
     n = I.sum(axis=-1)
@@ -131,12 +154,12 @@ def tnr_at_tpr(id_scores: object, ood_scores: object, tpr: float = 0.95) -> floa
 
 
 def fpr_ood_positive(id_scores: object, ood_scores: object, tpr: float = 0.95) -> float:
-    """OpenOOD >= v1.5's FPR@95: OOD is positive; the share of ID rejected at the threshold
-    that detects ``tpr`` of the OOD scores. Not the papers' FPR@95 (see :func:`fpr_at_tpr`).
+    """OpenOOD >= v1.5's and pytorch-ood's FPR@95: OOD is positive; the share of ID scores <= t,
+    t the k-th lowest OOD score, k = ceil(tpr * m) (ID rejected at the threshold that detects
+    ``tpr`` of the OOD scores). Not the papers' FPR@95 (see :func:`fpr_at_tpr`).
     """
-    ood = -check_scores(ood_scores, "ood_scores")
-    idn = -check_scores(id_scores, "id_scores")
-    return fpr_at_tpr(ood, idn, tpr)
+    I, O = grouped_counts(id_scores, ood_scores)
+    return float(_fpr_ood_positive_from_counts(I, O, tpr))
 
 
 def auroc(id_scores: object, ood_scores: object) -> float:
@@ -164,11 +187,13 @@ def detection_error(id_scores: object, ood_scores: object) -> float:
 
 
 def evaluate(id_scores: object, ood_scores: object, tpr: float = 0.95) -> dict[str, float]:
-    """All metrics in one pass: fpr95, tnr95, auroc, aupr_in, aupr_out, detection_error (fractions)."""
+    """All metrics in one pass (fractions): fpr95 (ID positive, the papers'), fpr95_ood_positive
+    (OOD positive, OpenOOD / pytorch-ood), tnr95, auroc, aupr_in, aupr_out, detection_error."""
     I, O = grouped_counts(id_scores, ood_scores)
     fpr = float(_fpr_from_counts(I, O, tpr))
     return {
         "fpr95": fpr,
+        "fpr95_ood_positive": float(_fpr_ood_positive_from_counts(I, O, tpr)),
         "tnr95": 1.0 - fpr,
         "auroc": float(_auroc_from_counts(I, O)),
         "aupr_in": float(_ap_from_counts(I, O)),

@@ -5,7 +5,9 @@ A cell is keyed by :data:`KEY` = (model, weights, detector, hyperparameters, dat
 ``hyperparameters_resolved`` is every hyperparameter the detector ran with (its backbone's
 release defaults under those overrides, ``oodeval.detectors.defaults``) and ``backbone`` the
 backbone family they were resolved for.
-Metric columns are fractions in [0, 1] (``oodeval.metrics``); the bootstrapped ones carry
+Metric columns are fractions in [0, 1] (``oodeval.metrics``; ``fpr95`` is the papers' FPR@95, ID
+positive, ``fpr95_ood_positive`` the OpenOOD / pytorch-ood one, NaN in tables written before it
+existed); the bootstrapped ones carry
 ``<metric>_lo`` / ``<metric>_hi`` percentile 95% bounds. A failed cell has ``status == "error"``
 and its message in ``error``; its metrics are NaN. Per-cell scores live beside the table
 (``scores_id`` / ``scores_ood`` are paths relative to the table's folder).
@@ -56,8 +58,8 @@ __all__ = [
 ]
 
 KEY = ("model", "weights", "detector", "hyperparameters", "dataset", "split", "seed")
-METRICS = ("fpr95", "tnr95", "auroc", "aupr_in", "aupr_out", "detection_error")
-BOOTSTRAPPED = ("fpr95", "tnr95", "auroc", "detection_error")
+METRICS = ("fpr95", "fpr95_ood_positive", "tnr95", "auroc", "aupr_in", "aupr_out", "detection_error")
+BOOTSTRAPPED = ("fpr95", "fpr95_ood_positive", "tnr95", "auroc", "detection_error")
 #: recognises an existing results table, the only file :func:`save_results` replaces
 is_results_table = parquet_has_columns(*KEY)
 #: the oodeval output kind of a table's parts folder

@@ -60,7 +60,8 @@ def evaluate_detectors(
     seed: int = 0,
     fixed_id: bool = True,
 ) -> list[dict]:
-    """One row per (detector, OOD set): detector, ood, status ``ok``, n_id, n_ood, fpr95, tnr95,
+    """One row per (detector, OOD set): detector, ood, status ``ok``, n_id, n_ood, fpr95,
+    fpr95_ood_positive, tnr95,
     auroc, aupr_in, aupr_out, detection_error (fractions), fit seconds and score seconds (ID test
     + that set), the backbone family and the detector's full resolved hyperparameters (JSON); with
     ``draws`` > 0 also the bootstrap bounds of :func:`cell_metrics` (seeded by ``seed``) and
@@ -196,23 +197,35 @@ def _progress(names: list[str], enabled: bool):
     return tqdm(names, desc="detectors", unit="det", leave=False)
 
 
-def format_table(rows: list[dict]) -> str:
-    """Text table (pandas ``to_string``): one line per detector, FPR@95 / AUROC (%) per OOD set
-    ("failed" where that detector failed on that set, "-" where it did not run)."""
+def format_table(rows: list[dict], convention: str = "paper") -> str:
+    """Text table (pandas ``to_string``): one line per detector, both FPR@95 conventions and AUROC
+    (%) per OOD set, the ``convention`` one first (:func:`oodeval.metrics.fpr95_columns`); "failed"
+    where that detector failed on that set, "-" where it did not run, "n/a" for a value a row
+    lacks (a results table written before ``fpr95_ood_positive`` existed)."""
     import pandas as pd
 
-    df = pd.DataFrame(rows).reindex(columns=["detector", "ood", "status", "fpr95", "auroc"])
-    df["cell"] = [
-        "failed" if status == "error" else f"{100 * f:.2f} / {100 * a:.2f}" for status, f, a in zip(df["status"], df["fpr95"], df["auroc"])
-    ]
+    from .metrics import fpr95_columns
+
+    conventions = fpr95_columns(convention)
+    metrics = [c[0] for c in conventions] + ["auroc"]
+    df = pd.DataFrame(rows).reindex(columns=["detector", "ood", "status", *metrics])
+
+    def cell(r) -> str:
+        if r["status"] == "error":
+            return "failed"
+        return " / ".join("n/a" if pd.isna(r[m]) else f"{100 * r[m]:.2f}" for m in metrics)
+
+    df["cell"] = [cell(r) for _, r in df.iterrows()]
     table = df.pivot(index="detector", columns="ood", values="cell")
     table = table.reindex(index=df["detector"].unique(), columns=df["ood"].unique()).fillna("-")
-    return "FPR@95 / AUROC (%) per OOD set\n" + table.rename_axis(index=None, columns=None).to_string()
+    head = " / ".join([c[1] for c in conventions] + ["AUROC"]) + " (%) per OOD set"
+    legend = "; ".join(f"{label}: {meaning}" for _, label, meaning in conventions)
+    return f"{head}\n{legend}\n" + table.rename_axis(index=None, columns=None).to_string()
 
 
 def cell_metrics(id_scores, ood_scores, seed: int = 0, draws: int = 1000, fixed_id: bool = True) -> dict:
     """Every metric of one (ID, OOD) pair (fractions) with percentile 95% bootstrap bounds
-    ``<metric>_lo`` / ``<metric>_hi`` for fpr95, tnr95, auroc, detection_error
+    ``<metric>_lo`` / ``<metric>_hi`` for fpr95, fpr95_ood_positive, tnr95, auroc, detection_error
     (:func:`oodeval.stats.bootstrap`: OOD resampled with the ID set fixed, the paper's App. C
     protocol, or both sets resampled when ``fixed_id`` is False); ``draws=0``: the metrics alone."""
     import numpy as np

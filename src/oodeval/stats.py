@@ -22,6 +22,7 @@ from .metrics import (
     _auroc_from_counts,
     _detection_error_from_counts,
     _fpr_from_counts,
+    _fpr_ood_positive_from_counts,
     _k_for_tpr,
     check_scores,
     grouped_counts,
@@ -191,7 +192,8 @@ def bootstrap(
     tpr: float = 0.95,
     fixed_id: bool = True,
 ) -> dict[str, np.ndarray]:
-    """Bootstrap draws of fpr95, tnr95, auroc and detection_error, arrays (K detectors, draws).
+    """Bootstrap draws of fpr95, fpr95_ood_positive, tnr95, auroc and detection_error, arrays
+    (K detectors, draws).
 
     ``fixed_id=True`` (default) resamples the OOD scores with replacement and keeps the ID set,
     hence the FPR@95 threshold, fixed, as the paper's sampling analysis does (App. C, Eq. 5: the
@@ -218,6 +220,8 @@ def bootstrap(
         fpr = np.empty((K, draws))
         auc = np.empty((K, draws))
         det = np.empty((K, draws))
+        fpr_oodpos = np.empty((K, draws))
+        k_ood = _k_for_tpr(m, tpr)
         for d in range(K):
             accepted, wins, order, tpr_g, j_g = _fixed_id_parts(x[d], y[d], tpr)
             fpr[d] = counts @ accepted / m
@@ -225,7 +229,12 @@ def bootstrap(
             cum = np.concatenate([np.zeros((draws, 1)), np.cumsum(counts[:, order], axis=1)], axis=1)
             err = 0.5 * (1.0 - tpr_g) + 0.5 * cum[:, j_g] / m
             det[d] = np.minimum(err.min(axis=1), 0.5)
-        return {"fpr95": fpr, "tnr95": 1.0 - fpr, "auroc": auc, "detection_error": det, "ood_index": idx}
+            # OOD positive: t = the k-th lowest resampled OOD score, FPR = share of ID scores <= t
+            ascending = order[::-1]
+            rejected = np.searchsorted(np.sort(x[d]), y[d][ascending], side="right") / x.shape[1]
+            fpr_oodpos[d] = rejected[np.argmax(np.cumsum(counts[:, ascending], axis=1) >= k_ood, axis=1)]
+        return {"fpr95": fpr, "fpr95_ood_positive": fpr_oodpos, "tnr95": 1.0 - fpr, "auroc": auc, "detection_error": det,
+                "ood_index": idx}  # fmt: skip
     bins = [_collapsed_bins(x[d], y[d]) for d in range(K)]
     width = max(b[0].size for b in bins)
     I = np.zeros((K, draws, width))
@@ -242,6 +251,7 @@ def bootstrap(
     fpr = _fpr_from_counts(I, O, tpr)
     return {
         "fpr95": fpr,
+        "fpr95_ood_positive": _fpr_ood_positive_from_counts(I, O, tpr),
         "tnr95": 1.0 - fpr,
         "auroc": _auroc_from_counts(I, O),
         "detection_error": _detection_error_from_counts(I, O),

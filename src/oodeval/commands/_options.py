@@ -10,7 +10,8 @@ import argparse
 import textwrap
 from pathlib import Path
 
-__all__ = ["Formatter", "add_command", "add_progress", "add_device", "add_pretrained", "with_pretrained", "add_out", "examples"]
+__all__ = ["Formatter", "add_command", "add_progress", "add_device", "add_pretrained", "with_pretrained", "add_out", "examples",
+           "add_convention"]
 
 #: ``--pretrained`` given without a TAG: the weights the model name itself names
 FROM_MODEL_NAME = "from-model-name"
@@ -45,6 +46,13 @@ def add_command(sub, name: str, help: str, example: str | list[str], description
 
 def add_progress(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+
+
+def add_convention(p: argparse.ArgumentParser) -> None:
+    """``--convention paper|openood``: which FPR@95 leads (both are always shown)."""
+    p.add_argument("--convention", choices=("paper", "openood"), default="paper",
+                   help="which FPR@95 leads, the other shown beside it: paper (ID positive, OOD accepted at 95%% ID recall) "
+                   "or openood (OOD positive, ID rejected at 95%% OOD recall: OpenOOD, pytorch-ood); default paper")  # fmt: skip
 
 
 def add_device(p: argparse.ArgumentParser) -> None:

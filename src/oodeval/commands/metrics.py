@@ -7,6 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ._options import add_convention
+
 HELP = "metrics with bootstrap CIs for ID and OOD score files (.npy, or text with one score per line)"
 EXAMPLES = [
     "oodeval metrics id_scores.npy ood_scores.npy --draws 1000 --seed 0",
@@ -23,7 +25,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draws", type=int, default=1000, help=f"bootstrap draws (default 1000, at least {MIN_DRAWS})")
     p.add_argument("--resample-id", action="store_true",
                    help="resample the ID scores too (default: only the OOD scores, the ID set and its threshold fixed, paper App. C)")  # fmt: skip
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
+    add_convention(p)
 
 
 def load_scores(path: Path) -> np.ndarray:
@@ -48,19 +51,23 @@ def load_scores(path: Path) -> np.ndarray:
     return scores
 
 
-def format_metrics(id_scores: np.ndarray, ood_scores: np.ndarray, draws: int, seed: int, resample_id: bool = False) -> str:
-    """A text table of all metrics; FPR@95, TNR@95, AUROC and detection error with bootstrap
-    percentile 95% CIs (OOD resampled, ID fixed; both with ``resample_id``), AUPR as point values."""
-    from ..metrics import evaluate
+def format_metrics(id_scores: np.ndarray, ood_scores: np.ndarray, draws: int, seed: int, resample_id: bool = False,
+                   convention: str = "paper") -> str:
+    """A text table of all metrics; both FPR@95s (``convention``'s first, :func:`oodeval.metrics.fpr95_columns`),
+    TNR@95, AUROC and detection error with bootstrap percentile 95% CIs (OOD resampled, ID fixed;
+    both with ``resample_id``), AUPR as point values."""
+    from ..metrics import evaluate, fpr95_columns
     from ..stats import bootstrap, confidence_interval
 
     if draws < MIN_DRAWS:
         raise ValueError(f"--draws {draws} is too few for a percentile 95% interval; give at least {MIN_DRAWS}")
+    conventions = fpr95_columns(convention)
     values = evaluate(id_scores, ood_scores)
+    values = {c[0]: values[c[0]] for c in conventions} | values
     boot = bootstrap(id_scores, ood_scores, draws=draws, seed=seed, fixed_id=not resample_id)
     which = "ID and OOD scores both resampled" if resample_id else "OOD scores resampled, ID scores and their FPR@95 threshold fixed"
     lines = [
-        f"ID n={id_scores.size}  OOD m={ood_scores.size}  (ID positive, higher score = ID)",
+        f"ID n={id_scores.size}  OOD m={ood_scores.size}  (higher score = ID)",
         f"95% CIs: percentile bootstrap, {draws} draws, seed {seed}; {which}",
     ]
     for name, value in values.items():
@@ -69,10 +76,11 @@ def format_metrics(id_scores: np.ndarray, ood_scores: np.ndarray, draws: int, se
             lines.append(f"  {name:<16} {100 * value:6.2f}%   95% CI [{100 * lo:6.2f}, {100 * hi:6.2f}]")
         else:
             lines.append(f"  {name:<16} {100 * value:6.2f}%   (no interval: average precision is not bootstrapped)")
+    lines += [f"{column}: {label}, {meaning}" for column, label, meaning in conventions]
     return "\n".join(lines)
 
 
 def run(args: argparse.Namespace) -> int:
     scores = load_scores(args.id_scores), load_scores(args.ood_scores)
-    print(format_metrics(*scores, args.draws, args.seed, args.resample_id))
+    print(format_metrics(*scores, args.draws, args.seed, args.resample_id, args.convention))
     return 0

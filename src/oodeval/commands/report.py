@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ._options import add_out
+from ._options import add_convention, add_out
 
 HELP = "write Markdown, LaTeX and one self-contained HTML report (tables with CIs + PNG/PDF/SVG figures) of a results table"
 EXAMPLES = [
@@ -25,7 +25,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--title", default="oodeval report")
     p.add_argument("--experiment", type=Path, default=None, metavar="EXP", help="experiment file: show only its declared configurations, and its near/far OOD groups (default: every configuration, each labelled)")
     p.add_argument("--gallery", type=Path, default=None, metavar="EXPORT", help="construction export folder (oodeval construct export): its ood.csv images make Fig. 2 / A5")
-    p.add_argument("--convention", choices=("paper", "openood"), default="paper", help="openood: add OpenOOD v1.5's OOD-positive FPR@95 beside the paper's (ID-positive) one")
+    add_convention(p)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from ._options import add_out, add_progress
+from ._options import add_convention, add_out, add_progress
 
 HELP = "fit post-hoc detectors on ID-train features and report FPR@95 / AUROC per OOD set"
 EXAMPLES = [
@@ -31,6 +31,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draws", type=int, default=1000,
                    help="bootstrap resamples for the 95%% intervals in the CSV (OOD resampled, ID fixed; 0: none)")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
+    add_convention(p)
     add_progress(p)
 
 
@@ -79,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     for name, fs in fit_sets.items():
         if name in ran:
             print("\n".join(describe([name], fs, hps)[1:]))
-    print(format_table(rows))
+    print(format_table(rows, args.convention))
     if args.out is not None:
         with atomic_path(args.out, "score table", is_score_table) as tmp:
             pd.DataFrame(rows).to_csv(tmp, index=False)
@@ -119,7 +120,7 @@ def _results_table(args: argparse.Namespace, train, names: list[str], hps: dict)
     table = load_results(args.out)
     mine = table[(table["model"] == label) & (table["split"] == ALL_SPLIT) & table["detector"].isin(names)
                  & table["dataset"].isin(list(oods))]  # fmt: skip
-    print(format_table(mine.rename(columns={"dataset": "ood"}).to_dict("records")))
+    print(format_table(mine.rename(columns={"dataset": "ood"}).to_dict("records"), args.convention))
     print(f"wrote {args.out} ({summary.computed} cells computed, {summary.skipped} already there); "
           f"`oodeval report {args.out} --out DIR` makes the report")  # fmt: skip
     for line in summary.errors:

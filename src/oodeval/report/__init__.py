@@ -22,7 +22,8 @@ from .views import VIEWS, Figure, View, add_det, best_row, full_split, prepare, 
 
 __all__ = ["write_report", "build_views", "register_view", "VIEWS", "sweeps_path", "save_sweep", "CONVENTIONS"]
 
-#: ``paper``: FPR@95 with ID positive (the papers'); ``openood`` adds OpenOOD v1.5's OOD-positive FPR@95 beside it
+#: which FPR@95 leads (``oodeval.metrics.FPR95_CONVENTIONS``): ``paper`` (ID positive) or ``openood``
+#: (OOD positive, OpenOOD v1.5 and pytorch-ood); the other is shown beside it
 CONVENTIONS = ("paper", "openood")
 
 _is_sweeps_table = parquet_has_columns("sweep", "size", "fpr95")
@@ -78,17 +79,21 @@ def _pick_model(frame: pd.DataFrame) -> str | None:
     return str(best.idxmin())
 
 
-def _with_openood(df: pd.DataFrame, results_path: Path) -> pd.DataFrame:
-    """``df`` with ``fpr95_openood`` (``metrics.fpr_ood_positive`` of each ok row's stored scores; NaN without them)."""
+def _with_ood_positive(df: pd.DataFrame, results_path: Path) -> pd.DataFrame:
+    """``df`` with ``fpr95_ood_positive`` filled where an ok row lacks it (a table written before the
+    column existed): ``metrics.fpr_ood_positive`` of its stored scores, without CI; NaN without scores."""
     from ..metrics import fpr_ood_positive
 
-    values = []
-    for _, r in df.iterrows():
+    missing = (df["status"] == "ok") & df["fpr95_ood_positive"].isna()
+    if not missing.any():
+        return df
+    df = df.copy()
+    for i, r in df[missing].iterrows():
         try:
-            values.append(fpr_ood_positive(*load_cell_scores(r, results_path)))
+            df.loc[i, "fpr95_ood_positive"] = fpr_ood_positive(*load_cell_scores(r, results_path))
         except (OSError, ValueError):
-            values.append(float("nan"))
-    return df.assign(fpr95_openood=values)
+            pass
+    return df
 
 
 def build_views(
@@ -101,9 +106,10 @@ def build_views(
     draws: int = 1000,
     seed: int = 0,
     groups: dict[str, str] | None = None,
+    convention: str = "paper",
 ) -> tuple[list[View], dict]:
     """Every registered table view (:data:`VIEWS`, in order; :func:`register_view`), and the
-    choices made (primary set, model, n) for the figures.
+    choices made (primary set, model, n) for the figures; ``convention``: the FPR@95 that leads.
 
     ``groups`` maps OOD set -> group name (near / far ...) for Tab. A2's group means."""
     frame = prepare(df)
@@ -120,7 +126,7 @@ def build_views(
     if subsample_n is None and primary in scores:
         subsample_n = next(iter(scores[primary].values()))[1].size
     inputs = {"frame": frame, "primary": primary or "", "model": model, "groups": groups, "results": df, "scores": scores,
-              "subsample_n": subsample_n, "draws": draws, "seed": seed}  # fmt: skip
+              "subsample_n": subsample_n, "draws": draws, "seed": seed, "convention": convention}  # fmt: skip
     views = [VIEWS[key](*(inputs[n] for n in VIEWS[key].needs)) for key in VIEWS.names()]
     return views, {"frame": frame, "primary": primary, "model": model, "scores": scores, "n": subsample_n}
 
@@ -239,8 +245,9 @@ def write_report(
     A6 and Fig. 1, A4, ROC (default: the supervised model with the best Top-1, as the paper); ``subsample_n``:
     the draw size of Tab. A6 (default: the primary set's size); ``draws``/``seed``: sub-sampling.
     ``experiment`` (a path or :class:`~oodeval.experiment.ExperimentConfig`): show only its declared
-    configurations (:mod:`oodeval.report.selection`) and take its OOD groups; ``convention="openood"``
-    adds OpenOOD's OOD-positive FPR@95 beside the paper's; ``gallery``: a construction export folder
+    configurations (:mod:`oodeval.report.selection`) and take its OOD groups; ``convention``: which
+    FPR@95 leads in Tabs. 1 and A1, ``"paper"`` (ID positive) or ``"openood"`` (OOD positive, OpenOOD
+    and pytorch-ood), the other beside it (docs/detectors.md); ``gallery``: a construction export folder
     whose ``ood.csv`` images make Fig. 2 / A5; ``formats``: figure files besides the PNG (PDF, SVG).
     Returns ``{"markdown", "latex", "html", <figure key>: PNG path, ...}``. ``out_dir`` is created, or
     rewritten when it is an earlier report; any other existing file or folder there is refused.
@@ -261,8 +268,7 @@ def write_report(
     df = selection.rows
     if len(df) == 0:
         raise ValueError(f"results table {results} holds no cell of a configuration declared by experiment {experiment.name!r}")
-    if convention == "openood":
-        df = _with_openood(df, results)
+    df = _with_ood_positive(df, results)
     groups = {d.label: d.group for d in experiment.ood if d.group} if experiment is not None else None
     out_dir = claim_folder(out_dir, "report", is_own=lambda p: (p / "report.html").is_file())
     fig_dir = out_dir / "figures"
@@ -271,14 +277,18 @@ def write_report(
         sweeps = sweeps_path(results)
     if sweeps is not None and not isinstance(sweeps, pd.DataFrame):
         sweeps = pd.read_parquet(sweeps)
-    views, choice = build_views(df, results, primary=primary, model=model, subsample_n=subsample_n, draws=draws, seed=seed, groups=groups)
+    views, choice = build_views(df, results, primary=primary, model=model, subsample_n=subsample_n, draws=draws, seed=seed, groups=groups,
+                                convention=convention)  # fmt: skip
     figures = _figures(df, results, choice, fig_dir, draws, seed, sweeps, formats) + _gallery_figures(gallery, fig_dir, seed, formats)
     n_ok, n_err = int((df["status"] == "ok").sum()), int((df["status"] != "ok").sum())
     intro = (
         f"From {results.name}: {n_ok} evaluated cells ({n_err} failed, not shown), "
         f"{df['model'].nunique()} model(s), {df['dataset'].nunique()} OOD set(s), seeds {sorted(set(df['seed'].tolist()))}. "
         f"Primary OOD set: {choice['primary']}; figure model: {choice['model']}. Values in % (means over seeds); "
-        "FPR@95 lower is better, AUROC higher is better; ID is the positive class. Brackets: bootstrap 95% CIs "
+        "FPR@95 lower is better, AUROC higher is better. FPR@95 is the paper's (ID positive: the share of OOD accepted "
+        "at 95% ID recall) wherever a table does not say otherwise; FPR@95 OOD-pos is OpenOOD's and pytorch-ood's (OOD "
+        f"positive: the share of ID rejected at 95% OOD recall), shown beside it in Tabs. 1 and A1"
+        f"{' and leading there' if convention == 'openood' else ''} (docs/detectors.md). Brackets: bootstrap 95% CIs "
         f"({'OOD resampled, ID threshold fixed' if df['bootstrap_fixed_id'].fillna(True).all() else 'as recorded per cell'}; "
         "bounds averaged over seeds). Best detector: lowest FPR@95 (highest AUROC for AUROC), ties to the better other "
         f"metric, then the paper's detector order. {selection.statement}"

@@ -11,8 +11,8 @@ or OOD sets carries none. The best detector of a cell is named by :func:`views.b
 - Tab. 2 / A5: zero-shot models x negative vocabularies (FPR@95), with the best logit-space detector.
 - Split view: fine-grained vs ordinary (split) rows x detectors, mean FPR@95 over models.
 Vocabulary-based scorers are kept out of Tabs. 1, A1 and A2 (they are Tab. 2's subject).
-With the OpenOOD convention (``fpr95_openood`` in the frame) Tabs. 1 and A1 add OpenOOD's
-OOD-positive FPR@95 (``metrics.fpr_ood_positive``) beside the paper's.
+FPR@95 is the paper's (ID positive); Tabs. 1 and A1 show OpenOOD's and pytorch-ood's OOD-positive
+FPR@95 (``fpr95_ood_positive``) beside it, first with ``convention="openood"`` (docs/detectors.md).
 """
 
 from __future__ import annotations
@@ -26,7 +26,10 @@ from .views import Cell, View, best_row, full_split, order_detectors, pct, regis
 __all__ = ["best_per_model", "detector_by_model", "dataset_by_model", "vocabularies", "vocabularies_by_dataset", "split_rows", "fpr_cell"]
 
 _ORACLE = "oracle"
-_OPENOOD = "fpr95_openood"
+_OPENOOD = "fpr95_ood_positive"
+_OPENOOD_LABEL = "FPR@95 OOD-pos"
+_OPENOOD_MEANING = (f" {_OPENOOD_LABEL}: OpenOOD's and pytorch-ood's FPR@95 (OOD positive: ID rejected at 95% OOD recall) "
+                    "of the same detector; FPR@95: the paper's (ID positive: OOD accepted at 95% ID recall).")
 
 
 def _no_vocab(frame: pd.DataFrame) -> pd.DataFrame:
@@ -57,8 +60,12 @@ def _paper_params() -> dict[str, str]:
     return {**dict(zip(a7["model"], a7["params"])), **dict(zip(t1["model"], t1["params"])), **dict(zip(t1["paper_label"], t1["params"]))}
 
 
-@register_view("tab1", order=10, needs=("frame", "primary"))
-def best_per_model(frame: pd.DataFrame, primary: str) -> View:
+def _has_ood_positive(f: pd.DataFrame) -> bool:
+    return _OPENOOD in f.columns and bool(f[_OPENOOD].notna().any())
+
+
+@register_view("tab1", order=10, needs=("frame", "primary", "convention"))
+def best_per_model(frame: pd.DataFrame, primary: str, convention: str = "paper") -> View:
     """Tab. 1."""
     title = "Tab. 1 — best detector per model"
     caption = (
@@ -71,7 +78,7 @@ def best_per_model(frame: pd.DataFrame, primary: str) -> View:
     f = f[f["dataset"] == primary]
     if len(f) == 0:
         return View("tab1", title, caption, note=f"omitted: no results on {primary}")
-    openood = _OPENOOD in f.columns
+    openood = _has_ood_positive(f)
     params = _paper_params()
     rows = []
     for kind in ("supervised", "zero-shot"):
@@ -90,20 +97,21 @@ def best_per_model(frame: pd.DataFrame, primary: str) -> View:
                 "Model": m,
                 "Params": params.get(m, "–"),
                 "Top-1": Cell(pct(acc), bold=bool(np.isfinite(acc) and acc == hi_acc)),
-                "FPR@95": Cell(row_ci(r, "fpr95"), bold=bool(r["fpr95"] == lo_fpr)),
-                "FPR detector": r["det"],
             }
-            if openood:
-                row["FPR@95 (OpenOOD)"] = pct(r[_OPENOOD])
+            if openood and convention == "openood":
+                row[_OPENOOD_LABEL] = row_ci(r, _OPENOOD)
+            row.update({"FPR@95": Cell(row_ci(r, "fpr95"), bold=bool(r["fpr95"] == lo_fpr)), "FPR detector": r["det"]})
+            if openood and convention != "openood":
+                row[_OPENOOD_LABEL] = row_ci(r, _OPENOOD)
             row.update({"AUROC": Cell(row_ci(a, "auroc"), bold=bool(a["auroc"] == hi_auc)), "AUROC detector": a["det"]})
             rows.append(row)
     if openood:
-        caption += " FPR@95 (OpenOOD): OpenOOD v1.5's OOD-positive FPR at 95% OOD recall of the same detector."
+        caption += _OPENOOD_MEANING + " The FPR detector is the one with the best paper FPR@95."
     return View("tab1", title, caption, pd.DataFrame(rows))
 
 
-@register_view("tabA1", order=40, needs=("frame", "primary"))
-def detector_by_model(frame: pd.DataFrame, primary: str) -> View:
+@register_view("tabA1", order=40, needs=("frame", "primary", "convention"))
+def detector_by_model(frame: pd.DataFrame, primary: str, convention: str = "paper") -> View:
     """Tab. A1."""
     title = "Tab. A1 — every detector x every model"
     caption = (
@@ -114,9 +122,10 @@ def detector_by_model(frame: pd.DataFrame, primary: str) -> View:
     f = f[(f["dataset"] == primary) & (f["kind"] == "supervised")]
     if len(f) == 0:
         return View("tabA1", title, caption, note=f"omitted: no supervised-model results on {primary}")
-    openood = _OPENOOD in f.columns
+    openood = _has_ood_positive(f)
     if openood:
-        caption += " A third value: OpenOOD's OOD-positive FPR@95."
+        order = "FPR@95 OOD-pos / FPR@95 / AUROC" if convention == "openood" else "FPR@95 / AUROC / FPR@95 OOD-pos"
+        caption += f" With both conventions each cell reads {order}." + _OPENOOD_MEANING
     models = _models(f)
     dets = order_detectors(list(f["det"]))
     table = {d: {"Detector": d} for d in dets}
@@ -128,7 +137,10 @@ def detector_by_model(frame: pd.DataFrame, primary: str) -> View:
                 table[d][m] = Cell("–", muted=True)
                 continue
             r = g.loc[d]
-            text = f"{row_ci(r, 'fpr95')} / {row_ci(r, 'auroc')}" + (f" / {pct(r[_OPENOOD])}" if openood else "")
+            parts = [row_ci(r, "fpr95"), row_ci(r, "auroc")]
+            if openood:
+                parts.insert(0 if convention == "openood" else 2, row_ci(r, _OPENOOD))
+            text = " / ".join(parts)
             table[d][m] = Cell(text, bold=bool(r["fpr95"] == lo), underline=bool(r["auroc"] == hi))
     return View("tabA1", title, caption, pd.DataFrame(list(table.values())))
 

@@ -59,8 +59,9 @@ class Figure:
 
 #: what a view may ask for (``needs``): the prepared frame (:func:`prepare`), the primary OOD set
 #: ("" when none), the figure model, the OOD groups (set -> group), the raw results rows, the
-#: figure model's stored scores (``subsampling.model_scores``), the Tab. A6 draw size, draws and seed
-VIEW_INPUTS = ("frame", "primary", "model", "groups", "results", "scores", "subsample_n", "draws", "seed")
+#: figure model's stored scores (``subsampling.model_scores``), the Tab. A6 draw size, draws and seed,
+#: and the FPR@95 convention that leads (``paper`` or ``openood``, ``oodeval.metrics.FPR95_CONVENTIONS``)
+VIEW_INPUTS = ("frame", "primary", "model", "groups", "results", "scores", "subsample_n", "draws", "seed", "convention")
 
 
 def _load_builtin_views() -> None:
@@ -178,7 +179,7 @@ def prepare(df: pd.DataFrame) -> pd.DataFrame:
 
     Columns: model, kind, det, detector, hyperparameters, vocabulary, dataset, split, fpr95, tnr95,
     auroc, detection_error, id_accuracy, n_ood, runs, the CI bounds ``fpr95_lo/hi``, ``auroc_lo/hi``
-    (each run's bootstrap bounds, averaged over runs) and ``fpr95_openood`` where the rows carry it.
+    (each run's bootstrap bounds, averaged over runs) and ``fpr95_ood_positive`` with its bounds.
     """
     ok = add_det(df[df["status"] == "ok"])
     if len(ok) == 0:
@@ -186,7 +187,8 @@ def prepare(df: pd.DataFrame) -> pd.DataFrame:
     vocab = ok["vocabulary"].astype("string")
     keys = ["model", "kind", "det", "detector", "hyperparameters", "dataset", "split"]
     ok["vocabulary"] = vocab.fillna("")
-    means = ["fpr95", "tnr95", "auroc", "detection_error", "id_accuracy", "fpr95_lo", "fpr95_hi", "auroc_lo", "auroc_hi", "fpr95_openood"]
+    means = ["fpr95", "tnr95", "auroc", "detection_error", "id_accuracy", "fpr95_lo", "fpr95_hi", "auroc_lo", "auroc_hi",
+             "fpr95_ood_positive", "fpr95_ood_positive_lo", "fpr95_ood_positive_hi"]
     means = [m for m in means if m in ok.columns]
     agg = (
         ok.groupby(keys + ["vocabulary"], sort=False, dropna=False)
