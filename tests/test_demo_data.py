@@ -87,7 +87,7 @@ def test_experiment_toml_round_trips():
         "seeds": [0],
         "bootstrap_draws": 10,
         "datasets": {"id_test": "a", "ood": [{"name": "b", "label": "b b"}]},
-        "models": [{"name": "m", "model_kwargs": {"in_chans": 1, "overlay": {"mean": (0.5,), "crop_pct": 1.0, "s": 'q"uote'}}, "taps": True}],
+        "models": [{"name": "m", "pretrained": False, "model_kwargs": {"in_chans": 1, "overlay": {"mean": (0.5,), "crop_pct": 1.0, "s": 'q"uote'}}, "taps": True}],
         "detectors": ["msp", {"name": "knn", "hyperparameters": {"k": 3}}],
     }
     back = tomllib.loads(to_toml(exp))

@@ -84,7 +84,7 @@ def test_grid_taps_only_nac_fitting_rows(data: Path, tmp_path: Path, tapped_rows
     cfg = {"results": str(tmp_path / "r.parquet"), "store": str(tmp_path / "store"), "bootstrap_draws": 20, "seeds": [0],
            "batch_size": 4, "device": "cpu",
            "datasets": {"id_train": str(data / "train"), "id_test": str(data / "test"), "ood": [str(data / "ood")]},
-           "models": [{"name": "test_resnet", "model_kwargs": KW}],
+           "models": [{"name": "test_resnet", "pretrained": False, "model_kwargs": KW}],
            "detectors": [{"name": "nac", "hyperparameters": {"n_fit": 3}}, "energy"]}  # fmt: skip
     df = load_results(run_experiment(cfg, progress=False)).set_index("detector")
     assert (df["status"] == "ok").all(), df["error"].tolist()
@@ -98,7 +98,8 @@ def test_grid_taps_only_nac_fitting_rows(data: Path, tmp_path: Path, tapped_rows
 def test_cli_extracts_the_fitting_rows_and_score_fits_nac_on_them(data: Path, tmp_path: Path, capsys, tapped_rows) -> None:
     from oodeval import cli
 
-    kw = ["--model", "test_resnet", "--store", str(tmp_path), "--model-kwargs", json.dumps(KW), "--no-progress", "--device", "cpu"]
+    kw = ["--model", "test_resnet", "--pretrained", "none", "--store", str(tmp_path), "--model-kwargs", json.dumps(KW), "--no-progress",
+          "--device", "cpu"]  # fmt: skip
     paths = {}
     for name, extra in (("train", []), ("fit", ["--nac-fit", "4", "--seed", "1"]), ("test", ["--taps"]), ("ood", ["--taps"])):
         ds = data / ("train" if name == "fit" else name)

@@ -185,7 +185,8 @@ def test_cli_extract_probe_and_errors(folder: Path, tmp_path: Path, capsys: pyte
     from oodeval.cli import main
 
     kw = json.dumps({"num_classes": 2, "pretrained_cfg_overlay": {"input_size": [3, 32, 32]}})
-    args = ["extract", "--model", "test_resnet", "--dataset", str(folder), "--store", str(tmp_path / "s"), "--model-kwargs", kw, "--no-progress"]
+    args = ["extract", "--model", "test_resnet", "--pretrained", "none", "--dataset", str(folder), "--store", str(tmp_path / "s"),
+            "--model-kwargs", kw, "--no-progress"]  # fmt: skip
     assert main(args) == 0
     out = capsys.readouterr().out
     entry = Path(out.splitlines()[0])
@@ -195,7 +196,7 @@ def test_cli_extract_probe_and_errors(folder: Path, tmp_path: Path, capsys: pyte
     assert main([*args, "--head", str(tmp_path / "h.safetensors")]) == 0
     probed = FeatureSet.load(capsys.readouterr().out.splitlines()[0])
     assert probed.meta["head"].endswith("h.safetensors") and probed.weight.shape == (2, probed.features.shape[1])
-    assert main(["extract", "--model", "test_resnet", "--dataset", "no-such-set", "--store", str(tmp_path)]) == 2
+    assert main(["extract", "--model", "test_resnet", "--pretrained", "none", "--dataset", "no-such-set", "--store", str(tmp_path)]) == 2
     assert "unknown dataset 'no-such-set'" in capsys.readouterr().err
 
 
@@ -215,7 +216,7 @@ def test_a_manifest_row_whose_file_is_missing_is_an_error_unless_skipped(folder:
     csv = tmp_path / "m.csv"
     rows = [f"{folder / 'cat' / f'{i}.jpg'},0" for i in range(3)] + [f"{tmp_path / 'gone.jpg'},1"]
     csv.write_text("path,label\n" + "\n".join(rows) + "\n")
-    args = ["extract", "--model", "test_resnet", "--dataset", str(csv), "--store", str(tmp_path / "s"),
+    args = ["extract", "--model", "test_resnet", "--pretrained", "none", "--dataset", str(csv), "--store", str(tmp_path / "s"),
             "--model-kwargs", '{"num_classes": 2}', "--no-progress"]  # fmt: skip
     assert main(args) == 2
     err = capsys.readouterr().err

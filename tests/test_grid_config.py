@@ -14,6 +14,7 @@ id_test = "test"
 ood = ["a", { name = "b", label = "B", split_column = "fine_grained" }]
 [[models]]
 name = "timm:test_resnet"
+pretrained = false
 [[detectors]]
 name = "msp"
 [[detectors]]
@@ -60,6 +61,7 @@ datasets:
   ood: [a, {name: b, label: B, split_column: fine_grained}]
 models:
   - name: "timm:test_resnet"
+    pretrained: false
 detectors:
   - msp
   - {name: energy, hyperparameters: {temperature: 2.0}}
@@ -107,9 +109,20 @@ def test_missing_file_and_bad_syntax(tmp_path):
 
 def test_per_seed_weights(tmp_path):
     (tmp_path / "w0.pt").write_text("x")
-    cfg = load_config(write(tmp_path, BASE.replace('name = "timm:test_resnet"', 'name = "timm:test_resnet"\nweights = ["w0.pt", "w1.pt"]')))
+    cfg = load_config(write(tmp_path, BASE.replace('pretrained = false', 'weights = ["w0.pt", "w1.pt"]')))
     m = cfg.models[0]
     assert m.weights_for(0) == str(tmp_path / "w0.pt") and m.weights_for(1) == str(tmp_path / "w1.pt")
+
+
+def test_a_model_without_a_weights_choice_is_refused_with_the_hint(tmp_path):
+    with pytest.raises(ValueError, match=r"model 'timm:test_resnet': no weights chosen for extracting id_test, a, B, id_train; "
+                       r"add weights = \"FILE\" .*pretrained = true .*pretrained = false \(random init, on purpose\)"):
+        load_config(write(tmp_path, BASE.replace("pretrained = false\n", "")))
+    with pytest.raises(ValueError, match="give either weights .* or pretrained"):
+        load_config(write(tmp_path, BASE.replace("pretrained = false", 'pretrained = true\nweights = "w.pt"')))
+    assert load_config(write(tmp_path, BASE)).models[0].random_init
+    assert load_config(write(tmp_path, BASE.replace("pretrained = false", "pretrained = true"))).models[0].pretrained is True
+    assert not load_config(write(tmp_path, BASE.replace("pretrained = false", "pretrained = true"))).models[0].random_init
 
 
 @pytest.mark.parametrize(
@@ -121,6 +134,6 @@ def test_per_seed_weights(tmp_path):
     ],
 )
 def test_vocabulary_must_match_the_scorer(tmp_path, zeroshot, message):
-    text = BASE + '[[models]]\nname = "open_clip:ViT-B-16"\nlabel = "clip"\nkind = "zero-shot"\n' + zeroshot
+    text = BASE + '[[models]]\nname = "open_clip:ViT-B-16"\nlabel = "clip"\nkind = "zero-shot"\npretrained = false\n' + zeroshot
     with pytest.raises(ValueError, match=message):
         load_config(write(tmp_path, text))

@@ -3,6 +3,9 @@ a rerun extracts nothing and computes nothing new."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 from PIL import Image
 
@@ -50,6 +53,7 @@ ood = [{ name = "data/fi", label = "Fi", split_column = "fine_grained" }, "data/
 [[models]]
 name = "timm:test_resnet"
 label = "test_resnet"
+pretrained = false
 model_kwargs = { num_classes = 3 }
 [[detectors]]
 name = "msp"
@@ -67,6 +71,9 @@ name = "mahalanobis"
     fi = df[(df["dataset"] == "Fi") & (df["detector"] == "msp")].set_index("split")
     assert fi.loc["all", "n_ood"] == 10 and fi.loc["fine_grained=True", "n_ood"] == 5 == fi.loc["fine_grained=False", "n_ood"]
     assert (df["n_id"] == 12).all() and df["id_accuracy"].between(0, 1).all()
+    assert df["random_init"].all()  # pretrained = false: recorded per cell, with the features and in the report
+    assert all(json.loads(p.read_text())["random_init"] is True for p in (tmp_path / "store").rglob("meta.json"))
+    assert "RANDOM-INIT WEIGHTS: test_resnet ran with randomly initialised weights" in (tmp_path / "report" / "report.md").read_text()
     for name in ("report.md", "report.tex", "report.html", "figures/fig1_best_per_dataset.png", "figures/roc.png", "figures/histograms.png", "figures/figA4_subsampling.png"):
         assert (tmp_path / "report" / name).stat().st_size > 0, name
     before = (tmp_path / "results.parquet").read_bytes()
@@ -75,6 +82,33 @@ name = "mahalanobis"
     assert (tmp_path / "results.parquet").read_bytes() == before
     # one cached FeatureSet per dataset, nothing extracted twice
     assert len([p for p in (tmp_path / "store").rglob("meta.json") if p.parent.parent.parent == tmp_path / "store"]) == 4
+
+
+def test_no_silent_random_weights(tmp_path, capsys):
+    """``extract`` and ``run --check`` without a weights choice are refused with the hint; chosen random init is stated."""
+    make_data(tmp_path / "data")
+    store = tmp_path / "store"
+    assert cli.main(["extract", "--model", "test_resnet", "--dataset", str(tmp_path / "data" / "val"), "--store", str(store), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("oodeval extract: error: --model test_resnet: no weights chosen; give --weights FILE") and "--pretrained none" in err
+    assert not store.exists()  # refused before any work
+    exp = tmp_path / "exp.toml"
+    body = ('[datasets]\nid_train = "data/train"\nid_test = "data/val"\nood = ["data/gray"]\n'
+            '[[models]]\nname = "timm:test_resnet"\nmodel_kwargs = { num_classes = 3 }\n{choice}[[detectors]]\nname = "msp"\n')
+    exp.write_text(body.replace("{choice}", ""))
+    assert cli.main(["run", str(exp), "--check"]) == 2
+    err = capsys.readouterr().err
+    assert "model 'timm:test_resnet': no weights chosen" in err and "pretrained = false (random init, on purpose)" in err
+    exp.write_text(body.replace("{choice}", "pretrained = false\n"))
+    assert cli.main(["run", str(exp), "--check"]) == 0
+    out = capsys.readouterr().out
+    assert "weights: RANDOM INIT (pretrained = false), seed 0" in out
+    assert "note: timm:test_resnet extract with RANDOM weights (pretrained = false)" in out
+    assert cli.main(["extract", "--model", "test_resnet", "--pretrained", "none", "--model-kwargs", '{"num_classes": 3}',
+                     "--dataset", str(tmp_path / "data" / "val"), "--store", str(store), "--no-progress"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert "RANDOM-INIT weights (--pretrained none)" in out
+    assert json.loads((Path(out.splitlines()[0]) / "meta.json").read_text())["random_init"] is True
 
 
 def test_tiny_zero_shot_run_encodes_labels_with_the_text_tower(tmp_path, tiny_clip):
@@ -86,7 +120,7 @@ def test_tiny_zero_shot_run_encodes_labels_with_the_text_tower(tmp_path, tiny_cl
         "bootstrap_draws": 20,
         "device": "cpu",
         "datasets": {"id_test": "data/val", "ood": ["data/gray"], "id_classes": "classes.txt"},
-        "models": [{"name": f"open_clip:{tiny_clip}", "label": "tiny", "kind": "zero-shot"}],
+        "models": [{"name": f"open_clip:{tiny_clip}", "label": "tiny", "kind": "zero-shot", "pretrained": False}],
         "zeroshot": ["mcm", {"name": "neglabel", "vocabulary": "neg.txt"}],
     }
     from oodeval.experiment import load_config, run_experiment

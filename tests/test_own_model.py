@@ -100,7 +100,7 @@ def test_bad_module_inputs_are_clear_errors(factory, data, tmp_path):
         oodeval.extract_features("timm:test_resnet", data / "val", tmp_path, transform=tf)
     with pytest.raises(ValueError, match="no nn.Linear head"):
         module_backbone(torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3)), tf)
-    assert cli.main(["extract", "--model", "no_such_pkg.mod:make", "--dataset", str(data / "val"),
+    assert cli.main(["extract", "--model", "no_such_pkg.mod:make", "--pretrained", "none", "--dataset", str(data / "val"),
                      "--store", str(tmp_path / "s"), "--no-progress"]) == 2
 
 
@@ -116,7 +116,7 @@ def test_cli_factory_equals_the_python_call_and_evaluate_equals_score(factory, d
     store = tmp_path / "store"
     folders = {}
     for name, d in (("train", data / "train"), ("test", data / "val"), ("noise", data / "noise")):
-        assert cli.main(["extract", "--model", "own_models:cifar_resnet18", "--dataset", str(d), "--store", str(store),
+        assert cli.main(["extract", "--model", "own_models:cifar_resnet18", "--pretrained", "none", "--dataset", str(d), "--store", str(store),
                          "--device", "cpu", "--no-progress"]) == 0
         folders[name] = max((p.parent for p in store.rglob("meta.json")), key=lambda p: p.stat().st_mtime)
     direct = oodeval.extract_features(net, data / "val", tmp_path / "store2", transform=tf, progress=False)
@@ -152,6 +152,7 @@ ood = ["{data / 'noise'}"]
 [[models]]
 name = "own_models:cifar_resnet18"
 label = "CIFAR ResNet-18"
+pretrained = false
 [[detectors]]
 name = "energy"
 [[detectors]]

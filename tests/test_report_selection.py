@@ -220,7 +220,7 @@ def test_search_config_errors(change, message):
     cfg = {
         "selection": {"validation_id": "w", "validation_ood": "x"},
         "datasets": {"id_train": "t", "id_test": "v", "ood": ["small", "big"]},
-        "models": [{"name": "synthetic"}],
+        "models": [{"name": "synthetic", "pretrained": False}],
         "detectors": [{"name": "knn", "search": {"k": [1, 2]}}],
         **change,
     }

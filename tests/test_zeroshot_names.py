@@ -31,7 +31,7 @@ def test_grid_id_classes_imagenet1k_is_a_name_not_a_path(tmp_path: Path) -> None
     from oodeval.experiment.zeroshot import _class_names
 
     cfg = load_config({"datasets": {"id_test": "val", "ood": ["x"], "id_classes": "imagenet1k"},
-                       "models": [{"name": "open_clip:ViT-B-32", "kind": "zero-shot"}]}, base_dir=tmp_path)
+                       "models": [{"name": "open_clip:ViT-B-32", "kind": "zero-shot", "pretrained": False}]}, base_dir=tmp_path)
     assert str(cfg.id_classes) == "imagenet1k"
     names = _class_names(cfg)
     assert len(names) == 1000 and names[0] == "tench" and not any(n.startswith("n0") and n[1:].isdigit() for n in names)
@@ -89,7 +89,7 @@ def test_grid_text_side_checks_the_image_features_model(tiny_clip: str, clip_fea
 
     (tmp_path / "names.txt").write_text("cat\ndog\n")
     cfg = load_config({"datasets": {"id_test": "val", "ood": ["x"], "id_classes": "names.txt"}, "store": "store",
-                       "models": [{"name": f"open_clip:{tiny_clip}", "kind": "zero-shot"}]}, base_dir=tmp_path)
+                       "models": [{"name": f"open_clip:{tiny_clip}", "kind": "zero-shot", "pretrained": False}]}, base_dir=tmp_path)
     fs = FeatureSet.load(clip_features["id"])
     assert build_context(cfg.models[0], None, cfg, {"id_test": fs})["id_text"].shape == (2, 32)
     fs.meta["text_tower"] = "0" * 32  # features made by another model

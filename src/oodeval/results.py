@@ -9,7 +9,8 @@ Metric columns are fractions in [0, 1] (``oodeval.metrics``; ``fpr95`` is the pa
 positive, ``fpr95_ood_positive`` the OpenOOD / pytorch-ood one, NaN in tables written before it
 existed); the bootstrapped ones carry
 ``<metric>_lo`` / ``<metric>_hi`` percentile 95% bounds. A failed cell has ``status == "error"``
-and its message in ``error``; its metrics are NaN. Per-cell scores live beside the table
+and its message in ``error``; its metrics are NaN. ``random_init`` is true where the model's
+features came from random weights (``pretrained = false``, or a FeatureSet whose meta says so). Per-cell scores live beside the table
 (``scores_id`` / ``scores_ood`` are paths relative to the table's folder).
 
 On disk a table is a Parquet dataset of parts: the main file at the table's path plus the
@@ -82,6 +83,7 @@ _INFO = {
     "id_accuracy": "float64",
     "bootstrap_draws": "Int64",
     "bootstrap_fixed_id": "boolean",
+    "random_init": "boolean",
     "selection": "string",
     "scores_id": "string",
     "scores_ood": "string",

@@ -11,7 +11,7 @@ import textwrap
 from pathlib import Path
 
 __all__ = ["Formatter", "add_command", "add_progress", "add_device", "add_pretrained", "with_pretrained", "add_out", "examples",
-           "add_convention"]
+           "add_convention", "check_weights"]
 
 #: ``--pretrained`` given without a TAG: the weights the model name itself names
 FROM_MODEL_NAME = "from-model-name"
@@ -75,6 +75,14 @@ def add_pretrained(p: argparse.ArgumentParser, absent: str) -> None:
         help="download weights from the hub (needs network): alone, the ones the model name names (timm's default, "
         f"open_clip's ARCH@TAG); with TAG, that pretrained tag; 'none': random init. Without it: {absent}",
     )  # fmt: skip
+
+
+def check_weights(args: argparse.Namespace) -> None:
+    """A model must be given weights or be declared random-init explicitly: no silent random weights."""
+    if args.weights is None and args.pretrained is None:
+        raise ValueError(f"--model {args.model}: no weights chosen; give --weights FILE (a local checkpoint), --pretrained "
+                         "(the hub weights the name names; --pretrained TAG for another tag), or --pretrained none "
+                         "(random init, on purpose)")
 
 
 def with_pretrained(model: str, value: str | None, kind: str) -> tuple[str, bool]:

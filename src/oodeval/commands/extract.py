@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from ._options import add_device, add_pretrained, add_progress, with_pretrained
+from ._options import add_device, add_pretrained, add_progress, check_weights, with_pretrained
 
 HELP = "extract features, logits and head of a model (timm, open_clip or your own code) on a dataset into the feature store"
 EXAMPLES = [
@@ -21,7 +21,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset", required=True, help="registry name, NAME:SPLIT, image folder or CSV manifest")
     p.add_argument("--store", required=True, help="feature store folder")
     p.add_argument("--weights", default=None, help="local weights file (.safetensors, or a torch checkpoint read weights_only)")
-    add_pretrained(p, absent="random init (seed 0) unless --weights")
+    add_pretrained(p, absent="refused unless --weights; say --pretrained none for a random-init model (seed 0)")
     p.add_argument("--head", default=None, help="linear probe head (.safetensors from `oodeval probe`) to use for logits")
     p.add_argument("--model-kwargs", default=None, type=json.loads, help='JSON for timm.create_model, e.g. \'{"num_classes": 10}\'')
     p.add_argument("--data-root", default=None, help="data root for registry names (default: $OODEVAL_DATA)")
@@ -46,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
     from ..features.backbones import parse_model_name
     from ..features.extract import extract, extract_nac_fit
 
+    check_weights(args)
     model, pretrained = with_pretrained(args.model, args.pretrained, parse_model_name(args.model)[0])
     options = dict(
         weights=args.weights, data_root=args.data_root, patch_features=args.patch_features, batch_size=args.batch_size,
@@ -64,6 +65,8 @@ def run(args: argparse.Namespace) -> int:
         parts.append(f"logits {tuple(fs.logits.shape)}")
     if fs.extras:
         parts.append(f"{len(fs.extras)} extras")
+    if fs.meta.get("random_init"):
+        parts.append("RANDOM-INIT weights (--pretrained none)")
     if fs.meta.get("n_skipped"):
         parts.append(f"{fs.meta['n_skipped']} unreadable images skipped (listed in meta.json)")
     print(path)

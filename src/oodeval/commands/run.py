@@ -105,6 +105,7 @@ def _check(cfg, names_only: bool = False) -> int:
         names = ", ".join(d.display + (f"[{vocabulary_label(d.vocabulary)}]" if d.vocabulary else "") for d in dets) if dets else "every supported detector"
         extras = [x for x, on in (("taps", m.taps), ("patch features", m.patch_features)) if on]
         print(f"  {m.label} ({m.kind}{', ' + ', '.join(extras) if extras else ''}): {names}")
+        print(f"    weights: {_weights_text(m)}")
         if m.kind == "supervised":  # the backbone-dependent defaults each detector will run with
             listed = [d.name for d in dets] if dets else detectors.names()
             explicit = {d.name: d.hyperparameters for d in dets or ()}
@@ -117,4 +118,18 @@ def _check(cfg, names_only: bool = False) -> int:
         raise ValueError(f"{len(problems)} problem(s) before this experiment can run:\n" + "\n".join(f"  - {p}" for p in problems))
     print("check passed: every model name resolves" if names_only else
           "check passed: datasets, weights, model names and vocabularies are all in place")
+    random = [m.label for m in cfg.models if m.random_init]
+    if random:
+        print(f"note: {', '.join(random)} extract with RANDOM weights (pretrained = false): a baseline, not a trained model")
     return 0
+
+
+def _weights_text(m) -> str:
+    """Where a model's weights come from, as ``run --check`` states it."""
+    if m.weights != (None,):
+        return ", ".join(dict.fromkeys(str(w) for w in m.weights))
+    if m.pretrained:
+        return "the hub weights the name names (pretrained = true; downloaded at extraction, needs network)"
+    if m.pretrained is False:
+        return "RANDOM INIT (pretrained = false), seed 0"
+    return "none needed (every set has a precomputed FeatureSet)"

@@ -6,7 +6,7 @@ import argparse
 import os
 from pathlib import Path
 
-from ._options import add_command, add_device, add_out, add_pretrained, resolve_device, with_pretrained
+from ._options import add_command, add_device, add_out, add_pretrained, check_weights, resolve_device, with_pretrained
 
 HELP = "build negative vocabularies (WordNet+NegMining, LLM siblings, EOE, union, oracle) and size sweeps"
 EXAMPLES = [
@@ -124,12 +124,6 @@ def _check_ranges(args) -> None:
         problems.append(f"--percentile must be in [0, 100], got {pct}")
     if problems:
         raise ValueError("; ".join(problems))
-
-
-def check_weights(args) -> None:
-    """A model must be given real weights or be declared random-init explicitly."""
-    if args.weights is None and args.pretrained is None:
-        raise ValueError("no weights: give --weights FILE, --pretrained TAG, or --pretrained none for a random-init model")
 
 
 def id_names_for(args, id_fs) -> list[str]:

@@ -17,6 +17,8 @@ relative paths are relative to the experiment file's folder. See ``docs/experime
     [[models]]
     name = "resnet50"
     weights = "ckpt/resnet50.safetensors"   # or one per seed: ["a.pt", "b.pt"]
+    # or pretrained = true (the hub weights the name names) / false (random init, chosen);
+    # a model that extracts needs one of the three
 
     [[detectors]]                     # omitted: every detector the features support
     name = "knn"
@@ -42,7 +44,7 @@ _TOP = {
 _DATASETS = {"id_train", "id_test", "ood", "split_column", "id_classes"}
 _OOD = {"name", "label", "split_column", "group"}
 _MODEL = {
-    "name", "label", "weights", "head", "kind", "model_kwargs", "taps", "patch_features", "features", "detectors",
+    "name", "label", "weights", "pretrained", "head", "kind", "model_kwargs", "taps", "patch_features", "features", "detectors",
 }  # fmt: skip
 _DETECTOR = {"name", "label", "hyperparameters", "vocabulary", "search"}
 _SELECTION = {"validation_id", "validation_ood"}
@@ -126,6 +128,14 @@ class ModelSpec:
     patch_features: bool = False
     features: dict = field(default_factory=dict)
     detectors: tuple[DetectorSpec, ...] | None = None
+    #: True: the hub weights the name names; False: random init, chosen; None: not said (then
+    #: ``weights`` or precomputed ``features`` must cover every extraction)
+    pretrained: bool | None = None
+
+    @property
+    def random_init(self) -> bool:
+        """True when this model extracts with random weights (``pretrained = false`` and no weights file)."""
+        return self.pretrained is False and self.weights == (None,)
 
     def weights_for(self, seed_index: int) -> str | None:
         """The weights of the run with the given seed position (one shared file or one per seed)."""
@@ -311,6 +321,9 @@ def _model(entry: Any, i: int, base: Path, n_seeds: int) -> ModelSpec:
         wt = tuple(str(_path(w, base)) for w in weights)
     else:
         raise _fail(where, f"weights must be a path or a list of paths (one per seed), got {weights!r}")
+    pretrained = _typed(t, "pretrained", bool, where, None)
+    if pretrained is not None and wt != (None,):
+        raise _fail(where, "give either weights (local files) or pretrained (true: hub weights, false: random init), not both")
     feats = _typed(t, "features", dict, where, {})
     bad = [k for k, v in feats.items() if not isinstance(v, str)]
     if bad:
@@ -319,6 +332,7 @@ def _model(entry: Any, i: int, base: Path, n_seeds: int) -> ModelSpec:
         name=name,
         label=_typed(t, "label", str, where, name),
         weights=wt,
+        pretrained=pretrained,
         head=None if t.get("head") is None else str(_path(_typed(t, "head", str, where), base)),
         kind=kind,
         model_kwargs=dict(_typed(t, "model_kwargs", dict, where, {})),
@@ -327,6 +341,18 @@ def _model(entry: Any, i: int, base: Path, n_seeds: int) -> ModelSpec:
         features={k: str(_path(v, base)) for k, v in feats.items()},
         detectors=_detectors(t.get("detectors"), f"{where} detectors", base, zeroshot=kind == "zero-shot"),
     )
+
+
+def _check_weights_chosen(m: ModelSpec, has_train: bool, ood_labels: list[str]) -> None:
+    """Refuse a model that would extract (a role without a precomputed FeatureSet) with no weights
+    chosen: no silent random init (docs/experiments.md)."""
+    roles = ["id_test", *ood_labels] + (["id_train"] if has_train and m.kind == "supervised" else [])
+    roles += ["text:id"] if m.kind == "zero-shot" else []
+    missing = [r for r in roles if r not in m.features]
+    if missing and m.weights == (None,) and m.pretrained is None:
+        raise _fail(f"model {m.label!r}", f"no weights chosen for extracting {', '.join(missing)}; add weights = \"FILE\" "
+                    "(a local checkpoint), pretrained = true (the hub weights the name names) or pretrained = false "
+                    "(random init, on purpose)")
 
 
 def _sweep(entry: Any, i: int, base: Path) -> SweepSpec:
@@ -449,6 +475,8 @@ def load_config(source: str | Path | dict | ExperimentConfig, base_dir: str | Pa
                 f"unknown dataset(s) {', '.join(bad)}; use id_train, id_test, an OOD label ({', '.join(labels)})"
                 " or, for a zero-shot model, text:id / text:<vocabulary> label embeddings",
             )
+    for m in models:
+        _check_weights_chosen(m, id_train is not None, labels)
     detectors = _detectors(t.get("detectors"), "detectors", base)
     zeroshot = _detectors(t.get("zeroshot"), "zeroshot", base, zeroshot=True)
     models = tuple(_default_taps(m, detectors) for m in models)

@@ -112,7 +112,7 @@ FeatureFn = Callable[[ModelSpec, "str | None", DatasetSpec, str, ExperimentConfi
 
 
 def _extract_options(model: ModelSpec, weights: str | None, cfg: ExperimentConfig) -> dict:
-    return {"weights": weights, "data_root": cfg.data_root, "batch_size": cfg.batch_size, "num_workers": cfg.num_workers,
+    return {"weights": weights, "pretrained": bool(model.pretrained), "data_root": cfg.data_root, "batch_size": cfg.batch_size, "num_workers": cfg.num_workers,
             "device": cfg.device, "model_kwargs": model.model_kwargs or None, "progress": True, "head": model.head}
 
 
@@ -554,6 +554,7 @@ def _base_info(run: _Run, spec: DetectorSpec, cfg: ExperimentConfig) -> dict:
         "id_test": cfg.id_test.label,
         "bootstrap_draws": cfg.bootstrap_draws,
         "bootstrap_fixed_id": cfg.bootstrap_fixed_id,
+        "random_init": run.model.random_init or (source is not None and source.meta.get("random_init") is True),
     }
 
 

@@ -47,7 +47,7 @@ def _encoder(model: ModelSpec, weights: str | None, cfg: ExperimentConfig):
     from ..zeroshot.text import TextEncoder
 
     device = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    net, tokenizer, name = load_clip(model.name, weights=weights, device=device)
+    net, tokenizer, name = load_clip(model.name, weights=weights, pretrained=True if model.pretrained else None, device=device)
     return TextEncoder(net, tokenizer, name, weights=weights, cache_dir=cfg.store / "text")
 
 

@@ -251,7 +251,8 @@ def extract(
     job = _Job(model=model, manifest=manifest, store=store, entry=entry, key=key, weights=weights, weights_hash=weights_hash,
                head=head, pretrained=pretrained, model_kwargs=model_kwargs, taps=taps, nac_layers=nac_layers,
                patch_features=patch_features, batch_size=batch_size, num_workers=num_workers, device=dev, amp=use_amp,
-               progress=progress, shard_size=shard_size, rank=rank, world=world, backbone=backbone)
+               progress=progress, shard_size=shard_size, rank=rank, world=world, backbone=backbone,
+               random_init=_random_init(kind, weights, pretrained))
     created = _init_dist(world, dev)
     try:
         path = _run(job)
@@ -299,6 +300,13 @@ def extract_nac_fit(
     return extract(model, manifest.subset(rows, name=name), store, taps=True, **options)
 
 
+def _random_init(kind: str, weights: object, pretrained: bool) -> bool | None:
+    """Whether a model name extracts with random weights (``_Job.random_init``)."""
+    if kind == "module" or weights is not None or pretrained:
+        return False
+    return None if kind == "python" else True
+
+
 @dataclass
 class _Job:
     """Everything one extraction run needs (see :func:`extract` for the meaning of each option)."""
@@ -325,6 +333,9 @@ class _Job:
     rank: int
     world: int
     backbone: Backbone | None = None
+    #: meta ``random_init``: True for a timm / open_clip / hf name with neither weights nor pretrained,
+    #: None for a ``module:factory`` (its own business), False otherwise
+    random_init: bool | None = False
 
 
 def _run(job: _Job) -> Path:
@@ -395,7 +406,8 @@ def _run(job: _Job) -> Path:
     if rank == 0 and not (job.entry / "meta.json").is_file():  # another process may have finished it meanwhile
         meta = {
             "model": job.model, "weights": None if job.weights is None else str(job.weights),
-            "weights_hash": job.weights_hash, "pretrained": job.pretrained, "model_kwargs": job.model_kwargs or {},
+            "weights_hash": job.weights_hash, "pretrained": job.pretrained, "random_init": job.random_init,
+            "model_kwargs": job.model_kwargs or {},
             "head": None if job.head is None else str(job.head),
             "preprocessing": {**bb.preprocessing, "tensor_tail_batched": split is not None},
             "image_mode": bb.image_mode, "dataset": manifest.name,

@@ -293,6 +293,10 @@ def write_report(
         "bounds averaged over seeds). Best detector: lowest FPR@95 (highest AUROC for AUROC), ties to the better other "
         f"metric, then the paper's detector order. {selection.statement}"
     )
+    random = sorted(set(df.loc[df["random_init"].fillna(False).astype(bool), "model"]))
+    if random:
+        intro += (f" RANDOM-INIT WEIGHTS: {', '.join(random)} ran with randomly initialised weights (chosen with "
+                  "pretrained = false / --pretrained none); their numbers are a baseline, not a trained model's.")
     paths: dict[str, Path] = {"markdown": out_dir / "report.md", "latex": out_dir / "report.tex", "html": out_dir / "report.html"}
     write_text_atomic(paths["markdown"], markdown(title, intro, views, figures, out_dir))
     write_text_atomic(paths["latex"], latex(title, intro, views, figures, out_dir))
