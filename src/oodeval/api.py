@@ -10,6 +10,7 @@ per (detector, OOD set) with every metric and its 95% bootstrap interval: the nu
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -63,6 +64,7 @@ def evaluate(
     fixed_id: bool = True,
     progress: bool = False,
     transform: Callable | None = None,
+    errors: str = "raise",
     **extract_options,
 ) -> pd.DataFrame:
     """Fit ``detectors`` on ``train``, score ``id`` and every ``ood`` set; one row per (detector, OOD set).
@@ -75,19 +77,33 @@ def evaluate(
     tnr95, auroc, aupr_in, aupr_out, detection_error (fractions; higher score = ID) and ``<metric>_lo/_hi``
     95% percentile bootstrap bounds (``draws`` resamples, ``seed``; OOD resampled with the ID set
     fixed unless ``fixed_id=False``). Same numbers as ``oodeval score --draws D --seed S``.
+
+    ``errors="raise"`` (default): a cell that fails (kNN's k above the training-set size, NaN
+    features, ...) raises ValueError naming every failed (detector, OOD set) and why;
+    ``errors="row"`` keeps such cells as rows with ``status == "error"``, NaN metrics and the
+    message in ``error``, and warns once per failed cell. A hyperparameter of the wrong kind
+    (``temperature="abc"``) or an unknown one raises before anything runs, either way.
     """
     import pandas as pd
 
-    from .scoring import evaluate_detectors
+    from .scoring import evaluate_detectors, failures
 
     if not ood:
         raise ValueError("evaluate needs at least one OOD set in ood={name: data}")
     if draws < 0:
         raise ValueError(f"draws must be >= 0, got {draws}")
+    if errors not in ("raise", "row"):
+        raise ValueError(f"errors must be 'raise' or 'row', got {errors!r}")
     options = dict(extract_options, transform=transform) if transform is not None else dict(extract_options)
     train_fs = _features(train, "train", model, store, options)
     id_fs = _features(id, "id", model, store, options)
     ood_fs = {name: _features(d, f"ood[{name!r}]", model, store, options) for name, d in ood.items()}
     rows = evaluate_detectors(train_fs, id_fs, ood_fs, list(detectors) if detectors else None, hyperparameters,
                               progress=progress, draws=draws, seed=seed, fixed_id=fixed_id)
+    failed = failures(rows)
+    if failed and errors == "raise":
+        raise ValueError(f"{len(failed)} of {len(rows)} (detector, OOD set) cells failed: " + "; ".join(failed)
+                         + " (errors='row' keeps them as rows with status 'error')")
+    for line in failed:
+        warnings.warn(f"oodeval.evaluate: {line}", stacklevel=2)
     return pd.DataFrame(rows)

@@ -6,7 +6,7 @@ tags=(...), order=N)``. ``names(*tags)`` lists the names carrying every given ta
 names is written twice. Packages extend a registry by naming a module in its entry-point group
 (``oodeval.detectors`` / ``oodeval.zeroshot_scorers``); the module is imported on first use and
 registers its classes, so they work in every command (docs/extending.md). ``create(name, **hyperparameters)`` builds one and names the valid
-hyperparameters when given an unknown one. Tags in use: "paper21" (the Fi-ImageNet-1k paper's 21
+hyperparameters when given an unknown one, or a value of the wrong kind for a numeric or boolean default. Tags in use: "paper21" (the Fi-ImageNet-1k paper's 21
 post-hoc detectors), the paper's groups "logit", "activation", "feature", "hybrid", "cnc" (reads
 the outlier class of a K+1 model), "zeroshot" and "needs-vocabulary" (a negative vocabulary).
 """
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import numbers
 from collections.abc import Callable, Iterator, Mapping
 from importlib.metadata import entry_points
 
@@ -98,4 +99,20 @@ class Registry(Mapping[str, type]):
             raise ValueError(
                 f"{self.kind} {name!r} has no hyperparameter(s) {', '.join(unknown)}; it takes: {', '.join(sorted(params)) or 'none'}"
             )
+        for key, value in hyperparameters.items():
+            default = params[key].default if key in params else inspect.Parameter.empty
+            _check_type(f"{self.kind} {name!r}", key, value, default)
         return cls(**hyperparameters)
+
+
+def _check_type(who: str, key: str, value: object, default: object) -> None:
+    """Refuse a value of the wrong kind for a hyperparameter whose default is a number (None is
+    let through: "all" / "auto" for some) or a boolean (``temperature="abc"``); other defaults
+    (None, strings) take any value. Ranges are each detector's own check."""
+    is_bool = type(value).__name__ in ("bool", "bool_")  # Python's or numpy's, without importing numpy
+    if isinstance(default, bool):
+        if not is_bool:
+            raise ValueError(f"{who}: {key}={value!r} must be true or false (default {default})")
+    elif isinstance(default, numbers.Real):
+        if value is not None and (is_bool or not isinstance(value, numbers.Real)):
+            raise ValueError(f"{who}: {key}={value!r} is not a number (default {default})")
