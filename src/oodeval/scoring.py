@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping
 
 from .features import FeatureSet
 
-__all__ = ["evaluate_detectors", "supported_names", "parse_hyperparameters", "format_table", "failures", "cell_metrics", "fit_score_evaluate"]
+__all__ = ["check_request", "evaluate_detectors", "supported_names", "parse_hyperparameters", "format_table", "failures", "cell_metrics", "fit_score_evaluate"]
 
 
 def parse_hyperparameters(items: list[str]) -> dict[str, dict[str, object]]:
@@ -45,6 +45,18 @@ def supported_names(
 
     fit_sets = fit_sets or {}
     return [n for n in detectors.names() if all(detectors.supported(fit_sets.get(n, train), x, [n]) for x in (test, *oods.values()))]
+
+
+def check_request(names: list[str] | None, hyperparameters: Mapping[str, Mapping[str, object]] | None) -> None:
+    """ValueError for an unknown detector or hyperparameter name, or a value of the wrong kind, before anything runs."""
+    from . import detectors
+
+    hyperparameters = dict(hyperparameters or {})
+    unknown = sorted((set(names or ()) | set(hyperparameters)) - set(detectors.names()))
+    if unknown:
+        raise ValueError(f"unknown detectors {unknown}; known: {', '.join(detectors.names())}")
+    for name, hp in hyperparameters.items():
+        detectors.create(name, **hp)
 
 
 def evaluate_detectors(
@@ -89,11 +101,7 @@ def evaluate_detectors(
     fit_sets = dict(fit_sets or {})
     if names is None:
         names = supported_names(train, test, oods, fit_sets)
-    unknown = sorted((set(names) | set(hyperparameters)) - set(detectors.names()))
-    if unknown:
-        raise ValueError(f"unknown detectors {unknown}; known: {', '.join(detectors.names())}")
-    for name, hp in hyperparameters.items():
-        detectors.create(name, **hp)  # an unknown hyperparameter is an error before anything runs
+    check_request(names, hyperparameters)
     rows: list[dict] = []
     source = train if train is not None else test
     family = backbone_family(source.meta.get("model"))

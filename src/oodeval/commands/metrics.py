@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from ._options import add_convention
+from ._output import add_format
 
 HELP = "metrics with bootstrap CIs for ID and OOD score files (.npy, or text with one score per line)"
 EXAMPLES = [
@@ -20,18 +21,30 @@ MIN_DRAWS = 200
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("id_scores", type=Path, help="ID scores, higher = more in-distribution")
-    p.add_argument("ood_scores", type=Path, help="OOD scores")
-    p.add_argument("--draws", type=int, default=1000, help=f"bootstrap draws (default 1000, at least {MIN_DRAWS})")
+    p.add_argument("id_scores", type=Path, help="ID scores, higher = more in-distribution (- reads a text column from stdin)")
+    p.add_argument("ood_scores", type=Path, help="OOD scores (- reads a text column from stdin)")
+    p.add_argument("--draws", type=int, default=1000, help=f"bootstrap draws (default 1000, at least {MIN_DRAWS}; 0: no intervals)")
     p.add_argument("--resample-id", action="store_true",
                    help="resample the ID scores too (default: only the OOD scores, the ID set and its threshold fixed, paper App. C)")  # fmt: skip
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
     add_convention(p)
+    add_format(p, "the metrics")
 
 
 def load_scores(path: Path) -> np.ndarray:
-    """Scores from a .npy file (one 1-D numeric array) or a text file with one number per line."""
+    """Scores from a .npy file (one 1-D numeric array), a text file with one number per line, or
+    such text on stdin when ``path`` is ``-``."""
+    import sys
+
     expected = "a .npy file holding one 1-D array of scores, or a text file with one number per line and no header"
+    if str(path) == "-":
+        try:
+            scores = np.loadtxt(sys.stdin, dtype=np.float64, ndmin=1)
+        except ValueError as exc:
+            raise ValueError(f"scores on stdin: {exc}; expected one number per line") from exc
+        if scores.ndim != 1 or scores.size == 0:
+            raise ValueError(f"scores on stdin: expected one number per line, got shape {scores.shape}")
+        return scores
     if not path.is_file():
         raise FileNotFoundError(f"score file {path} does not exist")
     if path.suffix == ".npy":
@@ -59,19 +72,20 @@ def format_metrics(id_scores: np.ndarray, ood_scores: np.ndarray, draws: int, se
     from ..metrics import evaluate, fpr95_columns
     from ..stats import bootstrap, confidence_interval
 
-    if draws < MIN_DRAWS:
-        raise ValueError(f"--draws {draws} is too few for a percentile 95% interval; give at least {MIN_DRAWS}")
+    check_draws(draws)
     conventions = fpr95_columns(convention)
     values = evaluate(id_scores, ood_scores)
     values = {c[0]: values[c[0]] for c in conventions} | values
-    boot = bootstrap(id_scores, ood_scores, draws=draws, seed=seed, fixed_id=not resample_id)
+    boot = bootstrap(id_scores, ood_scores, draws=draws, seed=seed, fixed_id=not resample_id) if draws else {}
     which = "ID and OOD scores both resampled" if resample_id else "OOD scores resampled, ID scores and their FPR@95 threshold fixed"
     lines = [
         f"ID n={id_scores.size}  OOD m={ood_scores.size}  (higher score = ID)",
-        f"95% CIs: percentile bootstrap, {draws} draws, seed {seed}; {which}",
+        f"95% CIs: percentile bootstrap, {draws} draws, seed {seed}; {which}" if draws else "no intervals (--draws 0)",
     ]
     for name, value in values.items():
-        if name in boot:
+        if not draws:
+            lines.append(f"  {name:<16} {100 * value:6.2f}%")
+        elif name in boot:
             lo, hi = confidence_interval(boot[name][0])
             lines.append(f"  {name:<16} {100 * value:6.2f}%   95% CI [{100 * lo:6.2f}, {100 * hi:6.2f}]")
         else:
@@ -80,7 +94,23 @@ def format_metrics(id_scores: np.ndarray, ood_scores: np.ndarray, draws: int, se
     return "\n".join(lines)
 
 
+def check_draws(draws: int) -> None:
+    """0 (no intervals) or at least :data:`MIN_DRAWS`."""
+    if draws != 0 and draws < MIN_DRAWS:
+        raise ValueError(f"--draws {draws} is too few for a percentile 95% interval; give at least {MIN_DRAWS}, or 0 for none")
+
+
 def run(args: argparse.Namespace) -> int:
+    from ..scoring import cell_metrics
+    from ._output import write_rows
+
+    if str(args.id_scores) == "-" == str(args.ood_scores):
+        raise ValueError("only one of the two score files can be - (stdin)")
     scores = load_scores(args.id_scores), load_scores(args.ood_scores)
-    print(format_metrics(*scores, args.draws, args.seed, args.resample_id, args.convention))
+    if args.format == "table":
+        print(format_metrics(*scores, args.draws, args.seed, args.resample_id, args.convention))
+        return 0
+    check_draws(args.draws)
+    row = cell_metrics(*scores, seed=args.seed, draws=args.draws, fixed_id=not args.resample_id)
+    write_rows([row], args.format)
     return 0

@@ -6,7 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from ._options import add_progress
+from ._options import add_convention, add_progress
+from ._output import FORMATS
 
 HELP = "run (or resume) an experiment grid from a TOML/YAML file into one Parquet results table"
 EXAMPLES = [
@@ -21,7 +22,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="validate the file and everything checkable offline (datasets, weights, model names, vocabularies), print the grid, compute nothing")  # fmt: skip
     p.add_argument("--names-only", action="store_true",
                    help="with --check: verify model names and print resolved defaults only, before checkpoints and data are in place")
-    p.add_argument("--report", type=Path, default=None, metavar="DIR", help="also write the report into DIR afterwards")
+    p.add_argument("--report", type=Path, default=None, metavar="DIR", help="also write the report into DIR afterwards (default: none)")
+    p.add_argument("--format", choices=FORMATS, default=None,
+                   help="also write this experiment's cells (whole OOD sets) to stdout: table (FPR@95 / AUROC per detector "
+                   "and OOD set), csv or json (every column; the summary then goes to stderr); default: the summary line only")
+    add_convention(p)
     add_progress(p)
     p.add_argument(
         "--executor",
@@ -70,18 +75,24 @@ def run(args: argparse.Namespace) -> int:
     if options and args.executor == "inprocess":
         raise ValueError("--executor-option needs --executor local, slurm or ray")
     summary = run_experiment(cfg, progress=not args.no_progress, executor=args.executor, executor_options=options)
-    print(summary)
+    log = sys.stderr if args.format in ("csv", "json") else sys.stdout
+    print(summary, file=log)
+    if args.format is not None:
+        from ._output import write_rows
+
+        rows = summary_rows(cfg, summary.results)
+        write_rows(display_rows(rows) if args.format == "table" else rows, args.format, args.convention)
     if args.report is not None:
         from ..report import write_report
 
-        paths = write_report(summary.results, args.report, experiment=cfg)
-        print(f"report: {paths['html']}")
+        paths = write_report(summary.results, args.report, experiment=cfg, convention=args.convention)
+        print(f"report: {paths['html']}", file=log)
     if summary.ok:
         return 0
     if summary.failed_kept:
-        print(f"  {summary.failed_kept} cell(s) failed in an earlier run and were kept (retry_failed = false)")
+        print(f"  {summary.failed_kept} cell(s) failed in an earlier run and were kept (retry_failed = false)", file=log)
     for message, (n, first) in summary.error_counts.items():
-        print(f"  {n} failed, e.g. {first}: {message}")
+        print(f"  {n} failed, e.g. {first}: {message}", file=log)
     sweeps = len(summary.errors) - summary.failed
     what = f"{summary.failed + summary.failed_kept} of {summary.total} cell(s)" + (f" and {sweeps} sweep(s)" if sweeps else "")
     print(
@@ -90,6 +101,38 @@ def run(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return 1
+
+
+def summary_rows(cfg, results) -> list[dict]:
+    """The cells of ``cfg`` over whole OOD sets in its results table, ``dataset`` named ``ood``."""
+    from ..results import ALL_SPLIT, load_results
+
+    df = load_results(results)
+    mine = (df["model"].isin([m.label for m in cfg.models]) & df["dataset"].isin([d.label for d in cfg.ood])
+            & df["seed"].isin(list(cfg.seeds)) & (df["split"] == ALL_SPLIT))  # fmt: skip
+    return df[mine].rename(columns={"dataset": "ood"}).to_dict("records")
+
+
+def display_rows(rows: list[dict]) -> list[dict]:
+    """``rows`` with ``detector`` made unique per (model, configuration, seed) for the text table:
+    the model, the detector label, its hyperparameters where one model ran several, the seed where
+    there are several."""
+    import pandas as pd
+
+    if not rows:
+        return rows
+    df = pd.DataFrame(rows)
+    label = df["label"].fillna(df["detector"]).astype(str)
+    parts = [df["model"].astype(str) + " / "] if df["model"].nunique() > 1 else []
+    parts.append(label)
+    if (df.assign(_l=label).groupby(["model", "_l"])["hyperparameters"].nunique() > 1).any():
+        parts.append(" " + df["hyperparameters"].astype(str))
+    if df["seed"].nunique() > 1:
+        parts.append(" seed " + df["seed"].astype(str))
+    shown = parts[0]
+    for p in parts[1:]:
+        shown = shown + p
+    return df.assign(detector=shown).to_dict("records")
 
 
 def _check(cfg, names_only: bool = False) -> int:

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from ._options import add_convention, add_out, add_progress
+from ._output import add_format, info, write_rows
 
 HELP = "fit post-hoc detectors on ID-train features and report FPR@95 / AUROC per OOD set"
 EXAMPLES = [
@@ -32,6 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="bootstrap resamples for the 95%% intervals in the CSV (OOD resampled, ID fixed; 0: none)")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
     add_convention(p)
+    add_format(p, "the FPR@95 / AUROC rows")
     add_progress(p)
 
 
@@ -49,19 +51,18 @@ def parse_oods(items: list[str]) -> dict[str, Path]:
 
 
 def run(args: argparse.Namespace) -> int:
-    import pandas as pd
-
-    from .._io import atomic_path, check_output, csv_header_starts
-    from ..detectors.defaults import describe
+    from .._io import check_output, csv_header_starts
     from ..features import FeatureSet
     from ..results import is_results_table
-    from ..scoring import evaluate_detectors, failures, format_table, parse_hyperparameters, supported_names
+    from ..scoring import evaluate_detectors, parse_hyperparameters, supported_names
 
-    is_score_table = csv_header_starts("detector", "ood")
+    if args.out is not None and str(args.out) == "-":
+        raise ValueError("--out - is not a file; give --format csv (or json) to write the rows to stdout")
     parquet = args.out is not None and args.out.suffix == ".parquet"
     if args.out is not None:
-        check_output(args.out, "results table" if parquet else "score table", is_own=is_results_table if parquet else is_score_table)
-    names = [n.strip() for n in args.detectors.split(",") if n.strip()] if args.detectors else None
+        check_output(args.out, "results table" if parquet else "score table",
+                     is_own=is_results_table if parquet else csv_header_starts("detector", "ood"))  # fmt: skip
+    names = parse_names(args.detectors)
     hps = parse_hyperparameters(args.set)
     train = FeatureSet.load(args.train)
     test = FeatureSet.load(args.test)
@@ -73,23 +74,43 @@ def run(args: argparse.Namespace) -> int:
     fit_sets = {} if args.nac_train is None else {"nac": FeatureSet.load(args.nac_train)}
     rows = evaluate_detectors(train, test, oods, names, hps, progress=not args.no_progress, fit_sets=fit_sets,
                               draws=args.draws, seed=args.seed)  # fmt: skip
+    return print_rows(rows, args, train, hps, fit_sets, "score")
+
+
+def parse_names(value: str | None) -> list[str] | None:
+    """``--detectors a,b`` -> ``["a", "b"]`` (None: every supported detector)."""
+    return [n.strip() for n in value.split(",") if n.strip()] if value else None
+
+
+def print_rows(rows: list[dict], args: argparse.Namespace, train, hps: dict, fit_sets: dict, command: str) -> int:
+    """The end of ``score`` and ``evaluate``: the resolved defaults, the rows in ``--format``, the
+    ``--out`` CSV, every failure on stderr; exit 1 when any cell failed."""
+    import pandas as pd
+
+    from .._io import atomic_path, csv_header_starts
+    from ..detectors.defaults import describe
+    from ..scoring import failures
+
     if not rows:
         raise ValueError("no detector is supported by these FeatureSets")
+    log = info(args.format)
+    if train.meta.get("random_init"):
+        print(f"note: features of {train.meta.get('model')} with RANDOM-INIT weights (--pretrained none): a baseline", file=log)
     ran = list(dict.fromkeys(r["detector"] for r in rows))
-    print("\n".join(describe([n for n in ran if n not in fit_sets], train, hps)))
+    print("\n".join(describe([n for n in ran if n not in fit_sets], train, hps)), file=log)
     for name, fs in fit_sets.items():
         if name in ran:
-            print("\n".join(describe([name], fs, hps)[1:]))
-    print(format_table(rows, args.convention))
-    if args.out is not None:
-        with atomic_path(args.out, "score table", is_score_table) as tmp:
+            print("\n".join(describe([name], fs, hps)[1:]), file=log)
+    write_rows(rows, args.format, args.convention)
+    if getattr(args, "out", None) is not None:
+        with atomic_path(args.out, "score table", csv_header_starts("detector", "ood")) as tmp:
             pd.DataFrame(rows).to_csv(tmp, index=False)
-        print(f"wrote {args.out}")
+        print(f"wrote {args.out}", file=log)
     failed = failures(rows)
     for line in failed:
         print(f"  failed: {line}", file=sys.stderr)
     if failed:
-        print(f"oodeval score: {len(failed)} of {len(rows)} (detector, OOD set) results failed; the others are above", file=sys.stderr)
+        print(f"oodeval {command}: {len(failed)} of {len(rows)} (detector, OOD set) results failed; the others are above", file=sys.stderr)
     return 1 if failed else 0
 
 
@@ -98,7 +119,6 @@ def _results_table(args: argparse.Namespace, train, names: list[str], hps: dict)
     results table: one model (the FeatureSets' ``meta["model"]``), seed ``--seed``, ``--draws``."""
     from ..experiment import run_experiment
     from ..results import ALL_SPLIT, load_results
-    from ..scoring import format_table
 
     if args.draws < 1:
         raise ValueError("a results table (.parquet) carries 95% intervals: --draws must be at least 1")
@@ -120,9 +140,9 @@ def _results_table(args: argparse.Namespace, train, names: list[str], hps: dict)
     table = load_results(args.out)
     mine = table[(table["model"] == label) & (table["split"] == ALL_SPLIT) & table["detector"].isin(names)
                  & table["dataset"].isin(list(oods))]  # fmt: skip
-    print(format_table(mine.rename(columns={"dataset": "ood"}).to_dict("records"), args.convention))
+    write_rows(mine.rename(columns={"dataset": "ood"}).to_dict("records"), args.format, args.convention)
     print(f"wrote {args.out} ({summary.computed} cells computed, {summary.skipped} already there); "
-          f"`oodeval report {args.out} --out DIR` makes the report")  # fmt: skip
+          f"`oodeval report {args.out} --out DIR` makes the report", file=info(args.format))  # fmt: skip
     for line in summary.errors:
         print(f"  failed: {line}", file=sys.stderr)
     if summary.failed:
