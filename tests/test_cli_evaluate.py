@@ -117,6 +117,7 @@ def test_run_writes_its_cells_as_json(tmp_path, capsys):
     code, out, err = _call(["run", str(exp), "--no-progress", "--format", "json"], capsys)
     rows = json.loads(out)
     assert code == 0 and "4 cells: 0 already done, 4 computed" in err
+    assert "img" not in err and "extract" not in err  # --no-progress reaches the extraction inside run
     assert sorted((r["detector"], r["seed"]) for r in rows) == [("energy", 0), ("energy", 1), ("msp", 0), ("msp", 1)]
     code, out, _ = _call(["run", str(exp), "--no-progress", "--format", "table"], capsys)
     assert code == 0 and "4 cells: 4 already done" in out and "msp seed 1" in out and "energy seed 0" in out

@@ -69,3 +69,39 @@ def test_pretrained_errors_name_the_fix(tmp_path, capsys):
     assert "ViT-B-32 names no weights; give --pretrained TAG or --model ARCH@TAG" in capsys.readouterr().err
     assert main(["extract", "--model", "my_models:net", "--pretrained", "x", "--dataset", "d", "--store", str(tmp_path)]) == 2
     assert "only timm and open_clip models have" in capsys.readouterr().err
+
+
+def test_every_option_has_help_and_shows_its_default():
+    missing, silent = [], []
+    for path, parser in COMMANDS:
+        for action in parser._actions:
+            if isinstance(action, argparse._HelpAction | argparse._SubParsersAction | argparse._VersionAction):
+                continue
+            where = f"{' '.join(path)} {'/'.join(action.option_strings) or action.dest}"
+            if not action.help:
+                missing.append(where)
+            elif (action.option_strings and action.default not in (None, False, [], argparse.SUPPRESS)
+                  and not isinstance(action, argparse._StoreTrueAction) and "default" not in action.help.lower()):  # fmt: skip
+                silent.append(where)
+    assert not missing and not silent, (missing, silent)
+    score = dict(COMMANDS)[("score",)]
+    seed = next(a for a in score._actions if "--seed" in a.option_strings)
+    assert seed.help.endswith("(default 0)")
+
+
+def test_list_options_take_one_syntax_in_every_command():
+    parser = build_parser()
+    base = ["score", "--train", "t", "--test", "v"]
+    forms = (["--ood", "a=x", "b=y", "--detectors", "msp", "energy"], ["--ood", "a=x,b=y", "--detectors", "msp,energy"],
+             ["--ood", "a=x", "--ood", "b=y", "--detectors", "msp", "--detectors", "energy"])  # fmt: skip
+    for form in forms:
+        args = parser.parse_args([*base, *form])
+        assert (args.ood, args.detectors) == (["a=x", "b=y"], ["msp", "energy"])
+    cnc = parser.parse_args(["cnc", "evaluate", "--checkpoint", "c", "--ood", "svhn,lsun", "--detectors", "msp", "energy"])
+    assert (cnc.ood, cnc.detectors) == (["svhn", "lsun"], ["msp", "energy"])
+    ev = parser.parse_args(["evaluate", "--model", "m", "--train", "t", "--test", "v", "--ood", "a", "b", "--detectors", "msp,knn"])
+    assert (ev.ood, ev.detectors) == (["a", "b"], ["msp", "knn"])
+    for path in (("score",), ("evaluate",), ("metrics",), ("run",), ("report",)):
+        flags = {f for a in dict(COMMANDS)[path]._actions for f in a.option_strings}
+        assert "--convention" in flags, path
+    assert all("--format" in {f for a in dict(COMMANDS)[p]._actions for f in a.option_strings} for p in (("score",), ("evaluate",), ("metrics",), ("run",)))

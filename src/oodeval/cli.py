@@ -40,12 +40,26 @@ def _command_modules() -> dict[str, object]:
 
 
 def _everywhere(parser: argparse.ArgumentParser) -> None:
-    """Give every (nested) sub-command ``-v``."""
+    """Give every (nested) sub-command ``-v``, and every option's help its default (:func:`_show_default`)."""
     for action in parser._actions:  # argparse offers no public walk over sub-parsers
+        _show_default(action)
         if isinstance(action, argparse._SubParsersAction):
             for sub in action.choices.values():
                 sub.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help=_VERBOSE_HELP)
                 _everywhere(sub)
+
+
+def _show_default(action: argparse.Action) -> None:
+    """Append ``(default X)`` to an option's help that does not state its default already; flags
+    (store_true), empty repeatable lists and options without a default stay as they are."""
+    default = action.default
+    if not action.option_strings or action.help in (None, argparse.SUPPRESS) or default in (None, False, argparse.SUPPRESS):
+        return
+    if isinstance(action, argparse._StoreTrueAction | argparse._VersionAction) or default == []:
+        return
+    if "default" not in action.help.lower():
+        shown = " ".join(map(str, default)) if isinstance(default, list | tuple) else str(default)
+        action.help = f"{action.help} (default {shown.replace('%', '%%')})"
 
 
 def build_parser() -> argparse.ArgumentParser:

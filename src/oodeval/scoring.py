@@ -44,7 +44,7 @@ def supported_names(
     from . import detectors
 
     fit_sets = fit_sets or {}
-    return [n for n in detectors.names() if all(detectors.supported(fit_sets.get(n, train), x, [n]) for x in (test, *oods.values()))]
+    return [n for n in detectors.default_names() if all(detectors.supported(fit_sets.get(n, train), x, [n]) for x in (test, *oods.values()))]
 
 
 def check_request(names: list[str] | None, hyperparameters: Mapping[str, Mapping[str, object]] | None) -> None:
@@ -52,7 +52,9 @@ def check_request(names: list[str] | None, hyperparameters: Mapping[str, Mapping
     from . import detectors
 
     hyperparameters = dict(hyperparameters or {})
-    unknown = sorted((set(names or ()) | set(hyperparameters)) - set(detectors.names()))
+    names = [detectors.resolve(n) for n in names or ()]
+    hyperparameters = {detectors.resolve(n): hp for n, hp in hyperparameters.items()}
+    unknown = sorted((set(names) | set(hyperparameters)) - set(detectors.names()))
     if unknown:
         raise ValueError(f"unknown detectors {unknown}; known: {', '.join(detectors.names())}")
     for name, hp in hyperparameters.items():

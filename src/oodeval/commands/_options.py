@@ -11,7 +11,7 @@ import textwrap
 from pathlib import Path
 
 __all__ = ["Formatter", "add_command", "add_progress", "add_device", "add_pretrained", "with_pretrained", "add_out", "examples",
-           "add_convention", "check_weights"]
+           "add_convention", "check_weights", "NameList", "add_detectors"]
 
 #: ``--pretrained`` given without a TAG: the weights the model name itself names
 FROM_MODEL_NAME = "from-model-name"
@@ -42,6 +42,24 @@ def add_command(sub, name: str, help: str, example: str | list[str], description
     ``options`` go to ``add_parser``."""
     lines = [example] if isinstance(example, str) else list(example)
     return sub.add_parser(name, help=help, description=description or help, epilog=examples(*lines), formatter_class=Formatter, **options)
+
+
+class NameList(argparse.Action):
+    """A list option spelled one way everywhere: values space- or comma-separated, and the option
+    repeatable (``--detectors a,b c --detectors d`` -> ``["a", "b", "c", "d"]``)."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        items = list(getattr(namespace, self.dest, None) or [])
+        for value in values:
+            items += [v.strip() for v in value.split(",") if v.strip()]
+        setattr(namespace, self.dest, items)
+
+
+def add_detectors(p: argparse.ArgumentParser, default: str = "every detector the features support") -> None:
+    """``--detectors NAME ...``: registry names or ``module:Class`` (:class:`NameList` syntax)."""
+    p.add_argument("--detectors", nargs="+", action=NameList, default=None, metavar="NAME",
+                   help="detector names, space- or comma-separated, repeatable; a class of your own as module:Class "
+                   f"(default: {default})")  # fmt: skip
 
 
 def add_progress(p: argparse.ArgumentParser) -> None:
@@ -107,10 +125,10 @@ def with_pretrained(model: str, value: str | None, kind: str) -> tuple[str, bool
 
 
 def add_out(p: argparse.ArgumentParser, what: str, *, folder: bool = False, required: bool = False, default: Path | None = None,
-            flag: str = "--out") -> None:
-    """The output option: a new path, or one that holds an earlier ``what`` written by oodeval."""
+            flag: str = "--out", details: str = "") -> None:
+    """The output option: a new path, or one that holds an earlier ``what`` written by oodeval; ``details`` follow once."""
     kind = "folder" if folder else "file"
     shown = f" (default {default})" if default is not None else ""
     p.add_argument(flag, type=Path, required=required, default=default, metavar="DIR" if folder else "PATH",
                    help=f"{kind} for the {what}{shown}: a new path, or one holding an earlier {what} of oodeval's; "
-                   "anything else is refused")  # fmt: skip
+                   f"anything else is refused{'. ' + details if details else ''}")  # fmt: skip

@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from ._options import add_command, add_device, add_out, add_progress
+from ._options import NameList, add_command, add_detectors, add_device, add_out, add_progress
 
 HELP = "CnC: train a K+1-class model on compounded-corruption outliers; evaluate it on a suite"
 EXAMPLES = [
@@ -43,7 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     t.add_argument("--batch-size", type=int, default=None, help="ID images per step; each step adds as many outliers (128)")
     t.add_argument("--lr", type=float, default=None, help="SGD learning rate (0.1; x0.1 at 50%% and 75%% of epochs)")
     t.add_argument("--weight-decay", type=float, default=None, help="default 5e-4")
-    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--seed", type=int, default=0, help="seed of initialisation, data order and outlier synthesis (default 0)")
     t.add_argument("--classes", type=_ints, default=None, help="keep these class ids as ID, e.g. 0,1,3,5,8,9")
     t.add_argument("--corruptions", default=None,
                    help="outlier pool: release (default, the CnC release's 15), imagenet-c (the benchmark 15), all, or names")
@@ -60,8 +60,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     e.add_argument("--suite", default=None, help="named suite (cnc-cifar10, openood-cifar10, demo-fmnist, ...)")
     e.add_argument("--id-test", default=None, help="ID test set (overrides the suite's)")
     e.add_argument("--id-train", default=None, help="ID train set, for detectors that fit (overrides the suite's)")
-    e.add_argument("--ood", nargs="+", default=None, help="OOD sets (override the suite's)")
-    e.add_argument("--detectors", nargs="+", default=None, help="default: cnc msp energy (CnC), msp energy (plain)")
+    e.add_argument("--ood", nargs="+", action=NameList, default=None, help="OOD sets, space- or comma-separated, repeatable (override the suite's)")
+    add_detectors(e, "cnc msp energy for a CnC model, msp energy for a plain one")
     e.add_argument("--no-per-set", action="store_true", help="print only group and mean rows")
     add_out(e, "CnC evaluation JSON (runs and aggregate)", flag="--json")
     add_out(e, "results table (.parquet, the format of `oodeval run`: one row per checkpoint, detector and OOD "

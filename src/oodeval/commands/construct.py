@@ -32,7 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     e = add_command(sub, "evidence", "build the per-image evidence JSON (C, D, E, and A/B when configured)",
                     "oodeval construct evidence work/ --image-embeddings feats/val --text-embeddings text.npy")
-    e.add_argument("work", type=Path)
+    e.add_argument("work", type=Path, help="work folder (from `oodeval construct init`)")
     e.add_argument("--image-embeddings", type=Path, help="(D) image embeddings aligned with the ID manifest: .npy or FeatureSet folder")
     e.add_argument("--text-embeddings", type=Path, help="(D) class text embeddings: (C, E) .npy, FeatureSet folder, or label-keyed .npz / text-cache folder")
     e.add_argument("--top-k", type=int, default=5, help="(D) closest ID classes to list (default 5)")
@@ -50,47 +50,47 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     i = add_command(sub, "init", "create the protocol store and print one access token per annotator",
                     "oodeval construct init work/ --stage1 alice bob --stage3 carol")
-    i.add_argument("work", type=Path)
+    i.add_argument("work", type=Path, help="work folder (from `oodeval construct init`)")
     i.add_argument("--stage1", nargs=2, required=True, metavar="NAME", help="the two Stage-1 annotators")
     i.add_argument("--stage3", required=True, metavar="NAME", help="the third annotator who joins in Stage 3")
     i.set_defaults(_step=_init)
 
     s = add_command(sub, "serve", "run the annotation web app",
                     "oodeval construct serve work/ --port 8765")
-    s.add_argument("work", type=Path)
+    s.add_argument("work", type=Path, help="work folder (from `oodeval construct init`)")
     s.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1, this machine only)")
-    s.add_argument("--port", type=int, default=8765)
+    s.add_argument("--port", type=int, default=8765, help="TCP port of the annotation app (default 8765)")
     s.add_argument("--examples", type=int, default=4, help="example images per candidate ID class (default 4)")
     s.set_defaults(_step=_serve)
 
     v = add_command(sub, "verdict", "submit one verdict from the command line (scripting)",
                     "oodeval construct verdict work/ --token-file alice.token val/n01440764/x.JPEG ood --label 'tiger shark'",
                     allow_abbrev=False)
-    v.add_argument("work", type=Path)
+    v.add_argument("work", type=Path, help="work folder (from `oodeval construct init`)")
     v.add_argument("--token-file", type=Path, help=f"file holding the annotator's access token (default: the {TOKEN_ENV} environment variable)")
-    v.add_argument("--stage", type=int, choices=(1, 3), default=1)
+    v.add_argument("--stage", type=int, choices=(1, 3), default=1, help="annotation stage the verdict belongs to (default 1)")
     v.add_argument("image", help="image id (its manifest path)")
-    v.add_argument("verdict", choices=("ood", "id", "ambiguous"))
+    v.add_argument("verdict", choices=("ood", "id", "ambiguous"), help="the verdict on the image")
     v.add_argument("--label", help="proposed OOD label (ood)")
     v.add_argument("--fine-grained", action="store_true", help="OOD object is a close sibling of its original class")
     v.add_argument("--id-class", type=int, help="ID class index (id)")
-    v.add_argument("--note")
+    v.add_argument("--note", help="free-text note stored with the verdict (default none)")
     v.set_defaults(_step=_verdict)
 
     t = add_command(sub, "token", "access tokens: `token reissue WORK NAME` replaces a lost or leaked one",
                     "oodeval construct token reissue work/ alice")
-    t.add_argument("action", choices=("reissue",))
-    t.add_argument("work", type=Path)
+    t.add_argument("action", choices=("reissue",), help="reissue: a new token for NAME, the old one stops working")
+    t.add_argument("work", type=Path, help="work folder (from `oodeval construct init`)")
     t.add_argument("name", help="the annotator whose token is replaced (the old one stops working)")
     t.set_defaults(_step=_token)
 
     st = add_command(sub, "status", "images per state and progress per annotator", "oodeval construct status work/")
-    st.add_argument("work", type=Path)
+    st.add_argument("work", type=Path, help="work folder (from `oodeval construct init`)")
     st.set_defaults(_step=_status)
 
     x = add_command(sub, "export", "write the OOD manifest, returned-to-ID and ambiguous lists and the outcome table",
                     "oodeval construct export work/ --out benchmark/")
-    x.add_argument("work", type=Path)
+    x.add_argument("work", type=Path, help="work folder (from `oodeval construct init`)")
     x.add_argument("--out", type=Path, help="export folder (default WORK/export)")
     x.add_argument("--allow-pending", action="store_true", help="export although some images are undecided")
     x.set_defaults(_step=_export)

@@ -11,7 +11,17 @@ import argparse
 import json
 from pathlib import Path
 
-from ._options import add_convention, add_device, add_out, add_pretrained, add_progress, check_weights, with_pretrained
+from ._options import (
+    NameList,
+    add_convention,
+    add_detectors,
+    add_device,
+    add_out,
+    add_pretrained,
+    add_progress,
+    check_weights,
+    with_pretrained,
+)
 from ._output import add_format
 
 HELP = "extract a model on ID-train, ID-test and OOD image sets (cached) and score the post-hoc detectors: one command to the table"
@@ -28,10 +38,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_pretrained(p, absent="refused unless --weights; say --pretrained none for a random-init model (seed 0)")
     p.add_argument("--train", required=True, help="ID-train data the detectors fit on: registry name, NAME:SPLIT, image folder or CSV")
     p.add_argument("--test", required=True, help="ID-test data (same forms as --train)")
-    p.add_argument("--ood", nargs="+", required=True, metavar="[NAME=]DATA",
-                   help="OOD data sets (same forms as --train), each optionally named NAME=DATA (default name: the "
-                   "registry name, or the folder / file name)")  # fmt: skip
-    p.add_argument("--detectors", default=None, help="comma-separated detector names (default: every detector the features support)")
+    p.add_argument("--ood", nargs="+", action=NameList, required=True, metavar="[NAME=]DATA",
+                   help="OOD data sets (same forms as --train), space- or comma-separated, repeatable, each optionally "
+                   "named NAME=DATA (unnamed: the registry name, or the folder / file name)")  # fmt: skip
+    add_detectors(p)
     p.add_argument("--set", action="append", default=[], metavar="DETECTOR.PARAM=VALUE",
                    help="override a hyperparameter, e.g. --set knn.k=50 (repeatable)")
     p.add_argument("--store", type=Path, default=Path("oodeval-store"), help="feature store folder, the cache of every extraction (default oodeval-store)")

@@ -31,7 +31,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="ID train: tap only the N class-balanced rows NAC fits on (its n_fit; implies --taps)")  # fmt: skip
     p.add_argument("--seed", type=int, default=0, help="seed of the --nac-fit rows (NAC's seed; default 0)")
     p.add_argument("--patch-features", action="store_true", help="VLMs (open_clip:, hf:): value-path patch features for GL-MCM")
-    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--batch-size", type=int, default=64, help="images per forward pass (default 64)")
     p.add_argument("--workers", type=int, default=0, help="DataLoader worker processes (default 0)")
     add_device(p)
     p.add_argument("--amp", default=None, action=argparse.BooleanOptionalAction, help="bf16 autocast (default: on CUDA only)")

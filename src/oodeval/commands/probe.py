@@ -17,11 +17,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--train", type=Path, required=True, help="ID-train FeatureSet folder (labels >= 0 are used)")
     add_out(p, "probe head (.safetensors)", required=True)
     p.add_argument("--val", type=Path, default=None, help="optional labelled FeatureSet to report accuracy on")
-    p.add_argument("--epochs", type=int, default=20)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--weight-decay", type=float, default=0.0)
-    p.add_argument("--batch-size", type=int, default=1024)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--epochs", type=int, default=20, help="passes over the training features (default 20)")
+    p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (default 0.001)")
+    p.add_argument("--weight-decay", type=float, default=0.0, help="AdamW (decoupled) weight decay (default 0)")
+    p.add_argument("--batch-size", type=int, default=1024, help="feature rows per step (default 1024)")
+    p.add_argument("--seed", type=int, default=0, help="seed of initialisation and batch order (default 0)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -22,7 +22,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draws", type=int, default=1000, help="sub-sampling draws (default 1000)")
     p.add_argument("--seed", type=int, default=0, help="sub-sampling seed (default 0)")
     p.add_argument("--sweeps", type=Path, default=None, help="vocabulary sweep table (default: <results stem>.sweeps.parquet if present)")
-    p.add_argument("--title", default="oodeval report")
+    p.add_argument("--title", default="oodeval report", help="title of the report (default: oodeval report)")
     p.add_argument("--experiment", type=Path, default=None, metavar="EXP", help="experiment file: show only its declared configurations, and its near/far OOD groups (default: every configuration, each labelled)")
     p.add_argument("--gallery", type=Path, default=None, metavar="EXPORT", help="construction export folder (oodeval construct export): its ood.csv images make Fig. 2 / A5")
     add_convention(p)

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from ._options import add_convention, add_out, add_progress
+from ._options import NameList, add_convention, add_detectors, add_out, add_progress
 from ._output import add_format, info, write_rows
 
 HELP = "fit post-hoc detectors on ID-train features and report FPR@95 / AUROC per OOD set"
@@ -21,14 +21,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--test", type=Path, required=True, help="ID-test FeatureSet folder")
     p.add_argument("--nac-train", type=Path, default=None,
                    help="the FeatureSet NAC fits on, when --train has no NAC states (`oodeval extract --nac-fit N`)")  # fmt: skip
-    p.add_argument("--ood", action="append", required=True, metavar="NAME=DIR",
-                   help="an OOD FeatureSet folder with its name (repeatable)")  # fmt: skip
-    p.add_argument("--detectors", default=None,
-                   help="comma-separated detector names (default: every detector the data supports)")  # fmt: skip
+    p.add_argument("--ood", nargs="+", action=NameList, required=True, metavar="NAME=DIR",
+                   help="OOD FeatureSet folders with their names, space- or comma-separated, repeatable")  # fmt: skip
+    add_detectors(p)
     p.add_argument("--set", action="append", default=[], metavar="DETECTOR.PARAM=VALUE",
                    help="override a hyperparameter, e.g. --set knn.k=50 (repeatable)")  # fmt: skip
-    add_out(p, "table: a .csv score table, or a .parquet results table (the format of `oodeval run`, which "
-            "`oodeval report` reads; rerunning computes only the cells not yet in it)")
+    add_out(p, "table", details="A .csv path gets the score table; a .parquet file is a results table in the format of `oodeval run`, which `oodeval report` reads; "
+            "rerunning computes only the cells not yet in it")
     p.add_argument("--draws", type=int, default=1000,
                    help="bootstrap resamples for the 95%% intervals in the CSV (OOD resampled, ID fixed; 0: none)")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
@@ -77,9 +76,12 @@ def run(args: argparse.Namespace) -> int:
     return print_rows(rows, args, train, hps, fit_sets, "score")
 
 
-def parse_names(value: str | None) -> list[str] | None:
-    """``--detectors a,b`` -> ``["a", "b"]`` (None: every supported detector)."""
-    return [n.strip() for n in value.split(",") if n.strip()] if value else None
+def parse_names(value: list[str] | None) -> list[str] | None:
+    """``--detectors`` names (:class:`~oodeval.commands._options.NameList`), a ``module:Class`` one
+    registered (:func:`oodeval.detectors.resolve`); None: every supported detector."""
+    from ..detectors import resolve
+
+    return [resolve(n) for n in value] if value else None
 
 
 def print_rows(rows: list[dict], args: argparse.Namespace, train, hps: dict, fit_sets: dict, command: str) -> int:

@@ -32,7 +32,7 @@ def _add_model(p: argparse.ArgumentParser, id_names_from_features: bool = False)
         p.add_argument("--id-names", default="imagenet1k", help="'imagenet1k' or a file with one ID class name per line")
     p.add_argument("--templates", default="paper", choices=["paper", "openai", "name"], help="template set (default: paper, 8 of App. G)")
     p.add_argument("--cache", type=Path, default=None, help="text-embedding cache root (default $OODEVAL_CACHE/text-embeddings or ~/.cache/oodeval/text-embeddings)")
-    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--batch-size", type=int, default=256, help="prompts per text-encoder pass (default 256)")
     p.add_argument("--no-truncate", action="store_true", help="encode prompts at full context length")
     add_device(p)
 
@@ -44,7 +44,7 @@ def _add_llm(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-key-env", default="OPENAI_API_KEY", help="environment variable holding the key")
     p.add_argument("--llm-cache", type=Path, required=True, help="folder of cached raw responses (replayed offline)")
     p.add_argument("--offline", action="store_true", help="answer only from --llm-cache")
-    p.add_argument("--temperature", type=float, default=None)
+    p.add_argument("--temperature", type=float, default=None, help="LLM sampling temperature (default: the endpoint's own)")
     p.add_argument("--prompts", type=Path, default=None, help="prompt file (TOML; default: ours; e.g. EOE's released prompts, "
                    "format in docs/zeroshot.md)")
     add_out(p, "vocabulary JSON", required=True)
@@ -58,7 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _add_model(p)
     p.add_argument("--wordnet", type=Path, default=Path("/usr/share/wordnet"), help="WNDB folder (data.noun, data.adj)")
     p.add_argument("--M", default="5000", help="labels kept (default 5000; 'all' keeps the full ranking for sweeps)")
-    p.add_argument("--percentile", type=float, default=95.0)
+    p.add_argument("--percentile", type=float, default=95.0, help="NegMining's eta: a label's distance is this percentile over ID classes of its cosine to them (default 95)")
     p.add_argument("--keep-id-names", action="store_true", help="do not drop lexicon entries equal to an ID name")
     add_out(p, "vocabulary JSON", required=True)
 
@@ -67,38 +67,38 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _add_llm(p)
     p.add_argument("--k", type=int, default=20, help="siblings requested per class")
     p.add_argument("--generations", type=int, nargs="+", default=[0], help="generation indices to merge (default 0)")
-    p.add_argument("--wordnet", type=Path, default=Path("/usr/share/wordnet"))
+    p.add_argument("--wordnet", type=Path, default=Path("/usr/share/wordnet"), help="WNDB folder whose synonyms of ID names are removed")
 
     p = add_command(sub, "eoe", "EOE envisioned outlier classes (far | near | fine_grained)",
                     "oodeval vocab eoe --style near --llm-model gpt-4o --llm-cache llm-cache --out vocab/eoe-near.json")
     _add_llm(p)
-    p.add_argument("--style", default="fine_grained", choices=["far", "near", "fine_grained"])
+    p.add_argument("--style", default="fine_grained", choices=["far", "near", "fine_grained"], help="EOE prompt style: far, near or fine_grained outliers (default fine_grained)")
     p.add_argument("--n-classes", type=int, default=500, help="far / fine_grained: classes asked for, 50 per turn (default 500)")
     p.add_argument("--per-class", type=int, default=3, help="near: names asked per ID class (default 3, as released)")
-    p.add_argument("--generation", type=int, default=0)
+    p.add_argument("--generation", type=int, default=0, help="generation index: another index asks the LLM again, a cached one replays (default 0)")
 
     p = add_command(sub, "union", "union of vocabularies, first occurrence kept",
                     "oodeval vocab union vocab/wordnet.json vocab/siblings.json --out vocab/union.json")
-    p.add_argument("inputs", type=Path, nargs="+")
+    p.add_argument("inputs", type=Path, nargs="+", help="vocabulary JSON files, in order of precedence")
     add_out(p, "vocabulary JSON", required=True)
 
     p = add_command(sub, "oracle", "a benchmark's own OOD labels from a manifest column",
                     "oodeval vocab oracle ninco/manifest.csv --column ood_label --id-names imagenet1k --out vocab/oracle.json")
-    p.add_argument("manifest", type=Path)
-    p.add_argument("--column", default="ood_label")
+    p.add_argument("manifest", type=Path, help="manifest CSV of the OOD benchmark")
+    p.add_argument("--column", default="ood_label", help="manifest column holding the OOD labels (default ood_label)")
     p.add_argument("--id-names", default=None, help="drop labels equal to these ID names ('imagenet1k' or file)")
     add_out(p, "vocabulary JSON", required=True)
 
     p = add_command(sub, "sweep", "FPR@95 vs WordNet prefix size M (wordnet) or siblings per class k (siblings)",
                     "oodeval vocab sweep wordnet --model ViT-B-16@openai --pretrained --vocab vocab/wordnet-all.json --id-features feats/id "
                     "--ood-features feats/ood --values 100 1000 10000 --out sweep.json")
-    p.add_argument("kind", choices=["wordnet", "siblings"])
+    p.add_argument("kind", choices=["wordnet", "siblings"], help="wordnet: prefixes of size M of a ranked vocabulary; siblings: k siblings per ID class")
     _add_model(p, id_names_from_features=True)
     p.add_argument("--vocab", type=Path, required=True, help="ranked NegMined vocabulary (wordnet) or llm-siblings vocabulary")
     p.add_argument("--id-features", type=Path, required=True, help="FeatureSet folder of ID images")
     p.add_argument("--ood-features", type=Path, required=True, help="FeatureSet folder of OOD images")
     p.add_argument("--values", type=int, nargs="+", required=True, help="M values (wordnet) or k values (siblings)")
-    p.add_argument("--scorer", default="neglabel", choices=["neglabel", "eoe"])
+    p.add_argument("--scorer", default="neglabel", choices=["neglabel", "eoe"], help="zero-shot scorer of the curve (default neglabel)")
     p.add_argument("--n-groups", type=int, default=100, help="NegLabel groups (default 100)")
     p.add_argument("--sample-seed", type=int, default=0, help="seed of the per-class sibling order")
     add_out(p, "curve JSON")

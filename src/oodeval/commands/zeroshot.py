@@ -21,7 +21,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ood-features", type=Path, required=True, help="FeatureSet folder of OOD images")
     p.add_argument("--scorers", default="logit", help="comma-separated names, 'logit' (the 7 logit-space ones) or 'all'")
     p.add_argument("--vocab", type=Path, default=None, help="negative vocabulary JSON (needed by neglabel, eoe)")
-    p.add_argument("--tau", type=float, default=0.01)
+    p.add_argument("--tau", type=float, default=0.01, help="softmax temperature of the similarity scores (default 0.01)")
     add_out(p, "scores (<scorer>.id.npy, <scorer>.ood.npy) and metrics.json", folder=True)
 
 

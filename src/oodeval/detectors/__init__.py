@@ -36,16 +36,47 @@ def names(*tags: str) -> list[str]:
     return REGISTRY.names(*tags)
 
 
+def default_names() -> list[str]:
+    """The detectors a default selection draws from: every registered one except the ``module:Class``
+    ones :func:`resolve` registered (those run where they are named)."""
+    return [n for n in REGISTRY.names() if "plugin" not in REGISTRY[n].tags]
+
+
 def create(name: str, **hyperparameters) -> Detector:
-    """A new detector ``name`` with the paper's defaults, overridden by ``hyperparameters``."""
-    return REGISTRY.create(name, **hyperparameters)
+    """A new detector ``name`` (a registered one, or ``module:Class``, :func:`resolve`) with its
+    defaults, overridden by ``hyperparameters``."""
+    return REGISTRY.create(resolve(name), **hyperparameters)
+
+
+def resolve(name: str) -> str:
+    """``name`` as a registry name: a registered detector as it is; ``package.module:Class`` (a
+    :class:`~oodeval.detectors.base.Detector` subclass importable from ``sys.path``) is imported and
+    registered under that name (tag ``plugin``), so it works in every command like a built-in one
+    (docs/extending.md). A class registered already keeps its registry name."""
+    if ":" not in name or name in REGISTRY:
+        return name
+    module, _, attr = name.partition(":")
+    try:
+        cls = getattr(importlib.import_module(module), attr)
+    except ImportError as exc:
+        raise ValueError(f"detector {name!r}: cannot import {module!r} ({exc}); put its folder on PYTHONPATH "
+                         "(an experiment file's own folder is on it)") from exc
+    except AttributeError:
+        raise ValueError(f"detector {name!r}: module {module!r} has no {attr!r}") from None
+    if not (isinstance(cls, type) and issubclass(cls, Detector)):
+        raise ValueError(f"detector {name!r} is not a subclass of oodeval.detectors.base.Detector")
+    known = next((n for n in REGISTRY.names() if REGISTRY[n] is cls), None)
+    if known is not None:
+        return known
+    REGISTRY.register(name, tags=("plugin",))(cls)
+    return name
 
 
 def supported(train: FeatureSet | None, test: FeatureSet, candidates: list[str] | None = None) -> list[str]:
     """The detectors among ``candidates`` (default: every registered one) whose needs the FeatureSets
     meet and that suit ``test`` (:meth:`Detector.suits`: ``cnc`` only on a K+1 model's features)."""
     out = []
-    for name in names() if candidates is None else candidates:
+    for name in default_names() if candidates is None else candidates:
         cls = REGISTRY[name]
         if (cls.fit_needs and train is None) or not cls.suits(test):
             continue

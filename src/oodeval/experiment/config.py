@@ -167,6 +167,8 @@ class ExperimentConfig:
     selection: SelectionSpec | None = None
     id_classes: Path | None = None
     name: str = "experiment"
+    #: not a file key: whether extraction shows progress bars (``run_experiment(progress=...)``)
+    progress: bool = True
 
     def detectors_for(self, model: ModelSpec) -> tuple[DetectorSpec, ...] | None:
         """The detector list of ``model``: its own, else the experiment's list for its kind
@@ -248,6 +250,14 @@ def _detector(entry: Any, where: str, known: set[str], base: Path, zeroshot: boo
         entry = {"name": entry}
     t = _check_keys(entry, _DETECTOR, where)
     name = _typed(t, "name", str, where, required=True)
+    if not zeroshot and ":" in name and name not in known:
+        from ..detectors import resolve
+
+        try:
+            name = resolve(name)
+        except ValueError as exc:
+            raise _fail(where, str(exc)) from None
+        known = known | {name}
     if name not in known:
         what = "zero-shot scorer" if zeroshot else "detector"
         raise _fail(where, f"unknown {what} {name!r}; known: {', '.join(sorted(known))}")
@@ -343,6 +353,24 @@ def _model(entry: Any, i: int, base: Path, n_seeds: int) -> ModelSpec:
     )
 
 
+def _names_code(t: dict) -> bool:
+    """Whether the file names code of its own: a ``package.module:factory`` model or a ``module:Class`` detector."""
+    models = [m.get("name", "") for m in t.get("models", []) if isinstance(m, dict)]
+    dets = [d if isinstance(d, str) else d.get("name", "") for d in t.get("detectors") or [] if isinstance(d, str | dict)]
+    dets += [d if isinstance(d, str) else d.get("name", "") for m in t.get("models", []) if isinstance(m, dict)
+             for d in m.get("detectors") or [] if isinstance(d, str | dict)]  # fmt: skip
+    return any(isinstance(n, str) and ":" in n and not n.startswith(("timm:", "open_clip:", "hf:")) for n in models + dets)
+
+
+def _importable(t: dict, base: Path) -> None:
+    """Put the experiment file's own folder on ``sys.path`` (first) when the file names code of its
+    own, so ``my_models:net`` beside it imports without ``PYTHONPATH=.``."""
+    import sys
+
+    if _names_code(t) and str(base) not in sys.path:
+        sys.path.insert(0, str(base))
+
+
 def _check_weights_chosen(m: ModelSpec, has_train: bool, ood_labels: list[str]) -> None:
     """Refuse a model that would extract (a role without a precomputed FeatureSet) with no weights
     chosen: no silent random init (docs/experiments.md)."""
@@ -434,6 +462,7 @@ def load_config(source: str | Path | dict | ExperimentConfig, base_dir: str | Pa
         path = Path(source)
         data, base = _read(path), Path(base_dir or path.parent).resolve()
     t = _check_keys(data, _TOP, "top level")
+    _importable(t, base)
     seeds = _typed(t, "seeds", list, "top level", [0])
     if not seeds or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
         raise _fail("top level", f"seeds must be a non-empty list of integers, got {seeds!r}")

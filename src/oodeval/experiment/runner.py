@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -113,7 +113,7 @@ FeatureFn = Callable[[ModelSpec, "str | None", DatasetSpec, str, ExperimentConfi
 
 def _extract_options(model: ModelSpec, weights: str | None, cfg: ExperimentConfig) -> dict:
     return {"weights": weights, "pretrained": bool(model.pretrained), "data_root": cfg.data_root, "batch_size": cfg.batch_size, "num_workers": cfg.num_workers,
-            "device": cfg.device, "model_kwargs": model.model_kwargs or None, "progress": True, "head": model.head}
+            "device": cfg.device, "model_kwargs": model.model_kwargs or None, "progress": cfg.progress, "head": model.head}
 
 
 def extract_features(model: ModelSpec, weights: str | None, ds: DatasetSpec, role: str, cfg: ExperimentConfig) -> FeatureSet:
@@ -389,7 +389,7 @@ def run_experiment(
     :func:`extract_features`). ``executor``: "inprocess" (default), or "local" / "slurm" to fan
     the work out as submitit jobs with ``executor_options`` passed to ``update_parameters``, or
     "ray" for Ray tasks (see :mod:`oodeval.experiment.executors`)."""
-    cfg = load_config(config)
+    cfg = replace(load_config(config), progress=progress)
     features = features or extract_features
     if executor not in EXECUTORS:
         raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")

@@ -171,7 +171,7 @@ def load_factory(spec: str, model_kwargs: dict | None = None) -> tuple[nn.Module
     try:
         mod = importlib.import_module(mod_name)
     except ImportError as exc:
-        raise ValueError(f"model {spec!r}: cannot import {mod_name!r} ({exc}); is it on PYTHONPATH?") from exc
+        raise ValueError(f"model {spec!r}: cannot import {mod_name!r} ({exc}); is it on PYTHONPATH? (PYTHONPATH=. from its folder; an experiment file beside it puts that folder on the path itself)") from exc
     factory = getattr(mod, attr, None)
     if not callable(factory):
         raise ValueError(f"model {spec!r}: {mod_name} has no callable {attr!r}")
