@@ -33,8 +33,10 @@ def extract_features(model: nn.Module | str, data: object, store: str | os.PathL
     see :mod:`oodeval.features.module`). ``data``: a manifest, registry name, image folder or CSV.
     ``options`` are those of :func:`oodeval.features.extract.extract` (``taps=True`` for NAC, ...).
     """
-    from .features.extract import extract
+    from ._extras import needs
 
+    with needs():
+        from .features.extract import extract
     return FeatureSet.load(extract(model, data, store, **options))
 
 

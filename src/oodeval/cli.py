@@ -22,6 +22,7 @@ import sys
 import traceback
 
 from . import __version__, commands
+from ._extras import missing_extra
 from .commands._options import Formatter, add_command, examples
 
 #: errors that come from the user's input or environment, not from a bug in oodeval
@@ -129,6 +130,10 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - the one place every command's errors end
         if args.verbose:
             traceback.print_exc()
+        extra = missing_extra(exc)
+        if extra is not None:
+            print(f"{prog}: error: {extra}", file=sys.stderr)
+            return 2
         expected = isinstance(exc, EXPECTED)
         msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc) or type(exc).__name__
         if expected:

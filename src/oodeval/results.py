@@ -37,6 +37,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ._extras import needs
 from ._io import atomic_path, claim_folder, parquet_has_columns
 
 __all__ = [
@@ -137,7 +138,8 @@ def _part_files(path: Path) -> list[Path]:
 
 
 def _read_table(path: Path) -> pd.DataFrame:
-    df = pd.read_parquet(path)
+    with needs():  # pyarrow is the results extra
+        df = pd.read_parquet(path)
     missing = [k for k in KEY if k not in df.columns]
     if missing:
         raise ValueError(f"{path} is not an oodeval results table: it lacks key column(s) {', '.join(missing)}")
@@ -199,7 +201,7 @@ def save_results(df: pd.DataFrame, path: str | Path) -> Path:
     """Write ``df`` to ``path`` as Parquet atomically (temporary file, then one rename)."""
     path = Path(path)
     df = _conform(df)
-    with atomic_path(path, "results table", is_results_table) as tmp:
+    with needs(), atomic_path(path, "results table", is_results_table) as tmp:
         df.to_parquet(tmp, index=False)
     return path
 

@@ -62,14 +62,17 @@ def backbone_family(model: str | None) -> str:
     """
     if not model:
         return "unknown"
-    from ..features.backbones import parse_model_name
+    from ..features.names import parse_model_name
 
     kind, name, _ = parse_model_name(model)
     if kind == "open_clip":
         return "resnet" if name.upper().startswith("RN") else "vit" if name.startswith("ViT") else "other"
     if kind != "timm":  # a user's own nn.Module or factory
         return "unknown"
-    from timm.models import is_model, model_entrypoint, split_model_name_tag
+    from .._extras import needs
+
+    with needs():  # a timm name's family (and so its defaults) comes from timm's registry
+        from timm.models import is_model, model_entrypoint, split_model_name_tag
 
     arch = split_model_name_tag(name)[0]
     if not is_model(arch):

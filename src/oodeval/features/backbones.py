@@ -29,6 +29,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from .names import parse_model_name
+
 log = logging.getLogger(__name__)
 
 __all__ = ["Backbone", "full_precision", "load_backbone", "load_open_clip", "load_state_dict_file", "load_head", "save_head", "file_hash",
@@ -37,29 +39,6 @@ __all__ = ["Backbone", "full_precision", "load_backbone", "load_open_clip", "loa
 #: state-dict name prefixes of image-tower parameters (open_clip ``visual.``; transformers
 #: ``vision_model.`` / ``visual_projection.``, also under oodeval's ``hf.`` wrapper)
 _IMAGE_PREFIXES = ("visual.", "vision_model.", "visual_projection.", "hf.vision_model.", "hf.visual_projection.")
-
-
-def parse_model_name(model: str) -> tuple[str, str, str | None]:
-    """``(kind, name, tag)`` for ``timm:<name>``, ``<name>``, ``open_clip:<arch>[@<tag>]``, ``hf:<repo or folder>``
-    (a transformers VLM, :mod:`oodeval.features.hf`), and ``package.module:factory`` (kind ``python``: user
-    code returning an ``nn.Module``, see :mod:`oodeval.features.module`)."""
-    if model.startswith("hf:"):
-        if not model[3:]:
-            raise ValueError(f"model {model!r}: no Hugging Face repo id or folder after 'hf:'")
-        return "hf", model[3:], None
-    if model.startswith("open_clip:"):
-        arch = model[len("open_clip:") :]
-        arch, _, tag = arch.partition("@")
-        if not arch:
-            raise ValueError(f"model {model!r}: no open_clip architecture after 'open_clip:'")
-        return "open_clip", arch, tag or None
-    if model.startswith("timm:"):
-        model = model[len("timm:") :]
-    elif ":" in model:
-        return "python", model, None
-    if not model:
-        raise ValueError("empty model name")
-    return "timm", model, None
 
 
 def text_tower_fingerprint(model: nn.Module) -> str:

@@ -19,9 +19,12 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from matplotlib.figure import Figure
 
+from .._extras import needs
 from .._io import atomic_path
+
+with needs():  # matplotlib is the report extra
+    from matplotlib.figure import Figure
 
 __all__ = ["save_figure", "FORMATS", "merged_pool", "gallery", "best_per_dataset", "roc_curves", "histograms", "subsampling_bands", "vocabulary_curves"]
 
