@@ -144,7 +144,42 @@ def test_html_renders_in_headless_chromium(report, tmp_path):
         for img in images:
             complete, width = driver.execute_script("return [arguments[0].complete, arguments[0].naturalWidth];", img)
             assert complete and width > 0
-        notes = driver.find_elements(By.CSS_SELECTOR, "p.note")
-        assert any("vocabulary" in n.text for n in notes)  # Tab. 2 omitted with its reason
+        notes = driver.find_elements(By.CSS_SELECTOR, "ul.summary li.omitted")
+        assert any(n.text.startswith("Tab. 2") and "vocabulary" in n.text for n in notes)  # Tab. 2 omitted with its reason, in the summary
+        assert not driver.find_elements(By.CSS_SELECTOR, "section#tab2")  # and no section of its own
+        first = driver.execute_script("return document.body.children[1];")
+        assert first.get_attribute("id") == "summary" and "Models (1): synthetic (supervised)" in first.text
+    finally:
+        driver.quit()
+
+
+def test_a_long_table_is_folded_with_its_head_visible(tmp_path):
+    """In headless Chromium: a 30-row view shows its head and 10 rows; the other 20 unfold on a click."""
+    import pandas as pd
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+
+    from oodeval.report.render import html_page
+    from oodeval.report.views import View
+
+    view = View("long", "Tab. X — long", "thirty rows", pd.DataFrame({"Detector": [f"d{i}" for i in range(30)], "FPR@95": ["1.0"] * 30}))
+    page = tmp_path / "p.html"
+    page.write_text(html_page("t", "intro", [view], [], [("Models (1): m", [])]))
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = "/usr/bin/chromium"
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-dev-shm-usage",
+                f"--user-data-dir={tmp_path / 'chrome-profile'}"):  # fmt: skip
+        opts.add_argument(arg)
+    driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=opts)
+    try:
+        driver.get(page.resolve().as_uri())
+        shown = [r for r in driver.find_elements(By.CSS_SELECTOR, "tr") if r.is_displayed()]
+        assert [r.text for r in shown][:2] == ["Detector FPR@95", "d0 1.0"] and len(shown) == 1 + 10
+        fold = driver.find_element(By.CSS_SELECTOR, 'details.fold[data-fold="long"] summary')
+        assert fold.text == "show the other 20 of 30 rows"
+        fold.click()
+        shown = [r.text for r in driver.find_elements(By.CSS_SELECTOR, "tr") if r.is_displayed()]
+        assert len(shown) == 2 + 30 and shown[-1] == "d29 1.0"  # the unfolded part repeats the head
     finally:
         driver.quit()

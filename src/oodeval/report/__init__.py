@@ -17,6 +17,7 @@ from . import figures as figs
 from .paper_views import CLEAN_SUFFIX, gallery_items
 from .render import html_page, latex, markdown
 from .selection import select_configurations
+from .summary import run_summary
 from .subsampling import model_scores, subsampling_curves
 from .views import VIEWS, Figure, View, add_det, best_row, full_split, prepare, register_view
 
@@ -298,9 +299,10 @@ def write_report(
         intro += (f" RANDOM-INIT WEIGHTS: {', '.join(random)} ran with randomly initialised weights (chosen with "
                   "pretrained = false / --pretrained none); their numbers are a baseline, not a trained model's.")
     paths: dict[str, Path] = {"markdown": out_dir / "report.md", "latex": out_dir / "report.tex", "html": out_dir / "report.html"}
-    write_text_atomic(paths["markdown"], markdown(title, intro, views, figures, out_dir))
-    write_text_atomic(paths["latex"], latex(title, intro, views, figures, out_dir))
-    write_text_atomic(paths["html"], html_page(title, intro, views, figures))
+    summary = run_summary(df, views, figures, choice, convention)
+    write_text_atomic(paths["markdown"], markdown(title, intro, views, figures, out_dir, summary))
+    write_text_atomic(paths["latex"], latex(title, intro, views, figures, out_dir, summary))
+    write_text_atomic(paths["html"], html_page(title, intro, views, figures, summary))
     for f in figures:
         if f.path:
             paths[f.key] = Path(f.path)

@@ -33,14 +33,22 @@ def _md_cell(c: Cell) -> str:
     return t
 
 
-def markdown(title: str, intro: str, views: list[View], figures: list[Figure], base: Path) -> str:
-    """The whole report as GitHub-flavoured Markdown (figures linked relative to ``base``)."""
-    out = [f"# {title}", "", intro, ""]
+Summary = list[tuple[str, list[str]]]
+
+
+def markdown(title: str, intro: str, views: list[View], figures: list[Figure], base: Path, summary: Summary = ()) -> str:
+    """The whole report as GitHub-flavoured Markdown (figures linked relative to ``base``); the run
+    ``summary`` (:func:`oodeval.report.summary.run_summary`) first, views and figures without data only there."""
+    out = [f"# {title}", ""]
+    for line, subs in summary:
+        out += [f"- {line}"] + [f"  - {s}" for s in subs]
+    out += ["", intro, ""]
     for v in views:
-        out += [f"## {v.title}", "", v.caption, ""]
         if not v.present:
-            out += [f"*{v.note}*", ""]
+            if not summary:
+                out += [f"## {v.title}", "", v.caption, "", f"*{v.note}*", ""]
             continue
+        out += [f"## {v.title}", "", v.caption, ""]
         cols = [str(c) for c in v.frame.columns]
         out.append("| " + " | ".join(_md_escape(c) for c in cols) + " |")
         out.append("|" + "|".join("---" for _ in cols) + "|")
@@ -49,12 +57,14 @@ def markdown(title: str, intro: str, views: list[View], figures: list[Figure], b
         out.append("")
     out += ["## Figures", ""]
     for f in figures:
+        if summary and not f.path:
+            continue
         out += [f"### {f.title}", "", f.caption, ""]
         if f.path:
             rel = Path(f.path).relative_to(base)
             vector = [f"[{s.upper()}]({rel.with_suffix('.' + s).as_posix()})" for s in ("pdf", "svg") if Path(f.path).with_suffix("." + s).is_file()]
             out += [f"![{f.title}]({rel.as_posix()})", ""] + ([f"Vector: {', '.join(vector)}", ""] if vector else [])
-        else:
+        elif not summary:
             out += [f"*{f.note}*", ""]
     return "\n".join(out)
 
@@ -87,20 +97,28 @@ def _tex_figure(png: Path) -> Path:
     return pdf if pdf.is_file() else png
 
 
-def latex(title: str, intro: str, views: list[View], figures: list[Figure], base: Path) -> str:
-    """A standalone LaTeX document (booktabs tables, figures by relative path, as PDF where written)."""
+def latex(title: str, intro: str, views: list[View], figures: list[Figure], base: Path, summary: Summary = ()) -> str:
+    """A standalone LaTeX document (booktabs tables, figures by relative path, as PDF where written),
+    opening with the run ``summary``; views and figures without data only there."""
     out = [
         r"\documentclass{article}",
         r"\usepackage[margin=1.5cm,landscape]{geometry}",
         r"\usepackage{booktabs,graphicx,xcolor,longtable}",
         r"\begin{document}",
         rf"\section*{{{_tex(title)}}}",
-        _tex(intro),
-        "",
     ]
+    if summary:
+        out.append(r"\begin{itemize}")
+        for line, subs in summary:
+            out.append(rf"\item {_tex(line)}")
+            if subs:
+                out += [r"\begin{itemize}", *(rf"\item {_tex(s)}" for s in subs), r"\end{itemize}"]
+        out.append(r"\end{itemize}")
+    out += [_tex(intro), ""]
     for v in views:
         if not v.present:
-            out += [rf"\paragraph{{{_tex(v.title)}}} \emph{{{_tex(v.note)}}}", ""]
+            if not summary:
+                out += [rf"\paragraph{{{_tex(v.title)}}} \emph{{{_tex(v.note)}}}", ""]
             continue
         cols = [str(c) for c in v.frame.columns]
         spec = "l" + "r" * (len(cols) - 1)
@@ -122,7 +140,7 @@ def latex(title: str, intro: str, views: list[View], figures: list[Figure], base
                 r"\end{figure}",
                 "",
             ]
-        else:
+        elif not summary:
             out += [rf"\paragraph{{{_tex(f.title)}}} \emph{{{_tex(f.note)}}}", ""]
     out += [r"\end{document}", ""]
     return "\n".join(out)
@@ -135,7 +153,10 @@ table{border-collapse:collapse;margin:0.6em 0 1.6em;font-size:13px}
 th,td{border-bottom:1px solid #ddd;padding:3px 9px;text-align:right;white-space:nowrap}
 th{border-bottom:2px solid #444;background:#f4f4f4}
 td:first-child,th:first-child{text-align:left}
-td.muted{color:#999} td.text{text-align:left} .note{color:#777;font-style:italic} .caption{max-width:1000px;color:#444}
+td.muted{color:#555} td.text{text-align:left} .note{color:#555;font-style:italic} .caption{max-width:1000px;color:#333}
+ul.summary{background:#f6f8fa;border:1px solid #d0d7de;padding:0.8em 0.8em 0.8em 2em;max-width:1300px}
+ul.summary li{margin:0.2em 0} li.omitted{color:#444}
+details.fold summary{cursor:pointer;color:#0550ae;margin:-1.2em 0 1.6em}
 figure{margin:1em 0 2em} figure img{max-width:100%;border:1px solid #eee}
 nav a{margin-right:1em}
 """
@@ -154,26 +175,54 @@ def _html_cell(c: Cell) -> str:
     return f'<td class="{" ".join(classes)}">{t}</td>' if classes else f"<td>{t}</td>"
 
 
-def html_page(title: str, intro: str, views: list[View], figures: list[Figure]) -> str:
-    """One self-contained HTML page: every figure embedded as a base64 PNG data URI."""
+#: a table with more rows shows its head and first :data:`FOLD_SHOWN` rows, the rest in a <details>
+FOLD_ROWS = 20
+FOLD_SHOWN = 10
+
+
+def _html_summary(summary: Summary) -> str:
+    items = []
+    for line, subs in summary:
+        inner = "".join(f'<li class="omitted">{html.escape(s)}</li>' for s in subs)
+        items.append(f"<li>{html.escape(line)}" + (f"<ul>{inner}</ul>" if inner else "") + "</li>")
+    return '<ul class="summary" id="summary">' + "".join(items) + "</ul>"
+
+
+def _html_table(v: View) -> list[str]:
+    """The view's table; a long one folded: head and first rows visible, the rest (same head) in <details>."""
+    head = "<thead><tr>" + "".join(f"<th>{html.escape(str(c))}</th>" for c in v.frame.columns) + "</tr></thead>"
+    rows = ["<tr>" + "".join(_html_cell(c) for c in row) + "</tr>" for row in _cells(v.frame)]
+    if len(rows) <= FOLD_ROWS:
+        return [f'<table data-view="{v.key}">{head}<tbody>', *rows, "</tbody></table>"]
+    return [f'<table data-view="{v.key}">{head}<tbody>', *rows[:FOLD_SHOWN], "</tbody></table>",
+            f'<details class="fold" data-fold="{v.key}"><summary>show the other {len(rows) - FOLD_SHOWN} of {len(rows)} rows</summary>',
+            f'<table data-view-rest="{v.key}">{head}<tbody>', *rows[FOLD_SHOWN:], "</tbody></table></details>"]  # fmt: skip
+
+
+def html_page(title: str, intro: str, views: list[View], figures: list[Figure], summary: Summary = ()) -> str:
+    """One self-contained HTML page: the run ``summary`` first (views and figures without data only
+    there), every figure embedded as a base64 PNG data URI, long tables folded."""
+    shown = [v for v in views if v.present or not summary]
     out = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
         f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body>",
         f"<h1>{html.escape(title)}</h1>",
+        _html_summary(summary) if summary else "",
         f"<p>{html.escape(intro)}</p>",
-        "<nav>" + "".join(f'<a href="#{v.key}">{html.escape(v.title.split(" — ")[0])}</a>' for v in views) + '<a href="#figures">Figures</a></nav>',
+        "<nav>" + "".join(f'<a href="#{v.key}">{html.escape(v.title.split(" — ")[0])}</a>' for v in shown) + '<a href="#figures">Figures</a></nav>',
     ]
-    for v in views:
+    for v in shown:
         out.append(f'<section id="{v.key}"><h2>{html.escape(v.title)}</h2><p class="caption">{html.escape(v.caption)}</p>')
         if not v.present:
             out.append(f'<p class="note">{html.escape(v.note)}</p></section>')
             continue
-        out.append(f'<table data-view="{v.key}"><thead><tr>' + "".join(f"<th>{html.escape(str(c))}</th>" for c in v.frame.columns) + "</tr></thead><tbody>")
-        out += ["<tr>" + "".join(_html_cell(c) for c in row) + "</tr>" for row in _cells(v.frame)]
-        out.append("</tbody></table></section>")
+        out += _html_table(v)
+        out.append("</section>")
     out.append('<section id="figures"><h2>Figures</h2>')
     for f in figures:
+        if summary and not f.path:
+            continue
         if f.path:
             data = base64.b64encode(Path(f.path).read_bytes()).decode("ascii")
             out.append(
