@@ -151,11 +151,12 @@ def _figures(df: pd.DataFrame, results_path: Path, choice: dict, fig_dir: Path, 
     f = full_split(frame)
     f = f[f["vocabulary"].isna()]
     # Fig. 1
-    fig1 = Figure("fig1", "Fig. 1 — best detector per OOD set", f"{model}: lowest FPR@95 over its detectors on every full-size OOD set.")
+    fig1 = Figure("fig1", "Fig. 1 — best detector per OOD set", f"{model}: lowest FPR@95 over its detectors on every full-size OOD set; error bars: bootstrap 95% CIs.")
     mf = f[f["model"] == model]
     if len(mf):
         full_size = mf[~mf["dataset"].str.endswith(CLEAN_SUFFIX)]
-        best = pd.DataFrame([best_row(g) for _, g in full_size.groupby("dataset", sort=False)])[["dataset", "fpr95", "det"]]
+        best = pd.DataFrame([best_row(g) for _, g in full_size.groupby("dataset", sort=False)])
+        best = best[[c for c in ("dataset", "fpr95", "det", "fpr95_lo", "fpr95_hi") if c in best.columns]]
         fig1.path = figs.save_figure(figs.best_per_dataset(best, model), fig_dir / "fig1_best_per_dataset.png", formats)
     else:
         fig1.note = "omitted: no results"

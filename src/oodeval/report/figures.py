@@ -1,6 +1,6 @@
 """The report's PNG figures (matplotlib, Agg canvas, no pyplot state).
 
-- Fig. 1: best FPR@95 per OOD set for one model (best of its detectors, named on the bar).
+- Fig. 1: best FPR@95 per OOD set for one model (best of its detectors, named on the bar), with its 95% CI.
 - ROC curves (ID positive) of one model's best detectors on the primary set (``sklearn.metrics.roc_curve``).
 - ID vs OOD score histograms of each model's best detector on the primary set.
 - Fig. A4: mean FPR@95 over sub-sampling draws ± 2 std against n, full-set values dotted, the
@@ -46,14 +46,25 @@ def save_figure(fig: Figure, path: Path, formats: tuple[str, ...] = FORMATS) -> 
 
 
 def best_per_dataset(best: pd.DataFrame, model: str) -> Figure:
-    """Fig. 1 from ``best`` (columns dataset, fpr95, det), one bar per OOD set, sorted."""
+    """Fig. 1 from ``best`` (columns dataset, fpr95, det; ``fpr95_lo`` / ``fpr95_hi`` where known),
+    one bar per OOD set, sorted, with its bootstrap 95% CI as an error bar; a value of 0 still shows
+    as a tick at the axis."""
     best = best.sort_values("fpr95")
     fig = Figure(figsize=(7, 0.45 * len(best) + 1.2))
     ax = fig.add_subplot()
     y = np.arange(len(best))
-    ax.barh(y, 100 * best["fpr95"].to_numpy(), color="0.6")
-    for yi, (v, d) in enumerate(zip(best["fpr95"], best["det"])):
-        ax.text(100 * v + 0.5, yi, f"{100 * v:.1f} ({d})", va="center", fontsize=8)
+    v = 100 * best["fpr95"].to_numpy()
+    ax.barh(y, v, color="0.6")
+    ax.plot(v, y, "|", color="k", ms=12, mew=2)  # the value itself, visible at 0 too
+    right = v
+    if {"fpr95_lo", "fpr95_hi"} <= set(best.columns):
+        lo, hi = 100 * best["fpr95_lo"].to_numpy(dtype=float), 100 * best["fpr95_hi"].to_numpy(dtype=float)
+        known = np.isfinite(lo) & np.isfinite(hi)
+        if known.any():
+            ax.errorbar(v[known], y[known], xerr=[v[known] - lo[known], hi[known] - v[known]], fmt="none", ecolor="k", capsize=3, lw=1)
+            right = np.where(known, hi, v)
+    for yi, (r, val, d) in enumerate(zip(right, v, best["det"])):
+        ax.text(r + 1.0, yi, f"{val:.1f} ({d})", va="center", fontsize=8)
     ax.set_yticks(y, list(best["dataset"]))
     ax.invert_yaxis()
     ax.set_xlim(0, 115)
@@ -83,12 +94,16 @@ def roc_curves(curves: dict[str, tuple[np.ndarray, np.ndarray]], title: str) -> 
 
 def histograms(panels: dict[str, tuple[str, np.ndarray, np.ndarray]], dataset: str) -> Figure:
     """One panel per model: title -> (detector, ID scores, OOD scores); densities with shared bins."""
+    from matplotlib.ticker import MaxNLocator
+
     k = len(panels)
     cols = min(k, 3)
     rows = int(np.ceil(k / cols))
-    fig = Figure(figsize=(4.2 * cols, 3.2 * rows))
+    fig = Figure(figsize=(4.2 * cols, 3.2 * rows), layout="constrained")  # panels never overlap their neighbours' ticks
     for i, (model, (det, id_s, ood_s)) in enumerate(panels.items()):
         ax = fig.add_subplot(rows, cols, i + 1)
+        ax.xaxis.set_major_locator(MaxNLocator(5))
+        ax.tick_params(labelsize=7)
         lo, hi = min(id_s.min(), ood_s.min()), max(id_s.max(), ood_s.max())
         bins = np.linspace(lo, hi if hi > lo else lo + 1, 40)
         ax.hist(id_s, bins=bins, density=True, alpha=0.55, label=f"ID (n={id_s.size})")
@@ -106,10 +121,13 @@ def subsampling_bands(curves: dict, model: str, reference: tuple[str, float] | N
     """Fig. A4 from :func:`oodeval.report.subsampling.subsampling_curves`."""
     fig = Figure(figsize=(7, 4.5))
     ax = fig.add_subplot()
+    markers = "osD^v<>ph*"
     for i, (dataset, c) in enumerate(curves.items()):
         color = f"C{i}"
         m, s = 100 * c["mean"], 100 * c["std"]
-        ax.plot(c["n"], m, color=color, label=f"{dataset} ({c['detector']})")
+        # hollow markers shrinking series by series: lines that coincide (all at 0) stay visible
+        ax.plot(c["n"], m, color=color, marker=markers[i % len(markers)], ms=max(10 - 2 * i, 3), mfc="none", mew=1.2,
+                label=f"{dataset} ({c['detector']})", zorder=3)  # fmt: skip
         ax.fill_between(c["n"], np.clip(m - 2 * s, 0, 100), np.clip(m + 2 * s, 0, 100), color=color, alpha=0.2)
         ax.axhline(100 * c["full"], color=color, ls=":", lw=1)
     if reference is not None:
@@ -119,7 +137,7 @@ def subsampling_bands(curves: dict, model: str, reference: tuple[str, float] | N
     ax.set_xscale("log")
     ax.set_xlabel("draw size n (log)")
     ax.set_ylabel("FPR@95 (%), mean ± 2 std over draws (clipped to [0, 100])")
-    ax.set_ylim(0, 100)
+    ax.set_ylim(-4, 104)  # a series at 0 or 100 is not hidden by the frame
     ax.set_title(f"{model}: FPR@95 on random subsets")
     ax.legend(fontsize=7)
     return fig
