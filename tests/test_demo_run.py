@@ -36,6 +36,8 @@ def test_tables_printed_for_every_ood_set(quick):
     block = text.split("OOD set fmnist-heldout ")[1].split("\n\n")[0]
     best = min(result.tables["fmnist-heldout"], key=lambda r: r["fpr95"])
     assert re.search(rf"{re.escape(best['detector'])}\s+{100 * best['fpr95']:.1f}\*", block)
+    ood_pos = f"{100 * best['fpr95_ood_positive']:.1f}"  # both FPR@95 conventions, side by side
+    assert "FPR@95 ID-pos %" in block and re.search(rf"{re.escape(best['detector'])}\s+\S+\s+\[[^]]+\]\s+{re.escape(ood_pos)}\s", block)
     assert "Sub-sampling" in text and "closed form" in text
     assert result.subsampling.frame is not None and len(result.subsampling.frame) == len(OOD_LABELS)
 
