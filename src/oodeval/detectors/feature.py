@@ -27,17 +27,27 @@ class _CentroidBase(Detector):
 
     def _fit(self, train: FeatureSet) -> None:
         _, self.classes_ = labelled(train.labels, type(self).__name__)
-        means, _ = class_means(train.features, train.labels, self.classes_, comp=compute_of(self))
+        means, counts = class_means(train.features, train.labels, self.classes_)
         self.centroids_ = l2_normalise(means)
+        self.center_ = counts @ means / counts.sum()
+        self.center_products_ = self.centroids_ @ self.center_
 
     def _scores(self, x: FeatureSet, readout) -> np.ndarray:
         """readout(comp, z mu_c products, 1 / ||z||) per block of rows (:meth:`Compute.by_rows`),
         concatenated as float64: the cosines are the products times 1 / ||z|| (the rows of z are
-        not normalised first)."""
+        not normalised first). The products are (z - m) mu_c + m mu_c, m the ID-train mean: rows
+        centred in float64, m mu_c one float64 value per class, so their float32 error is that of
+        z - m, not of an offset shared by all features (LayerNorm-like features)."""
         comp = compute_of(self)
-        z, cent = x.features, comp.put(self.centroids_).T
-        block = lambda zb: readout(comp, zb @ cent, comp.inverse_norm(zb))  # noqa: E731
-        return comp.map_rows(block, z, max(z.shape[1], cent.shape[1]))
+        cent, offsets = comp.put(self.centroids_).T, comp.put(self.center_products_)
+        center = comp.put(self.center_, "float64")
+
+        def block(zb):  # zb: a float64 block
+            p = comp.put(comp.subtract(zb, center)) @ cent
+            p += offsets
+            return readout(comp, p, comp.inverse_norm(zb))
+
+        return comp.map_rows(block, x.features, max(x.features.shape[1], cent.shape[1]), dtype="float64")
 
 
 @register("cosine", tags=("paper21", "feature"), order=15)
