@@ -76,7 +76,12 @@ class ViM(Detector):
     the paper's rule: 1000 if D >= 2048, 512 if D >= 768, else D / 2. f = W z + b from the head.
     The release uses np.linalg.eig on the symmetric covariance; eigh is the right routine.
     ``precision`` ("float32" products with float64 sums, default, or "float64") and ``device``
-    (None = numpy, or a torch device): see ``_backend``.
+    (None = numpy, or a torch device): see ``_backend``. The fit (scatter about u, eigh) is
+    float64: the residual space is the covariance's smallest eigenvalues, which a float32 scatter
+    cannot resolve. float32 guarantees: the residual is (z - m) R + (m - u) R, m the ID-train
+    mean, the rows centred in float64 and (m - u) R a float64 vector, so its error is about
+    sqrt(D) eps |z - m| (eps = 2^-24) whatever |u| (a near-singular head puts u far away) or the
+    features' offset; the energy is as in the logit detectors, of an sgemm of the head.
     """
 
     needs = ("features", "head")

@@ -5,7 +5,11 @@ in the product precision. Search is exact: for each block of queries (512 rows, 
 with numpy), the inner products with a block of bank rows (one sgemm in float32, the default)
 are reduced to their k largest, merged with the running k largest of the earlier blocks, so
 memory is the bank plus one (queries x bank block) matrix per core. On a torch device the bank is moved to the device once per ``score`` call
-(N D 4 bytes in float32); queries and blocks stream through it.
+(N D 4 bytes in float32); queries and blocks stream through it. float32 guarantees (eps =
+2^-24): kNN's products are (z - m) b + m b with z - m centred in float64 and m b one float64 value
+per bank row, so a similarity is off by about sqrt(D) eps |z - m| / |z| plus one rounding, not by a
+shared offset of the features; NNGuide's are products of unit rows times energies (about
+sqrt(D) eps relative each).
 """
 
 from __future__ import annotations
