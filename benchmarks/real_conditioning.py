@@ -110,7 +110,12 @@ def main() -> None:
         ref = detectors.create(name, precision="float64").fit(train).score(test)
         fast = detectors.create(name).fit(train).score(test)
         old = expanded_float32(train, test, name.endswith("_pp")) if name in ("mahalanobis", "mahalanobis_pp") else None
-        old_rho = f"{spearmanr(old, ref).statistic:17.6f}" if old is not None else f"{'':17s}"
+        if old is None:
+            old_rho = ""
+        elif np.ptp(old) == 0:
+            old_rho = f"{'every score 0':>17s}"
+        else:
+            old_rho = f"{spearmanr(old, ref).statistic:17.6f} ({np.mean(old == 0):.0%} of scores 0)"
         print(f"{name:26s} {spearmanr(fast, ref).statistic:16.6f} {old_rho}")
 
 

@@ -231,3 +231,22 @@ def test_a_failing_block_raises_and_leaves_the_pool_usable():
     with pytest.raises(ValueError, match="block 3"):
         Compute().by_rows(fn, rows)
     np.testing.assert_array_equal(Compute().by_rows(lambda a: a[:, 0] * 2, rows), rows[:, 0] * 2)
+
+
+def test_mahalanobis_switches_to_float64_where_float32_cannot_hold(monkeypatch):
+    """At condition number 1e13 the whitened rounding of z - m is too large for float32 (forced,
+    rMaha++ ranks below Spearman 0.9999): the fit says so in resolved_params and scores exactly as
+    the float64 path; at 1e8 it stays float32."""
+    from oodeval.detectors import mahalanobis
+
+    train, test, _ = conditioned_problem("tail", condition=1e13, n_test=1000, n_ood=10)
+    ref = detectors.create("relative_mahalanobis_pp", precision="float64").fit(train).score(test)
+    det = detectors.create("relative_mahalanobis_pp").fit(train)
+    assert det.get_params()["precision"] == "float32" and det.resolved_params()["precision"] == "float64"
+    np.testing.assert_array_equal(det.score(test), ref)
+    monkeypatch.setattr(mahalanobis, "WHITENED_ROUNDING_LIMIT", np.inf)
+    forced = detectors.create("relative_mahalanobis_pp").fit(train).score(test)
+    assert spearmanr(forced, ref).statistic < 0.9999
+    monkeypatch.undo()
+    usual = detectors.create("relative_mahalanobis_pp").fit(conditioned_problem("tail")[0])
+    assert usual.resolved_params()["precision"] == "float32"

@@ -153,7 +153,7 @@ def evaluate_run(
         result["detectors"][label] = entry
         if rows_out is not None:
             rows_out += [{**r, "detector": name, "label": label, "hyperparameters": spec,
-                          "hyperparameters_resolved": det.get_params(), "id_accuracy": result["id_accuracy"]} for r in rows]  # fmt: skip
+                          "hyperparameters_resolved": det.resolved_params(), "id_accuracy": result["id_accuracy"]} for r in rows]  # fmt: skip
     return result
 
 

@@ -74,6 +74,7 @@ def conditioned_problem(
     n_test: int = 2000,
     n_ood: int = 2000,
     seed: int = 0,
+    condition: float = 1e8,
 ) -> tuple[FeatureSet, FeatureSet, FeatureSet]:
     """(ID train, ID test, near OOD) FeatureSets conditioned like real penultimate features.
 
@@ -83,7 +84,7 @@ def conditioned_problem(
     - ``"offset"``: LayerNorm-like: |o| ~ 84 concentrated in a few low-variance dimensions
       ("massive activations"), so z' S^-1 z / D is ~1e3-1e4 (the cancelled-term ratio of an
       expanded quadratic form) while the class structure is of unit size;
-    - ``"tail"``: covariance eigenvalues geometric from 1 down to 1e-8 (condition number 1e8) in
+    - ``"tail"``: covariance eigenvalues geometric from 1 down to 1 / ``condition`` (1e8) in
       a random basis, class means spread like the covariance, plus a moderate offset;
     - ``"rank_deficient"``: fewer training rows than dimensions (3 per class), so the tied
       covariance has rank n_train - C;
@@ -99,7 +100,7 @@ def conditioned_problem(
     d = dim
     basis = np.linalg.qr(rng.standard_normal((d, d)))[0]
     if kind == "tail":
-        sd = np.sqrt(np.geomspace(1.0, 1e-8, d))
+        sd = np.sqrt(np.geomspace(1.0, 1.0 / condition, d))
     else:
         sd = np.sqrt(1.0 / np.arange(1, d + 1))  # a long but mild tail, as real features have
     if kind == "offset":  # the 8 heavy dimensions get the 8 smallest variances, in the standard basis

@@ -13,8 +13,10 @@ m the ID-train mean (subtracted in float64 before the product). ``precision="flo
 runs u = (z - m) W and the (N, C) cross term u nu^T as sgemm and sums ||u||^2 in float64; its
 error is a few float32 ulps of ||u||^2 + ||nu_c||^2, in units where the ID distances are about
 the rank k: it does not grow with the features' offset or scale (both removed before any float32
-rounding), and with the conditioning only as the rounding of z - m read through W (at most
-sqrt(cond S) ulps; tested at cond 1e8, docs/performance.md). ``"float64"``: all in float64.
+rounding), and with the conditioning only as the rounding of z - m read through W. Where that
+rounding's expected size exceeds :data:`WHITENED_ROUNDING_LIMIT` (a covariance conditioned far
+beyond 1e8), the fit switches the detector to float64 and says so in ``resolved_`` (the results'
+``hyperparameters_resolved``). ``"float64"``: all in float64.
 ``device``: None = numpy, or a torch device; see ``_backend``.
 """
 
@@ -27,6 +29,13 @@ from . import register
 from ._backend import Compute, compute_of
 from ._common import class_means, labelled, scatter, whitening
 from .base import Detector
+
+#: largest expected norm of the float32 rounding of z - m read through the whitening W (eps32
+#: times the rms of z - m times ||W||_F, :func:`_whitened_rounding`) for which the float32 path
+#: runs: a distance's error is then about sqrt(2) times this of the ID distances' spread, 3e-3 (the
+#: conditioned problems of tests/test_detectors_precision.py reach 6e-4 at condition number 1e8,
+#: Spearman 1.000000); above it the detector computes in float64 and records that in ``resolved_``
+WHITENED_ROUNDING_LIMIT = 2e-3
 
 __all__ = ["Mahalanobis", "RelativeMahalanobis", "MahalanobisPP", "RelativeMahalanobisPP"]
 
@@ -60,6 +69,10 @@ class _MahalanobisBase(Detector):
             between = (self.means_ - self.center_) * np.sqrt(self.counts_)[:, None]
             self.background_covariance_ = (s + between.T @ between) / n
             self.background_whitening_ = whitening(self.background_covariance_)
+        widths = [self.whitening_] + ([self.background_whitening_] if self.relative else [])
+        self.whitened_rounding_ = _whitened_rounding(self.covariance_, self.means_ - self.center_, self.counts_, widths)
+        if self.precision == "float32" and self.whitened_rounding_ > WHITENED_ROUNDING_LIMIT:
+            self.resolved_ = {"precision": "float64"}
 
     def _score(self, x: FeatureSet) -> np.ndarray:
         """-min_c ||u - nu_c||^2 = -(||u||^2 + min_c (||nu_c||^2 - 2 u nu_c)), u = (z - m) W; the
@@ -68,7 +81,7 @@ class _MahalanobisBase(Detector):
         z = x.features
         if z.shape[1] != self.means_.shape[1]:
             raise ValueError(f"{type(self).__name__} was fitted on {self.means_.shape[1]}-d features, got {z.shape[1]}")
-        comp = compute_of(self)
+        comp = Compute(self.resolved_params()["precision"], self.device)
         white, nu = comp.put(self.whitening_), comp.put(self.whitened_means_).T
         const, center = comp.put(self.whitened_mean_norms_), comp.put(self.center_, "float64")
         if self.relative:
@@ -90,6 +103,15 @@ class _MahalanobisBase(Detector):
             return -d
 
         return comp.map_rows(block, z, max(z.shape[1], len(self.means_)), dtype="float64")
+
+
+def _whitened_rounding(covariance: np.ndarray, centred_means: np.ndarray, counts: np.ndarray, whitenings: list) -> float:
+    """eps32 x rms(z - m) x max ||W||_F: the expected norm of the whitened image of z - m's float32
+    rounding (each entry off by eps32 of its size, in no particular direction) over ID train, with
+    rms(z - m)^2 = (trace S + the between-class variance) / D; the largest over the Gaussians."""
+    spread = np.trace(covariance) + counts @ np.einsum("cd,cd->c", centred_means, centred_means) / counts.sum()
+    width = max(np.linalg.norm(w) for w in whitenings)
+    return float(np.finfo(np.float32).eps / 2 * np.sqrt(spread / covariance.shape[0]) * width)
 
 
 @register("mahalanobis", tags=("paper21", "feature"), order=10)

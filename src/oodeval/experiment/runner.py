@@ -211,6 +211,7 @@ class _Scorer:
     def fit(self, train: FeatureSet | None) -> None:
         if self.model.kind == "supervised":
             self.det.fit(self._view(train))
+            self.resolved = hp_json(self.det.resolved_params())
 
     def score(self, fs: FeatureSet) -> np.ndarray:
         if self.model.kind == "supervised":
