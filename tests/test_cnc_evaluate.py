@@ -177,7 +177,9 @@ def test_cli_evaluate_refuses_incomparable_inputs(tmp_path, capsys):
     code, out = evaluate("--ood", str(tmp_path / "big.npz"), "--resize")
     assert code == 0 and "TNR@TPR95" in out.out
     code, out = evaluate("--ood", str(tmp_path / "rgb.npz"))
-    assert code == 2 and "3-channel" in out.err and "--channels 1" in out.err
+    # --channels converts decoded image files only: for an .npz the advice is to write it in 1 channel
+    assert code == 2 and "3-channel" in out.err and "write the .npz with 1-channel images" in out.err
+    assert "pass --channels" not in out.err
     code, out = evaluate("--ood", str(tmp_path / "big.npz"), "--resize", id_test="ten")
     assert code == 2 and "K = 3" in out.err
     code, out = evaluate("--ood", str(tmp_path / "big.npz"), "--resize", ck=("s0", "o1"))
