@@ -226,7 +226,7 @@ def test_cli_recipe_with_overrides_and_device_choice(tmp_path):
     cfg = json.loads((tmp_path / "run" / "config.json").read_text())
     assert (cfg["model"], cfg["epochs"], cfg["batch_size"], cfg["corruptions"]) == ("test_resnet", 1, 16, ["contrast", "fog"])
     assert cfg["cifar_stem"] and cfg["augment"] == "crop_flip" and cfg["outlier_pairing"] == "shuffled"
-    assert cfg["severity"] == "imagenet" and cfg["weight_decay"] == 5e-4 and len(cfg["mean"]) == 1  # grey input
+    assert cfg["severity"] == "imagecorruptions" and cfg["weight_decay"] == 5e-4 and len(cfg["mean"]) == 1  # grey input
     assert json.loads((tmp_path / "run" / "progress.json").read_text())["history"][0]["device"] == "cpu"
     assert str(resolve_device("cpu")) == "cpu"
     with pytest.raises(ValueError, match="device"):

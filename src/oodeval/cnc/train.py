@@ -63,7 +63,7 @@ RECIPES: dict[str, dict] = {
     "cnc-cifar": dict(
         model="resnet34", cifar_stem=True, epochs=200, batch_size=64, lr=0.1, momentum=0.9, weight_decay=5e-4,
         milestones=(0.5, 0.75), gamma=0.1, augment="crop_flip", outlier_augment="release",
-        outlier_pairing="shuffled", severity="imagenet", corruptions=RELEASE_POOL,
+        outlier_pairing="shuffled", severity="imagecorruptions", corruptions=RELEASE_POOL,
         mean=(0.4914, 0.4822, 0.4465), std=(0.2023, 0.1994, 0.2010),
     ),
 }  # fmt: skip

@@ -47,7 +47,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     t.add_argument("--classes", type=_ints, default=None, help="keep these class ids as ID, e.g. 0,1,3,5,8,9")
     t.add_argument("--corruptions", default=None,
                    help="outlier pool: release (default, the CnC release's 15), imagenet-c (the benchmark 15), all, or names")
-    t.add_argument("--severity", default=None, choices=("auto", "cifar", "tinyimagenet", "imagenet"),
+    t.add_argument("--severity", default=None, choices=("auto", "cifar", "tinyimagenet", "imagenet", "imagecorruptions"),
                    help="corruption constants: auto = by image size (32 / 64 / larger px), or one reference's")
     add_device(t)
     _precision_arg(t)
