@@ -1,5 +1,7 @@
 """The ImageNet-C family corruptions: shapes, dtype, determinism, formulas, strength vs severity."""
 
+import math
+
 import numpy as np
 import pytest
 from skimage import data, transform
@@ -51,6 +53,12 @@ def test_frost_uses_the_reference_photos_when_installed(monkeypatch, request):
     C._scaled_photo.cache_clear()  # scaled photos are cached per (photo, scale, size)
     out = corrupt(img, "frost", 1, np.random.default_rng(0))
     np.testing.assert_array_equal(out, np.clip(np.rint(np.clip(img / 255.0 + 0.2 * 200 / 255.0, 0, 1) * 255), 0, 255))
+    # imagecorruptions (the release) always enlarges the photo 1.1x (after fitting a smaller one);
+    # the Hendrycks presets use their fixed factor (ImageNet-C: 1, no resize)
+    # (imagecorruptions: new size = ceil(side * 1.1 * fit) in float64, so 400 * 1.1 gives 441)
+    assert C._scaled_photo(0, None, 32, 32).shape == (math.ceil(300 * 1.1), math.ceil(400 * 1.1), 3) == (330, 441, 3)
+    assert C._scaled_photo(0, None, 600, 32).shape == (math.ceil(300 * 2 * 1.1), math.ceil(400 * 2 * 1.1), 3)
+    assert C._scaled_photo(0, 1.0, 32, 32).shape == (300, 400, 3)
 
 
 @pytest.mark.parametrize("shape", [(32, 32, 3), (28, 28), (28, 28, 1), (40, 48, 3)])
