@@ -377,3 +377,18 @@ def test_no_host_sync_per_training_step(tmp_path, monkeypatch):
         train(_cfg(epochs=1, batch_size=16, corruptions=("contrast",)), images, labels, tmp_path / f"r{n}", progress=False)
         per_epoch.append(counts["n"])
     assert per_epoch[0] == per_epoch[1], per_epoch
+
+
+def test_a_run_of_the_previous_version_resumes_with_its_recorded_device(tmp_path):
+    images, labels = _toy(n=32, size=12)
+    cfg = _cfg(epochs=2, batch_size=16, corruptions=("contrast",))
+    run = tmp_path / "run"
+    train(cfg, images, labels, run, progress=False, stop_after=1)
+    # what the previous version wrote: no device / precision in config.json, "cpu" in the history
+    old = json.loads((run / "config.json").read_text())
+    del old["device"], old["precision"]
+    (run / "config.json").write_text(json.dumps(old))
+    assert load_checkpoint(run)[1].precision == "fp32"
+    assert train(cfg, images, labels, run, progress=False)["epochs_done"] == 2
+    with pytest.raises(ValueError, match="precision"):
+        train(_cfg(epochs=3, batch_size=16, corruptions=("contrast",)), images, labels, run, progress=False, precision="bf16")

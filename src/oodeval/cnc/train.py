@@ -418,6 +418,23 @@ def _read_config(folder: Path) -> TrainConfig:
         raise ValueError(str(exc) if str(exc).startswith(str(path)) else f"{path}: {exc}") from None
 
 
+def _recorded_device(config: TrainConfig, progress: dict) -> TrainConfig:
+    """A config written before device and precision were recorded (both None) gets them from its
+    history rows ("cpu" -> fp32, "cuda... bf16-trunk" -> bf16, that version's only choices)."""
+    history = progress.get("history") or []
+    if config.device is not None or config.precision is not None or not history:
+        return config
+    seen = {str(h.get("device", "")) for h in history}
+    if len(seen) != 1:
+        return config
+    dev = seen.pop()
+    if dev == "cpu":
+        return replace(config, device="cpu", precision="fp32")
+    if dev.startswith("cuda") and dev.endswith("bf16-trunk"):
+        return replace(config, device="cuda", precision="bf16")
+    return config
+
+
 def _load_weights(model, path: Path) -> None:
     try:
         model.load_state_dict(load_tensors(path))
@@ -435,7 +452,7 @@ def load_checkpoint(folder: str | Path):
     ValueError naming them."""
     folder = Path(folder)
     progress = _read_progress(folder)
-    config = _read_config(folder)
+    config = _recorded_device(_read_config(folder), progress)
     model = build_model(config)
     _load_weights(model, folder / str(progress.get("checkpoint")) / "model.safetensors")
     model.eval()
@@ -507,7 +524,7 @@ def _check_folder(out: Path, config: TrainConfig) -> dict | None:
     prev = _read_progress(out) if (out / "progress.json").is_file() else None
     if prev is None and not (out / "config.json").is_file():
         return None
-    old = _read_config(out)
+    old = _read_config(out) if prev is None else _recorded_device(_read_config(out), prev)
     if old.data_hash != config.data_hash:
         raise ValueError(f"{out} was trained on other data (hash {old.data_hash} != {config.data_hash}); use a new folder")
     changed = _diff(old, config)

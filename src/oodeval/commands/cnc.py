@@ -262,7 +262,7 @@ def _evaluate(args: argparse.Namespace) -> int:
             print(format_table(r, per_set=not args.no_per_set, title=f"== {path}{mark}"))
     result = aggregate(runs) if len(runs) > 1 else runs[0]
     title = (f"== {args.suite or 'custom'}: {len(runs)} run(s), {cfg0.model}, {'CnC' if cfg0.cnc else 'plain'}, "
-             f"trained on {cfg0.device} {cfg0.precision}, scored on {dev.type} {prec}{mark}")
+             f"trained on {_trained_on(cfg0)}, scored on {dev.type} {prec}{mark}")
     print(format_table(result, per_set=not args.no_per_set, title=title))
     training = {"epochs_done": epochs[0], "finished": all(finished), "train_config": _config_key(cfg0)}
     if args.json:
@@ -277,6 +277,11 @@ def _evaluate(args: argparse.Namespace) -> int:
                        {**training, "scored_on": f"{dev.type} {prec}"})  # fmt: skip
         print(f"wrote {args.results}; `oodeval report {args.results} --out DIR` shows it")
     return 0
+
+
+def _trained_on(cfg) -> str:
+    """Device and precision of training ("?" where a checkpoint of an older version did not record them)."""
+    return f"{cfg.device or '?'} {cfg.precision or '?'}"
 
 
 def _config_key(cfg) -> str:
@@ -305,7 +310,7 @@ def _write_results(path: Path, rows: list[dict], cfg, id_test: str, id_train: st
         hyperparameters=table["hyperparameters"].map(hp_json), hyperparameters_resolved=table["hyperparameters_resolved"].map(hp_json),
         id_test=id_test, id_train=id_train, bootstrap_draws=draws, bootstrap_fixed_id=True,
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"), data_hash=cfg.data_hash,
-        trained_on=f"{cfg.device} {cfg.precision}", **training,
+        trained_on=_trained_on(cfg), **training,
     )  # fmt: skip
     write_part(table, path)
     compact_results(path)
