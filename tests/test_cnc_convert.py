@@ -118,7 +118,7 @@ def test_odin_archives(tmp_path, top, name):
     archive = tmp_path / f"{top}.tar.gz"
     with tarfile.open(archive, "w:gz") as tf:
         sub = "iSUN_patches" if top == "iSUN" else "test"
-        for i in range(3):
+        for i in (2, 0, 1):  # not in name order: members are read ahead in archive order
             _add(tf, f"{top}/{sub}/{i}.jpg", _jpeg((i * 50, 0, 0)))
         _add(tf, f"{top}/.hidden/x.jpg", b"not an image")  # hidden entries (macOS resource forks) are skipped
     root = tmp_path / "data"
@@ -126,6 +126,8 @@ def test_odin_archives(tmp_path, top, name):
     m = resolve(name, root, strict=False)
     assert len(m) == 3 and (m.labels == -1).all() and m.meta["role"] == "ood"
     assert all((root / name / p).is_file() for p in m.paths)
+    for i, p in enumerate(m.paths):  # each output holds its own member's pixels
+        assert abs(int(np.asarray(Image.open(m.resolve_path(i)))[0, 0, 0]) - 50 * int(p[0])) <= 3
 
 
 def test_cli_convert_errors(tmp_path, capsys):

@@ -88,7 +88,9 @@ _TRAIN_DOC = (
 _EVALUATE_DOC = (
     "Score each checkpoint's ID test set and OOD sets with the detectors (cnc reads the outlier class, every other "
     "detector the first K logits) and print TNR@TPR95, AUROC, detection error and ID accuracy per OOD set, per group "
-    "and as the mean over sets, each as mean ± std over the checkpoints (one per seed)."
+    "and as the mean over sets, each as mean ± std over the checkpoints (one per seed; std with ddof=1). Only like "
+    "runs are averaged: checkpoints that differ in more than the seed (data, device, precision, epochs reached) are "
+    "refused, and so is an unfinished checkpoint unless --allow-unfinished."
 )
 
 

@@ -19,6 +19,8 @@ from pathlib import Path, PurePosixPath
 __all__ = ["Source", "safe_component", "MiB"]
 
 MiB = 1 << 20
+#: tar members up to this size are read in archive order (bigger ones, the CIFAR pickles, on demand)
+_AHEAD = 4 * MiB
 #: what a damaged archive raises while it is listed or read
 _BROKEN = (tarfile.TarError, zipfile.BadZipFile, EOFError, zlib.error, OSError, ValueError)
 
@@ -98,7 +100,23 @@ class Source:
             if m.isfile():
                 members[m.name] = m
         self.sizes = {n: m.size for n, m in members.items()}
-        self._read = lambda n: tf.extractfile(members[n]).read()
+        order = (m for m in tf.getmembers() if m.isfile() and m.size <= _AHEAD)
+        ahead: dict[str, bytes] = {}
+
+        def read(name: str) -> bytes:
+            # a compressed tar seeks backwards by decompressing from its start: small members are
+            # read in archive order and the ones passed on the way kept until asked for
+            if name in ahead:
+                return ahead.pop(name)
+            if members[name].size <= _AHEAD:
+                for m in order:
+                    data = tf.extractfile(m).read()
+                    if m.name == name:
+                        return data
+                    ahead[m.name] = data
+            return tf.extractfile(members[name]).read()
+
+        self._read = read
 
     def where(self, name: str) -> str:
         """How messages name a member: ``FOLDER/NAME``, ``ARCHIVE:NAME`` or the file itself."""
