@@ -349,9 +349,18 @@ def test_precision_choice_is_recorded_and_never_mixed(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match=r"precision \('bf16' in the checkpoint, 'fp32' now\)"):
         train(cfg, images, labels, tmp_path / "bf", progress=False)
     train(cfg, images, labels, tmp_path / "fp", progress=False, stop_after=1)
+    # a run of the previous version (no device / precision in config.json, "cpu" in its history)
+    # is read as cpu / fp32, resumes as such and is not mixed with a bf16 run
+    legacy = json.loads((tmp_path / "fp" / "config.json").read_text())
+    del legacy["device"], legacy["precision"]
+    (tmp_path / "fp" / "config.json").write_text(json.dumps(legacy))
     _, fp_cfg, _ = load_checkpoint(tmp_path / "fp")
+    assert (fp_cfg.device, fp_cfg.precision) == ("cpu", "fp32")
     with pytest.raises(ValueError, match="precision: 'fp32' vs 'bf16'"):
         comparable([fp_cfg, bf_cfg], ["fp", "bf"])
+    with pytest.raises(ValueError, match=r"precision \('fp32' in the checkpoint, 'bf16' now\)"):
+        train(cfg, images, labels, tmp_path / "fp", progress=False, precision="bf16")
+    assert train(cfg, images, labels, tmp_path / "fp", progress=False)["epochs_done"] == 2
     fs = extract(build_model(bf_cfg), images[:4], bf_cfg, precision="bf16")
     assert (fs.meta["device"], fs.meta["precision"]) == ("cpu", "bf16")
 
@@ -377,18 +386,3 @@ def test_no_host_sync_per_training_step(tmp_path, monkeypatch):
         train(_cfg(epochs=1, batch_size=16, corruptions=("contrast",)), images, labels, tmp_path / f"r{n}", progress=False)
         per_epoch.append(counts["n"])
     assert per_epoch[0] == per_epoch[1], per_epoch
-
-
-def test_a_run_of_the_previous_version_resumes_with_its_recorded_device(tmp_path):
-    images, labels = _toy(n=32, size=12)
-    cfg = _cfg(epochs=2, batch_size=16, corruptions=("contrast",))
-    run = tmp_path / "run"
-    train(cfg, images, labels, run, progress=False, stop_after=1)
-    # what the previous version wrote: no device / precision in config.json, "cpu" in the history
-    old = json.loads((run / "config.json").read_text())
-    del old["device"], old["precision"]
-    (run / "config.json").write_text(json.dumps(old))
-    assert load_checkpoint(run)[1].precision == "fp32"
-    assert train(cfg, images, labels, run, progress=False)["epochs_done"] == 2
-    with pytest.raises(ValueError, match="precision"):
-        train(_cfg(epochs=3, batch_size=16, corruptions=("contrast",)), images, labels, run, progress=False, precision="bf16")
