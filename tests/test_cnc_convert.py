@@ -298,3 +298,14 @@ def test_a_lone_svhn_test_file_converts(tmp_path):
     first = m.select(split="test")
     i = first.labels.tolist().index(1)
     assert np.array_equal(np.asarray(Image.open(first.resolve_path(i))), x[..., 1])
+
+
+def test_a_folder_symlink_leading_outside_is_refused(tmp_path, capsys):
+    src = tmp_path / "src" / "LSUN" / "test"
+    src.mkdir(parents=True)
+    (src / "0.jpg").write_bytes(_jpeg((9, 9, 9)))
+    (tmp_path / "secret.jpg").write_bytes(_jpeg((1, 2, 3)))
+    (src / "link.jpg").symlink_to(tmp_path / "secret.jpg")
+    assert main(["datasets", "convert", "odin", str(tmp_path / "src"), "--data-root", str(tmp_path / "data")]) == 2
+    err = _err(capsys)
+    assert f"{src / 'link.jpg'}: a symbolic link leading outside" in err and not (tmp_path / "data").exists()
