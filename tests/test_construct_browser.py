@@ -114,7 +114,7 @@ def test_page_states(app, browser):
     page.login("alice")
     page.at_image(first)
     assert "no object of any ID class is visible" in page.text("definitions") and "too degraded" in page.text("definitions")
-    form, evidence = (browser.find_element(page.By.ID, i).rect for i in ("verdict-form", "evidence"))
+    form, evidence = (browser.find_element(page.By.ID, i).rect for i in ("verdict-form", "right"))
     assert form["x"] + form["width"] <= evidence["x"]  # long class names do not push the form into the evidence
     page.keys("a")  # a verdict chosen, then Enter on a Stage tab: nothing is submitted
     browser.execute_script("document.getElementById('tab-stage1').focus()")
@@ -124,41 +124,48 @@ def test_page_states(app, browser):
     page.at_image(first)
     page.keys("a", Keys.ENTER)  # Enter inside the form submits
     page.saved()
+    page.at_image(second)
+    page.keys("a", Keys.ENTER)
+    page.saved()
     page.keys("s")  # Stage 3 is empty: no image, no form, Enter does nothing and throws nothing
     page.wait.until(lambda d: page.text("position") == "Stage 3" and page.shown("empty"))
     assert not page.shown("item") and "No image is in Stage 3" in page.text("empty")
     page.keys(Keys.ENTER, "a", Keys.ENTER)
     time.sleep(0.5)
     errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE" and "Failed to load resource" not in e["message"]]
-    assert errors == [] and len(store.rows()) == 1
+    assert errors == [] and len(store.rows()) == 2
 
     page.login("bob")  # bob's Enter decides the image at Stage 2 ...
     page.at_image(first)
     page.keys("a", Keys.ENTER)
     page.saved()
     assert store.outcome(first) == Outcome("final", "ambiguous", 2)
-    page.keys("p")  # ... he sees it decided, and undoes it while Stage 3 has not begun
+    page.keys("p")  # ... he sees it decided, and cannot undo it: agreement is final
     page.at_image(first)
     page.wait.until(lambda d: "Decided at Stage 2: ambiguous" in page.text("state"))
+    assert browser.find_element(page.By.ID, "undo").get_attribute("disabled") is not None
     page.keys("u")
-    page.saved("undone")
-    assert store.outcome(first) == Outcome("stage1") and "Waiting for your verdict" in page.text("state")
-    page.keys("i", Keys.ESCAPE, "1", Keys.ENTER)  # a dispute instead: Stage 3 waits, and bob is told
+    page.wait.until(lambda d: "nothing to undo here" in page.text("message"))
+    assert store.outcome(first) == Outcome("final", "ambiguous", 2)
+    page.keys("n")
+    page.at_image(second)
+    page.keys("i", Keys.ESCAPE, "1", Keys.ENTER)  # a dispute: Stage 3 waits, and bob is told
     page.saved()
     page.wait.until(lambda d: "1 image wait" in page.text("waiting"))
     page.keys("p")
-    page.at_image(first)
+    page.at_image(second)
     page.wait.until(lambda d: "waits for the joint review in Stage 3" in page.text("state"))
     assert browser.find_element(page.By.ID, "undo").get_attribute("disabled") is not None
-    assert store.outcome(second) == Outcome("stage1")
+    third = project.candidates[2].image
+    assert store.outcome(third) == Outcome("stage1")
     page.keys("n")
-    page.at_image(second)
+    page.at_image(third)
     rows = len(store.rows())
     page.keys("a")  # a verdict chosen, then Enter on "log out": it logs out and submits nothing
     browser.execute_script("document.getElementById('logout').focus()")
     page.keys(Keys.ENTER)
     page.wait.until(lambda d: page.shown("login"))
-    assert len(store.rows()) == rows and store.outcome(second) == Outcome("stage1")
+    assert len(store.rows()) == rows and store.outcome(third) == Outcome("stage1")
 
 
 def test_keyboard_walk_two_annotators_disagree_on_the_label_then_agree_in_stage3(app, browser, capsys):
@@ -199,6 +206,8 @@ def test_keyboard_walk_two_annotators_disagree_on_the_label_then_agree_in_stage3
     ood("Denison barb")
     got = store.outcome(image)
     assert (got.status, got.verdict, got.stage, got.ood_label, got.fine_grained) == ("final", "ood", 3, "Denison barb", True)
+    page.wait.until(lambda d: page.shown("done") and "all 1 image" in page.text("done-text"))  # her queue is finished
+    page.keys("p")  # and she can review the decision
     page.wait.until(lambda d: "Decided: ood — Denison barb" in page.text("stage3-outcome"))
 
     assert main(["construct", "export", str(project.folder), "--allow-pending"]) == 0
