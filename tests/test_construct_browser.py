@@ -216,3 +216,63 @@ def test_keyboard_walk_two_annotators_disagree_on_the_label_then_agree_in_stage3
         rows = list(csv.DictReader(fh))
     assert [(r["ood_label"], r["fine_grained"], r["decided_stage"]) for r in rows] == [("Denison barb", "1", "3")]
     assert rows[0]["other_labels"] == "denison  Barb"
+
+
+def test_stage3_notes_senses_new_items_layout_and_done_screens(app, browser, tmp_path):
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.ui import Select
+
+    base, store, tokens, project = app
+    images = [c.image for c in project.candidates]
+    tayra = "n02451415"
+    page = Page(browser, base, tokens)
+    page.login("carol")  # her Stage 3 is empty; she keeps the page open
+    page.wait.until(lambda d: page.shown("empty"))
+    store.submit("alice", images[1], 1, "ood", "tayra", True, note="long tail, dark fur", ood_sense=tayra)
+    store.submit("bob", images[1], 1, "ood", "weasel", True, note="looks like a weasel to me")  # a dispute, elsewhere
+    page.at_image(images[1])  # appears without a reload
+    page.wait.until(lambda d: "1 new image in this queue" in page.text("new-items"))
+    page.wait.until(lambda d: "long tail, dark fur" in page.text("stage3-table"))
+    table = page.text("stage3-table")
+    assert "looks like a weasel to me" in table and "= tayra, taira, eira barbara (n02451415)" in table  # notes, the chosen sense
+    assert "long-tailed arboreal mustelid" in page.text("stage3-senses")  # and its gloss
+    geometry = browser.execute_script("""
+        const r = document.getElementById('submit').getBoundingClientRect();
+        const lines = [...document.querySelectorAll('th')].filter((th) => th.offsetParent).map((th) => {
+          const range = document.createRange(); range.selectNodeContents(th);
+          return [th.textContent, new Set([...range.getClientRects()].map((x) => Math.round(x.top))).size]; });
+        const panel = document.getElementById('right').getBoundingClientRect();
+        const clipped = [...document.querySelectorAll('#stage3-table td, #stage3-table th')].filter(
+          (c) => c.getBoundingClientRect().right > panel.right + 1).length;
+        return {bottom: r.bottom, height: window.innerHeight, scroll: window.scrollY, lines: lines, clipped: clipped};""")
+    browser.save_screenshot(str(tmp_path / "stage3.png"))
+    assert geometry["scroll"] == 0 and geometry["bottom"] <= geometry["height"], geometry  # the form in view at 1280x900
+    assert len(geometry["lines"]) >= 10 and all(n == 1 for _, n in geometry["lines"]), geometry["lines"]  # no header wraps
+    assert geometry["clipped"] == 0  # every column (the notes too) visible without scrolling sideways
+    page.keys("o", "Tayra")  # the senses of the typed label, with their glosses
+    page.wait.until(lambda d: any(o.get_attribute("value") == tayra for o in Select(d.find_element(page.By.ID, "ood-sense")).options))
+    sense = Select(browser.find_element(page.By.ID, "ood-sense"))
+    assert "long-tailed arboreal mustelid" in next(o.text for o in sense.options if o.get_attribute("value") == tayra)
+    assert sense.first_selected_option.get_attribute("value") == ""  # a free label unless a sense is chosen
+    sense.select_by_value(tayra)
+    page.keys(Keys.ESCAPE, "f", Keys.ENTER)
+    page.saved()
+    assert (store.rows(images[1])[-1].ood_label, store.rows(images[1])[-1].ood_sense) == ("Tayra", tayra)
+    page.wait.until(lambda d: page.shown("done") and "Stage 3 done" in page.text("done-title"))  # no jump back to image 1
+    assert not page.shown("item") and "all 1 image" in page.text("done-text")
+
+    for image in images[3:]:  # alice has one image left in Stage 1
+        store.submit("alice", image, 1, "ambiguous")
+    page.login("alice")
+    page.at_image(images[0])
+    page.keys("a", Keys.ENTER)
+    page.saved()
+    page.at_image(images[2])
+    page.keys("a", Keys.ENTER)
+    page.saved()
+    page.wait.until(lambda d: page.shown("done") and "Stage 1 done" in page.text("done-title"))
+    assert f"all {len(images)} images" in page.text("done-text") and page.text("position") == f"Stage 1: all {len(images)} done"
+    browser.save_screenshot(str(tmp_path / "done.png"))
+    page.keys("p")  # review from the done screen
+    page.at_image(images[-1])
+    page.wait.until(lambda d: page.shown("item") and not page.shown("done"))

@@ -198,10 +198,14 @@ function describeState(item) {
   return item.my_stage1 ? "Your verdict is in; you can revise or undo it until both verdicts are in." : "Waiting for your verdict.";
 }
 
-function senseText(item, wnid) {
-  if (!wnid) return "";
-  const s = (item.senses || {})[wnid];
-  return s ? `${s.lemmas.join(", ")} — ${s.gloss} (${wnid})` : wnid;
+function labelCell(item, v, differs) {
+  // the label as typed, and under it the WordNet sense it means (its gloss is listed below the table)
+  const td = el("td", differs ? { class: "differs" } : {}, v.ood_label || "");
+  if (v.ood_sense) {
+    const s = (item.senses || {})[v.ood_sense];
+    td.append(el("div", { class: "sense", text: s ? `= ${s.lemmas.join(", ")} (${v.ood_sense})` : v.ood_sense }));
+  } else if (v.verdict === "ood") td.append(el("div", { class: "sense", text: "free label" }));
+  return td;
 }
 
 async function loadSenses(selected = null) {
@@ -228,9 +232,12 @@ function renderStage3(item) {
   for (const v of [...(item.stage1 || []), ...(item.stage3 || [])]) {
     body.append(el("tr", { class: `verdict-row stage${v.stage}` },
       el("td", { text: String(v.stage) }), el("td", { text: v.annotator }), cell(v.verdict, "verdict"),
-      cell(v.ood_label || "", "ood_label"), cell(senseText(item, v.ood_sense), "ood_label"), cell(v.fine_grained ? "yes" : "", "fine_grained"),
+      labelCell(item, v, diff.includes("ood_label")), cell(v.fine_grained ? "yes" : "", "fine_grained"),
       cell(className(v.id_class), "id_class"), el("td", { class: "note", text: v.note || "" })));
   }
+  const glosses = $("#stage3-senses");
+  glosses.replaceChildren();
+  for (const [wnid, s] of Object.entries(item.senses || {})) glosses.append(el("dt", { text: `${s.lemmas.join(", ")} (${wnid})` }), el("dd", { text: s.gloss }));
   const o = item.outcome || {};
   $("#stage3-outcome").textContent = o.status === "final" ? `Decided: ${o.verdict}${o.ood_label ? " — " + o.ood_label : ""}`
     : "Waiting for all three Stage-3 verdicts: all three must agree on the verdict, OOD label, fine-grained flag and ID class.";
