@@ -276,3 +276,44 @@ def test_stage3_notes_senses_new_items_layout_and_done_screens(app, browser, tmp
     page.keys("p")  # review from the done screen
     page.at_image(images[-1])
     page.wait.until(lambda d: page.shown("item") and not page.shown("done"))
+
+
+def test_a_service_on_another_port_gets_no_token_and_cannot_switch_the_annotator(app, browser):
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    from test_construct_hostile import login, me
+
+    base, store, tokens, project = app
+    page = Page(browser, base, tokens)
+    page.login("alice")
+    _, bob = login(base, tokens["bob"], "b" * 32)  # bob's own session, from his own browser
+    seen = []
+
+    class Neighbour(BaseHTTPRequestHandler):  # a hostile service on another 127.0.0.1 port
+        def do_GET(self):
+            seen.append(self.headers.get("Cookie", ""))
+            self.send_response(200)
+            self.send_header("Set-Cookie", f"{bob}; Path=/; Secure; HttpOnly; SameSite=Lax")  # plant bob's session
+            self.send_header("Content-Type", "text/html")
+            self.end_headers()
+            self.wfile.write(b"<title>neighbour</title>")
+
+        def log_message(self, *args):
+            pass
+
+    neighbour = HTTPServer(("127.0.0.1", 0), Neighbour)
+    threading.Thread(target=neighbour.serve_forever, daemon=True).start()
+    try:
+        browser.get(f"http://127.0.0.1:{neighbour.server_address[1]}/")
+        page.wait.until(lambda d: d.title == "neighbour")
+    finally:
+        neighbour.shutdown()
+        neighbour.server_close()
+    stolen = seen[0]  # cookies are not port-scoped: it sees alice's cookie, which holds no token ...
+    assert stolen.startswith("__Host-oodeval_session=") and not [t for t in tokens.values() if t in stolen]
+    assert me(base, stolen, "")[0] == 401  # ... and without alice's page binding the session id reaches no API
+    browser.get(base + "/")  # alice's browser now holds bob's session cookie: the page does not become bob's
+    page.wait.until(lambda d: page.shown("login"))
+    assert not page.shown("app") and "bob" not in page.text("who")
+    assert store.rows() == []

@@ -239,3 +239,17 @@ def test_notes_and_revisions_are_bounded(served):
     status, err = call(base, "/api/verdict", tokens["alice"], {**verdict(image, verdict="ambiguous"), "base": base_row})
     assert status == 400 and "20 Stage-1 submissions" in err["error"]
     assert len(store.rows()) == 20
+
+
+def test_sessions_expire_and_are_bounded_per_annotator():
+    from oodeval.construct.sessions import Sessions
+
+    expired = Sessions(lifetime=-1.0)  # already past its lifetime when made
+    assert expired.get(expired.create("alice", "h", BINDING_A), BINDING_A) is None
+    sessions = Sessions(per_annotator=3)
+    ids = [sessions.create("alice", "h", BINDING_A) for _ in range(5)]
+    other = sessions.create("bob", "h", BINDING_B)
+    assert [sessions.get(i, BINDING_A) is not None for i in ids] == [False, False, True, True, True]  # the oldest went
+    assert sessions.get(other, BINDING_B).annotator == "bob" and sessions.get(other, BINDING_A) is None
+    assert sessions.get(other, None) is not None  # images: no binding checked
+    assert len(set(ids)) == 5 and all(len(i) >= 43 for i in ids)  # 256 random bits each
