@@ -280,7 +280,7 @@ def test_stage3_notes_senses_new_items_layout_and_done_screens(app, browser, tmp
 
 def test_a_service_on_another_port_gets_no_token_and_cannot_switch_the_annotator(app, browser):
     import threading
-    from http.server import BaseHTTPRequestHandler, HTTPServer
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     from test_construct_hostile import login, me
 
@@ -296,13 +296,16 @@ def test_a_service_on_another_port_gets_no_token_and_cannot_switch_the_annotator
             self.send_response(200)
             self.send_header("Set-Cookie", f"{bob}; Path=/; Secure; HttpOnly; SameSite=Lax")  # plant bob's session
             self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", "24")
+            self.send_header("Connection", "close")
             self.end_headers()
             self.wfile.write(b"<title>neighbour</title>")
 
         def log_message(self, *args):
             pass
 
-    neighbour = HTTPServer(("127.0.0.1", 0), Neighbour)
+    neighbour = ThreadingHTTPServer(("127.0.0.1", 0), Neighbour)
+    neighbour.daemon_threads = True
     threading.Thread(target=neighbour.serve_forever, daemon=True).start()
     try:
         browser.get(f"http://127.0.0.1:{neighbour.server_address[1]}/")
