@@ -4,6 +4,7 @@ that holds its data (and says "omitted: why" when it does not)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -101,6 +102,15 @@ def test_preset_names_the_papers_grid_and_resolves_offline(capsys):
     out = capsys.readouterr().out
     assert "38 model(s)" in out and "AIMv2-L" in out and "neglabel[WN+GPT]" in out and "check passed" in out
     assert "family vit" in out and "family resnet" in out and "neco.maxlogit = True" in out
+    # every one of the 30 classifiers resolves to a named family, on purpose (Tab. A8)
+    families = [line.split(": family ")[1].split(" ")[0] for line in out.splitlines() if ": family " in line]
+    assert len(families) == 30 and not {"other", "unknown"} & set(families), families
+    assert {"resnet", "vit", "eva", "xcit", "swin", "convnext", "efficientnet"} == set(families)
+    for label, recipe in (("EVA02-L-448", "fc_norm 500/50/100, blocks.23.norm2 50/500/1, blocks.22.norm2 10/500/10, blocks.21.norm2 10/1000/1"),
+                          ("DINOv3-7B", "norm 500/50/100, blocks.39.norm2 50/500/1, blocks.38.norm2 10/500/10, blocks.37.norm2 10/1000/1")):
+        block = re.split(r"\n  (?=\S)", out.split(f"  {label} (supervised, taps)")[1])[0]  # the model's own lines
+        assert "ash_s.percentile = 95.0" in block and f"nac.layer_params = {recipe}" in block and "nac.n_fit = 50000" in block
+    assert sum(m.taps for m in sup) == 30  # NAC on every classifier, the probes included
     # the full check also lists the missing inputs, and only those
     from oodeval.experiment.check import check_experiment
 

@@ -97,6 +97,7 @@ def _check(cfg, names_only: bool = False) -> int:
     from ..detectors.defaults import describe
     from ..experiment.check import check_experiment
     from ..experiment.zeroshot import vocabulary_label
+    from ..features.taps import nac_plan
 
     seeds = ", ".join(map(str, cfg.seeds))
     print(f"experiment {cfg.name!r}: {len(cfg.models)} model(s), {len(cfg.ood)} OOD set(s), seeds {seeds}")
@@ -108,7 +109,10 @@ def _check(cfg, names_only: bool = False) -> int:
         if m.kind == "supervised":  # the backbone-dependent defaults each detector will run with
             listed = [d.name for d in dets] if dets else detectors.names()
             explicit = {d.name: d.hyperparameters for d in dets or ()}
-            for line in describe(listed, {"model": m.name}, explicit):
+            source = {"model": m.name}
+            if m.taps and "nac" in listed:  # the layers extraction will tap, from the model's structure
+                source.update(nac_plan(m.name, m.model_kwargs) or {})
+            for line in describe(listed, source, explicit):
                 print(f"    {line.strip()}")
     print(f"  ID train {cfg.id_train.label if cfg.id_train else '-'}, ID test {cfg.id_test.label}; OOD: {', '.join(d.label for d in cfg.ood)}")
     print(f"  results -> {cfg.results}")
