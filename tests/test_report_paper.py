@@ -76,6 +76,15 @@ def test_preset_names_the_papers_grid_and_resolves_offline(capsys):
     assert [d.name for d in cfg.detectors] == detectors.names("paper21")  # the 21, in the paper's order
     assert {d.name for d in cfg.zeroshot if d.vocabulary is None} == set(zeroshot.names("logit"))
     assert len([d for d in cfg.zeroshot if d.vocabulary is None]) == 7
+    # Tab. 2 / A4: 30 EOE generations per prompt, 10 GPT generations; the unions; Fig. A1, A2, A3 sweeps
+    from collections import Counter
+
+    from oodeval.experiment.zeroshot import vocabulary_generation, vocabulary_label
+
+    vocabs = Counter(vocabulary_generation(vocabulary_label(d.vocabulary))[0] for d in cfg.zeroshot if d.vocabulary)
+    assert vocabs == {"EOE": 30, "EOE-far-OOD": 30, "EOE-near-OOD": 30, "GPT": 10, "WN": 1, "WN+GPT": 1, "WN20000+GPT": 1, "oracle": 1}
+    assert {(s.name, s.kind) for s in cfg.sweeps} == {("wordnet_size", "prefix"), ("siblings_k", "siblings"), ("merged_pool", "siblings")}
+    assert cfg.eoe_prompts is not None and cfg.eoe_prompts.name == "eoe-release.toml"
     ckpt = dict(zip(load_reference("tabA7")["model"], load_reference("tabA7")["timm_checkpoint"]))
     pretrained, archs = set(timm.list_pretrained()), set(timm.list_models())
     for m in sup:
@@ -101,6 +110,8 @@ def test_preset_names_the_papers_grid_and_resolves_offline(capsys):
     assert cli.main(["run", str(PRESET), "--check", "--names-only"]) == 0
     out = capsys.readouterr().out
     assert "38 model(s)" in out and "AIMv2-L" in out and "neglabel[WN+GPT]" in out and "check passed" in out
+    assert "eoe[EOE-gen{0..29}]" in out and "neglabel[GPT-gen{0..9}]" in out
+    assert "note: EOE's released prompts" in out and "are not in place" in out  # the user provides them
     assert "family vit" in out and "family resnet" in out and "neco.maxlogit = True" in out
     # every one of the 30 classifiers resolves to a named family, on purpose (Tab. A8)
     families = [line.split(": family ")[1].split(" ")[0] for line in out.splitlines() if ": family " in line]
