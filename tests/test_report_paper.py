@@ -151,6 +151,8 @@ def _grid() -> list[dict]:
             rows.append(_row(model, "zero-shot", "mcm", d, 0.80, 0.70, acc=0.7))
             for vocab, fpr in (("fine-grained-gen1", 0.70), ("fine-grained-gen2", 0.74), ("far-OOD", 0.85), ("WN", 0.78)):
                 rows.append(_row(model, "zero-shot", "neglabel" if vocab == "WN" else "eoe", d, fpr, 0.7, vocab=vocab, acc=0.7))
+            for g, fpr in enumerate((0.72, 0.74, 0.75)):  # three LLM generations of the GPT siblings
+                rows.append(_row(model, "zero-shot", "neglabel", d, fpr, 0.7, vocab=f"GPT-gen{g}", acc=0.7))
     return rows
 
 
@@ -207,6 +209,14 @@ def test_tabA7_and_the_paper_comparison(grid):
     assert a1["Paper"] == "74.4" and a1["Flag"] == "outside CI"  # ours 86.0 [84.0, 88.0]
     t2 = cmp[(cmp["Table"] == "tab2") & (cmp["Model"] == "SigLIP2-g") & (cmp["Detector"] == "WN")].iloc[0]
     assert t2["Ours [95% CI]"] == "78.0 [76.0, 80.0]" and t2["Paper"] == "68.9"
+    # a vocabulary of several generations: their mean, CI mean ± 1.96 std / sqrt(n), beside the paper's mean over its 10
+    gpt = cmp[(cmp["Table"] == "tab2") & (cmp["Model"] == "SigLIP2-g") & (cmp["Detector"] == "GPT")].iloc[0]
+    gens = np.array([72.0, 74.0, 75.0])
+    half = 1.96 * gens.std(ddof=1) / np.sqrt(3)
+    assert gpt["Ours [95% CI]"] == f"{gens.mean():.1f} [{gens.mean() - half:.1f}, {gens.mean() + half:.1f}], ± {gens.std(ddof=1):.1f} over 3 gen."
+    assert (gpt["Paper"], gpt["Flag"]) == ("51.3 over 10 gen.", "outside CI")
+    tab2 = _view(views, "tab2").frame.set_index("Model")
+    assert str(tab2.loc["SigLIP2-g", "GPT"]) == f"{gens.mean():.1f} ± {gens.std(ddof=1):.1f} (3 gen.)"
     a5 = cmp[(cmp["Table"] == "tabA5") & (cmp["OOD set"] == "NINCO")].iloc[0]
     assert a5["Flag"] == "no CI" and a5["Paper"] == "44.9"  # a mean over VLMs carries no CI
     assert "of" in _view(views, "paper").caption and "flagged" in _view(views, "paper").caption
