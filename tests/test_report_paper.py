@@ -128,6 +128,7 @@ def test_preset_names_the_papers_grid_and_resolves_offline(capsys):
     assert cli.main(["run", str(PRESET), "--check"]) == 2
     problems = check_experiment(cfg)
     assert problems and all("does not exist" in p or "not found" in p for p in problems), problems
+    assert sum("EOE-gen{0..29}.json does not exist" in p for p in problems) == 1  # the 30 generations in one line
 
 
 # ---------------------------------------------------------------- a synthetic grid of the paper's shape

@@ -104,10 +104,30 @@ def check_experiment(cfg: ExperimentConfig, names_only: bool = False) -> list[st
     zeroshot = [m for m in cfg.models if m.kind == "zero-shot"]
     vocabularies = {s.vocabulary for m in zeroshot for s in (cfg.detectors_for(m) or ()) if s.vocabulary}
     vocabularies |= {s.vocabulary for s in cfg.sweeps} if zeroshot else set()
-    problems += [f"vocabulary file {v} does not exist (build it with `oodeval vocab ...`)" for v in sorted(vocabularies) if not Path(v).is_file()]
+    problems += _missing_vocabularies(sorted(v for v in vocabularies if not Path(v).is_file()))
     if zeroshot and cfg.id_classes is not None and str(cfg.id_classes) != "imagenet1k" and not cfg.id_classes.is_file():
         problems.append(f"[datasets] id_classes: {cfg.id_classes} is neither 'imagenet1k' nor an existing file")
     return problems
+
+
+def _missing_vocabularies(paths: list[str]) -> list[str]:
+    """One problem per missing vocabulary file, the generations of one vocabulary (``X-gen<g>``) in one
+    line (``X-gen{0..29}.json``)."""
+    from .zeroshot import compact_generations, vocabulary_generation
+
+    groups: dict[tuple[Path, str, str], list[str]] = {}
+    out = []
+    for path in paths:
+        p = Path(path)
+        base, gen = vocabulary_generation(p.stem)
+        if gen is None:
+            out.append(f"vocabulary file {path} does not exist (build it with `oodeval vocab ...`)")
+        else:
+            groups.setdefault((p.parent, base, p.suffix), []).append(p.stem)
+    for (parent, _, suffix), stems in groups.items():
+        out += [f"vocabulary file {parent / (c + suffix)} does not exist (one per LLM generation: `oodeval vocab llm|eoe ...`)"
+                for c in compact_generations(stems)]
+    return out
 
 
 def eoe_prompt_notes(cfg: ExperimentConfig) -> tuple[list[str], list[str]]:
