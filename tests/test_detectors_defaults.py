@@ -36,7 +36,6 @@ MODELS = {
                                        "depth": 3, "embed_dim": 32, "num_heads": 2}),
     "dinov3": ("vit_small_patch16_dinov3", {**TINY, "depth": 4, "embed_dim": 32, "num_heads": 2}),
     "xcit": ("xcit_nano_12_p16_224", {**TINY, "img_size": 32, "depth": 2, "embed_dim": 32, "num_heads": 2}),
-    "efficientnet": ("test_efficientnet", TINY),
 }
 #: the family each MODELS entry resolves to
 FAMILY = {"deit": "vit", "dinov3": "eva"}
