@@ -4,7 +4,10 @@ A cell is keyed by :data:`KEY` = (model, weights, detector, hyperparameters, dat
 ``hyperparameters`` is the detector's overrides as key-sorted JSON (``"{}"`` for the defaults);
 ``hyperparameters_resolved`` is every hyperparameter the detector ran with (its backbone's
 release defaults under those overrides, ``oodeval.detectors.defaults``) and ``backbone`` the
-backbone family they were resolved for.
+backbone family they were resolved for. ``vocabulary_source`` (JSON) records what made a zero-shot
+cell's vocabulary file: its kind and content hash and, for an LLM vocabulary, the prompt file
+(``"oodeval default"`` for oodeval's own wording, else e.g. EOE's released prompts), a hash of the
+prompt texts, the LLM and the generation.
 Metric columns are fractions in [0, 1] (``oodeval.metrics``; ``fpr95`` is the papers' FPR@95, ID
 positive, ``fpr95_ood_positive`` the OpenOOD / pytorch-ood one, NaN in tables written before it
 existed); the bootstrapped ones carry
@@ -75,6 +78,7 @@ _INFO = {
     "backbone": "string",
     "hyperparameters_resolved": "string",
     "vocabulary": "string",
+    "vocabulary_source": "string",
     "id_train": "string",
     "id_test": "string",
     "status": "string",

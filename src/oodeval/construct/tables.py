@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 __all__ = [
-    "IDManifest", "Reannotation", "read_manifest", "read_class_names", "read_reannotation", "confusion_counts", "csv_text",
+    "IDManifest", "Reannotation", "read_manifest", "read_class_names", "read_reannotation", "confusion_counts", "csv_text", "inert",
 ]  # fmt: skip
 
 _SPLIT = re.compile(r"[;|]")
@@ -84,6 +84,16 @@ def _read_csv(path: Path, what: str) -> tuple[list[str], list[dict[str, str]]]:
                 raise ValueError(f"{what} {path} row {reader.line_num}: more fields than the {len(header)} header columns")
             rows.append({k.strip(): (v or "").strip() for k, v in row.items()})
     return header, rows
+
+
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def inert(text: str | None) -> str:
+    """A text cell a spreadsheet will not run: one starting with ``= + - @``, tab or CR gets a leading ``'``
+    (OWASP's CSV-injection advice); None is ``""``."""
+    text = text or ""
+    return "'" + text if text.startswith(FORMULA_START) else text
 
 
 def csv_text(header: list[str] | tuple[str, ...], rows: list[list]) -> str:

@@ -42,7 +42,7 @@ from ..results import (
 )
 from ..scoring import fit_score_evaluate
 from .config import DatasetSpec, DetectorSpec, ExperimentConfig, ModelSpec, load_config
-from .zeroshot import vocabulary_label
+from .zeroshot import vocabulary_label, vocabulary_source
 
 __all__ = ["run_experiment", "RunSummary", "scores_dir", "EXECUTORS"]
 
@@ -211,6 +211,7 @@ class _Scorer:
     def fit(self, train: FeatureSet | None) -> None:
         if self.model.kind == "supervised":
             self.det.fit(self._view(train))
+            self.resolved = hp_json(self.det.resolved_params())
 
     def score(self, fs: FeatureSet) -> np.ndarray:
         if self.model.kind == "supervised":
@@ -550,6 +551,7 @@ def _base_info(run: _Run, spec: DetectorSpec, cfg: ExperimentConfig) -> dict:
         "hyperparameters_resolved": None,
         "label": spec.display,
         "vocabulary": vocabulary_label(spec.vocabulary),
+        "vocabulary_source": vocabulary_source(spec.vocabulary),
         "id_train": cfg.id_train.label if cfg.id_train else None,
         "id_test": cfg.id_test.label,
         "bootstrap_draws": cfg.bootstrap_draws,

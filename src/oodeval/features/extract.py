@@ -35,6 +35,8 @@ __all__ = ["extract", "extract_nac_fit", "entry_key", "ManifestDataset"]
 log = logging.getLogger(__name__)
 
 FORMAT = "oodeval.extract/1"
+#: how the NAC taps of a ViT-like final norm are read (part of the key of tapped entries)
+NAC_READOUT = "classifier-tokens/1"
 
 
 class ManifestDataset(torch.utils.data.Dataset):
@@ -90,6 +92,8 @@ def entry_key(model: str, manifest: Manifest, *, weights_hash: str | None, head_
         "nac_layers": list(nac_layers) if nac_layers else None, "patch_features": patch_features,
         "precision": precision, "versions": _versions(),
     }
+    if taps:  # ViT-like final norms are read at the classifier's token(s) since then (features.taps)
+        key["nac_readout"] = NAC_READOUT
     if module is not None:
         key["module"] = module
     return hash_json(key)
@@ -151,11 +155,23 @@ class _Runner:
                     out = dict(self.bb.forward(x))
         return {k: v.detach().float().cpu().numpy() for k, v in out.items() if v is not None}
 
+    def _classifier(self) -> torch.nn.Module | None:
+        """NAC's head: a module backbone's own, the probe as a Linear (its gradient flows from the
+        probe's logits), or None for timm's ``get_classifier()``."""
+        if self.bb._probe is None:
+            return getattr(self.bb, "classifier", None)
+        w, b = self.bb._probe
+        head = torch.nn.Linear(w.shape[1], w.shape[0], device=w.device)
+        with torch.no_grad():
+            head.weight.copy_(w)
+            head.bias.copy_(b)
+        return head.requires_grad_(False)
+
     def _with_taps(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         from .taps import forward_with_nac
 
         with self.amp:
-            res = forward_with_nac(self.bb.model, x, self.layers, getattr(self.bb, "classifier", None))
+            res = forward_with_nac(self.bb.model, x, self.layers, self._classifier())
         out = {"features": res.features, "logits": res.logits}
         out.update({f"nac/{k}": v for k, v in res.states.items()})
         return out
@@ -220,8 +236,8 @@ def extract(
         kind, _, _ = parse_model_name(model)
     if patch_features and kind not in ("open_clip", "hf"):
         raise ValueError("patch_features apply to VLM image towers only (open_clip:..., hf:...)")
-    if taps and (kind in ("open_clip", "hf") or head is not None):
-        raise ValueError("taps (NAC states) need a classifier with its own head (no VLM, no probe head)")
+    if taps and (kind in ("open_clip", "hf") or (head is not None and kind != "timm")):
+        raise ValueError("taps (NAC states) need a timm classifier or a timm backbone with a probe head (no VLM)")
     manifest = dataset if isinstance(dataset, Manifest) else resolve(dataset, data_root, strict=strict)
     if len(manifest) == 0:
         raise ValueError(f"dataset {manifest.name!r} has no images")
@@ -355,11 +371,14 @@ def _run(job: _Job) -> Path:
     bb.to(dev)
     split = split_transform(bb.transform)
     layers = None
-    from .taps import default_nac_layers, vit_depth
+    from .taps import default_nac_layers, describe_readout, nac_roles, vit_depth
 
     depth = vit_depth(bb.model) if bb.kind == "timm" else None
+    roles = readout = None
     if job.taps:
         layers = list(job.nac_layers) if job.nac_layers else list(default_nac_layers(bb.model))
+        roles = nac_roles(bb.model, layers) if bb.kind == "timm" else {}
+        readout = describe_readout(bb.model, layers) if bb.kind == "timm" else {}
     if mine:
         if done:
             log.info("resuming %s: %d of %d shards already written", job.entry.name, len(done), n_shards)
@@ -412,7 +431,7 @@ def _run(job: _Job) -> Path:
             "preprocessing": {**bb.preprocessing, "tensor_tail_batched": split is not None},
             "image_mode": bb.image_mode, "dataset": manifest.name,
             "manifest_hash": manifest.content_hash(), "class_names": manifest.class_names, "key": job.key,
-            "taps": layers, "depth": depth, "patch_features": job.patch_features, "precision": "bf16" if job.amp else "fp32",
+            "taps": layers, "nac_roles": roles, "nac_readout": readout, "depth": depth, "patch_features": job.patch_features, "precision": "bf16" if job.amp else "fp32",
             "device": dev.type, "world_size": world, "role": manifest.meta.get("role"),
             "timing_rank0": timing, "text_tower": bb.info.get("text_tower"),
         }
