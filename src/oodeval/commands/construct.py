@@ -88,7 +88,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     r = add_command(sub, "reopen", "coordinator: reopen a decided image (its verdicts stop counting; it starts again in Stage 1)",
                     "oodeval construct reopen work/ val/n01440764/x.JPEG --reason 'alice mistyped the label'")
-    r.add_argument("work", type=Path)
+    r.add_argument("work", type=Path, help="work folder (from `oodeval construct init`)")
     r.add_argument("image", help="image id (its manifest path)")
     r.add_argument("--reason", required=True, help="why (logged in the store with your user name)")
     r.add_argument("--yes", action="store_true", help="confirm without the interactive question")
