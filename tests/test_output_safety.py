@@ -8,6 +8,7 @@ replaces or resumes it as documented.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
@@ -21,7 +22,7 @@ import pandas as pd
 import pytest
 
 from oodeval import cli
-from oodeval._io import MARKER, OutputPathError, atomic_folder, atomic_path, claim_folder, marker_kind
+from oodeval._io import LEGACY_MARKER, MARKER, OutputPathError, atomic_folder, atomic_path, claim_folder, file_marker_kind, marker_kind, write_json_atomic
 from oodeval.cli import main
 from oodeval.data import Manifest
 from oodeval.detectors._synthetic import synthetic_problem
@@ -89,22 +90,22 @@ def test_file_outputs_get_the_umask_mode_and_replace_only_their_own(tmp_path: Pa
     umask = os.umask(0o022)
     os.umask(umask)
     target = tmp_path / "a.json"
-    with atomic_path(target, "thing", lambda p: p.read_text().startswith("ours")) as tmp:
-        tmp.write_text("ours 1")
-    assert target.stat().st_mode & 0o777 == 0o666 & ~umask
-    with atomic_path(target, "thing", lambda p: p.read_text().startswith("ours")) as tmp:
-        tmp.write_text("ours 2")
-    assert target.read_text() == "ours 2"
-    target.write_text("edited by hand")
+    write_json_atomic(target, {"v": 1}, "thing")
+    assert target.stat().st_mode & 0o777 == 0o666 & ~umask and file_marker_kind(target) == "thing"
+    write_json_atomic(target, {"v": 2}, "thing")
+    assert json.loads(target.read_text())["v"] == 2
+    with pytest.raises(OutputPathError, match="holds|not an oodeval other"):
+        write_json_atomic(target, {"v": 3}, "other")
+    target.write_text('{"v": 2, "edited": "by hand"}')  # the user's now: no marker
     with pytest.raises(OutputPathError, match="is an existing file that is not an oodeval thing"):
-        with atomic_path(target, "thing", lambda p: p.read_text().startswith("ours")):
+        with atomic_path(target, "thing"):
             pytest.fail("the body must not run")
     link = tmp_path / "link.json"
     link.symlink_to(target)
     with pytest.raises(OutputPathError, match="symbolic link"):
-        with atomic_path(link, "thing", lambda p: True):
+        with atomic_path(link, "thing"):
             pass
-    assert target.read_text() == "edited by hand" and sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "link.json"]
+    assert "edited" in target.read_text() and sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "link.json"]
 
 
 def test_folder_outputs_carry_a_marker_and_replace_only_what_they_wrote(tmp_path: Path) -> None:
@@ -143,7 +144,7 @@ def test_score_and_probe(sets: Path, foreign, capsys, tmp_path: Path) -> None:
     refused_by_cli(capsys, lambda t: score + [t], foreign)
     own = tmp_path / "table.csv"
     assert main([str(a) for a in score + [own]]) == 0 and main([str(a) for a in score + [own]]) == 0
-    assert list(pd.read_csv(own).detector) == ["msp"]
+    assert list(pd.read_csv(own, comment="#").detector) == ["msp"]
     probe = ["probe", "--train", sets / "train", "--epochs", "1", "--out"]
     refused_by_cli(capsys, lambda t: probe + [t], foreign)
     own = tmp_path / "head.safetensors"
@@ -252,12 +253,21 @@ def test_python_save_functions(sets: Path, foreign, tmp_path: Path) -> None:
         save(own)
         save(own)  # replaces its own earlier output
     assert FeatureSet.load(tmp_path / "fs").content_hash() == fs.content_hash()
-    legacy = tmp_path / "legacy-fs"  # a FeatureSet folder written before markers existed is still oodeval's
+    copied = tmp_path / "copied-fs"  # a FeatureSet folder without the marker (`cp -r src/*`): the user's
+    fs.save(copied)
+    (copied / MARKER).unlink()
+    refused_by_call(fs.save, [copied])
+    legacy = tmp_path / "legacy-fs"  # an older oodeval's: its old marker lists every file in it
     fs.save(legacy)
+    names = sorted(p.relative_to(legacy).as_posix() for p in legacy.rglob("*") if p.is_file() and p.name != MARKER)
     (legacy / MARKER).unlink()
+    (legacy / LEGACY_MARKER).write_text(json.dumps({"kind": "FeatureSet", "oodeval": "0.0.9", "files": names}))
     fs.save(legacy)
-    assert marker_kind(legacy) == "FeatureSet"
+    assert marker_kind(legacy) == "FeatureSet" and not (legacy / LEGACY_MARKER).exists()
     (legacy / "mine.txt").write_text("x")
+    refused_by_call(fs.save, [legacy])
+    (legacy / "mine.txt").unlink()
+    np.save(legacy / "features.npy", np.zeros((2, 2)))  # a listed file whose bytes the user replaced
     refused_by_call(fs.save, [legacy])
     table = pd.DataFrame([{"model": "m", "weights": "", "detector": "msp", "hyperparameters": "{}", "dataset": "d",
                            "split": "all", "seed": 0, "status": "ok", "fpr95": 0.5}])  # fmt: skip

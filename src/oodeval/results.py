@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ._io import atomic_path, claim_folder, parquet_has_columns
+from ._io import claim_folder, write_parquet_atomic
 
 __all__ = [
     "KEY",
@@ -58,8 +58,6 @@ __all__ = [
 KEY = ("model", "weights", "detector", "hyperparameters", "dataset", "split", "seed")
 METRICS = ("fpr95", "tnr95", "auroc", "aupr_in", "aupr_out", "detection_error")
 BOOTSTRAPPED = ("fpr95", "tnr95", "auroc", "detection_error")
-#: recognises an existing results table, the only file :func:`save_results` replaces
-is_results_table = parquet_has_columns(*KEY)
 #: the oodeval output kind of a table's parts folder
 PARTS_KIND = "results parts"
 #: the ``split`` value of a cell over the whole OOD set
@@ -192,11 +190,10 @@ def compact_results(path: str | Path) -> bool:
 
 
 def save_results(df: pd.DataFrame, path: str | Path) -> Path:
-    """Write ``df`` to ``path`` as Parquet atomically (temporary file, then one rename)."""
+    """Write ``df`` to ``path`` as Parquet atomically (temporary file, then one rename), oodeval's
+    "results table" marker in its metadata; an existing file is replaced only when it carries that marker."""
     path = Path(path)
-    df = _conform(df)
-    with atomic_path(path, "results table", is_results_table) as tmp:
-        df.to_parquet(tmp, index=False)
+    write_parquet_atomic(path, _conform(df), "results table")
     return path
 
 

@@ -35,7 +35,6 @@ from ..results import (
     compact_results,
     done_keys,
     hp_json,
-    is_results_table,
     load_results,
     parts_dir,
     write_part,
@@ -393,8 +392,8 @@ def run_experiment(
     features = features or extract_features
     if executor not in EXECUTORS:
         raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
-    check_output(cfg.results, "results table", is_own=is_results_table)  # refused before any work
-    claim_folder(scores_dir(cfg.results), "run scores", is_own=lambda _: cfg.results.is_file())
+    check_output(cfg.results, "results table")  # refused before any work
+    claim_folder(scores_dir(cfg.results), "run scores")
     claim_folder(parts_dir(cfg.results), PARTS_KIND)
     if executor != "inprocess":
         from .executors import run_distributed

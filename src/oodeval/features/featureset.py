@@ -282,7 +282,7 @@ class FeatureSet:
             content_hash=hash_arrays(arrays),
         )
         meta.setdefault("versions", _package_versions())
-        with atomic_folder(path, "FeatureSet", is_featureset_folder) as tmp:
+        with atomic_folder(path, "FeatureSet") as tmp:
             tmp.mkdir()
             for name, arr in arrays.items():
                 out = tmp / f"{name}.npy"
@@ -326,10 +326,3 @@ class FeatureSet:
             meta=meta,
         )
 
-
-def is_featureset_folder(path: Path) -> bool:
-    """Whether ``path`` is a FeatureSet folder oodeval wrote (its meta.json names the format)."""
-    try:
-        return str(json.loads((Path(path) / "meta.json").read_text()).get("format", "")).startswith("oodeval.FeatureSet/")
-    except (OSError, ValueError, AttributeError):
-        return False

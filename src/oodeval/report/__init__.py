@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .._io import atomic_path, check_output, claim_folder, parquet_has_columns, write_text_atomic
+from .._io import check_output, claim_folder, write_parquet_atomic, write_text_atomic
 from ..results import ALL_SPLIT, load_cell_scores, load_results
 from . import figures as figs
 from .paper_views import CLEAN_SUFFIX, gallery_items
@@ -24,9 +24,6 @@ __all__ = ["write_report", "build_views", "register_view", "VIEWS", "sweeps_path
 
 #: ``paper``: FPR@95 with ID positive (the papers'); ``openood`` adds OpenOOD v1.5's OOD-positive FPR@95 beside it
 CONVENTIONS = ("paper", "openood")
-
-_is_sweeps_table = parquet_has_columns("sweep", "size", "fpr95")
-
 
 def sweeps_path(results: str | Path) -> Path:
     """Where vocabulary-size sweeps of a results table live: ``<stem>.sweeps.parquet`` beside it."""
@@ -51,14 +48,13 @@ def save_sweep(results: str | Path, sweep: str, model: str, dataset: str, sizes,
     fpr95 = np.asarray(fpr95, dtype=np.float64)
     if sizes.shape != fpr95.shape or sizes.ndim != 1 or sizes.size == 0:
         raise ValueError(f"sizes and fpr95 must be equal-length 1-d arrays, got {sizes.shape} and {fpr95.shape}")
-    path = check_output(sweeps_path(results), "sweeps table", is_own=_is_sweeps_table)
+    path = check_output(sweeps_path(results), "sweeps table")
     new = pd.DataFrame({"sweep": sweep, "param": param, "model": model, "dataset": dataset, "size": sizes, "fpr95": fpr95, "key": key})
     if path.exists():
         old = pd.read_parquet(path)
         old = old[~((old["sweep"] == sweep) & (old["model"] == model) & (old["dataset"] == dataset))]
         new = pd.concat([old, new], ignore_index=True)
-    with atomic_path(path, "sweeps table", _is_sweeps_table) as tmp:
-        new.to_parquet(tmp, index=False)
+    write_parquet_atomic(path, new, "sweeps table")
     return path
 
 
@@ -264,9 +260,8 @@ def write_report(
     if convention == "openood":
         df = _with_openood(df, results)
     groups = {d.label: d.group for d in experiment.ood if d.group} if experiment is not None else None
-    out_dir = claim_folder(out_dir, "report", is_own=lambda p: (p / "report.html").is_file())
-    fig_dir = out_dir / "figures"
-    fig_dir.mkdir(exist_ok=True)
+    out_dir = claim_folder(out_dir, "report")
+    fig_dir = claim_folder(out_dir / "figures", "report")
     if sweeps is None and sweeps_path(results).exists():
         sweeps = sweeps_path(results)
     if sweeps is not None and not isinstance(sweeps, pd.DataFrame):

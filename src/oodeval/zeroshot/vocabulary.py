@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .._io import hash_json, json_has_keys, write_json_atomic
+from .._io import hash_json, write_json_atomic
 
 __all__ = ["Vocabulary", "union", "oracle", "KINDS"]
 
@@ -22,10 +22,6 @@ KINDS = ("wordnet", "negmined", "llm-siblings", "eoe", "union", "oracle", "custo
 
 def _content_hash(kind: str, labels: Sequence[str]) -> str:
     return hash_json({"kind": kind, "labels": list(labels)})
-
-
-#: recognises an existing vocabulary JSON, the only file :meth:`Vocabulary.save` replaces
-is_vocabulary_file = json_has_keys("kind", "labels", "content_hash")
 
 
 @dataclass
@@ -60,10 +56,9 @@ class Vocabulary:
         return Vocabulary(self.labels[:m], self.kind, {**self.provenance, "prefix_of": self.content_hash, "M": m})
 
     def save(self, path: str | Path) -> None:
-        """Write as JSON atomically; an existing file is replaced only when it is a vocabulary JSON."""
+        """Write as JSON atomically; an existing file is replaced only when it carries oodeval's vocabulary marker."""
         write_json_atomic(path, {"kind": self.kind, "content_hash": self.content_hash, "size": len(self),
-                                 "provenance": self.provenance, "labels": self.labels},
-                          "vocabulary", is_vocabulary_file)
+                                 "provenance": self.provenance, "labels": self.labels}, "vocabulary")
 
     @classmethod
     def load(cls, path: str | Path) -> Vocabulary:
