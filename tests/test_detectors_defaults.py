@@ -140,7 +140,7 @@ def test_score_cli_prints_the_resolved_defaults(sets, tmp_path, capsys):
     assert "family vit" in text and "neco.maxlogit = True  [NECO release" in text
     assert "ash_s.percentile = 80 (set explicitly; backbone default 95.0 [ASH release config/vit_config.yml" in text
     assert "nac.layer_params = norm 500/50/100, blocks.5.norm2 50/500/1" in text
-    table = pd.read_csv(out)
+    table = pd.read_csv(out, comment="#")
     assert set(table["backbone"]) == {"vit"}
     assert json.loads(table.set_index("detector").loc["ash_s", "hyperparameters"])["percentile"] == 80.0
 

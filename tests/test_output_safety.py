@@ -383,3 +383,58 @@ def test_python_m_oodeval_and_lazy_submodules() -> None:
             "print(heavy, type(oodeval.detectors.create('msp')).__name__)")  # fmt: skip
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "[] MSP", done.stderr
+
+
+# ------------------------------------------------------------------ a name or a header is no marker
+
+
+def _named_like_ours(tmp_path: Path, name: str) -> Path:
+    """A user's folder holding a file named like one oodeval writes (and a note of their own)."""
+    folder = tmp_path / f"user-{name.replace('.', '-')}"
+    folder.mkdir()
+    (folder / name).write_bytes(b"the user's own " + name.encode() + b"\n")
+    (folder / "notes.txt").write_text("keep me\n")
+    return folder
+
+
+def test_a_file_named_like_ours_or_our_header_makes_nothing_ours(sets: Path, capsys, tmp_path: Path) -> None:
+    from oodeval.construct.synthetic import make_synthetic_dataset
+
+    results = tmp_path / "out" / "results.parquet"
+    exp = _experiment(tmp_path, sets, results)
+    assert main(["run", str(exp), "--no-progress"]) == 0
+    report = _named_like_ours(tmp_path, "report.html")
+    refused_by_cli(capsys, lambda t: ["report", results, "--draws", "10", "--out", t], [report])
+    refused_by_cli(capsys, lambda t: ["run", exp, "--no-progress", "--report", t], [report])
+    refused_by_call(lambda t: __import__("oodeval.report", fromlist=["write_report"]).write_report(results, t, draws=10), [report])
+    refused_by_cli(capsys, lambda t: ["zeroshot", "--model", "no-such-model", "--pretrained", "none", "--id-features", sets / "test",
+                                      "--ood-features", sets / "ood", "--out", t], [_named_like_ours(tmp_path, "metrics.json")])  # fmt: skip
+    d = make_synthetic_dataset(tmp_path / "data", n_classes=3, per_class=4, unassigned=0.5, seed=0)
+    candidates = lambda t: ["construct", "candidates", t, "--manifest", d.manifest, "--reannotation", d.reannotation]  # noqa: E731
+    refused_by_cli(capsys, candidates, [_named_like_ours(tmp_path, "project.json")])
+    work = tmp_path / "work"
+    assert main([str(a) for a in candidates(work)]) == 0
+    assert main(["construct", "init", str(work), "--stage1", "a", "b", "--stage3", "c"]) == 0
+    refused_by_cli(capsys, lambda t: ["construct", "export", work, "--allow-pending", "--out", t], [_named_like_ours(tmp_path, "outcome.csv")])
+    refused_by_cli(capsys, lambda t: ["demo", "--quick", "--out", t, "--data-root", tmp_path / "demo-data"],
+                   [_named_like_ours(tmp_path, "experiment.toml")])  # fmt: skip
+    assert not (tmp_path / "demo-data").exists()
+    # a user's CSV with oodeval's header, a user's Parquet table with the results' columns
+    score_csv = tmp_path / "scores.csv"
+    score_csv.write_text("detector,ood,fpr95,auroc\nmine,x,0.1,0.9\n")
+    refused_by_cli(capsys, lambda t: ["score", "--train", sets / "train", "--test", sets / "test", "--ood", f"o={sets / 'ood'}",
+                                      "--detectors", "msp", "--no-progress", "--out", t], [score_csv])  # fmt: skip
+    manifest_csv = tmp_path / "manifest.csv"
+    manifest_csv.write_text("path,label\nmine.png,0\n")
+    refused_by_call(Manifest(["a.png"], np.array([0])).to_csv, [manifest_csv])
+    table = pd.read_parquet(results)
+    user_table = tmp_path / "mine.parquet"
+    table.to_parquet(user_table)
+    refused_by_call(lambda t: save_results(table, t), [user_table])
+    # a FeatureSet folder without its marker that holds the user's files too
+    fs = FeatureSet.load(sets / "test", mmap=False)
+    plain = tmp_path / "plain-fs"
+    fs.save(plain)
+    (plain / MARKER).unlink()
+    (plain / "my-analysis.txt").write_text("mine\n")
+    refused_by_call(fs.save, [plain])

@@ -293,13 +293,23 @@ class FeatureSet:
         return path
 
     @classmethod
-    def load(cls, path: str | Path, mmap: bool = True) -> FeatureSet:
-        """Load a saved folder; arrays are memory-mapped unless ``mmap=False``."""
+    def load(cls, path: str | Path, mmap: bool = True, verify: bool = True) -> FeatureSet:
+        """Load a saved folder; arrays are memory-mapped unless ``mmap=False``.
+
+        ``verify`` (default): the arrays' content hash is recomputed and must equal the one
+        ``meta.json`` recorded when the folder was written (one read of every array, about 1 s per
+        GB; see docs/extraction.md), so changed bytes are an error, never other numbers.
+        """
         path = Path(path)
         meta_file = path / "meta.json"
         if not meta_file.is_file():
             raise FileNotFoundError(f"{path} is not a FeatureSet folder (no meta.json)")
-        meta = json.loads(meta_file.read_text())
+        try:
+            meta = json.loads(meta_file.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise ValueError(f"{meta_file} is not valid JSON ({exc}); the FeatureSet is damaged: extract it again") from exc
+        if not isinstance(meta, dict) or not isinstance(meta.get("shapes", {}), dict):
+            raise ValueError(f"{meta_file} is not a FeatureSet meta.json (no shapes table); extract it again")
         mode = "r" if mmap else None
         arrays: dict[str, np.ndarray] = {}
         missing = []
@@ -308,7 +318,7 @@ class FeatureSet:
             if not f.is_file():
                 missing.append(f"{name}.npy")
                 continue
-            arr = np.load(f, mmap_mode=mode)
+            arr = _load_array(f, mode)
             if list(arr.shape) != shape:
                 raise ValueError(f"{f} has shape {arr.shape} but meta.json records {tuple(shape)}")
             arrays[name] = arr
@@ -316,6 +326,9 @@ class FeatureSet:
             raise ValueError(f"FeatureSet {path} is missing {', '.join(missing)}")
         if "features" not in arrays:
             raise ValueError(f"FeatureSet {path} records no features array")
+        if verify and meta.get("content_hash") and hash_arrays(arrays) != meta["content_hash"]:
+            raise ValueError(f"FeatureSet {path}: its arrays do not match the content hash meta.json recorded when they were "
+                             "written (a file was changed or damaged); extract or copy it again")
         return cls(
             features=arrays["features"],
             labels=arrays.get("labels"),
@@ -326,3 +339,11 @@ class FeatureSet:
             meta=meta,
         )
 
+
+def _load_array(f: Path, mode: str | None) -> np.ndarray:
+    """``np.load`` of one FeatureSet array, a damaged or foreign file an error naming it."""
+    try:
+        return np.load(f, mmap_mode=mode, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as exc:
+        why = "holds Python objects (pickled data), not numbers" if "pickle" in str(exc) else f"is not a readable .npy array ({exc})"
+        raise ValueError(f"{f} {why}; the FeatureSet is damaged: extract it again") from exc
