@@ -78,6 +78,7 @@ _INFO = {
     "id_accuracy": "float64",
     "bootstrap_draws": "Int64",
     "bootstrap_fixed_id": "boolean",
+    "inputs": "string",
     "selection": "string",
     "scores_id": "string",
     "scores_ood": "string",
