@@ -68,9 +68,6 @@ def _dataset_problem(role: str, ds: DatasetSpec, cfg: ExperimentConfig, models: 
     if any(role not in m.features for m in models):
         from ..data import resolve
 
-        if "/" in ds.name and not Path(ds.name).exists():
-            out.append(f"dataset {ds.label!r}: {ds.name} does not exist (expected an image folder or a manifest CSV)")
-            return out
         try:
             resolve(ds.name, cfg.data_root)
         except (FileNotFoundError, ValueError) as exc:

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from .._io import check_output, claim_folder, write_parquet_atomic, write_text_atomic
-from ..results import ALL_SPLIT, load_cell_scores, load_results
+from ..results import ALL_SPLIT, METRICS, load_cell_scores, load_results, missing_cell_scores, parts_dir
 from . import figures as figs
 from .paper_views import CLEAN_SUFFIX, gallery_items
 from .render import html_page, latex, markdown
@@ -56,6 +56,18 @@ def save_sweep(results: str | Path, sweep: str, model: str, dataset: str, sizes,
         new = pd.concat([old, new], ignore_index=True)
     write_parquet_atomic(path, new, "sweeps table")
     return path
+
+
+def _check_values(df: pd.DataFrame, results: Path) -> None:
+    """Refuse a table holding a metric outside [0, 1] (every metric is a fraction): it is not one oodeval computed."""
+    for m in [c for c in df.columns if c in METRICS or (c.endswith(("_lo", "_hi")) and c[:-3] in METRICS)]:
+        v = pd.to_numeric(df[m], errors="coerce")
+        bad = v.notna() & ((v < 0) | (v > 1))
+        if bad.any():
+            r = df[bad].iloc[0]
+            raise ValueError(f"results table {results}: {int(bad.sum())} value(s) of {m} lie outside [0, 1] "
+                             f"(e.g. {float(v[bad].iloc[0])!r} for {r['detector']}/{r['dataset']}); metrics are fractions, "
+                             "so the table was changed outside oodeval: recompute it with `oodeval run`")
 
 
 def _pick_model(frame: pd.DataFrame) -> str | None:
@@ -244,11 +256,16 @@ def write_report(
     if convention not in CONVENTIONS:
         raise ValueError(f"convention must be one of {', '.join(CONVENTIONS)}, got {convention!r}")
     results = Path(getattr(results, "results", results))
-    if not results.is_file():
+    if not results.is_file() and not parts_dir(results).is_dir():
         raise FileNotFoundError(f"results table {results} does not exist (run `oodeval run` first)")
     df = load_results(results)
     if len(df) == 0:
         raise ValueError(f"results table {results} has no rows")
+    _check_values(df, results)
+    damaged = missing_cell_scores(df, results)
+    if damaged:
+        raise ValueError(f"{len(damaged)} score file(s) of {results} are missing or damaged ({damaged[0]}); "
+                         "the figures and tables drawn from them would be wrong: rerun `oodeval run` (with retry) to recompute them")
     if experiment is not None:
         from ..experiment import load_config
 

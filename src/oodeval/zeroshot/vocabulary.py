@@ -67,17 +67,23 @@ class Vocabulary:
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"vocabulary file {path} does not exist")
+        try:
+            text = path.read_text(encoding="utf-8-sig")
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"vocabulary file {path} is not UTF-8 text (byte {exc.start}); save it as UTF-8") from exc
         if path.suffix.lower() != ".json":
-            lines = [ln.strip() for ln in path.read_text().splitlines() if ln.strip()]
+            lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
             labels = list(dict.fromkeys(lines))
             if not labels:
                 raise ValueError(f"vocabulary file {path} has no labels")
             return cls(labels, "custom", {"file": str(path), "repeated_labels_dropped": len(lines) - len(labels)})
         try:
-            data = json.loads(path.read_text())
+            data = json.loads(text)
             return cls(data["labels"], data["kind"], data.get("provenance", {}), data.get("content_hash", ""))
         except (json.JSONDecodeError, KeyError, TypeError) as exc:
             raise ValueError(f"vocabulary file {path} is not a Vocabulary JSON (keys labels, kind): {exc}") from exc
+        except ValueError as exc:  # a content hash that does not match the labels, a repeated label, an unknown kind
+            raise ValueError(f"vocabulary file {path}: {exc}; the file was changed after it was written: rebuild it with `oodeval vocab`") from exc
 
 
 def union(vocabularies: Sequence[Vocabulary]) -> Vocabulary:
