@@ -4,7 +4,7 @@ Checks, each problem reported with what is needed: every dataset resolves (regis
 manifest; a model's precomputed FeatureSet folder stands in for it), every weights file exists and
 loads safely (safetensors, or ``torch.load(weights_only=True)``), every model name exists in timm's or
 open_clip's registry (and an open_clip tag in its pretrained table), every vocabulary file and the ID
-class-name file exist, and so do a model's probe head file and the ``[selection]`` validation sets. Nothing
+class-name file exist (unless a zero-shot model brings their text embeddings, ``text:<name>``), and so do a model's probe head file and the ``[selection]`` validation sets. Nothing
 is extracted or computed. ``names_only`` checks the model names alone.
 """
 
@@ -97,10 +97,14 @@ def check_experiment(cfg: ExperimentConfig, names_only: bool = False) -> list[st
     for role, ds, models in roles:
         if models:
             problems += _dataset_problem(role, ds, cfg, models)
+    from .zeroshot import vocabulary_label
+
     zeroshot = [m for m in cfg.models if m.kind == "zero-shot"]
-    vocabularies = {s.vocabulary for m in zeroshot for s in (cfg.detectors_for(m) or ()) if s.vocabulary}
+    vocabularies = {s.vocabulary for m in zeroshot for s in (cfg.detectors_for(m) or ())
+                    if s.vocabulary and f"text:{vocabulary_label(s.vocabulary)}" not in m.features}  # else its embeddings are given
     vocabularies |= {s.vocabulary for s in cfg.sweeps} if zeroshot else set()
     problems += [f"vocabulary file {v} does not exist (build it with `oodeval vocab ...`)" for v in sorted(vocabularies) if not Path(v).is_file()]
-    if zeroshot and cfg.id_classes is not None and str(cfg.id_classes) != "imagenet1k" and not cfg.id_classes.is_file():
+    needs_names = [m for m in zeroshot if "text:id" not in m.features]
+    if needs_names and cfg.id_classes is not None and str(cfg.id_classes) != "imagenet1k" and not cfg.id_classes.is_file():
         problems.append(f"[datasets] id_classes: {cfg.id_classes} is neither 'imagenet1k' nor an existing file")
     return problems

@@ -345,5 +345,5 @@ def _load_array(f: Path, mode: str | None) -> np.ndarray:
     try:
         return np.load(f, mmap_mode=mode, allow_pickle=False)
     except (ValueError, OSError, EOFError) as exc:
-        why = "holds Python objects (pickled data), not numbers" if "pickle" in str(exc) else f"is not a readable .npy array ({exc})"
+        why = "holds Python objects (pickled data), not numbers" if "pickle" in str(exc) or "Python objects" in str(exc) else f"is not a readable .npy array ({exc})"
         raise ValueError(f"{f} {why}; the FeatureSet is damaged: extract it again") from exc
