@@ -438,3 +438,64 @@ def test_a_file_named_like_ours_or_our_header_makes_nothing_ours(sets: Path, cap
     (plain / MARKER).unlink()
     (plain / "my-analysis.txt").write_text("mine\n")
     refused_by_call(fs.save, [plain])
+
+
+# ------------------------------------------------------------------ leftovers, modes
+
+
+def test_staging_left_by_a_killed_writer_is_removed_by_the_next_write(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    claim_folder(out, "kind-k")
+    code = ("import os, signal, sys; from oodeval._io import atomic_path\n"
+            "with atomic_path(sys.argv[1]) as tmp:\n    tmp.write_text('half')\n    os.kill(os.getpid(), signal.SIGKILL)\n")  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(Path(cli.__file__).parents[1])}
+    done = subprocess.run([sys.executable, "-c", code, str(out / "a.txt")], env=env, timeout=120)
+    assert done.returncode == -9
+    left = [p for p in out.iterdir() if p.name.endswith(".tmp")]
+    assert len(left) == 1 and not (out / "a.txt").exists()
+    mine = Path(__import__("tempfile").mkdtemp(prefix=".b.txt.", suffix=".tmp", dir=out))  # a live writer's (this process)
+    (mine / ".oodeval-staging").write_text(f"{__import__('socket').gethostname()} {os.getpid()}")
+    foreign = out / ".user.tmp"  # a user's folder named like a staging one, without the stamp
+    foreign.mkdir()
+    with atomic_path(out / "b.txt") as tmp:
+        tmp.write_text("whole")
+    assert not left[0].exists() and mine.is_dir() and foreign.is_dir() and (out / "b.txt").read_text() == "whole"
+
+
+def test_every_output_gets_the_umask_mode(tmp_path: Path) -> None:
+    old = os.umask(0o027)
+    try:
+        save_head(tmp_path / "h.safetensors", np.ones((2, 3), np.float32), np.zeros(2, np.float32))
+        with atomic_folder(tmp_path / "f", "kind-m") as tmp:
+            tmp.mkdir()
+            save_head(tmp / "w.safetensors", np.ones((2, 3), np.float32), np.zeros(2, np.float32))
+    finally:
+        os.umask(old)
+    assert (tmp_path / "h.safetensors").stat().st_mode & 0o777 == 0o640
+    assert (tmp_path / "f" / "w.safetensors").stat().st_mode & 0o777 == 0o640 and (tmp_path / "f").stat().st_mode & 0o777 == 0o750
+    assert (tmp_path / "f" / MARKER).stat().st_mode & 0o777 == 0o640
+
+
+def test_a_report_stopped_midway_leaves_no_earlier_text(sets: Path, tmp_path: Path, monkeypatch) -> None:
+    import errno
+
+    from oodeval.report import figures, write_report
+
+    results = tmp_path / "out" / "results.parquet"
+    assert main(["run", str(_experiment(tmp_path, sets, results)), "--no-progress"]) == 0
+    report = tmp_path / "report"
+    write_report(results, report, draws=10)
+    (report / "mine.txt").write_text("mine")
+    real = figures.save_figure
+
+    def full_disk(*a, **k):
+        real(*a, **k)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(figures, "save_figure", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        write_report(results, report, draws=10)
+    assert not any((report / n).exists() for n in ("report.html", "report.md", "report.tex"))
+    assert (report / "mine.txt").read_text() == "mine"
+    monkeypatch.setattr(figures, "save_figure", real)
+    assert write_report(results, report, draws=10)["html"].is_file()

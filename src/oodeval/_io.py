@@ -248,6 +248,19 @@ def _owner(target: Path) -> Path | None:
     return None
 
 
+def remove_own(path: str | os.PathLike) -> bool:
+    """Delete the file ``path`` when its folder's marker lists it with its present content (oodeval
+    wrote it); refuse with :class:`OutputPathError` when it is there but not oodeval's. False when absent."""
+    path = Path(path)
+    if not path.exists() and not path.is_symlink():
+        return False
+    check_output(path, None)
+    if _owner(path) is None:
+        raise _refuse(path, "is not inside a folder carrying oodeval's marker", "file")
+    path.unlink()
+    return True
+
+
 def write_marker(folder: str | os.PathLike, kind: str, files: dict[str, str] | None = None) -> None:
     """Mark ``folder`` as oodeval's output of ``kind``, listing ``files`` ({name: digest}).
 
@@ -313,6 +326,7 @@ def atomic_path(target: str | os.PathLike, kind: str | None = None, is_own: Reco
         owner = _owner(target) if kind is None else None
         if owner is not None:
             _record_payload(owner, target, work)
+        _umask_mode(work)
         os.replace(work, target)
 
 
@@ -344,6 +358,7 @@ def atomic_folder(target: str | os.PathLike, kind: str, is_own: Recogniser | Non
         (work / MARKER).unlink(missing_ok=True)  # a nested save's marker: the outer one lists everything
         write_marker(work, kind, {rel: file_digest(work / rel) for rel in _relative_files(work)})
         check_output(target, kind, folder=True, whole=True)
+        _umask_mode(work)
         if target.exists():
             os.replace(target, work.parent / "old")  # removed with the staging folder
         os.replace(work, target)
@@ -387,8 +402,6 @@ def _staged(target: Path) -> Iterator[Path]:
     try:
         (tmp / _STAGING_STAMP).write_text(f"{socket.gethostname()} {os.getpid()}")
         yield tmp / "payload"
-        if (tmp / "payload").exists():
-            _umask_mode(tmp / "payload")
         _fsync_dir(target.parent)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .._io import check_output, claim_folder, write_parquet_atomic, write_text_atomic
+from .._io import check_output, claim_folder, remove_own, write_parquet_atomic, write_text_atomic
 from ..results import ALL_SPLIT, METRICS, load_cell_scores, load_results, missing_cell_scores, parts_dir
 from . import figures as figs
 from .paper_views import CLEAN_SUFFIX, gallery_items
@@ -279,6 +279,9 @@ def write_report(
     groups = {d.label: d.group for d in experiment.ood if d.group} if experiment is not None else None
     out_dir = claim_folder(out_dir, "report")
     fig_dir = claim_folder(out_dir / "figures", "report")
+    paths: dict[str, Path] = {"markdown": out_dir / "report.md", "latex": out_dir / "report.tex", "html": out_dir / "report.html"}
+    for page in paths.values():  # a report stopped midway (a full disk) leaves no earlier text beside new figures
+        remove_own(page)
     if sweeps is None and sweeps_path(results).exists():
         sweeps = sweeps_path(results)
     if sweeps is not None and not isinstance(sweeps, pd.DataFrame):
@@ -295,7 +298,6 @@ def write_report(
         "bounds averaged over seeds). Best detector: lowest FPR@95 (highest AUROC for AUROC), ties to the better other "
         f"metric, then the paper's detector order. {selection.statement}"
     )
-    paths: dict[str, Path] = {"markdown": out_dir / "report.md", "latex": out_dir / "report.tex", "html": out_dir / "report.html"}
     write_text_atomic(paths["markdown"], markdown(title, intro, views, figures, out_dir))
     write_text_atomic(paths["latex"], latex(title, intro, views, figures, out_dir))
     write_text_atomic(paths["html"], html_page(title, intro, views, figures))
