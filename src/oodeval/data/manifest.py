@@ -277,7 +277,7 @@ class Manifest:
 
     def images_digest(self, full: bool = False) -> str:
         """Hash of the images' content: per file (a container ``FILE#K`` counts once) its size,
-        ``mtime_ns`` and a blake2b of three 64 KiB samples (start, middle, end); ``full``: a blake2b
+        ``mtime_ns`` and a blake2b of three 16 KiB samples (start, middle, end); ``full``: a blake2b
         of every byte instead of the samples. A missing file enters as missing."""
         h = hashlib.blake2b(digest_size=16)
         h.update(b"full" if full else b"fast")
@@ -329,7 +329,7 @@ class Manifest:
         return self.subset(np.flatnonzero(keep), name=name)
 
 
-def _file_fingerprint(path: str, full: bool, sample: int = 1 << 16) -> str:
+def _file_fingerprint(path: str, full: bool, sample: int = 1 << 14) -> str:
     """``size:mtime_ns:blake2b`` of a file (three samples, or every byte with ``full``); "missing" when absent."""
     try:
         st = os.stat(path)
