@@ -499,3 +499,31 @@ def test_a_report_stopped_midway_leaves_no_earlier_text(sets: Path, tmp_path: Pa
     assert (report / "mine.txt").read_text() == "mine"
     monkeypatch.setattr(figures, "save_figure", real)
     assert write_report(results, report, draws=10)["html"].is_file()
+
+
+def test_shards_of_an_entry_finished_by_a_concurrent_process_are_removed(tmp_path: Path, monkeypatch) -> None:
+    import shutil
+
+    from PIL import Image
+
+    from oodeval.features import store as st
+    from oodeval.features.extract import extract
+
+    (tmp_path / "imgs" / "a").mkdir(parents=True)
+    for i in range(4):
+        Image.new("RGB", (24, 24), (i, 0, 0)).save(tmp_path / "imgs" / "a" / f"{i}.png")
+    store = tmp_path / "store"
+    kw = {"model_kwargs": {"num_classes": 2, "pretrained_cfg_overlay": {"input_size": [3, 24, 24]}}, "batch_size": 2,
+          "shard_size": 2, "progress": False}  # fmt: skip
+    entry = extract("test_resnet", tmp_path / "imgs", store, **kw)
+    shutil.move(entry, tmp_path / "finished")
+    real = st.write_shard
+
+    def other_process_finishes(path, *a, **k):  # the other process assembles the entry while this one writes
+        real(path, *a, **k)
+        if not entry.exists():
+            shutil.move(tmp_path / "finished", entry)
+
+    monkeypatch.setattr(st, "write_shard", other_process_finishes)
+    assert extract("test_resnet", tmp_path / "imgs", store, **kw) == entry
+    assert not (store / ".partial").exists() and FeatureSet.load(entry).features.shape[0] == 4

@@ -413,6 +413,8 @@ def _run(job: _Job) -> Path:
             st.assemble(partial, n_shards, job.entry, manifest, meta, head=(bb.weight, bb.bias) if bb.weight is not None else None)
         except (RuntimeError, ValueError) as exc:
             error = str(exc)
+    elif rank == 0:  # finished by a concurrent process: the shards this one wrote meanwhile are orphans
+        st.discard(partial)
     if world > 1:
         import torch.distributed as dist
 

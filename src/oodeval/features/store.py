@@ -150,9 +150,14 @@ def assemble(partial: Path, n_shards: int, entry: Path, manifest: Manifest, meta
         fs.save(tmp)
         (tmp / "manifest.csv").write_text(manifest.absolute().subset(kept).to_csv_text())
     del joined, arrays, fs
+    discard(partial)
+    return entry
+
+
+def discard(partial: Path) -> None:
+    """Remove a partial entry (its plan and shards) once its entry is finished, and ``.partial`` once empty."""
     shutil.rmtree(partial, ignore_errors=True)
     _remove_if_empty(partial.parent)
-    return entry
 
 
 def discard_unstarted(partial: Path) -> None:
