@@ -196,7 +196,7 @@ def check_output(
             raise _refuse(target, f"is a file oodeval did not write there (its folder's marker {owner / MARKER} does not list it with this content)", "file")
         return target
     if file_marker_kind(target) != kind:
-        raise _refuse(target, f"is an existing file without oodeval's {label} marker (oodeval did not write it, or it is damaged so that its marker cannot be read)", label)
+        raise _refuse(target, f"is an existing file without oodeval's {label} marker (oodeval did not write it, an oodeval older than the marker did, or it is damaged so that its marker cannot be read)", label)
     return target
 
 

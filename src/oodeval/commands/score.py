@@ -56,10 +56,10 @@ def run(args: argparse.Namespace) -> int:
     from ..scoring import evaluate_detectors, failures, format_table, parse_hyperparameters, supported_names
 
     parquet = args.out is not None and args.out.suffix == ".parquet"
-    if args.out is not None and args.out.suffix not in (".csv", ".parquet"):
-        raise ValueError(f"--out {args.out}: give a .csv (the score table) or a .parquet (a results table) path")
     if args.out is not None:
         check_output(args.out, "results table" if parquet else "score table")
+        if args.out.suffix not in (".csv", ".parquet"):
+            raise ValueError(f"--out {args.out}: give a .csv (the score table) or a .parquet (a results table) path")
     names = [n.strip() for n in args.detectors.split(",") if n.strip()] if args.detectors else None
     hps = parse_hyperparameters(args.set)
     train = FeatureSet.load(args.train)

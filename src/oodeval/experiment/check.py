@@ -69,9 +69,11 @@ def _dataset_problem(role: str, ds: DatasetSpec, cfg: ExperimentConfig, models: 
         from ..data import resolve
 
         try:
-            resolve(ds.name, cfg.data_root)
+            resolve(ds.name, cfg.data_root)  # exactly what `run` reads (a path with a `:SPLIT` tail included)
         except (FileNotFoundError, ValueError) as exc:
-            out.append(f"dataset {ds.label!r}: {exc}")
+            missing = "/" in ds.name and not Path(ds.name).exists()
+            out.append(f"dataset {ds.label!r}: {ds.name} does not exist (expected an image folder or a manifest CSV)" if missing
+                       else f"dataset {ds.label!r}: {exc}")
     return out
 
 

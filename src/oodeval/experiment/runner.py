@@ -426,9 +426,9 @@ def run_experiment(
     features = features or extract_features
     if executor not in EXECUTORS:
         raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
+    check_output(cfg.results, "results table")  # refused before any work
     if cfg.results.suffix != ".parquet":
         raise ValueError(f"results = {str(cfg.results)!r}: the results table is Parquet, so its path must end in .parquet")
-    check_output(cfg.results, "results table")  # refused before any work
     claim_folder(scores_dir(cfg.results), "run scores")
     claim_folder(parts_dir(cfg.results), PARTS_KIND)
     if executor != "inprocess":
