@@ -311,12 +311,16 @@ def claim_folder(folder: str | os.PathLike, kind: str, is_own: Recogniser | None
 
 
 @contextmanager
-def atomic_path(target: str | os.PathLike, kind: str | None = None, is_own: Recogniser | None = None) -> Iterator[Path]:
+def atomic_path(
+    target: str | os.PathLike, kind: str | None = None, is_own: Recogniser | None = None, *, private: bool = False
+) -> Iterator[Path]:
     """Yield a temporary path beside the file ``target``; on success it replaces ``target`` in one rename.
 
     ``kind``: the output rules of :func:`check_output` (checked before the body runs and again before
     the rename; ``is_own`` is ignored). ``kind=None`` for a file (or a folder the body creates) inside
     a folder oodeval owns: it is listed in that folder's marker, with its digest, before the rename.
+    The result gets the umask's mode, whatever mode its writer gave it, unless ``private`` (a file
+    holding secrets, which keeps the mode the body set).
     """
     del is_own
     target = check_output(target, kind)
@@ -326,7 +330,8 @@ def atomic_path(target: str | os.PathLike, kind: str | None = None, is_own: Reco
         owner = _owner(target) if kind is None else None
         if owner is not None:
             _record_payload(owner, target, work)
-        _umask_mode(work)
+        if not private:
+            _umask_mode(work)
         os.replace(work, target)
 
 

@@ -209,7 +209,7 @@ class ProtocolStore:
         if path.exists():
             raise FileExistsError(f"protocol store {path} already exists; it holds verdicts and is never overwritten")
         tokens = {n: _new_token() for n in names}
-        with atomic_path(path) as tmp:
+        with atomic_path(path, private=True) as tmp:
             con = sqlite3.connect(tmp)
             try:
                 os.chmod(tmp, 0o600)  # SQLite gives the -wal and -shm files the same mode
