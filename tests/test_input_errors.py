@@ -245,3 +245,23 @@ def test_protocol_store_on_a_full_disk_says_so(tmp_path: Path, monkeypatch) -> N
     monkeypatch.setattr(protocol.sqlite3, "connect", full)
     with pytest.raises(ValueError, match=f"protocol store {store} cannot be opened \\(database or disk is full\\); free disk space"):
         protocol.ProtocolStore(store)
+
+
+def test_experiment_files_non_utf8_named_and_bom_accepted(tmp_path: Path, capsys) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_bytes("seeds = [0]\n# caf\u00e9\n".encode("latin-1"))
+    one_line_error(capsys, ["run", bad, "--check"], f"experiment file {bad} is not UTF-8 text")
+    bom = tmp_path / "bom.toml"
+    bom.write_bytes("\ufeffseeds = [0]\n".encode())
+    one_line_error(capsys, ["run", bom, "--check"], "missing required key 'datasets'")  # parsed past the BOM
+
+
+def test_readers_of_manifests_skip_the_marker_line(tmp_path: Path) -> None:
+    from oodeval.construct.tables import read_manifest
+    from oodeval.zeroshot.vocabulary import oracle
+
+    m = Manifest(["a.png", "b.png"], np.array([1, 0]), ood_label=["zebra", ""], class_names=["cat", "dog"])
+    m.to_csv(tmp_path / "m.csv")
+    assert oracle(tmp_path / "m.csv").labels == ["zebra"]
+    ids = read_manifest(tmp_path / "m.csv")
+    assert ids.paths == ["a.png", "b.png"] and ids.labels == [1, 0]

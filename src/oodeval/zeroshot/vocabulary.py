@@ -7,13 +7,14 @@ order; ``oracle`` reads a benchmark manifest's OOD labels.
 
 from __future__ import annotations
 
+import io
 import json
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .._io import hash_json, write_json_atomic
+from .._io import hash_json, strip_csv_marker, write_json_atomic
 
 __all__ = ["Vocabulary", "union", "oracle", "KINDS"]
 
@@ -111,7 +112,11 @@ def oracle(manifest: str | Path, column: str = "ood_label", exclude: Sequence[st
     elif suffix in (".jsonl", ".json"):
         df = pd.read_json(manifest, lines=suffix == ".jsonl")
     else:
-        df = pd.read_csv(manifest, sep="\t" if suffix == ".tsv" else ",", dtype=str, keep_default_na=False)
+        try:
+            text = strip_csv_marker(manifest.read_text(encoding="utf-8-sig"))  # Manifest.to_csv writes oodeval's marker first
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"manifest {manifest} is not UTF-8 text (byte {exc.start}); save it as UTF-8") from exc
+        df = pd.read_csv(io.StringIO(text), sep="\t" if suffix == ".tsv" else ",", dtype=str, keep_default_na=False)
     if column not in df.columns:
         raise ValueError(f"manifest {manifest} has no column {column!r}; columns: {', '.join(map(str, df.columns))}")
     values = [str(v).strip() for v in df[column].tolist() if v is not None and str(v).strip() not in ("", "nan", "None")]
