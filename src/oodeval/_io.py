@@ -193,10 +193,12 @@ def check_output(
     if kind is None:
         owner = _owner(target)
         if owner is not None and owner.is_dir() and not _listed(owner, target):
-            raise _refuse(target, f"is a file oodeval did not write there (its folder's marker {owner / MARKER} does not list it with this content)", "file")
+            raise _refuse(target, f"is a file oodeval did not write there (its folder's marker {owner / MARKER} "
+                                  "does not list it with this content)", "file")
         return target
     if file_marker_kind(target) != kind:
-        raise _refuse(target, f"is an existing file without oodeval's {label} marker (oodeval did not write it, an oodeval older than the marker did, or it is damaged so that its marker cannot be read)", label)
+        raise _refuse(target, f"is an existing file without oodeval's {label} marker (oodeval did not write it, an oodeval "
+                              "older than the marker did, or it is damaged so that its marker cannot be read)", label)
     return target
 
 
