@@ -170,6 +170,7 @@ def test_run_on_its_damaged_table_and_a_csv_results_path(sets: Path, capsys) -> 
     results.write_bytes(results.read_bytes()[:-30])
     one_line_error(capsys, ["run", exp, "--no-progress"], str(results), "damaged")
     one_line_error(capsys, ["run", _experiment(sets, sets, sets / "r.csv"), "--no-progress"], "r.csv", "must end in .parquet")
+    assert main(["run", str(sets / "exp.toml"), "--check"]) == 2 and "must end in .parquet" in capsys.readouterr().err
     assert not (sets / "r.csv").exists()
 
 

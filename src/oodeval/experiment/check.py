@@ -86,6 +86,8 @@ def check_experiment(cfg: ExperimentConfig, names_only: bool = False) -> list[st
     problems: list[str] = [p for m in cfg.models for p in [_model_problem(m)] if p]
     if names_only:
         return problems
+    if cfg.results.suffix != ".parquet":
+        problems.append(f"results = {str(cfg.results)!r}: the results table is Parquet, so its path must end in .parquet")
     for m in cfg.models:
         problems += [p for w in dict.fromkeys(m.weights) if w is not None for p in [_weights_problem(m, w)] if p]
         problems += [p for p in [m.head and _weights_problem(m, m.head)] if p]

@@ -268,8 +268,10 @@ class FeatureSet:
     def save(self, path: str | Path) -> Path:
         """Write the folder atomically and return its path.
 
-        An existing ``path`` is replaced only when it is an oodeval FeatureSet folder holding nothing
-        else; any other file or folder there is refused with :class:`oodeval._io.OutputPathError`.
+        An existing ``path`` is replaced only when it carries oodeval's FeatureSet marker and holds
+        nothing but the files that marker lists (unchanged); any other file or folder there (a
+        FeatureSet folder copied without its marker included) is refused with
+        :class:`oodeval._io.OutputPathError`.
         """
         path = Path(path)
         arrays = self._arrays()
