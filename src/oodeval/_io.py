@@ -132,8 +132,13 @@ def _read_marker(folder: Path) -> tuple[str | None, dict[str, set[str]]]:
 
 
 def marker_kind(folder: str | os.PathLike) -> str | None:
-    """The kind recorded in ``folder``'s oodeval marker, or None when it has none (or an unreadable one)."""
-    return _read_marker(Path(folder))[0]
+    """The kind recorded in ``folder``'s oodeval marker, or None when it has none (or an unreadable one).
+    Reads the first line only (a marker grows by one line per file written)."""
+    try:
+        with open(Path(folder) / MARKER, encoding="utf-8") as fh:
+            return str(json.loads(fh.readline())["kind"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _legacy_files(folder: Path, kind: str) -> list[str] | None:
