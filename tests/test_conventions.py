@@ -68,7 +68,7 @@ def test_score_csv_and_console(folders, tmp_path, capsys):
     assert main(_score(folders, "--out", str(out))) == 0
     printed = capsys.readouterr().out
     assert "FPR@95 ID-pos / FPR@95 OOD-pos / AUROC (%)" in printed and "25.00 / 55.00 / " in printed
-    row = pd.read_csv(out).iloc[0]
+    row = pd.read_csv(out, comment="#").iloc[0]
     assert (row["fpr95"], row["fpr95_ood_positive"]) == (PAPER, OOD_POSITIVE)
     assert main(_score(folders, "--convention", "openood")) == 0
     printed = capsys.readouterr().out

@@ -61,7 +61,7 @@ def test_score_takes_a_module_class_detector(plugin, capsys, monkeypatch):
     out = tmp / "s.csv"
     assert cli.main([*base, "--detectors", "issue27_plugin:ScaledMaxLogit,maxlogit", "--out", str(out)]) == 0
     capsys.readouterr()
-    t = pd.read_csv(out).set_index("detector")
+    t = pd.read_csv(out, comment="#").set_index("detector")
     assert t.loc["issue27_plugin:ScaledMaxLogit", "fpr95"] == t.loc["maxlogit", "fpr95"] == 0.25
     assert t.loc["issue27_plugin:ScaledMaxLogit", "fpr95_ood_positive"] == 0.55
     assert "issue27_plugin:ScaledMaxLogit" not in detectors.default_names()  # named, never picked by default

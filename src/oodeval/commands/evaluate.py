@@ -85,9 +85,9 @@ def run(args: argparse.Namespace) -> int:
     if args.draws < 0:
         raise ValueError(f"--draws must be >= 0, got {args.draws}")
     if args.out is not None:
-        from .._io import check_output, csv_header_starts
+        from .._io import check_output
 
-        check_output(args.out, "score table", is_own=csv_header_starts("detector", "ood"))
+        check_output(args.out, "score table")
     oods = name_sets(args.ood)
     names, hps = parse_names(args.detectors), parse_hyperparameters(args.set)
     check_request(names, hps)  # before any extraction

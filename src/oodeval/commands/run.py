@@ -74,6 +74,10 @@ def run(args: argparse.Namespace) -> int:
     options = executor_options(args.executor_option)
     if options and args.executor == "inprocess":
         raise ValueError("--executor-option needs --executor local, slurm or ray")
+    if args.report is not None:
+        from .._io import check_output
+
+        check_output(args.report, "report", folder=True)  # refused before any work
     summary = run_experiment(cfg, progress=not args.no_progress, executor=args.executor, executor_options=options)
     log = sys.stderr if args.format in ("csv", "json") else sys.stdout
     print(summary, file=log)

@@ -50,17 +50,17 @@ def parse_oods(items: list[str]) -> dict[str, Path]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .._io import check_output, csv_header_starts
+    from .._io import check_output
     from ..features import FeatureSet
-    from ..results import is_results_table
     from ..scoring import evaluate_detectors, parse_hyperparameters, supported_names
 
     if args.out is not None and str(args.out) == "-":
         raise ValueError("--out - is not a file; give --format csv (or json) to write the rows to stdout")
     parquet = args.out is not None and args.out.suffix == ".parquet"
     if args.out is not None:
-        check_output(args.out, "results table" if parquet else "score table",
-                     is_own=is_results_table if parquet else csv_header_starts("detector", "ood"))  # fmt: skip
+        check_output(args.out, "results table" if parquet else "score table")
+        if args.out.suffix not in (".csv", ".parquet"):
+            raise ValueError(f"--out {args.out}: give a .csv (the score table) or a .parquet (a results table) path")
     names = parse_names(args.detectors)
     hps = parse_hyperparameters(args.set)
     train = FeatureSet.load(args.train)
@@ -89,7 +89,7 @@ def print_rows(rows: list[dict], args: argparse.Namespace, train, hps: dict, fit
     ``--out`` CSV, every failure on stderr; exit 1 when any cell failed."""
     import pandas as pd
 
-    from .._io import atomic_path, csv_header_starts
+    from .._io import write_csv_atomic
     from ..detectors.defaults import describe
     from ..scoring import failures
 
@@ -105,8 +105,7 @@ def print_rows(rows: list[dict], args: argparse.Namespace, train, hps: dict, fit
             print("\n".join(describe([name], fs, hps)[1:]), file=log)
     write_rows(rows, args.format, args.convention)
     if getattr(args, "out", None) is not None:
-        with atomic_path(args.out, "score table", csv_header_starts("detector", "ood")) as tmp:
-            pd.DataFrame(rows).to_csv(tmp, index=False)
+        write_csv_atomic(args.out, pd.DataFrame(rows).to_csv(index=False, lineterminator="\n"), "score table")
         print(f"wrote {args.out}", file=log)
     failed = failures(rows)
     for line in failed:

@@ -4,9 +4,10 @@ Checks, each problem reported with what is needed: every dataset resolves (regis
 manifest; a model's precomputed FeatureSet folder stands in for it), every weights file exists and
 loads safely (safetensors, or ``torch.load(weights_only=True)``), every model name exists in timm's or
 open_clip's registry (and an open_clip tag in its pretrained table), every vocabulary file and the ID
-class-name file exist, and so do a model's probe head file and the ``[selection]`` validation sets. Nothing
-is extracted or computed. ``names_only`` checks the model names alone. :func:`eoe_prompt_notes` says which
-prompts the EOE vocabularies come from (EOE's released prompts, ``eoe_prompts``, or oodeval's own wording).
+class-name file exist (unless a zero-shot model brings their text embeddings, ``text:<name>``), and so do a
+model's probe head file and the ``[selection]`` validation sets. Nothing is extracted or computed.
+``names_only`` checks the model names alone. :func:`eoe_prompt_notes` says which prompts the EOE
+vocabularies come from (EOE's released prompts, ``eoe_prompts``, or oodeval's own wording).
 """
 
 from __future__ import annotations
@@ -69,13 +70,12 @@ def _dataset_problem(role: str, ds: DatasetSpec, cfg: ExperimentConfig, models: 
     if any(role not in m.features for m in models):
         from ..data import resolve
 
-        if "/" in ds.name and not Path(ds.name).exists():
-            out.append(f"dataset {ds.label!r}: {ds.name} does not exist (expected an image folder or a manifest CSV)")
-            return out
         try:
-            resolve(ds.name, cfg.data_root)
+            resolve(ds.name, cfg.data_root)  # exactly what `run` reads (a path with a `:SPLIT` tail included)
         except (FileNotFoundError, ValueError) as exc:
-            out.append(f"dataset {ds.label!r}: {exc}")
+            missing = "/" in ds.name and not Path(ds.name).exists()
+            out.append(f"dataset {ds.label!r}: {ds.name} does not exist (expected an image folder or a manifest CSV)" if missing
+                       else f"dataset {ds.label!r}: {exc}")
     return out
 
 
@@ -88,6 +88,8 @@ def check_experiment(cfg: ExperimentConfig, names_only: bool = False) -> list[st
     problems: list[str] = [p for m in cfg.models for p in [_model_problem(m)] if p]
     if names_only:
         return problems
+    if cfg.results.suffix != ".parquet":
+        problems.append(f"results = {str(cfg.results)!r}: the results table is Parquet, so its path must end in .parquet")
     for m in cfg.models:
         problems += [p for w in dict.fromkeys(m.weights) if w is not None for p in [_weights_problem(m, w)] if p]
         problems += [p for p in [m.head and _weights_problem(m, m.head)] if p]
@@ -101,11 +103,15 @@ def check_experiment(cfg: ExperimentConfig, names_only: bool = False) -> list[st
     for role, ds, models in roles:
         if models:
             problems += _dataset_problem(role, ds, cfg, models)
+    from .zeroshot import vocabulary_label
+
     zeroshot = [m for m in cfg.models if m.kind == "zero-shot"]
-    vocabularies = {s.vocabulary for m in zeroshot for s in (cfg.detectors_for(m) or ()) if s.vocabulary}
+    vocabularies = {s.vocabulary for m in zeroshot for s in (cfg.detectors_for(m) or ())
+                    if s.vocabulary and f"text:{vocabulary_label(s.vocabulary)}" not in m.features}  # else its embeddings are given
     vocabularies |= {s.vocabulary for s in cfg.sweeps} if zeroshot else set()
     problems += _missing_vocabularies(sorted(v for v in vocabularies if not Path(v).is_file()))
-    if zeroshot and cfg.id_classes is not None and str(cfg.id_classes) != "imagenet1k" and not cfg.id_classes.is_file():
+    needs_names = [m for m in zeroshot if "text:id" not in m.features]
+    if needs_names and cfg.id_classes is not None and str(cfg.id_classes) != "imagenet1k" and not cfg.id_classes.is_file():
         problems.append(f"[datasets] id_classes: {cfg.id_classes} is neither 'imagenet1k' nor an existing file")
     return problems
 

@@ -465,7 +465,10 @@ def _default_taps(model: ModelSpec, detectors: tuple[DetectorSpec, ...] | None) 
 def _read(path: Path) -> dict:
     if not path.is_file():
         raise FileNotFoundError(f"experiment file {path} does not exist")
-    text = path.read_text()
+    try:
+        text = path.read_text(encoding="utf-8-sig")  # a BOM (Windows editors) is not part of the TOML
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"experiment file {path} is not UTF-8 text (byte {exc.start}); save it as UTF-8") from exc
     if path.suffix.lower() in (".yaml", ".yml"):
         import yaml
 

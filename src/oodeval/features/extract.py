@@ -80,15 +80,18 @@ def _versions() -> dict[str, str]:
 
 def entry_key(model: str, manifest: Manifest, *, weights_hash: str | None, head_hash: str | None, pretrained: bool,
               model_kwargs: dict | None, taps: bool, nac_layers: Sequence[str] | None, patch_features: bool,
-              precision: str, module: dict | None = None) -> str:
+              precision: str, module: dict | None = None, full_image_hash: bool = False) -> str:
     """Cache key: hash of everything that determines the stored numbers (not batch size or workers).
 
     ``module``: for an ``nn.Module``, how features and logits are read from it (head, feature layer,
-    transform); its parameters enter through ``weights_hash``.
+    transform); its parameters enter through ``weights_hash``. The images enter by content
+    (:meth:`Manifest.images_digest`: size, mtime and sampled bytes, or every byte with
+    ``full_image_hash``), so an image replaced in place is extracted again.
     """
     key = {
         "format": FORMAT, "model": model, "weights": weights_hash, "head": head_hash, "pretrained": pretrained,
         "model_kwargs": model_kwargs or {}, "manifest": manifest.content_hash(), "taps": taps,
+        "images": manifest.images_digest(full=full_image_hash),
         "nac_layers": list(nac_layers) if nac_layers else None, "patch_features": patch_features,
         "precision": precision, "versions": _versions(),
     }
@@ -202,6 +205,7 @@ def extract(
     feature_layer: str | None = None,
     image_mode: str = "RGB",
     skip_missing: bool = False,
+    full_image_hash: bool = False,
 ) -> Path:
     """Extract ``model`` on ``dataset`` into ``store`` and return the FeatureSet folder (cached).
 
@@ -212,7 +216,8 @@ def extract(
     file whose logits/weight/bias replace the model's own. ``amp``: bf16 autocast, default on CUDA only.
     ``shard_size``: rows per shard for a new entry (a resumed entry keeps its own). A manifest row
     whose file does not exist is a FileNotFoundError unless ``skip_missing`` (then it is skipped and
-    listed like an unreadable image).
+    listed like an unreadable image). The cache key holds the images' content digest (size, mtime,
+    sampled bytes; every byte with ``full_image_hash``), so a changed image is a new entry.
 
     ``model`` may also be a ``torch.nn.Module`` (see :mod:`oodeval.features.module`): then
     ``transform`` (PIL image -> tensor) is required, ``classifier`` names the head module (default:
@@ -251,7 +256,7 @@ def extract(
     cache_name = model if kind != "timm" or model.startswith("timm:") else f"timm:{model}"  # 'x' and 'timm:x': one entry
     key = entry_key(cache_name, manifest, weights_hash=weights_hash, head_hash=head_hash, pretrained=pretrained,
                     model_kwargs=model_kwargs, taps=taps, nac_layers=nac_layers, patch_features=patch_features,
-                    precision="bf16" if use_amp else "fp32", module=module)
+                    precision="bf16" if use_amp else "fp32", module=module, full_image_hash=full_image_hash)
     entry = st.entry_path(store, cache_name, manifest.name, key)
     if (entry / "meta.json").is_file():
         log.info("cached: %s", entry)
@@ -439,6 +444,8 @@ def _run(job: _Job) -> Path:
             st.assemble(partial, n_shards, job.entry, manifest, meta, head=(bb.weight, bb.bias) if bb.weight is not None else None)
         except (RuntimeError, ValueError) as exc:
             error = str(exc)
+    elif rank == 0:  # finished by a concurrent process: the shards this one wrote meanwhile are orphans
+        st.discard(partial)
     if world > 1:
         import torch.distributed as dist
 
