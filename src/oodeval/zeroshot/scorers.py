@@ -262,7 +262,10 @@ class Margin(ZeroShotScorer):
 class GLMCM(ZeroShotScorer):
     """MCM + lambda * max_patches max_c softmax(patch logits) (GL-MCM; lambda = 1).
 
-    Reads ``extras["patch_features"]`` (N, P, E), l2-normalised, from the value-path pass.
+    The local term comes from the readout stored at extraction for these label embeddings and tau
+    (``extras["patch_readout/..."]``, ``features.patchreadout``; computed on float64-renormalised tokens,
+    as ``normalize=True`` does), else from ``extras["patch_features"]`` (N, P, E), l2-normalised, from the
+    value-path pass. Readouts for other labels or another tau only are refused (ValueError).
     """
 
     needs = ("features", "extra:patch_features")
@@ -276,10 +279,23 @@ class GLMCM(ZeroShotScorer):
         return (p + 1) * (e + n_labels)
 
     def score(self, image, id_text, negatives=None, normalize=False):
-        if isinstance(image, FeatureSet) and "patch_features" not in image.extras:
-            src = image.meta.get("dataset", "this FeatureSet")
-            raise ValueError(f"gl_mcm needs patch features, which {src} does not have: extract the VLM with "
-                             "patch_features (`oodeval extract --patch-features`, `patch_features = true` in a grid)")
+        from ..features.patchreadout import has_patch_data, stored_readout
+
+        if isinstance(image, FeatureSet):
+            if not has_patch_data(image):
+                src = image.meta.get("dataset", "this FeatureSet")
+                raise ValueError(f"gl_mcm needs patch features, which {src} does not have: extract the VLM with "
+                                 "patch_features (`oodeval extract --patch-features`, `patch_features = true` in a grid)")
+            if not self.tau > 0:
+                raise ValueError(f"tau must be > 0, got {self.tau}")
+            local = stored_readout(image, _check_unit("text embeddings", id_text, 2), self.tau)
+            if local is not None:
+                if negatives is not None:
+                    raise ValueError(f"GLMCM uses the ID names only; negatives were given ({len(negatives)})")
+                mcm = MCM(self.tau)
+                mcm.chunk_rows = self.chunk_rows
+                glob = mcm.score(FeatureSet(features=image.features), id_text, normalize=normalize)
+                return as_scores(glob + self.lam * local, len(image), type(self).__name__)
         return super().score(image, id_text, negatives, normalize)
 
     def _score(self, image, id_text, negatives):
