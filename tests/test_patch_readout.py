@@ -142,3 +142,43 @@ def test_grid_stores_readouts_not_patch_tokens_and_scores_gl_mcm(tiny_clip: str,
         ids, oods = load_cell_scores(row, results)
         np.testing.assert_array_equal(ids, GLMCM(tau=tau).score(by_n[5], unit, normalize=True))
         np.testing.assert_array_equal(oods, GLMCM(tau=tau).score(by_n[4], unit, normalize=True))
+
+
+def test_run_check_prints_the_extraction_disk_and_refuses_when_the_store_has_less(tiny_clip: str, tmp_path: Path, monkeypatch,
+                                                                                 capsys) -> None:
+    from oodeval.cli import main
+    from oodeval.experiment import disk, load_config, run_experiment
+
+    _images(tmp_path / "id", 5, 5)
+    _images(tmp_path / "ood", 4, 6)
+    (tmp_path / "exp.toml").write_text(f"""
+store = "store"
+results = "r.parquet"
+[datasets]
+id_test = "id"
+ood = [{{ name = "ood", label = "novel" }}]
+[[models]]
+name = "open_clip:{tiny_clip}"
+label = "tiny"
+kind = "zero-shot"
+patch_features = true
+full_patch_features = true
+""")
+    np.save(tmp_path / "id_text.npy", _text(32, 3, 7))
+    toml = (tmp_path / "exp.toml").read_text() + 'features = { "text:id" = "id_text.npy" }\n[[zeroshot]]\nname = "gl_mcm"\n'
+    (tmp_path / "exp.toml").write_text(toml)
+    (row,) = disk.estimate_disk(load_config(tmp_path / "exp.toml"))
+    assert row.per_image == 4 * 32 + 16 + 8 + 2 * 16 * 32 and row.images == 9  # E = 32, P = (32 / 8)^2 = 16, one readout
+    need = row.total + 2 * row.largest
+    monkeypatch.setattr(disk, "free_bytes", lambda path: need)
+    assert main(["run", str(tmp_path / "exp.toml"), "--check"]) == 0
+    out = capsys.readouterr().out
+    assert f"tiny: extraction writes {disk.format_bytes(row.total)} for 9 images ({disk.format_bytes(row.per_image)} per image" in out
+    monkeypatch.setattr(disk, "free_bytes", lambda path: need - 1)
+    assert main(["run", str(tmp_path / "exp.toml"), "--check"]) == 2
+    err = capsys.readouterr().err
+    assert f"the store {tmp_path / 'store'} has {disk.format_bytes(need - 1)} ({need - 1:,} bytes) free but the zero-shot models' " \
+           f"extraction needs {disk.format_bytes(need)} ({need:,} bytes; tiny {disk.format_bytes(row.total)}" in err
+    run_experiment(load_config(tmp_path / "exp.toml"), progress=False)  # the estimate covers what extraction writes
+    written = sum(f.stat().st_size for f in (tmp_path / "store").rglob("*") if f.is_file() and "text" not in f.relative_to(tmp_path / "store").parts)
+    assert row.total - 2 * 8192 <= written <= row.total

@@ -103,7 +103,8 @@ def _check(cfg, names_only: bool = False) -> int:
     for m in cfg.models:
         dets = cfg.detectors_for(m)
         names = ", ".join(d.display + (f"[{vocabulary_label(d.vocabulary)}]" if d.vocabulary else "") for d in dets) if dets else "every supported detector"
-        extras = [x for x, on in (("taps", m.taps), ("patch features", m.patch_features)) if on]
+        extras = [x for x, on in (("taps", m.taps), ("GL-MCM patch readouts", m.patch_features),
+                                  ("full patch features", m.full_patch_features)) if on]
         print(f"  {m.label} ({m.kind}{', ' + ', '.join(extras) if extras else ''}): {names}")
         if m.kind == "supervised":  # the backbone-dependent defaults each detector will run with
             listed = [d.name for d in dets] if dets else detectors.names()
@@ -112,7 +113,14 @@ def _check(cfg, names_only: bool = False) -> int:
                 print(f"    {line.strip()}")
     print(f"  ID train {cfg.id_train.label if cfg.id_train else '-'}, ID test {cfg.id_test.label}; OOD: {', '.join(d.label for d in cfg.ood)}")
     print(f"  results -> {cfg.results}")
-    problems = check_experiment(cfg, names_only)
+    disk = None
+    if not names_only:
+        from ..experiment.disk import describe, estimate_disk
+
+        disk = estimate_disk(cfg)
+        for row in disk:
+            print(describe(row))
+    problems = check_experiment(cfg, names_only, disk)
     if problems:
         raise ValueError(f"{len(problems)} problem(s) before this experiment can run:\n" + "\n".join(f"  - {p}" for p in problems))
     print("check passed: every model name resolves" if names_only else
