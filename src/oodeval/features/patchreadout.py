@@ -37,8 +37,8 @@ __all__ = ["PatchReadout", "PREFIX", "label_fingerprint", "local_mcm", "float16_
 
 #: name prefix of readout extras
 PREFIX = "patch_readout/"
-#: float64 values of one (rows, P, C) logit block computed at once
-_BLOCK = 1 << 24
+#: float64 values of one block of (rows, P, max(E, C)) tokens or logits computed at once
+_BLOCK = 1 << 22
 
 
 def label_fingerprint(text: np.ndarray) -> str:
@@ -90,16 +90,15 @@ def readout_name(fingerprint: str, tau: float) -> str:
 def local_mcm(patches: torch.Tensor, labels: torch.Tensor, tau: float) -> torch.Tensor:
     """float64 (B,) max over patches of the max-softmax over labels of ``patches`` (B, P, E), renormalised
     in float64, against ``labels`` (C, E) float64 on the same device; autocast off."""
+    b, p, e = patches.shape
+    rows = max(1, _BLOCK // max(1, p * max(e, labels.shape[0])))  # images per float64 block
+    out = []
     with torch.autocast(device_type=patches.device.type, enabled=False):
-        u = patches.to(torch.float64)
-        u = u / torch.linalg.vector_norm(u, dim=-1, keepdim=True)
-        b, p, _ = u.shape
-        rows = max(1, _BLOCK // max(1, p * labels.shape[0]))
-        out = []
         for s in range(0, b, rows):
-            logits = u[s : s + rows] @ labels.T / tau
+            u = patches[s : s + rows].to(torch.float64)
+            logits = (u / torch.linalg.vector_norm(u, dim=-1, keepdim=True)) @ labels.T / tau
             out.append(torch.exp(logits.amax(dim=-1) - torch.logsumexp(logits, dim=-1)).amax(dim=-1))
-        return torch.cat(out)
+    return torch.cat(out)
 
 
 def float16_error_bound(dim: int, tau: float) -> tuple[float, float]:
