@@ -123,7 +123,7 @@ def _score(entry: Path, classes: int) -> dict:
 
     from oodeval.experiment.config import DetectorSpec
     from oodeval.experiment.zeroshot import zeroshot_scores
-    from oodeval.features import FeatureSet
+    from oodeval.features import FeatureSet, patchreadout  # noqa: F401 - gl_mcm's readout path imports torch
 
     fs = FeatureSet.load(entry)
     context = {"id_text": _labels(classes, fs.features.shape[1])}

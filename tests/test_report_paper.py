@@ -60,7 +60,7 @@ def test_reference_cells_match_the_papers_text():
     assert all(len(load_reference(t)) for t in TABLES)
 
 
-def test_preset_names_the_papers_grid_and_resolves_offline(capsys):
+def test_preset_names_the_papers_grid_and_resolves_offline(capsys, monkeypatch):
     import open_clip
     import timm
 
@@ -101,10 +101,15 @@ def test_preset_names_the_papers_grid_and_resolves_offline(capsys):
     out = capsys.readouterr().out
     assert "38 model(s)" in out and "AIMv2-L" in out and "neglabel[WN+GPT]" in out and "check passed" in out
     assert "family vit" in out and "family resnet" in out and "neco.maxlogit = True" in out
-    # the full check also lists the missing inputs, and only those
+    # the full check also lists the missing inputs, and only those (on any disk), and each VLM's extraction disk
+    from oodeval.experiment import disk
     from oodeval.experiment.check import check_experiment
 
+    monkeypatch.setattr(disk, "free_bytes", lambda path: 10**15)
     assert cli.main(["run", str(PRESET), "--check"]) == 2
+    out = capsys.readouterr().out
+    assert "CLIP-B/16: extraction writes " in out and "(2.07 kB per image: embedding + 1 patch readout(s); full patch tokens would add 201 kB)" in out
+    assert "SigLIP2-g: extraction writes " in out and "full patch tokens would add 1.77 MB" in out
     problems = check_experiment(cfg)
     assert problems and all("does not exist" in p or "not found" in p for p in problems), problems
 

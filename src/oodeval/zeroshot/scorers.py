@@ -10,7 +10,8 @@ energy = logsumexp_c l_c (Liu et al. 2020, T = 1 on the tau-scaled logits); gen 
 of p^g (1 - p)^g (GEN, Liu et al. 2023; g = 0.1, M = 100); entropy = sum_c p log p (negative
 entropy); margin = l_(1) - l_(2) (gap between the two largest logits; ``space="prob"`` uses
 p_(1) - p_(2)); gl_mcm = mcm + lambda * max over patches of max_c softmax of the patch logits
-(GL-MCM, Miyai et al. 2025; lambda = 1; patch features from the value-path pass).
+(GL-MCM, Miyai et al. 2025; lambda = 1; patch features from the value-path pass, or the local term as the
+readout stored at extraction, ``features.patchreadout``).
 
 Vocabulary based (ID names + M negatives t^_m): neglabel = Eq. 3,
 s = sum_c a(x,t_c) / (sum_c a(x,t_c) + sum_m a(x,t^_m)), with NegLabel's grouping (Jiang et al. 2024,
