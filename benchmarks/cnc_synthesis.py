@@ -29,7 +29,7 @@ def main() -> None:
 
     from oodeval.cnc.corruptions import frost_source
     from oodeval.cnc.loader import step_loader
-    from oodeval.cnc.train import TrainConfig, _forward, build_model, resolve_device
+    from oodeval.cnc.train import TrainConfig, _forward, build_model, resolve_device, resolve_precision
 
     rng = np.random.default_rng(0)
     photos = [data.astronaut(), data.chelsea(), data.coffee(), data.rocket()]
@@ -56,6 +56,7 @@ def main() -> None:
 
     dev = resolve_device(args.device)
     amp = dev.type == "cuda"
+    prec = resolve_precision(dev)
     model = build_model(cfg).to(dev)
     if amp:
         model.to(memory_format=torch.channels_last)
@@ -67,7 +68,7 @@ def main() -> None:
     y = torch.cat([batch["y"], torch.full((len(batch["outliers"]),), 10)]).to(dev)
 
     def step():
-        loss = torch.nn.functional.cross_entropy(_forward(model, x, amp), y)
+        loss = torch.nn.functional.cross_entropy(_forward(model, x, prec), y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -82,7 +83,7 @@ def main() -> None:
         torch.cuda.synchronize()
     dt = time.perf_counter() - t0
     rate = args.steps * len(x) / dt
-    print(f"training step on {dev}{' (bf16 trunk)' if amp else ''}, {args.model} CIFAR stem: {rate:8.1f} images/s "
+    print(f"training step on {dev}{f' ({prec} trunk)' if amp else ''}, {args.model} CIFAR stem: {rate:8.1f} images/s "
           f"-> needs {rate / 2:.1f} outliers/s; torch threads {torch.get_num_threads()}")
 
 

@@ -1,5 +1,7 @@
 """The ImageNet-C family corruptions: shapes, dtype, determinism, formulas, strength vs severity."""
 
+import math
+
 import numpy as np
 import pytest
 from skimage import data, transform
@@ -51,6 +53,12 @@ def test_frost_uses_the_reference_photos_when_installed(monkeypatch, request):
     C._scaled_photo.cache_clear()  # scaled photos are cached per (photo, scale, size)
     out = corrupt(img, "frost", 1, np.random.default_rng(0))
     np.testing.assert_array_equal(out, np.clip(np.rint(np.clip(img / 255.0 + 0.2 * 200 / 255.0, 0, 1) * 255), 0, 255))
+    # imagecorruptions (the release) always enlarges the photo 1.1x (after fitting a smaller one);
+    # the Hendrycks presets use their fixed factor (ImageNet-C: 1, no resize)
+    # (imagecorruptions: new size = ceil(side * 1.1 * fit) in float64, so 400 * 1.1 gives 441)
+    assert C._scaled_photo(0, None, 32, 32).shape == (math.ceil(300 * 1.1), math.ceil(400 * 1.1), 3) == (330, 441, 3)
+    assert C._scaled_photo(0, None, 600, 32).shape == (math.ceil(300 * 2 * 1.1), math.ceil(400 * 2 * 1.1), 3)
+    assert C._scaled_photo(0, 1.0, 32, 32).shape == (300, 400, 3)
 
 
 @pytest.mark.parametrize("shape", [(32, 32, 3), (28, 28), (28, 28, 1), (40, 48, 3)])
@@ -188,3 +196,45 @@ def test_bad_input_is_rejected():
             corrupt(img, "fog", sev, rng)
     with pytest.raises(ValueError, match="shape"):
         corrupt(np.zeros((32, 32, 4), np.uint8), "fog", 1, rng)
+
+
+def _release_field(h, w, severity, rng):
+    """imagecorruptions 1.1.2's elastic_transform displacement (what the CnC release ran), re-derived:
+    alpha = 250 x (0.05, 0.065, 0.085, 0.1, 0.12); U(-0.005 h, 0.005 h) noise for dx, then dy; a
+    Gaussian of sigma (0.01 h, 0.01 w), reflect border, truncated at 3 sigma."""
+    from scipy.ndimage import gaussian_filter
+
+    alpha = 250 * (0.05, 0.065, 0.085, 0.1, 0.12)[severity - 1]
+    m = 0.005 * h
+    dx = gaussian_filter(rng.uniform(-m, m, size=(h, w)), (0.01 * h, 0.01 * w), mode="reflect", truncate=3) * alpha
+    dy = gaussian_filter(rng.uniform(-m, m, size=(h, w)), (0.01 * h, 0.01 * w), mode="reflect", truncate=3) * alpha
+    return dy, dx
+
+
+@pytest.mark.parametrize("size", [32, 64])
+def test_elastic_matches_the_release_strength_at_every_severity(size, photos):
+    from scipy.ndimage import map_coordinates
+
+    from oodeval.cnc.corruptions import elastic_displacement
+    from oodeval.cnc.train import TrainConfig
+
+    assert TrainConfig.recipe("cnc-cifar", num_classes=10).severity == "imagecorruptions"
+    rms = []
+    for sev in range(1, 6):
+        ours, ref = [], []
+        for seed in range(4):
+            alpha = 250 * (0.05, 0.065, 0.085, 0.1, 0.12)[sev - 1]
+            ours.append(np.hypot(*elastic_displacement(size, size, alpha, np.random.default_rng(seed))))
+            ref.append(np.hypot(*_release_field(size, size, sev, np.random.default_rng(seed))))
+        ours, ref = np.concatenate(ours), np.concatenate(ref)
+        for stat in (np.mean, lambda d: np.sqrt(np.mean(d**2)), np.max):
+            assert abs(stat(ours) / stat(ref) - 1) < 0.10, (size, sev)
+        rms.append(np.sqrt(np.mean(ref**2)))
+        # and corrupt() applies exactly that warp (bilinear, reflect), up to uint8 rounding
+        img = photos[size][0]
+        out = corrupt(img, "elastic_transform", sev, np.random.default_rng(7), preset="imagecorruptions")
+        dy, dx = _release_field(size, size, sev, np.random.default_rng(7))
+        rr, cc = np.meshgrid(np.arange(size), np.arange(size), indexing="ij")
+        want = np.stack([map_coordinates(img[..., c] / 255.0, [rr + dy, cc + dx], order=1, mode="reflect") for c in range(3)], 2)
+        assert np.abs(out.astype(float) - np.rint(np.clip(want, 0, 1) * 255)).max() <= 1
+    assert np.all(np.diff(rms) > 0)  # the release's elastic strength grows with severity

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy.special import softmax
 
-from oodeval.cnc.evaluate import aggregate, evaluate_run, format_table, id_view, set_metrics
+from oodeval.cnc.evaluate import aggregate, comparable, evaluate_run, format_table, id_view, set_metrics
 from oodeval.cnc.suites import SUITES, ood_sets, suite
 from oodeval.detectors import REGISTRY, create, names
 from oodeval.features import FeatureSet
@@ -177,7 +177,9 @@ def test_cli_evaluate_refuses_incomparable_inputs(tmp_path, capsys):
     code, out = evaluate("--ood", str(tmp_path / "big.npz"), "--resize")
     assert code == 0 and "TNR@TPR95" in out.out
     code, out = evaluate("--ood", str(tmp_path / "rgb.npz"))
-    assert code == 2 and "3-channel" in out.err and "--channels 1" in out.err
+    # --channels converts decoded image files only: for an .npz the advice is to write it in 1 channel
+    assert code == 2 and "3-channel" in out.err and "write the .npz with 1-channel images" in out.err
+    assert "pass --channels" not in out.err
     code, out = evaluate("--ood", str(tmp_path / "big.npz"), "--resize", id_test="ten")
     assert code == 2 and "K = 3" in out.err
     code, out = evaluate("--ood", str(tmp_path / "big.npz"), "--resize", ck=("s0", "o1"))
@@ -240,6 +242,9 @@ def test_cli_evaluate_results_table_shows_in_report(tmp_path, capsys):
     runs = json.loads(js.read_text())["runs"]
     df = load_results(results)
     assert len(df) == 2 * 3 * 2 and (df["status"] == "ok").all() and set(df["seed"]) == {0, 1}
+    # what the report needs to average only like runs
+    assert (df["epochs_done"] == 1).all() and df["finished"].all() and df["train_config"].nunique() == 1
+    assert set(df["trained_on"]) == {"cpu fp32"} and set(df["scored_on"]) == {"cpu fp32"} and df["data_hash"].notna().all()
     for seed, run in enumerate(runs):
         for _, row in df[df["seed"] == seed].iterrows():
             ref = run["detectors"][row["detector"]]["sets"][row["dataset"]]
@@ -255,3 +260,72 @@ def test_cli_evaluate_results_table_shows_in_report(tmp_path, capsys):
             tnr = mean_std(np.array([r["detectors"][det]["sets"][str(tmp_path / f"{ood}.npz")]["tnr95"] for r in runs]), ddof=1)
             line = next(x for x in cnc_part.splitlines() if f"| {det} |" in x and f"{ood}.npz" in x)
             assert f"| 2 | {100 * tnr['mean']:.2f} ± {100 * tnr['std']:.2f} |" in line
+
+
+def test_cli_evaluate_refuses_unfinished_checkpoints_unless_marked(tmp_path, capsys, monkeypatch):
+    from oodeval.cli import main
+    from oodeval.cnc.suites import Suite
+    from oodeval.cnc.train import TrainConfig, train
+
+    rng, images, labels = _striped_set()
+    np.savez(tmp_path / "train.npz", images=images, labels=labels)
+    np.savez(tmp_path / "ood.npz", images=rng.integers(0, 256, size=(20, 12, 12), dtype=np.uint8))
+    cfg = TrainConfig(model="test_resnet", num_classes=3, in_chans=1, epochs=3, batch_size=16, corruptions=("contrast",))
+    train(cfg, images, labels, tmp_path / "part", progress=False, stop_after=1)  # 1 of 3 epochs
+    capsys.readouterr()
+    base = ["cnc", "evaluate", "--id-test", str(tmp_path / "train.npz"), "--ood", str(tmp_path / "ood.npz"), "--no-progress"]
+    assert main([*base, "--checkpoint", str(tmp_path / "part")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and f"{tmp_path / 'part'} is unfinished: 1 of 3 epochs trained" in err
+    js = tmp_path / "u.json"
+    assert main([*base, "--checkpoint", str(tmp_path / "part"), "--allow-unfinished", "--json", str(js)]) == 0
+    assert "UNFINISHED (1 of 3 epochs)" in capsys.readouterr().out
+    res = json.loads(js.read_text())
+    assert res["finished"] is False and res["epochs_done"] == 1 and res["scored_on"] == {"device": "cpu", "precision": "fp32"}
+    # even when allowed, runs that reached different epochs are not averaged
+    with pytest.raises(ValueError, match="b reached epoch 2 and a epoch 1"):
+        comparable([cfg, cfg], ["a", "b"], [1, 2])
+    # a suite with one group holding every set prints no group row that would only repeat the mean
+    one = Suite("one", str(tmp_path / "train.npz"), str(tmp_path / "train.npz"), {"ood": (str(tmp_path / "ood.npz"),)}, "test")
+    two = Suite("two", str(tmp_path / "train.npz"), str(tmp_path / "train.npz"),
+                {"near": (str(tmp_path / "ood.npz"),), "far": (str(tmp_path / "train.npz"),)}, "test")  # fmt: skip
+    monkeypatch.setitem(SUITES, "one", one)
+    monkeypatch.setitem(SUITES, "two", two)
+    for name, shown in (("one", False), ("two", True)):
+        assert main(["cnc", "evaluate", "--checkpoint", str(tmp_path / "part"), "--allow-unfinished", "--suite", name,
+                     "--detectors", "cnc", "--no-progress"]) == 0  # fmt: skip
+        out = capsys.readouterr().out
+        assert ("[ood]" in out, "[near]" in out) == (False, shown) and " mean " in out
+
+
+def _cnc_rows(model, weights, seed, epochs, id_test, auroc):
+    return [dict(model=model, weights=weights, detector="cnc", hyperparameters="{}", dataset=d, split="all", seed=seed,
+                 tnr95=auroc - 0.1, auroc=auroc + (0.01 if d == "b" else 0), detection_error=0.2, id_accuracy=0.9,
+                 kind="supervised", label="cnc", status="ok", id_test=id_test, id_train=None, train_config="cfg" + str(epochs),
+                 data_hash="d1", epochs_done=epochs, finished=True, trained_on="cpu fp32", scored_on="cpu fp32")
+            for d in ("a", "b")]  # fmt: skip
+
+
+def test_report_cnc_summary_averages_only_like_runs(tmp_path):
+    import pandas as pd
+
+    from oodeval.report import build_views
+    from oodeval.results import load_results, save_results
+    from oodeval.stats import mean_std
+
+    rows = (_cnc_rows("m (CnC)", "/r/s0", 0, 3, "cifar10:test", 0.90) + _cnc_rows("m (CnC)", "/r/s1", 1, 3, "cifar10:test", 0.80)
+            + _cnc_rows("m (CnC)", "/r/e2", 0, 2, "cifar10:test", 0.50) + _cnc_rows("m (CnC)", "/r/c100", 0, 3, "cifar100:test", 0.30))  # fmt: skip
+    path = tmp_path / "r.parquet"
+    save_results(pd.DataFrame(rows), path)
+    views, _ = build_views(load_results(path), path, primary="a")
+    cnc = next(v for v in views if v.key == "cnc")
+    assert "ddof=1" in cnc.caption
+    frame = cnc.frame
+    groups = list(dict.fromkeys(frame["Group"]))
+    assert len(groups) == 3, groups
+    g3 = next(g for g in groups if "3 epochs" in g and "cifar10:test" in g)
+    assert "s0 (seed 0)" in g3 and "s1 (seed 1)" in g3 and "e2" not in g3 and "c100" not in g3
+    assert any("2 epochs" in g and "e2 (seed 0)" in g for g in groups) and any("cifar100:test" in g for g in groups)
+    a = frame[(frame["Group"] == g3) & (frame["OOD set"] == "a")].iloc[0]
+    s = mean_std(np.array([0.90, 0.80]), ddof=1)
+    assert a["runs"] == "2" and a["AUROC"] == f"{100 * s['mean']:.2f} ± {100 * s['std']:.2f}"

@@ -70,13 +70,13 @@ def test_training_loss_falls_and_checkpoint_loads(tmp_path):
     for f in ("config.json", "progress.json", "epoch-0004/model.safetensors", "epoch-0004/optimizer.safetensors",
               "epoch-0004/optimizer.json"):  # fmt: skip
         assert (tmp_path / "ck" / f).is_file()
-    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == [".oodeval-output.json", "config.json", "epoch-0004",
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == [".oodeval-output.jsonl", "config.json", "epoch-0004",
                                                                    "progress.json"]
     model, cfg, p2 = load_checkpoint(tmp_path / "ck")
     assert p2["epochs_done"] == 4
     # the stored config records what the data and the installation fixed
     assert cfg.image_size == (16, 16) and cfg.in_chans == 1 and cfg.num_classes == 3 and len(cfg.data_hash) == 32
-    assert cfg == _cfg(epochs=4, image_size=(16, 16), data_hash=cfg.data_hash, frost=cfg.frost)
+    assert cfg == _cfg(epochs=4, image_size=(16, 16), data_hash=cfg.data_hash, frost=cfg.frost, device="cpu", precision="fp32")
     fs = extract(model, images[:10], cfg, labels[:10])
     assert fs.logits.shape == (10, 4) and fs.weight.shape == (4, fs.features.shape[1])
     assert fs.meta["outlier_class"] == 3 and fs.meta["num_id_classes"] == 3
@@ -159,6 +159,7 @@ def test_a_kill_while_writing_a_checkpoint_keeps_the_last_epoch(tmp_path, monkey
     done = train(cfg, images, labels, run, progress=False)
     assert done["epochs_done"] == 3 and _same(_weights(tmp_path / "full"), _weights(run))
     assert not (run / "epoch-0002").exists() and (run / "epoch-0003").is_dir()
+    assert not (run / ".epoch-0002.x.tmp").exists()  # the staging folder of the killed write is removed
 
 
 def test_step_batches_do_not_depend_on_the_worker_count():
@@ -225,7 +226,7 @@ def test_cli_recipe_with_overrides_and_device_choice(tmp_path):
     cfg = json.loads((tmp_path / "run" / "config.json").read_text())
     assert (cfg["model"], cfg["epochs"], cfg["batch_size"], cfg["corruptions"]) == ("test_resnet", 1, 16, ["contrast", "fog"])
     assert cfg["cifar_stem"] and cfg["augment"] == "crop_flip" and cfg["outlier_pairing"] == "shuffled"
-    assert cfg["severity"] == "imagenet" and cfg["weight_decay"] == 5e-4 and len(cfg["mean"]) == 1  # grey input
+    assert cfg["severity"] == "imagecorruptions" and cfg["weight_decay"] == 5e-4 and len(cfg["mean"]) == 1  # grey input
     assert json.loads((tmp_path / "run" / "progress.json").read_text())["history"][0]["device"] == "cpu"
     assert str(resolve_device("cpu")) == "cpu"
     with pytest.raises(ValueError, match="device"):
@@ -235,3 +236,153 @@ def test_cli_recipe_with_overrides_and_device_choice(tmp_path):
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="no CUDA"):
             resolve_device("cuda")
+
+
+def test_a_kill_in_the_first_checkpoint_write_then_other_settings_is_refused(tmp_path, monkeypatch):
+    import safetensors.torch
+
+    images, labels = _toy(n=32)
+    cfg = _cfg(epochs=1, batch_size=16)
+    real = safetensors.torch.save_file
+
+    def killed(*a, **k):
+        raise KeyboardInterrupt("killed")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", killed)
+    run = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, images, labels, run, progress=False)
+    monkeypatch.setattr(safetensors.torch, "save_file", real)
+    # the state a SIGKILL inside the first write leaves: config.json, no progress.json, a staging folder
+    assert (run / "config.json").is_file() and not (run / "progress.json").exists()
+    (run / ".epoch-0001.k1ll.tmp" / "payload").mkdir(parents=True)
+    (run / ".epoch-0001.k1ll.tmp" / "payload" / "model.safetensors").write_bytes(b"half")
+    with pytest.raises(ValueError, match=r"killed before its first epoch ended with other settings: lr \(0.05"):
+        train(_cfg(epochs=1, batch_size=16, lr=0.01), images, labels, run, progress=False)
+    assert json.loads((run / "config.json").read_text())["lr"] == 0.05
+    # the same settings go on; the leftovers are removed and the run equals an uninterrupted one
+    train(cfg, images, labels, run, progress=False)
+    train(cfg, images, labels, tmp_path / "clean", progress=False)
+    assert sorted(p.name for p in run.iterdir()) == [".oodeval-output.json", "config.json", "epoch-0001", "progress.json"]
+    assert _same(_weights(run), _weights(tmp_path / "clean"))
+
+
+def test_unreadable_checkpoint_files_are_named(tmp_path, capsys):
+    from oodeval.cli import main
+
+    images, labels = _toy(n=32, size=12)
+    np.savez(tmp_path / "train.npz", images=images, labels=labels)
+    run = tmp_path / "run"
+    args = ["cnc", "train", "--dataset", str(tmp_path / "train.npz"), "--out", str(run), "--model", "test_resnet",
+            "--epochs", "2", "--batch-size", "16", "--corruptions", "contrast", "--no-progress"]  # fmt: skip
+    train(_cfg(epochs=2, batch_size=16, lr=0.1, corruptions=("contrast",)), images, labels, run, progress=False, stop_after=1)
+    for name in ("optimizer.safetensors", "model.safetensors"):
+        f = run / "epoch-0001" / name
+        f.write_bytes(f.read_bytes()[:100])
+        assert main(args) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and f"{f}: unreadable checkpoint file" in err, err
+    with pytest.raises(ValueError, match="model.safetensors: unreadable checkpoint file"):
+        load_checkpoint(run)
+    assert main(["cnc", "evaluate", "--checkpoint", str(run), "--id-test", str(tmp_path / "train.npz"),
+                 "--ood", str(tmp_path / "train.npz"), "--no-progress"]) == 2  # fmt: skip
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "model.safetensors: unreadable checkpoint file" in err, err
+    (run / "progress.json").write_text("{")
+    assert main(args) == 2 and f"{run / 'progress.json'}: unreadable progress record" in capsys.readouterr().err
+
+
+def test_cnc_train_skips_and_lists_unreadable_images(tmp_path, capsys):
+    from PIL import Image
+
+    from oodeval.cli import main
+
+    images, labels = _toy(n=36, size=12)
+    for i, (im, y) in enumerate(zip(images, labels)):
+        (tmp_path / "data" / f"c{y}").mkdir(parents=True, exist_ok=True)
+        Image.fromarray(im).save(tmp_path / "data" / f"c{y}" / f"{i:02d}.png")
+    bad = tmp_path / "data" / "c1" / "99.png"
+    bad.write_bytes((tmp_path / "data" / "c1" / "01.png").read_bytes()[:30])
+    assert main(["cnc", "train", "--dataset", str(tmp_path / "data"), "--out", str(tmp_path / "run"), "--model",
+                 "test_resnet", "--epochs", "1", "--batch-size", "16", "--corruptions", "contrast", "--no-progress"]) == 0  # fmt: skip
+    out = capsys.readouterr()
+    assert "1 unreadable image(s) skipped" in out.err and str(bad) in out.err
+    assert "on 36 images" in out.out
+
+
+def test_recipe_without_model_names_the_recipe_model(tmp_path, capsys):
+    from oodeval.cli import main
+
+    images, labels = _toy(n=20, size=12)
+    np.savez(tmp_path / "few.npz", images=images, labels=labels)
+    assert main(["cnc", "train", "--dataset", str(tmp_path / "few.npz"), "--out", str(tmp_path / "run"),
+                 "--recipe", "cnc-cifar", "--no-progress"]) == 2  # fmt: skip
+    out = capsys.readouterr()
+    assert "training CnC (K+1) resnet34 on 20 images" in out.out and "None" not in out.out
+    assert "fewer than one batch of 64" in out.err
+
+
+def test_precision_choice_is_recorded_and_never_mixed(tmp_path, monkeypatch):
+    import torch
+
+    from oodeval.cnc import train as tr
+    from oodeval.cnc.evaluate import comparable
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert tr.resolve_precision(cpu) == "fp32" and tr.resolve_precision(cpu, "bf16") == "bf16"
+    with pytest.raises(ValueError, match="fp16 needs a CUDA device"):
+        tr.resolve_precision(cpu, "fp16")
+    monkeypatch.setattr(tr, "_native_bf16", lambda dev: True)  # an A100 / H100
+    assert tr.resolve_precision(cuda) == "bf16"
+    monkeypatch.setattr(tr, "_native_bf16", lambda dev: False)  # a V100 / T4: bf16 only emulated
+    assert tr.resolve_precision(cuda) == "fp16" and tr.resolve_precision(cuda, "fp32") == "fp32"
+    with pytest.raises(ValueError, match="emulates bf16"):
+        tr.resolve_precision(cuda, "bf16")
+    assert not tr._scaler("bf16").is_enabled() and not tr._scaler("fp32").is_enabled()
+
+    images, labels = _toy(n=32, size=12)
+    cfg = _cfg(epochs=2, batch_size=16, corruptions=("contrast",))
+    prog = train(cfg, images, labels, tmp_path / "bf", progress=False, stop_after=1, precision="bf16")
+    assert prog["history"][0]["precision"] == "bf16" and prog["history"][0]["device"] == "cpu"
+    _, bf_cfg, _ = load_checkpoint(tmp_path / "bf")
+    assert (bf_cfg.device, bf_cfg.precision) == ("cpu", "bf16")
+    with pytest.raises(ValueError, match=r"precision \('bf16' in the checkpoint, 'fp32' now\)"):
+        train(cfg, images, labels, tmp_path / "bf", progress=False)
+    train(cfg, images, labels, tmp_path / "fp", progress=False, stop_after=1)
+    # a run of the previous version (no device / precision in config.json, "cpu" in its history)
+    # is read as cpu / fp32, resumes as such and is not mixed with a bf16 run
+    legacy = json.loads((tmp_path / "fp" / "config.json").read_text())
+    del legacy["device"], legacy["precision"]
+    (tmp_path / "fp" / "config.json").write_text(json.dumps(legacy))
+    _, fp_cfg, _ = load_checkpoint(tmp_path / "fp")
+    assert (fp_cfg.device, fp_cfg.precision) == ("cpu", "fp32")
+    with pytest.raises(ValueError, match="precision: 'fp32' vs 'bf16'"):
+        comparable([fp_cfg, bf_cfg], ["fp", "bf"])
+    with pytest.raises(ValueError, match=r"precision \('fp32' in the checkpoint, 'bf16' now\)"):
+        train(cfg, images, labels, tmp_path / "fp", progress=False, precision="bf16")
+    assert train(cfg, images, labels, tmp_path / "fp", progress=False)["epochs_done"] == 2
+    fs = extract(build_model(bf_cfg), images[:4], bf_cfg, precision="bf16")
+    assert (fs.meta["device"], fs.meta["precision"]) == ("cpu", "bf16")
+
+
+def test_no_host_sync_per_training_step(tmp_path, monkeypatch):
+    """Reading a tensor on the host (item, tolist, int/float/bool) per step would stall a GPU; the
+    count of such reads in one epoch must not grow with its number of steps."""
+    import torch
+
+    counts = {"n": 0}
+    for name in ("item", "tolist", "__int__", "__float__", "__bool__"):
+        real = getattr(torch.Tensor, name)
+
+        def counted(self, *a, _real=real, **k):
+            counts["n"] += 1
+            return _real(self, *a, **k)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    per_epoch = []
+    for n in (32, 64):  # 2 and 4 steps of 16
+        images, labels = _toy(n=n, size=12)
+        counts["n"] = 0
+        train(_cfg(epochs=1, batch_size=16, corruptions=("contrast",)), images, labels, tmp_path / f"r{n}", progress=False)
+        per_epoch.append(counts["n"])
+    assert per_epoch[0] == per_epoch[1], per_epoch

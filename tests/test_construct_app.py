@@ -112,23 +112,24 @@ def raw_exchange(base, data, wait=10.0):
 
 def test_login_is_post_only_from_this_origin(served):
     base, store, tokens, _ = served
-    assert call(base, "/api/me") == (401, {"error": "no access token given"})
+    assert call(base, "/api/me") == (401, {"error": "not logged in (no session cookie or access token)"})
     assert call(base, "/api/me", "forged") == (401, {"error": "unknown access token"})
     status, me = call(base, "/api/me", tokens["bob"])
     assert status == 200 and (me["name"], me["role"]) == ("bob", "stage1") and me["classes"][0] == "class a"
     status, headers, _ = request(base, f"/login?token={tokens['carol']}")  # login CSRF by a link
     assert status == 405 and "Set-Cookie" not in headers
-    form = urllib.parse.urlencode({"token": tokens["carol"]}).encode()
+    binding = "b" * 32  # the page's value in its origin's localStorage
+    form = urllib.parse.urlencode({"token": tokens["carol"], "binding": binding}).encode()
     status, headers, _ = request(base, "/login", body=form, ctype="application/x-www-form-urlencoded",
                                  headers={"Origin": "http://evil.example"})  # login CSRF by a foreign form
     assert status == 403 and "Set-Cookie" not in headers
-    status, headers, _ = request(base, "/login", body=urllib.parse.urlencode({"token": "wrong"}).encode(),
+    status, headers, _ = request(base, "/login", body=urllib.parse.urlencode({"token": "wrong", "binding": binding}).encode(),
                                  ctype="application/x-www-form-urlencoded", headers={"Origin": base})
     assert status == 303 and headers["Location"] == "/#login-failed" and "Set-Cookie" not in headers
     status, headers, _ = request(base, "/login", body=form, ctype="application/x-www-form-urlencoded", headers={"Origin": base})
     cookie = headers["Set-Cookie"]
-    assert status == 303 and "HttpOnly" in cookie and "SameSite=Strict" in cookie
-    status, _, payload = request(base, "/api/me", headers={"Cookie": cookie.split(";")[0]})
+    assert status == 303 and "HttpOnly" in cookie and "SameSite=Strict" in cookie and cookie.startswith("__Host-") and "Secure" in cookie
+    status, _, payload = request(base, "/api/me", headers={"Cookie": cookie.split(";")[0], "X-Oodeval-Binding": binding})
     assert json.loads(payload)["name"] == "carol"
     body = verdict(store.images()[0].image, verdict="ambiguous")
     status, _, _ = request(base, "/api/verdict", tokens["bob"], body, headers={"Origin": "http://evil.example"})

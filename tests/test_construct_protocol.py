@@ -3,18 +3,21 @@
 import itertools
 import multiprocessing
 import random
+import re
 import sqlite3
 import threading
 
 import pytest
 
 from oodeval.construct.candidates import Candidate
-from oodeval.construct.protocol import AuthError, ProtocolError, ProtocolStore, wordnet_synonyms
-from oodeval.construct.rules import Outcome, Verdict, differences, normalise_label, resolve, same_label
+from oodeval.construct.protocol import AuthError, ProtocolError, ProtocolStore, wordnet_senses
+from oodeval.construct.rules import Outcome, Verdict, agree, check_verdict, concept, differences, normalise_label, resolve
+
+TAYRA = "n02451415"  # WordNet 3.0: tayra, taira, Eira barbara
 
 
-def ood(who, label="tayra", fine=False):
-    return Verdict(who, "ood", label, fine)
+def ood(who, label="tayra", fine=False, sense=None):
+    return Verdict(who, "ood", label, fine, ood_sense=sense)
 
 
 def idv(who, cls):
@@ -53,15 +56,50 @@ def test_stage1_and_stage2(stage1, expected):
     assert resolve(stage1) == expected
 
 
-def test_wordnet_synonyms_agree_and_other_concepts_do_not():
-    syn = wordnet_synonyms()
-    assert syn is not None  # Debian wordnet-base is a test requirement (conftest)
-    assert same_label("Tayra", "Eira_barbara", syn) and same_label("eira  barbara", "TAIRA", syn)
-    assert not same_label("tayra", "Eira barbara") and not same_label("tayra", "weasel", syn)
-    got = resolve([ood("a", "Tayra", True), ood("b", "Eira barbara", True)], synonyms=syn)
-    assert got == Outcome("final", "ood", 2, "Tayra", True, None, ("Tayra", "Eira barbara"))
-    assert resolve([ood("a", "Tayra", True), ood("b", "Eira barbara", False)], synonyms=syn) == Outcome("stage3")
+def test_labels_agree_on_the_chosen_wordnet_sense_only():
+    senses = wordnet_senses()
+    assert senses is not None  # Debian wordnet-base is a test requirement (conftest)
+    got = resolve([ood("a", "Tayra", True, TAYRA), ood("b", "Eira barbara", True, TAYRA)])
+    assert got == Outcome("final", "ood", 2, "Tayra", True, None, ("Tayra", "Eira barbara"), TAYRA)
+    assert concept("Tayra", TAYRA) == concept("Eira_barbara", TAYRA) == ("sense", TAYRA)
+    assert resolve([ood("a", "Tayra", True, TAYRA), ood("b", "Eira barbara", False, TAYRA)]) == Outcome("stage3")
+    # free labels (no sense chosen) match only the same label; a sense never matches a free label
+    assert resolve([ood("a", "tayra"), ood("b", "Eira barbara")]) == Outcome("stage3")
+    assert resolve([ood("a", "tayra", sense=TAYRA), ood("b", "tayra")]) == Outcome("stage3")
+    # the old all-senses synonym rule made these final agreements; each annotator's first noun sense differs
+    for a, b in [("hotdog", "dog"), ("seal", "stamp"), ("pitcher", "hurler")]:
+        assert resolve([ood("a", a), ood("b", b)]) == Outcome("stage3"), (a, b)
+    first = {w: _first_sense(w) for w in ("hotdog", "dog", "seal", "stamp")}
+    assert resolve([ood("a", "hotdog", sense=first["hotdog"]), ood("b", "dog", sense=first["dog"])]) == Outcome("stage3")
+    assert resolve([ood("a", "seal", sense=first["seal"]), ood("b", "stamp", sense=first["stamp"])]) == Outcome("stage3")
+    seal_stamp = "n04159058"  # "a device incised to make an impression": both chose it, so they agree
+    assert agree(ood("a", "seal", sense=seal_stamp), ood("b", "stamp", sense=seal_stamp))
     assert normalise_label(" Denison_barb ") == normalise_label("denison-barb") == "denison barb"
+
+
+def _first_sense(label):
+    from oodeval.zeroshot.wordnet import noun_senses
+
+    return noun_senses(label)[0].wnid
+
+
+BAD_LABELS = [
+    ("-", None, "no letter or digit"), ("_", None, "no letter or digit"), ("\u200b", None, "no letter or digit"),
+    ("Class B", None, "names ID class 1 ('class b, bee')"), ("bee", None, "names ID class 1"),
+    ("tayra", "n02084071", "not a name of WordNet sense n02084071"), ("tayra", "n99999999", "no noun synset n99999999"),
+    ("tayra", "02451415", "synset id like n02451415"), ("x" * 201, None, "at most 200 characters"),
+    ("dog", "n02084071", "includes ID class 2 ('Canis familiaris')"),
+]
+
+
+@pytest.mark.parametrize("label, sense, message", BAD_LABELS, ids=[b[2] for b in BAD_LABELS])
+def test_empty_labels_id_class_names_and_foreign_senses_are_refused(label, sense, message):
+    names = ["class a", "class b, bee", "Canis familiaris"]
+    with pytest.raises(ValueError, match=re.escape(message)):
+        check_verdict("ood", label, False, None, 3, sense, names, wordnet_senses())
+    check_verdict("ood", "tayra", False, None, 3, TAYRA, names, wordnet_senses())  # a proper one passes
+    with pytest.raises(ValueError, match="without WordNet"):
+        check_verdict("ood", "tayra", False, None, 3, TAYRA, names, None)
 
 
 DISPUTE = [ood("a", "tayra"), idv("b", 5)]
@@ -91,20 +129,22 @@ LABEL_FLAG = [
     ([("tayra", False), ("tayra", True), ("tayra", True)], None),
     ([("Tayra", True), ("tayra ", True), ("TAYRA", True)], ("Tayra", True)),      # same label normalised
     ([("tayra", False), ("tayra", False), ("tayra", False)], ("tayra", False)),
-    ([("tayra", True), ("Eira barbara", True), ("taira", True)], ("tayra", True)),  # WordNet synonyms
-    ([("tayra", True), ("Eira barbara", True), ("taira", False)], None),
+    ([("tayra", True, TAYRA), ("Eira barbara", True, TAYRA), ("taira", True, TAYRA)], ("tayra", True)),  # one WordNet sense
+    ([("tayra", True, TAYRA), ("Eira barbara", True, TAYRA), ("taira", False, TAYRA)], None),
+    ([("tayra", True), ("Eira barbara", True), ("taira", True)], None),  # free labels: three strings
+    ([("seal", True), ("stamp", True), ("seal", True)], None),
 ]
 
 
 @pytest.mark.parametrize("votes, expected", LABEL_FLAG, ids=[" / ".join(f"{v[0]}{'*' if v[1] else ''}" for v in c[0]) for c in LABEL_FLAG])
 def test_stage3_label_and_flag_consensus(votes, expected):
-    stage3 = [ood(w, label, fine) for w, (label, fine) in zip("abc", votes)]
-    got = resolve(DISPUTE, stage3, wordnet_synonyms())
+    stage3 = [ood(w, *vote) for w, vote in zip("abc", votes)]
+    got = resolve(DISPUTE, stage3)
     if expected is None:
         assert got == Outcome("final", "ambiguous", 3)
     else:
         assert (got.status, got.verdict, got.stage, got.ood_label, got.fine_grained) == ("final", "ood", 3, *expected)
-        assert got.labels == tuple(dict.fromkeys(label for label, _ in votes))
+        assert got.labels == tuple(dict.fromkeys(vote[0] for vote in votes))
 
 
 def test_differences_name_every_field():
@@ -178,12 +218,12 @@ def test_full_flow_with_dispute_and_revision(tmp_path):
         store.submit("alice", img, 1, "id", id_class=1)
     view = store.view("carol", img)
     assert [(v["annotator"], v["verdict"]) for v in view["stage1"]] == [("alice", "ood"), ("bob", "id")]
-    store.submit("alice", img, 3, "ood", "tayra", True)
+    store.submit("alice", img, 3, "ood", "tayra", True, ood_sense=TAYRA)
     store.submit("bob", img, 3, "id", id_class=1)
-    store.submit("bob", img, 3, "ood", "Eira barbara", True)  # bob changes his mind in the joint review
+    store.submit("bob", img, 3, "ood", "Eira barbara", True, ood_sense=TAYRA)  # bob changes his mind in the joint review
     assert store.outcome(img).status == "stage3"
-    store.submit("carol", img, 3, "ood", "tayra", True)
-    assert store.outcome(img) == Outcome("final", "ood", 3, "tayra", True, None, ("tayra", "Eira barbara"))
+    store.submit("carol", img, 3, "ood", "tayra", True, ood_sense=TAYRA)
+    assert store.outcome(img) == Outcome("final", "ood", 3, "tayra", True, None, ("tayra", "Eira barbara"), TAYRA)
     with pytest.raises(ProtocolError, match="already decided"):
         store.submit("carol", img, 3, "ambiguous")
     assert len(store.rows(img)) == 7  # the audit trail keeps every row
@@ -269,11 +309,10 @@ def test_undo_while_the_stage_is_open(tmp_path):
     with pytest.raises(ProtocolError, match="no Stage-1 verdict on 'img/0.png' to undo"):
         store.submit("alice", img, 1, "withdrawn")
     store.submit("alice", img, 1, "ambiguous")
-    store.submit("bob", img, 1, "ambiguous")  # agreement: decided at Stage 2 by bob's keystroke ...
-    assert store.outcome(img) == Outcome("final", "ambiguous", 2)
-    store.submit("bob", img, 1, "withdrawn")  # ... which bob can undo
-    assert store.outcome(img) == Outcome("stage1") and store.view("bob", img)["my_stage1"] is None
-    store.submit("bob", img, 1, "id", id_class=2)  # now a dispute: Stage 3
+    store.submit("alice", img, 1, "withdrawn")  # undone while bob's verdict is not in
+    assert store.view("alice", img)["my_stage1"] is None
+    store.submit("alice", img, 1, "ambiguous")
+    store.submit("bob", img, 1, "id", id_class=2)  # a dispute: Stage 3
     with pytest.raises(ProtocolError, match="in Stage 3: its Stage-1 verdicts can no longer be undone"):
         store.submit("bob", img, 1, "withdrawn")
     store.submit("carol", img, 3, "ambiguous")

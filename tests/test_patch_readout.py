@@ -182,3 +182,13 @@ full_patch_features = true
     run_experiment(load_config(tmp_path / "exp.toml"), progress=False)  # the estimate covers what extraction writes
     written = sum(f.stat().st_size for f in (tmp_path / "store").rglob("*") if f.is_file() and "text" not in f.relative_to(tmp_path / "store").parts)
     assert row.total - 2 * 8192 <= written <= row.total
+
+
+def test_content_hash_of_wide_rows_is_chunked_by_bytes_and_unchanged() -> None:
+    """Saving a full patch tensor hashes it; 65536 rows of (P, E) at once would copy the whole array."""
+    from oodeval._io import hash_arrays
+
+    a = np.random.default_rng(8).standard_normal((50, 7, 5)).astype(np.float16)
+    whole = hash_arrays({"p": a})  # one chunk: 50 rows x 70 bytes
+    assert hash_arrays({"p": a}, chunk_bytes=70 * 3) == hash_arrays({"p": a}, chunk_rows=1) == whole
+    assert hash_arrays({"p": a[:-1]}, chunk_bytes=70 * 3) != whole

@@ -103,7 +103,7 @@ def evaluate_detectors(
         for row in fit_score_evaluate(det, fit_on, test, oods, draws=draws, seed=seed, fixed_id=fixed_id, scores_out=out):
             row.pop("split"), row.pop("seed")
             if row["status"] == "ok":
-                row.update(backbone=family, hyperparameters=hp_json(det.get_params()))
+                row.update(backbone=family, hyperparameters=hp_json(det.resolved_params()))
                 if draws:
                     row["ci_resamples"] = "OOD (ID fixed)" if fixed_id else "ID and OOD"
             rows.append({"detector": name, **row})

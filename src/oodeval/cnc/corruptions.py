@@ -5,8 +5,10 @@ Corruptions and Perturbations" (ICLR 2019), code ``hendrycks/robustness``:
 ``ImageNet-C/create_c/make_cifar_c.py`` (CIFAR-10-C constants, used for inputs whose longer
 side is <= 32 px), ``make_tinyimagenet_c.py`` (Tiny-ImageNet-C, longer side <= 64 px) and
 ``ImageNet-C/imagenet_c/imagenet_c/corruptions.py`` (ImageNet-C constants, larger inputs);
-``preset=`` selects one explicitly (the CnC release ran the ``imagecorruptions`` package, i.e.
-the ImageNet-C constants, on 32 px CIFAR images). Every severity constant below is the reference's; the
+``preset=`` selects one explicitly. ``preset="imagecorruptions"`` is the package the CnC release
+ran (``imagecorruptions`` 1.1.2) on its 32 px CIFAR and 64 px Tiny-ImageNet images: ImageNet-C's
+constants except its rewritten, size-relative elastic transform (:func:`elastic_displacement`)
+and its frost photo scaling. Every severity constant below is the reference's; the
 operations are re-implemented with numpy / scipy / scikit-image / PIL (no OpenCV, no Wand):
 
 - motion blur (and the streaks of ``snow``): ImageMagick's ``MotionBlurImage`` kernel, i.e. a
@@ -16,8 +18,10 @@ operations are re-implemented with numpy / scipy / scikit-image / PIL (no OpenCV
   (``randint(5)``: the first five of six). The photos ship in the ``imagecorruptions`` wheel
   (Apache-2.0; ``pip install oodeval[frost]``) and are used when it is installed (found without
   importing it, so its OpenCV dependency is never loaded); the photo is scaled by the preset's
-  factor (CIFAR 0.2, Tiny-ImageNet 0.3, ImageNet 1), enlarged (bicubic, x1.1) when smaller than
-  the image as ``imagecorruptions`` does, and cropped at a random position. Without the wheel a
+  factor (CIFAR 0.2, Tiny-ImageNet 0.3, ImageNet 1; where that leaves it smaller than the image,
+  oodeval enlarges it to 1.1x the fit), or, for ``imagecorruptions``, always by 1.1 x the fit
+  (1.1 when the photo is larger than the image, as that package does), then cropped at a random
+  position. Without the wheel a
   documented procedural substitute is drawn (:func:`frost_layer`: needle crystals over a
   plasma-fractal haze). :func:`frost_source` says which one is in use; both are blended with
   the reference constants ``c0 * x + c1 * frost``;
@@ -58,7 +62,7 @@ from skimage import color, draw, feature, filters, transform
 
 __all__ = [
     "CORRUPTIONS", "RELEASE_POOL", "BENCHMARK_15", "POOLS", "DEFAULT_POOL", "PRESETS", "corrupt", "preset_for",
-    "pool", "frost_layer", "frost_photos", "frost_source", "plasma_fractal", "motion_blur_kernel",
+    "pool", "frost_layer", "frost_photos", "frost_source", "plasma_fractal", "motion_blur_kernel", "elastic_displacement",
 ]  # fmt: skip
 
 #: the 19 ImageNet-C corruptions: the 15 benchmark ones, then the 4 extra (speckle, gaussian
@@ -87,7 +91,8 @@ POOLS: dict[str, tuple[str, ...]] = {"release": RELEASE_POOL, "imagenet-c": BENC
 #: the default outlier pool: the CnC release's
 DEFAULT_POOL: tuple[str, ...] = RELEASE_POOL
 
-PRESETS = ("cifar", "tinyimagenet", "imagenet")
+#: severity-constant sets: the three references' and ``imagecorruptions`` (the package the CnC release ran)
+PRESETS = ("cifar", "tinyimagenet", "imagenet", "imagecorruptions")
 
 _LUMA = np.array([0.299, 0.587, 0.114])
 
@@ -177,6 +182,11 @@ _C: dict[str, dict[str, list]] = {
                               (0.12 * 244 / 224, 0.01 * 244 / 224, 0.02 * 244 / 224, 224)],
     },
 }  # fmt: skip
+# imagecorruptions 1.1.2 (bethgelab/imagecorruptions, ``corruptions.py``; what the CnC release ran):
+# ImageNet-C's constants, except elastic_transform, which it rewrote: no affine part, a
+# displacement alpha * gaussian(U(-0.005 H, 0.005 H), sigma = 0.01 (H, W)) with alpha = 250 x
+# (0.05, 0.065, 0.085, 0.1, 0.12); and frost, whose photo it always scales (see _frost_scale)
+_C["imagecorruptions"] = dict(_C["imagenet"], elastic_transform=[250 * f for f in (0.05, 0.065, 0.085, 0.1, 0.12)])
 
 
 def preset_for(shape: tuple[int, ...]) -> str:
@@ -399,8 +409,9 @@ def _fog(x, c, rng):
     return x * max_val / (max_val + c[0])
 
 
-#: the references' frost photo scale per preset (make_cifar_c 0.2, make_tinyimagenet_c 0.3, ImageNet-C 1)
-_FROST_SCALE = {"cifar": 0.2, "tinyimagenet": 0.3, "imagenet": 1.0}
+#: the references' frost photo scale per preset (make_cifar_c 0.2, make_tinyimagenet_c 0.3, ImageNet-C 1;
+#: imagecorruptions: 1.1 x the fit, see :func:`_scaled_photo`)
+_FROST_SCALE = {"cifar": 0.2, "tinyimagenet": 0.3, "imagenet": 1.0, "imagecorruptions": None}
 
 
 @functools.lru_cache(maxsize=1)
@@ -434,11 +445,18 @@ def frost_source() -> str:
 
 
 @functools.lru_cache(maxsize=64)
-def _scaled_photo(index: int, scale: float, h: int, w: int) -> np.ndarray:
-    """Photo ``index`` scaled by ``scale`` (enlarged with imagecorruptions' 1.1 margin when smaller than h x w)."""
+def _scaled_photo(index: int, scale: float | None, h: int, w: int) -> np.ndarray:
+    """Photo ``index`` scaled for an h x w image.
+
+    ``scale=None`` is imagecorruptions': always 1.1 x max(1, h / ph, w / pw) (a photo at least as
+    large as the image is still enlarged 1.1x). A number is the Hendrycks references' fixed factor;
+    where the photo so scaled would be smaller than the image (never at their native 32 / 64 / 224
+    px) it is enlarged to 1.1 x the fit instead, oodeval's extension."""
     photo = frost_photos()[index]
     ph, pw = photo.shape[:2]
-    if ph * scale < h or pw * scale < w:
+    if scale is None:
+        scale = 1.1 * max(1.0, h / ph, w / pw)
+    elif ph * scale < h or pw * scale < w:
         scale = 1.1 * max(h / ph, w / pw)
     size = (max(w + 1, int(np.ceil(pw * scale))), max(h + 1, int(np.ceil(ph * scale))))
     if size == (pw, ph):
@@ -582,6 +600,25 @@ def _elastic_transform(x, c, rng):
     return x
 
 
+def elastic_displacement(h: int, w: int, alpha: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """imagecorruptions' elastic displacement field (dy, dx) in pixels for an h x w image:
+    ``alpha * gaussian(U(-m, m), sigma=(0.01 h, 0.01 w), reflect, truncate 3)`` with m = 0.005 h
+    for both axes (its ``max_dx = max_dy = shape[0] * 0.005``), dx drawn first."""
+    m = 0.005 * h
+    sigma = (0.01 * h, 0.01 * w)
+    dx = filters.gaussian(rng.uniform(-m, m, size=(h, w)), sigma=sigma, mode="reflect", truncate=3) * alpha
+    dy = filters.gaussian(rng.uniform(-m, m, size=(h, w)), sigma=sigma, mode="reflect", truncate=3) * alpha
+    return dy, dx
+
+
+def _elastic_imagecorruptions(x, alpha, rng):
+    h, w = x.shape[:2]
+    dy, dx = elastic_displacement(h, w, alpha, rng)
+    rr, cc = np.meshgrid(np.arange(h), np.arange(w), indexing="ij")
+    coords = [rr + dy, cc + dx]
+    return np.stack([ndimage.map_coordinates(x[..., d], coords, order=1, mode="reflect") for d in range(x.shape[2])], axis=2)
+
+
 _OPS: dict[str, Callable[[np.ndarray, object, np.random.Generator], np.ndarray]] = {
     "gaussian_noise": _gaussian_noise,
     "shot_noise": _shot_noise,
@@ -611,7 +648,8 @@ def corrupt(
     """Corrupt one uint8 image (H, W) or (H, W, C), C in {1, 3}, with ``name`` at ``severity`` 1-5.
 
     ``preset``: "auto" (:func:`preset_for`: CIFAR-10-C up to 32 px, Tiny-ImageNet-C up to 64 px,
-    ImageNet-C above), "cifar", "tinyimagenet" or "imagenet". Returns uint8 of the input's shape (values rounded and clipped to 0-255).
+    ImageNet-C above), "cifar", "tinyimagenet", "imagenet" or "imagecorruptions" (the package the
+    CnC release ran: ImageNet-C's constants with its own elastic transform and frost scaling). Returns uint8 of the input's shape (values rounded and clipped to 0-255).
     """
     img = np.asarray(image)
     if img.dtype != np.uint8:
@@ -632,6 +670,11 @@ def corrupt(
     if x.ndim == 2:
         x = x[..., None]
     c = _C[preset][name][int(severity) - 1]
-    out = _frost(x, c, rng, preset) if name == "frost" else _OPS[name](x, c, rng)
+    if name == "frost":
+        out = _frost(x, c, rng, preset)
+    elif name == "elastic_transform" and preset == "imagecorruptions":
+        out = _elastic_imagecorruptions(x, c, rng)
+    else:
+        out = _OPS[name](x, c, rng)
     out = np.rint(np.clip(np.asarray(out, dtype=np.float64), 0, 1) * 255).astype(np.uint8)
     return out.reshape(img.shape)

@@ -5,7 +5,9 @@ optional ``labels``), or anything :func:`oodeval.data.resolve` accepts: a regist
 (``NAME:SPLIT`` picks a split, e.g. ``cifar10:train``), a user dataset under the data root,
 an image folder or a CSV manifest. Images are decoded with :func:`oodeval.data.open_image`,
 in grey (1 channel) or RGB (3 channels), optionally resized to ``size`` x ``size`` (bilinear);
-all images must end up the same size.
+all images must end up the same size. An unreadable image is skipped and listed in
+``info["skipped"]`` (index, path, error), as ``oodeval extract`` does; ``--channels`` (``channels``)
+converts decoded images only, never ``.npz`` arrays. A broken ``.npz`` is a ValueError naming it.
 """
 
 from __future__ import annotations
@@ -31,13 +33,20 @@ def resize_arrays(images: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     return np.stack(out)
 
 
-def _native_channels(path: str) -> int:
+def _native_channels(m) -> int:
+    """The channels of the first readable image of manifest ``m`` (IDX container members are grey)."""
     from PIL import Image
 
-    if "#" in path and not Path(path).exists():
-        return 1  # IDX container members (Fashion-MNIST) are grey
-    with Image.open(path) as im:
-        return 1 if im.mode in ("1", "L", "LA", "I", "I;16", "F") else 3
+    for i in range(len(m)):
+        path = m.resolve_path(i)
+        if "#" in path and not Path(path).exists():
+            return 1
+        try:
+            with Image.open(path) as im:
+                return 1 if im.mode in ("1", "L", "LA", "I", "I;16", "F") else 3
+        except (OSError, ValueError):
+            continue
+    raise ValueError(f"dataset {m.name!r}: none of its {len(m)} images is readable")
 
 
 def load_arrays(
@@ -59,34 +68,45 @@ def load_arrays(
         raise ValueError(f"channels must be 1 or 3, got {channels}")
     path = Path(spec)
     if path.suffix == ".npz" and path.is_file():
-        with np.load(path) as z:
-            if "images" not in z:
-                raise ValueError(f"{path} has no 'images' array (found: {', '.join(z.files)})")
-            images = np.asarray(z["images"])
-            labels = np.asarray(z["labels"], dtype=np.int64) if "labels" in z else np.full(len(images), -1, np.int64)
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                if "images" not in z:
+                    raise KeyError(f"no 'images' array (found: {', '.join(z.files) or 'none'})")
+                images = np.asarray(z["images"])
+                labels = np.asarray(z["labels"], dtype=np.int64) if "labels" in z else np.full(len(images), -1, np.int64)
+        except (OSError, ValueError, KeyError, EOFError, TypeError) as exc:
+            msg = exc.args[0] if isinstance(exc, KeyError) else f"{type(exc).__name__}: {exc}"
+            raise ValueError(f"{path}: not a readable .npz of images and labels ({msg})") from None
         if images.dtype != np.uint8 or images.ndim not in (3, 4):
             raise ValueError(f"{path}: images must be uint8 (N, H, W[, C]), got {images.dtype} {images.shape}")
         if labels.shape != (len(images),):
             raise ValueError(f"{path}: {len(images)} images but labels of shape {labels.shape}")
-        return images, labels, {"name": path.stem, "source": str(path)}
+        return images, labels, {"name": path.stem, "source": str(path), "format": "npz", "skipped": []}
 
     from PIL import Image
 
-    from ..data import open_image, resolve
+    from ..data import ImageError, open_image, resolve
 
     m = resolve(spec, data_root, strict=strict)
     if len(m) == 0:
         raise ValueError(f"dataset {spec!r} has no images")
-    chans = channels or _native_channels(m.resolve_path(0))
+    chans = channels or _native_channels(m)
     mode = "L" if chans == 1 else "RGB"
-    out = []
+    out, kept, skipped = [], [], []
     for i in tqdm(range(len(m)), desc=f"reading {spec}", unit="img", disable=not progress, leave=False):
-        im = open_image(m.resolve_path(i), mode)
+        try:
+            im = open_image(m.resolve_path(i), mode)
+        except ImageError as exc:
+            skipped.append({"index": i, "path": m.resolve_path(i), "error": str(exc)})
+            continue
         if size is not None and im.size != (size, size):
             im = im.resize((size, size), Image.Resampling.BILINEAR)
         out.append(np.asarray(im, dtype=np.uint8))
+        kept.append(i)
+    if not out:
+        raise ValueError(f"dataset {spec!r}: none of its {len(m)} images is readable (first: {skipped[0]['error']})")
     shapes = {a.shape for a in out}
     if len(shapes) > 1:
         raise ValueError(f"dataset {spec!r} has images of {len(shapes)} sizes ({sorted(shapes)[:3]} ...); pass size=")
-    info = {"name": m.name, "source": str(spec), "class_names": m.class_names}
-    return np.stack(out), np.asarray(m.labels, dtype=np.int64), info
+    info = {"name": m.name, "source": str(spec), "class_names": m.class_names, "format": "images", "skipped": skipped}
+    return np.stack(out), np.asarray(m.labels, dtype=np.int64)[kept], info

@@ -2,9 +2,13 @@
 
 Seed spec (Hebbalaguppe et al. 2022, "Evaluation Metrics"): TNR@TPR95 (primary), AUROC and
 detection error per OOD set, "averaged over all OOD benchmark datasets", plus ID accuracy;
-CnC results are mean ± std over 3 runs. Metrics come from :func:`oodeval.metrics.evaluate`
-(ID positive, exact ties; detection error = min over thresholds of 0.5(1-TPR) + 0.5 FPR);
-the std is :func:`oodeval.stats.mean_std` with ddof = 1 (sample std over seeds).
+CnC results are "averaged on 3 evaluation runs" (the paper says no more, and the release has no
+aggregation code). Metrics come from :func:`oodeval.metrics.evaluate` (ID positive, exact ties;
+detection error = min over thresholds of 0.5(1-TPR) + 0.5 FPR); the spread is
+:func:`oodeval.stats.mean_std` with ddof = 1 (the sample std over seeds, oodeval's choice; the
+tables state it). Only like runs are averaged: :func:`comparable` refuses runs whose config
+(seed aside), data, device, precision or epochs reached differ, and :func:`check_finished` an
+unfinished run.
 
 On a CnC FeatureSet (``meta["outlier_class"] = K``) the ``cnc`` detector reads all K+1
 logits; every other detector sees the K-way classifier (:func:`id_view`: logits and head
@@ -24,6 +28,7 @@ from ..stats import mean_std
 
 __all__ = [
     "METRICS", "id_view", "set_metrics", "evaluate_run", "aggregate", "format_table", "comparable", "check_id_labels",
+    "check_finished",
 ]  # fmt: skip
 
 #: the seed's OOD metrics (fractions), in the seed's order
@@ -44,13 +49,18 @@ def _num_id_classes(fs: FeatureSet) -> int:
 _RUN_FIELDS = ("seed",)
 
 
-def comparable(configs: Sequence, names: Sequence[str] | None = None):
+def comparable(configs: Sequence, names: Sequence[str] | None = None, epochs_done: Sequence[int] | None = None):
     """The first of several :class:`~oodeval.cnc.train.TrainConfig` when all runs share one
-    configuration and training data (everything but the seed, the data hash included); otherwise
-    ValueError naming the runs and the fields that differ."""
+    configuration and training data (everything but the seed: the data hash, device and
+    precision included) and, when ``epochs_done`` is given, reached the same epoch; otherwise
+    ValueError naming the runs and what differs."""
     if not configs:
         raise ValueError("no checkpoints")
     names = list(names or [f"run {i + 1}" for i in range(len(configs))])
+    if epochs_done is not None and len(set(epochs_done)) > 1:
+        i = next(i for i, e in enumerate(epochs_done) if e != epochs_done[0])
+        raise ValueError(f"{names[i]} reached epoch {epochs_done[i]} and {names[0]} epoch {epochs_done[0]}; "
+                         "a mean ± std needs runs trained equally long: evaluate them separately")
     first = configs[0].to_json()
     for name, cfg in zip(names[1:], configs[1:]):
         d = cfg.to_json()
@@ -60,6 +70,18 @@ def comparable(configs: Sequence, names: Sequence[str] | None = None):
             raise ValueError(f"{name} and {names[0]} differ in more than the seed ({what}); "
                              "a mean ± std needs runs of one configuration and one training set: evaluate them separately")
     return configs[0]
+
+
+def check_finished(config, progress: Mapping, name: str, allow: bool = False) -> bool:
+    """True when the run reached ``config.epochs``; an unfinished run is a ValueError naming it
+    unless ``allow`` (then False is returned and the caller marks the numbers as unfinished)."""
+    done = int(progress.get("epochs_done", 0))
+    if done >= config.epochs:
+        return True
+    if not allow:
+        raise ValueError(f"{name} is unfinished: {done} of {config.epochs} epochs trained; finish it with "
+                         "`oodeval cnc train` (same command) or pass --allow-unfinished to evaluate it marked as such")
+    return False
 
 
 def check_id_labels(labels: np.ndarray, num_classes: int, name: str = "the ID set") -> None:
@@ -153,7 +175,7 @@ def evaluate_run(
         result["detectors"][label] = entry
         if rows_out is not None:
             rows_out += [{**r, "detector": name, "label": label, "hyperparameters": spec,
-                          "hyperparameters_resolved": det.get_params(), "id_accuracy": result["id_accuracy"]} for r in rows]  # fmt: skip
+                          "hyperparameters_resolved": det.resolved_params(), "id_accuracy": result["id_accuracy"]} for r in rows]  # fmt: skip
     return result
 
 

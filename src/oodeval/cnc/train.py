@@ -26,8 +26,12 @@ image size, channels, K, data hash and frost source), ``progress.json`` (epochs 
 the current checkpoint) and ``epoch-NNNN/`` (``model.safetensors``, ``optimizer.safetensors`` +
 ``optimizer.json``). Each epoch writes a new ``epoch-NNNN/`` folder, then atomically replaces
 ``progress.json`` to point at it, then removes the previous one: a kill at any moment leaves the
-last finished epoch loadable. Calling :func:`train` again resumes after it and gives the weights of
-an uninterrupted run (on CPU; on CUDA up to the non-determinism of its kernels).
+last finished epoch loadable. ``config.json`` is written just before the first ``progress.json``
+and checked on every start, also when a kill left it without a ``progress.json``; staging folders
+and unreferenced ``epoch-NNNN/`` folders a kill left are removed on the next start. Calling
+:func:`train` again resumes after the last finished epoch and gives the weights of an
+uninterrupted run (on CPU; on CUDA up to the non-determinism of its kernels). The device type and
+the autocast precision are part of the config (:func:`resolve_precision`).
 """
 
 from __future__ import annotations
@@ -47,7 +51,8 @@ from .corruptions import CORRUPTIONS, DEFAULT_POOL, PRESETS, RELEASE_POOL, frost
 
 __all__ = [
     "TrainConfig", "RECIPES", "to_tensor", "build_model", "id_predictions", "lr_at", "milestone_epochs",
-    "resolve_device", "train", "save_checkpoint", "load_checkpoint", "extract", "CHECKPOINT_FORMAT",
+    "resolve_device", "resolve_precision", "PRECISIONS", "train", "save_checkpoint", "load_checkpoint", "load_tensors",
+    "is_finished", "extract", "CHECKPOINT_FORMAT",
 ]  # fmt: skip
 
 CHECKPOINT_FORMAT = "oodeval.cnc.checkpoint/2"
@@ -58,7 +63,7 @@ RECIPES: dict[str, dict] = {
     "cnc-cifar": dict(
         model="resnet34", cifar_stem=True, epochs=200, batch_size=64, lr=0.1, momentum=0.9, weight_decay=5e-4,
         milestones=(0.5, 0.75), gamma=0.1, augment="crop_flip", outlier_augment="release",
-        outlier_pairing="shuffled", severity="imagenet", corruptions=RELEASE_POOL,
+        outlier_pairing="shuffled", severity="imagecorruptions", corruptions=RELEASE_POOL,
         mean=(0.4914, 0.4822, 0.4465), std=(0.2023, 0.1994, 0.2010),
     ),
 }  # fmt: skip
@@ -69,8 +74,8 @@ CHECKPOINT_KIND = "CnC checkpoint"
 class TrainConfig:
     """Everything that defines a run (stored as ``config.json``).
 
-    ``image_size`` (H, W), ``data_hash`` and ``frost`` are filled in by :func:`train` from the
-    data and the installation; a value given here must match.
+    ``image_size`` (H, W), ``data_hash``, ``frost``, ``device`` and ``precision`` are filled in by
+    :func:`train` from the data, the installation and the device; a value given here must match.
     """
 
     model: str = "resnet18"
@@ -106,6 +111,10 @@ class TrainConfig:
     image_size: tuple[int, int] | None = None
     data_hash: str | None = None
     frost: str | None = None
+    #: where the run trains: "cpu" or "cuda" (filled in by :func:`train`)
+    device: str | None = None
+    #: autocast dtype of the trunk: "fp32" (none), "bf16" or "fp16" (with a GradScaler); see :func:`resolve_precision`
+    precision: str | None = None
 
     def __post_init__(self) -> None:
         if self.class_ids is not None:
@@ -138,6 +147,7 @@ class TrainConfig:
         for name, allowed in (
             ("augment", ("none", "crop_flip")), ("outlier_augment", ("none", "release")),
             ("outlier_pairing", ("same", "shuffled")), ("severity", ("auto",) + PRESETS),
+            ("device", (None, "cpu", "cuda")), ("precision", (None,) + PRECISIONS),
         ):  # fmt: skip
             if getattr(self, name) not in allowed:
                 problems.append(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
@@ -247,13 +257,70 @@ def resolve_device(device: str = "auto"):
     return torch.device(device)
 
 
-def _forward(model, x, amp: bool):
-    """Logits with the trunk under bf16 autocast (when ``amp``) and the head in float32."""
+#: autocast dtypes of the trunk (the head and the loss always run in float32)
+PRECISIONS = ("fp32", "bf16", "fp16")
+
+
+def _native_bf16(dev) -> bool:
     import torch
 
-    with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=amp):
+    try:
+        return bool(torch.cuda.is_bf16_supported(including_emulation=False))
+    except TypeError:  # older torch: no emulation flag
+        return torch.cuda.get_device_capability(dev)[0] >= 8
+
+
+def resolve_precision(dev, precision: str = "auto") -> str:
+    """The trunk's autocast dtype on ``dev``: ``"auto"`` is bf16 on a CUDA device with native bf16
+    (compute capability 8.0 or newer), else fp16 (with a GradScaler in training) on CUDA, and fp32
+    on CPU. An explicit choice is checked: fp16 needs CUDA; bf16 on CUDA needs native support (an
+    emulating GPU such as a V100 or T4 runs it many times slower); bf16 on CPU is allowed."""
+    if precision not in ("auto",) + PRECISIONS:
+        raise ValueError(f"precision must be auto, {', '.join(PRECISIONS)}; got {precision!r}")
+    cuda = dev.type == "cuda"
+    if precision == "auto":
+        return ("bf16" if _native_bf16(dev) else "fp16") if cuda else "fp32"
+    if precision == "fp16" and not cuda:
+        raise ValueError("precision fp16 needs a CUDA device; use fp32 or bf16 on CPU")
+    if precision == "bf16" and cuda and not _native_bf16(dev):
+        raise ValueError(f"{dev} emulates bf16 (no native support); use --precision fp16 or fp32")
+    return precision
+
+
+def _autocast(dev, precision: str):
+    import torch
+
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    return torch.autocast(dev.type, dtype=dtype or torch.float32, enabled=dtype is not None)
+
+
+def _forward(model, x, precision: str):
+    """Logits with the trunk under autocast in ``precision`` and the head in float32."""
+    with _autocast(x.device, precision):
         body = model.forward_features(x)
     return model.forward_head(body.float())
+
+
+def load_tensors(path: Path, device: str = "cpu") -> dict:
+    """The tensors of a safetensors file; a missing, truncated or corrupt file is a ValueError naming it."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(path), device=device)
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise ValueError(f"{path}: unreadable checkpoint file ({type(exc).__name__}: {exc}); "
+                         "retrain, or resume from a copy of the run folder") from None
+
+
+def _read_json(path: Path, what: str) -> dict:
+    try:
+        d = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path}: unreadable {what} ({type(exc).__name__}: {exc})") from None
+    if not isinstance(d, dict):
+        raise ValueError(f"{path}: {what} must hold a JSON object")
+    return d
 
 
 # ---------------------------------------------------------------- checkpoints
@@ -293,20 +360,24 @@ def _versions() -> dict[str, str]:
     return out
 
 
-def save_checkpoint(folder: str | Path, model, optimizer, config: TrainConfig, progress: dict) -> Path:
-    """Write ``epoch-NNNN/`` (weights, optimizer), then point ``progress.json`` at it, then drop the
-    previous epoch folder; ``config.json`` is written once. ``folder`` must be new or oodeval's own
-    run folder (anything else is refused). Returns the epoch folder."""
+def save_checkpoint(folder: str | Path, model, optimizer, config: TrainConfig, progress: dict, scaler=None) -> Path:
+    """Write ``epoch-NNNN/`` (weights, optimizer, the fp16 GradScaler's state), then point
+    ``progress.json`` at it, then drop the previous epoch folder. ``config.json`` is (re)written
+    before the first ``progress.json`` and never after: a folder with a ``progress.json`` always
+    has the config that run trained with. ``folder`` must be new or oodeval's own run folder
+    (anything else is refused). Returns the epoch folder."""
     from safetensors.torch import save_file
 
     folder = claim_folder(folder, CHECKPOINT_KIND, is_own=is_checkpoint_folder)
-    if not (folder / "config.json").is_file():
+    if not (folder / "progress.json").is_file():
         write_json_atomic(folder / "config.json", config.to_json())
     name = f"epoch-{progress['epochs_done']:04d}"
     target = folder / name
     if target.exists():  # left by a run killed before it updated progress.json
         shutil.rmtree(target)
     opt_tensors, opt_meta = _optimizer_to_files(optimizer.state_dict())
+    if scaler is not None and scaler.is_enabled():
+        opt_meta["scaler"] = scaler.state_dict()
     with atomic_path(target) as tmp:
         tmp.mkdir()
         save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, str(tmp / "model.safetensors"))
@@ -331,25 +402,59 @@ def _read_progress(folder: Path) -> dict:
     path = folder / "progress.json"
     if not path.is_file():
         raise FileNotFoundError(f"{folder} is not a CnC checkpoint folder (no progress.json)")
-    prog = json.loads(path.read_text())
+    prog = _read_json(path, "progress record")
     if prog.get("format") != CHECKPOINT_FORMAT:
         raise ValueError(f"{path}: format {prog.get('format')!r}, expected {CHECKPOINT_FORMAT!r} (retrain with this version)")
     return prog
 
 
 def _read_config(folder: Path) -> TrainConfig:
-    return TrainConfig.from_json(json.loads((folder / "config.json").read_text()))
+    path = folder / "config.json"
+    try:
+        return TrainConfig.from_json(_read_json(path, "training config"))
+    except TypeError as exc:
+        raise ValueError(f"{path}: not a training config ({exc})") from None
+    except ValueError as exc:
+        raise ValueError(str(exc) if str(exc).startswith(str(path)) else f"{path}: {exc}") from None
+
+
+def _recorded_device(config: TrainConfig, progress: dict) -> TrainConfig:
+    """A config written before device and precision were recorded (both None) gets them from its
+    history rows ("cpu" -> fp32, "cuda... bf16-trunk" -> bf16, that version's only choices)."""
+    history = progress.get("history") or []
+    if config.device is not None or config.precision is not None or not history:
+        return config
+    seen = {str(h.get("device", "")) for h in history}
+    if len(seen) != 1:
+        return config
+    dev = seen.pop()
+    if dev == "cpu":
+        return replace(config, device="cpu", precision="fp32")
+    if dev.startswith("cuda") and dev.endswith("bf16-trunk"):
+        return replace(config, device="cuda", precision="bf16")
+    return config
+
+
+def _load_weights(model, path: Path) -> None:
+    try:
+        model.load_state_dict(load_tensors(path))
+    except RuntimeError as exc:
+        raise ValueError(f"{path}: weights that do not fit the config's model ({str(exc).splitlines()[0]})") from None
+
+
+def is_finished(config: TrainConfig, progress: dict) -> bool:
+    """Whether the run reached its configured number of epochs."""
+    return int(progress.get("epochs_done", 0)) >= config.epochs
 
 
 def load_checkpoint(folder: str | Path):
-    """(model in eval mode, TrainConfig, progress dict) from a run folder."""
-    from safetensors.torch import load_file
-
+    """(model in eval mode, TrainConfig, progress dict) from a run folder; unreadable files are a
+    ValueError naming them."""
     folder = Path(folder)
     progress = _read_progress(folder)
-    config = _read_config(folder)
+    config = _recorded_device(_read_config(folder), progress)
     model = build_model(config)
-    model.load_state_dict(load_file(str(folder / progress["checkpoint"] / "model.safetensors")))
+    _load_weights(model, folder / str(progress.get("checkpoint")) / "model.safetensors")
     model.eval()
     return model, config, progress
 
@@ -375,22 +480,64 @@ def _check_data(images: np.ndarray, labels: np.ndarray, config: TrainConfig) -> 
     return images, labels
 
 
-def _complete(config: TrainConfig, images: np.ndarray, labels: np.ndarray) -> TrainConfig:
-    """``config`` with image_size, data_hash and frost filled in (a given value must agree)."""
+def _complete(config: TrainConfig, images: np.ndarray, labels: np.ndarray, dev, precision: str) -> TrainConfig:
+    """``config`` with image_size, data_hash, frost, device and precision filled in (a given value must agree)."""
     found = {
         "image_size": tuple(images.shape[1:3]),
         "data_hash": hash_arrays({"images": images, "labels": labels}),
         "frost": frost_source() if config.cnc and "frost" in config.corruptions else None,
+        "device": dev.type,
+        "precision": precision,
     }
     for k, v in found.items():
         if getattr(config, k) is not None and getattr(config, k) != v:
-            raise ValueError(f"config.{k} = {getattr(config, k)!r} but the training data give {v!r}")
+            raise ValueError(f"config.{k} = {getattr(config, k)!r} but the training data and device give {v!r}")
     return replace(config, **found)
 
 
 def _diff(old: TrainConfig, new: TrainConfig) -> list[str]:
     a, b = old.to_json(), new.to_json()
     return [f"{k} ({a[k]!r} in the checkpoint, {b[k]!r} now)" for k in a if a[k] != b[k]]
+
+
+#: staging folders :func:`oodeval._io.atomic_path` leaves beside a run folder's files when killed
+_STAGING = re.compile(r"^\.(epoch-\d{4,}|progress\.json|config\.json)\..+\.tmp$")
+
+
+def _remove_leftovers(folder: Path, progress: dict | None) -> list[str]:
+    """Remove what a killed run left in its own run folder: staging folders of its checkpoint,
+    ``progress.json`` and ``config.json`` writes, and ``epoch-NNNN/`` folders that
+    ``progress.json`` does not point at. Returns the names removed."""
+    current = None if progress is None else progress.get("checkpoint")
+    gone = []
+    for p in sorted(folder.iterdir()):
+        if p.is_dir() and not p.is_symlink() and (_STAGING.match(p.name) or (_EPOCH_DIR.match(p.name) and p.name != current)):
+            shutil.rmtree(p)
+            gone.append(p.name)
+    return gone
+
+
+def _check_folder(out: Path, config: TrainConfig) -> dict | None:
+    """The progress record of the run in ``out`` (None for a new run), after checking that its
+    ``config.json``, when there is one, matches ``config``: a folder left by a run killed before
+    its first ``progress.json`` is checked as well as one that holds finished epochs."""
+    prev = _read_progress(out) if (out / "progress.json").is_file() else None
+    if prev is None and not (out / "config.json").is_file():
+        return None
+    old = _read_config(out) if prev is None else _recorded_device(_read_config(out), prev)
+    if old.data_hash != config.data_hash:
+        raise ValueError(f"{out} was trained on other data (hash {old.data_hash} != {config.data_hash}); use a new folder")
+    changed = _diff(old, config)
+    if changed:
+        state = "holds a run" if prev else "holds the config of a run killed before its first epoch ended"
+        raise ValueError(f"{out} {state} with other settings: {'; '.join(changed)}; use a new folder")
+    return prev
+
+
+def _scaler(precision: str):
+    import torch
+
+    return torch.amp.GradScaler("cuda", enabled=precision == "fp16")
 
 
 def train(
@@ -403,15 +550,20 @@ def train(
     stop_after: int | None = None,
     device: str = "auto",
     workers: int = 0,
+    precision: str = "auto",
 ) -> dict:
     """Train (or resume) into run folder ``out``; returns the progress dict.
 
     ``images``: uint8 (N, H, W[, C]); ``labels``: 0..K-1. ``stop_after``: finish at most this many
-    epochs in this call (the rest on a later call). ``device``: auto / cpu / cuda (on CUDA the
-    trunk runs under bf16 autocast, the head in float32, channels_last). ``workers``: DataLoader
-    processes building the steps (:mod:`oodeval.cnc.loader`; 0 = in this process; the batches do
-    not depend on it). Each epoch's history row: loss, loss_id, loss_outlier (CnC only), train_acc
-    (argmax over the first K), lr, seconds, device.
+    epochs in this call (the rest on a later call). ``device``: auto / cpu / cuda; ``precision``:
+    the trunk's autocast dtype (:func:`resolve_precision`: auto = bf16 on GPUs with native bf16,
+    else fp16 with a GradScaler, fp32 on CPU); both are recorded in the config, so a resume or a
+    mean over runs with another device or precision is refused. On CUDA the model runs
+    channels_last; the head and the loss run in float32. ``workers``: DataLoader processes
+    building the steps (:mod:`oodeval.cnc.loader`; 0 = in this process; the batches do not
+    depend on it). Each epoch's history row: loss, loss_id, loss_outlier (CnC only), train_acc
+    (argmax over the first K), lr, seconds, device, precision. The loss sums stay on the device
+    (float64) and are read once per epoch; the progress bar reads the loss every 25 steps.
     """
     import torch
     import torch.nn.functional as F
@@ -420,37 +572,35 @@ def train(
     from .loader import step_loader
 
     images, labels = _check_data(images, labels, config)
-    config = _complete(config, images, labels)
     dev = resolve_device(device)
-    amp = dev.type == "cuda"
+    prec = resolve_precision(dev, precision)
+    config = _complete(config, images, labels, dev, prec)
+    cuda = dev.type == "cuda"
     out = claim_folder(out, CHECKPOINT_KIND, is_own=is_checkpoint_folder)
+    prev = _check_folder(out, config)
+    gone = _remove_leftovers(out, prev)
+    if gone and log:
+        log(f"removed what a killed run left in {out}: {', '.join(gone)}")
     torch.manual_seed(config.seed)
     model = build_model(config)
     state = {"epochs_done": 0, "history": []}
-    resumed = (out / "progress.json").is_file()
-    if resumed:
-        prev = _read_progress(out)
-        old = _read_config(out)
-        if old.data_hash != config.data_hash:
-            raise ValueError(f"{out} was trained on other data (hash {old.data_hash} != {config.data_hash}); use a new folder")
-        changed = _diff(old, config)
-        if changed:
-            raise ValueError(f"{out} holds a run with other settings: {'; '.join(changed)}; use a new folder")
-        from safetensors.torch import load_file
-
-        model.load_state_dict(load_file(str(out / prev["checkpoint"] / "model.safetensors")))
+    if prev is not None:
+        _load_weights(model, out / str(prev.get("checkpoint")) / "model.safetensors")
         state = {k: prev[k] for k in ("epochs_done", "history")}
     model.to(dev)
-    if amp:
+    if cuda:
         model.to(memory_format=torch.channels_last)
     opt = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
-    if resumed:
-        from safetensors.torch import load_file
-
+    scaler = _scaler(prec)
+    if prev is not None:
         ck = out / prev["checkpoint"]
-        opt_state = _optimizer_from_files(load_file(str(ck / "optimizer.safetensors"), device=str(dev)),
-                                          json.loads((ck / "optimizer.json").read_text()))  # fmt: skip
-        opt.load_state_dict(opt_state)
+        opt_meta = _read_json(ck / "optimizer.json", "optimizer state")
+        try:
+            opt.load_state_dict(_optimizer_from_files(load_tensors(ck / "optimizer.safetensors", device=str(dev)), opt_meta))
+        except (KeyError, ValueError, RuntimeError) as exc:
+            raise ValueError(f"{ck}: optimizer state that does not fit the model ({exc})") from None
+        if scaler.is_enabled() and "scaler" in opt_meta:
+            scaler.load_state_dict(opt_meta["scaler"])
         if log:
             log(f"resuming {out} after epoch {state['epochs_done']} of {config.epochs}")
     K = config.num_classes
@@ -463,18 +613,20 @@ def train(
         for group in opt.param_groups:
             group["lr"] = lr
         model.train()
-        sums = {"loss": 0.0, "loss_id": 0.0, "loss_outlier": 0.0, "correct": 0, "seen": 0}
-        loader = step_loader(images, labels, config, epoch, workers=workers, pin_memory=amp)
+        # running sums on the device (float64, as the per-step Python sums were): no host sync per step
+        sums = torch.zeros(4, dtype=torch.float64, device=dev)  # loss, loss_id, loss_outlier, correct
+        seen = 0
+        loader = step_loader(images, labels, config, epoch, workers=workers, pin_memory=cuda)
         bar = tqdm(loader, desc=f"epoch {epoch + 1}/{config.epochs}", unit="batch", disable=not progress, leave=False)
-        for batch in bar:
+        for step, batch in enumerate(bar):
             x = batch["x"].to(dev, non_blocking=True)
             y = batch["y"].to(dev, non_blocking=True)
-            n = len(y)
+            n = len(batch["y"])
             if config.cnc:
                 x = torch.cat([x, batch["outliers"].to(dev, non_blocking=True)])
-            if amp:
+            if cuda:
                 x = x.contiguous(memory_format=torch.channels_last)
-            logits = _forward(model, x, amp)
+            logits = _forward(model, x, prec)
             logit_id = logits[:n]
             loss_id = F.cross_entropy(logit_id, y)
             if config.cnc:
@@ -485,28 +637,35 @@ def train(
                 loss_syn = torch.zeros((), device=dev)
                 loss = loss_id
             opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            sums["loss"] += loss.item() * n
-            sums["loss_id"] += loss_id.item() * n
-            sums["loss_outlier"] += loss_syn.item() * n
-            sums["correct"] += int((logit_id[:, :K].argmax(1) == y).sum())
-            sums["seen"] += n
-            bar.set_postfix(loss=f"{loss.item():.3f}")
+            if scaler.is_enabled():  # fp16: GradScaler.step reads its inf check (one sync per step)
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
+            else:
+                loss.backward()
+                opt.step()
+            with torch.no_grad():
+                parts = torch.stack([loss.detach(), loss_id.detach(), loss_syn.detach()]).double() * n
+                sums += torch.cat([parts, (logit_id[:, :K].argmax(1) == y).sum().double().reshape(1)])
+            seen += n
+            if progress and step % 25 == 0:
+                bar.set_postfix(loss=f"{loss.item():.3f}")
+        total = sums.tolist()
         row = {
             "epoch": epoch + 1,
-            "loss": sums["loss"] / sums["seen"],
-            "loss_id": sums["loss_id"] / sums["seen"],
-            "train_acc": sums["correct"] / sums["seen"],
+            "loss": total[0] / seen,
+            "loss_id": total[1] / seen,
+            "train_acc": total[3] / seen,
             "lr": lr,
             "seconds": round(time.time() - t0, 3),
-            "device": str(dev) + (" bf16-trunk" if amp else ""),
+            "device": str(dev),
+            "precision": prec,
         }
         if config.cnc:
-            row["loss_outlier"] = sums["loss_outlier"] / sums["seen"]
+            row["loss_outlier"] = total[2] / seen
         state["history"].append(row)
         state["epochs_done"] = epoch + 1
-        save_checkpoint(out, model, opt, config, state)
+        save_checkpoint(out, model, opt, config, state, scaler)
         if log:
             log(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))
     return _read_progress(out) if (out / "progress.json").is_file() else state
@@ -523,29 +682,32 @@ def extract(
     batch_size: int = 256,
     meta: dict | None = None,
     device: str = "cpu",
+    precision: str = "fp32",
 ):
     """One forward pass -> :class:`oodeval.features.FeatureSet` (pre-logit features, all logits,
     the linear head when the classifier is ``nn.Linear``). ``meta`` records ``cnc``,
-    ``num_id_classes`` (K) and ``outlier_class`` (K for a CnC model, else None). On CUDA the trunk
-    runs under bf16 autocast (channels_last), the head in float32."""
+    ``num_id_classes`` (K), ``outlier_class`` (K for a CnC model, else None), and the ``device``
+    and ``precision`` of this pass. The trunk runs under autocast in ``precision``
+    (:func:`resolve_precision`; default fp32, "auto" picks as in training), the head in float32;
+    channels_last on CUDA."""
     import torch
 
     from ..features import FeatureSet
 
     images = np.asarray(images)
     dev = resolve_device(device)
-    amp = dev.type == "cuda"
+    prec = resolve_precision(dev, precision)
     model.to(dev)
-    if amp:
+    if dev.type == "cuda":
         model.to(memory_format=torch.channels_last)
     feats, logits = [], []
     model.eval()
     with torch.no_grad():
         for start in range(0, len(images), batch_size):
             x = to_tensor(images[start : start + batch_size], config.mean, config.std).to(dev)
-            if amp:
+            if dev.type == "cuda":
                 x = x.contiguous(memory_format=torch.channels_last)
-            with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=amp):
+            with _autocast(dev, prec):
                 body = model.forward_features(x)
             body = body.float()
             feats.append(model.forward_head(body, pre_logits=True).flatten(1).cpu().numpy().astype(np.float32))
@@ -561,6 +723,8 @@ def extract(
         "num_id_classes": config.num_classes,
         "outlier_class": config.num_classes if config.cnc else None,
         "frost": config.frost,
+        "device": dev.type,
+        "precision": prec,
     }
     info.update(meta or {})
     return FeatureSet(

@@ -47,9 +47,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     t.add_argument("--classes", type=_ints, default=None, help="keep these class ids as ID, e.g. 0,1,3,5,8,9")
     t.add_argument("--corruptions", default=None,
                    help="outlier pool: release (default, the CnC release's 15), imagenet-c (the benchmark 15), all, or names")
-    t.add_argument("--severity", default=None, choices=("auto", "cifar", "tinyimagenet", "imagenet"),
+    t.add_argument("--severity", default=None, choices=("auto", "cifar", "tinyimagenet", "imagenet", "imagecorruptions"),
                    help="corruption constants: auto = by image size (32 / 64 / larger px), or one reference's")
     add_device(t)
+    _precision_arg(t)
     t.add_argument("--workers", type=int, default=0, help="DataLoader processes building the steps (0: in-process)")
     _data_args(t)
     t.add_argument("--size", type=int, default=None, help="resize images to SIZE x SIZE")
@@ -70,7 +71,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="bootstrap resamples for the intervals in --results (OOD resampled, ID fixed; seeded by each run's seed)")
     e.add_argument("--resize", action="store_true",
                    help="resize sets whose image size differs from the training size (default: refuse them)")
+    e.add_argument("--allow-unfinished", action="store_true",
+                   help="evaluate checkpoints that stopped before their configured epochs (default: refused); "
+                   "the table, JSON and results rows mark them")
     add_device(e)
+    _precision_arg(e)
     _data_args(e)
     p.set_defaults(_cnc_help=p.format_help)
 
@@ -83,8 +88,16 @@ _TRAIN_DOC = (
 _EVALUATE_DOC = (
     "Score each checkpoint's ID test set and OOD sets with the detectors (cnc reads the outlier class, every other "
     "detector the first K logits) and print TNR@TPR95, AUROC, detection error and ID accuracy per OOD set, per group "
-    "and as the mean over sets, each as mean ± std over the checkpoints (one per seed)."
+    "and as the mean over sets, each as mean ± std over the checkpoints (one per seed; std with ddof=1). Only like "
+    "runs are averaged: checkpoints that differ in more than the seed (data, device, precision, epochs reached) are "
+    "refused, and so is an unfinished checkpoint unless --allow-unfinished."
 )
+
+
+def _precision_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16", "fp16"),
+                   help="autocast dtype of the trunk: auto = bf16 on GPUs with native bf16, else fp16 (with a "
+                   "gradient scaler when training), fp32 on CPU; recorded, and runs of different ones are not mixed")
 
 
 def _data_args(p: argparse.ArgumentParser) -> None:
@@ -109,12 +122,18 @@ def _select(images, labels, class_ids):
 
 
 def _load(args, spec, channels=None, size=None):
+    """(images, labels, info) of ``spec``; unreadable images are skipped and listed (as ``extract`` does)."""
     from ..cnc.datasets import load_arrays
 
-    return load_arrays(
+    images, labels, info = load_arrays(
         spec, args.data_root, channels=channels or args.channels, size=size,
         strict=not args.no_strict, progress=not args.no_progress,
     )  # fmt: skip
+    skipped = info.get("skipped") or []
+    if skipped:
+        shown = "; ".join(s["error"] for s in skipped[:5]) + (f"; ... ({len(skipped) - 5} more)" if len(skipped) > 5 else "")
+        print(f"{spec}: {len(skipped)} unreadable image(s) skipped: {shown}", file=sys.stderr)
+    return images, labels, info
 
 
 def _load_for(args, spec: str, cfg):
@@ -122,11 +141,13 @@ def _load_for(args, spec: str, cfg):
     training config; a size differs only with ``--resize``, channels only with ``--channels``."""
     from ..cnc.datasets import resize_arrays
 
-    images, labels, _ = _load(args, spec)
+    images, labels, info = _load(args, spec)
     chans = 1 if images.ndim == 3 else images.shape[3]
     if chans != cfg.in_chans:
+        fix = (f"write the .npz with {cfg.in_chans}-channel images (--channels converts image files, not .npz arrays)"
+               if info.get("format") == "npz" else f"pass --channels {cfg.in_chans} to convert them")
         raise ValueError(f"{spec} has {chans}-channel images but the model was trained on {cfg.in_chans}-channel "
-                         f"images; pass --channels {cfg.in_chans} to convert them")
+                         f"images; {fix}")
     size = tuple(images.shape[1:3])
     if size != tuple(cfg.image_size):
         if not args.resize:
@@ -150,9 +171,9 @@ def _train(args: argparse.Namespace) -> int:
 
     from .._io import check_output
     from ..cnc.corruptions import pool
-    from ..cnc.train import CHECKPOINT_KIND, RECIPES, TrainConfig, is_checkpoint_folder, train
+    from ..cnc.train import CHECKPOINT_KIND, RECIPES, TrainConfig, train
 
-    check_output(args.out, CHECKPOINT_KIND, folder=True, is_own=is_checkpoint_folder)  # before loading any data
+    check_output(args.out, CHECKPOINT_KIND, folder=True)  # before loading any data
     images, labels, info = _load(args, args.dataset, size=args.size)
     images, labels = _select(images, labels, args.classes)
     if (labels < 0).any():
@@ -171,10 +192,10 @@ def _train(args: argparse.Namespace) -> int:
         base["mean"], base["std"] = (sum(base["mean"]) / 3,), (sum(base["std"]) / 3,)  # grey: the channel average
     base.update({k: v for k, v in given.items() if v is not None})
     config = TrainConfig(**base, num_classes=k, in_chans=chans, cnc=not args.plain, seed=args.seed, class_ids=args.classes)
-    print(f"training {'CnC (K+1)' if config.cnc else 'plain'} {args.model} on {len(images)} images of "
+    print(f"training {'CnC (K+1)' if config.cnc else 'plain'} {config.model} on {len(images)} images of "
           f"{info['name']}, K={k}, {images.shape[1]}x{images.shape[2]}x{chans}, {config.epochs} epochs -> {args.out}")
     prog = train(config, np.asarray(images), labels, args.out, progress=not args.no_progress, log=print,
-                 device=args.device, workers=args.workers)  # fmt: skip
+                 device=args.device, workers=args.workers, precision=args.precision)  # fmt: skip
     last = prog["history"][-1] if prog["history"] else {}
     print(f"done: {prog['epochs_done']}/{config.epochs} epochs; last loss {last.get('loss', float('nan')):.4f}, "
           f"train acc {last.get('train_acc', float('nan')):.4f}; checkpoint {args.out}")
@@ -182,29 +203,34 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _evaluate(args: argparse.Namespace) -> int:
-    from .._io import check_output, json_has_keys, write_json_atomic
-    from ..cnc.evaluate import aggregate, check_id_labels, comparable, evaluate_run, format_table
+    from .._io import check_output, write_json_atomic
+    from ..cnc.evaluate import aggregate, check_finished, check_id_labels, comparable, evaluate_run, format_table
     from ..cnc.suites import suite
-    from ..cnc.train import extract, load_checkpoint
+    from ..cnc.train import extract, load_checkpoint, resolve_device, resolve_precision
     from ..detectors import create
-    from ..results import is_results_table
 
-    is_evaluation = json_has_keys("runs", "checkpoints", "aggregate")
     if args.json:
-        check_output(args.json, "CnC evaluation", is_own=is_evaluation)
+        check_output(args.json, "CnC evaluation")
     if args.results:
         if args.results.suffix != ".parquet" or args.draws < 1:
             raise ValueError("--results takes a .parquet results table, with --draws at least 1 (it carries 95% intervals)")
-        check_output(args.results, "results table", is_own=is_results_table)
+        check_output(args.results, "results table")
     s = suite(args.suite) if args.suite else None
     id_test = args.id_test or (s.id_test if s else None)
     id_train = args.id_train or (s.id_train if s else None)
     ood = args.ood or (list(s.ood) if s else None)
     if not id_test or not ood:
         raise ValueError("give --suite, or --id-test and --ood")
-    groups = s.groups if s and not args.ood else None
+    # a single group holding every set would only repeat the mean row
+    groups = s.groups if s and not args.ood and len(s.groups) > 1 else None
+    names = [str(c) for c in args.checkpoint]
     loaded = [load_checkpoint(c) for c in args.checkpoint]
-    cfg0 = comparable([cfg for _, cfg, _ in loaded], [str(c) for c in args.checkpoint])
+    finished = [check_finished(cfg, prog, name, args.allow_unfinished) for name, (_, cfg, prog) in zip(names, loaded)]
+    epochs = [int(prog["epochs_done"]) for _, _, prog in loaded]
+    cfg0 = comparable([cfg for _, cfg, _ in loaded], names, epochs)
+    dev = resolve_device(args.device)
+    prec = resolve_precision(dev, args.precision)
+    scored_on = {"device": dev.type, "precision": prec}
     detectors = args.detectors or (["cnc", "msp", "energy"] if cfg0.cnc else ["msp", "energy"])
     if not cfg0.cnc and "cnc" in detectors:
         raise ValueError("the cnc detector needs a CnC (K+1) checkpoint; these are plain models")
@@ -221,38 +247,56 @@ def _evaluate(args: argparse.Namespace) -> int:
         check_id_labels(y_train, cfg0.num_classes, id_train)
     ood_arrays = {name: _load_for(args, name, cfg0)[0] for name in ood}
     runs, rows = [], []
+    mark = "" if all(finished) else f" UNFINISHED ({epochs[0]} of {cfg0.epochs} epochs)"
     for path, (model, cfg, _) in zip(args.checkpoint, loaded):
-        dev = args.device
-        fs_test = extract(model, x_test, cfg, y_test, meta={"dataset": id_test, "checkpoint": str(path)}, device=dev)
-        fs_train = extract(model, x_train, cfg, y_train, meta={"dataset": id_train}, device=dev) if needs_train else None
-        fs_ood = {n: extract(model, a, cfg, meta={"dataset": n}, device=dev) for n, a in ood_arrays.items()}
+        kw = dict(device=str(dev), precision=prec)
+        fs_test = extract(model, x_test, cfg, y_test, meta={"dataset": id_test, "checkpoint": str(path)}, **kw)
+        fs_train = extract(model, x_train, cfg, y_train, meta={"dataset": id_train}, **kw) if needs_train else None
+        fs_ood = {n: extract(model, a, cfg, meta={"dataset": n}, **kw) for n, a in ood_arrays.items()}
         run_rows: list = []
         r = evaluate_run(fs_test, fs_ood, detectors, train=fs_train, groups=groups, rows_out=run_rows if args.results else None,
                          draws=args.draws, seed=cfg.seed)  # fmt: skip
         rows += [dict(row, weights=str(Path(path).resolve())) for row in run_rows]
         runs.append(r)
         if len(args.checkpoint) > 1:
-            print(format_table(r, per_set=not args.no_per_set, title=f"== {path}"))
+            print(format_table(r, per_set=not args.no_per_set, title=f"== {path}{mark}"))
     result = aggregate(runs) if len(runs) > 1 else runs[0]
-    title = f"== {args.suite or 'custom'}: {len(runs)} run(s), {cfg0.model}, {'CnC' if cfg0.cnc else 'plain'}"
+    title = (f"== {args.suite or 'custom'}: {len(runs)} run(s), {cfg0.model}, {'CnC' if cfg0.cnc else 'plain'}, "
+             f"trained on {_trained_on(cfg0)}, scored on {dev.type} {prec}{mark}")
     print(format_table(result, per_set=not args.no_per_set, title=title))
+    training = {"epochs_done": epochs[0], "finished": all(finished), "train_config": _config_key(cfg0)}
     if args.json:
         write_json_atomic(args.json, {
             "suite": args.suite, "id_test": id_test, "ood": ood, "detectors": detectors,
-            "checkpoints": [str(c) for c in args.checkpoint], "runs": runs, "aggregate": result if len(runs) > 1 else None,
-            "config": cfg0.to_json(), "resized": bool(args.resize),
-        }, "CnC evaluation", is_evaluation)  # fmt: skip
+            "checkpoints": names, "runs": runs, "aggregate": result if len(runs) > 1 else None,
+            "config": cfg0.to_json(), "resized": bool(args.resize), "scored_on": scored_on, **training,
+        }, "CnC evaluation")  # fmt: skip
         print(f"wrote {args.json}")
     if args.results:
-        _write_results(args.results, rows, cfg0, id_test, id_train if needs_train else None, args.draws)
+        _write_results(args.results, rows, cfg0, id_test, id_train if needs_train else None, args.draws,
+                       {**training, "scored_on": f"{dev.type} {prec}"})  # fmt: skip
         print(f"wrote {args.results}; `oodeval report {args.results} --out DIR` shows it")
     return 0
 
 
-def _write_results(path: Path, rows: list[dict], cfg, id_test: str, id_train: str | None, draws: int) -> None:
+def _trained_on(cfg) -> str:
+    """Device and precision of training ("?" where a checkpoint of an older version did not record them)."""
+    return f"{cfg.device or '?'} {cfg.precision or '?'}"
+
+
+def _config_key(cfg) -> str:
+    """The training configuration without the seed (what the runs of one mean ± std share), hashed."""
+    from .._io import hash_json
+
+    return hash_json({k: v for k, v in cfg.to_json().items() if k != "seed"})
+
+
+def _write_results(path: Path, rows: list[dict], cfg, id_test: str, id_train: str | None, draws: int, training: dict) -> None:
     """Add the rows of :func:`oodeval.cnc.evaluate.evaluate_run` to the results table at ``path``
     (one part, then compacted): model = the timm model with "CnC" or "plain", weights = the
-    checkpoint folder, seed = the run's training seed, split "all"."""
+    checkpoint folder, seed = the run's training seed, split "all"; ``train_config`` (the config
+    without the seed, hashed), ``data_hash``, ``epochs_done``, ``finished``, ``trained_on`` and
+    ``scored_on`` (device and precision) let the report average only like runs."""
     from datetime import datetime, timezone
 
     import pandas as pd
@@ -265,7 +309,8 @@ def _write_results(path: Path, rows: list[dict], cfg, id_test: str, id_train: st
         model=f"{cfg.model} ({'CnC' if cfg.cnc else 'plain'})", split=ALL_SPLIT, kind="supervised",
         hyperparameters=table["hyperparameters"].map(hp_json), hyperparameters_resolved=table["hyperparameters_resolved"].map(hp_json),
         id_test=id_test, id_train=id_train, bootstrap_draws=draws, bootstrap_fixed_id=True,
-        created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        created=datetime.now(timezone.utc).isoformat(timespec="seconds"), data_hash=cfg.data_hash,
+        trained_on=_trained_on(cfg), **training,
     )  # fmt: skip
     write_part(table, path)
     compact_results(path)

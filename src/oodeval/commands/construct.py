@@ -72,6 +72,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     v.add_argument("image", help="image id (its manifest path)")
     v.add_argument("verdict", choices=("ood", "id", "ambiguous"))
     v.add_argument("--label", help="proposed OOD label (ood)")
+    v.add_argument("--sense", metavar="WNID", help="the WordNet noun sense the label means, e.g. n02451415 (ood; default: a free label "
+                   "that matches only the same label)")
     v.add_argument("--fine-grained", action="store_true", help="OOD object is a close sibling of its original class")
     v.add_argument("--id-class", type=int, help="ID class index (id)")
     v.add_argument("--note")
@@ -83,6 +85,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     t.add_argument("work", type=Path)
     t.add_argument("name", help="the annotator whose token is replaced (the old one stops working)")
     t.set_defaults(_step=_token)
+
+    r = add_command(sub, "reopen", "coordinator: reopen a decided image (its verdicts stop counting; it starts again in Stage 1)",
+                    "oodeval construct reopen work/ val/n01440764/x.JPEG --reason 'alice mistyped the label'")
+    r.add_argument("work", type=Path)
+    r.add_argument("image", help="image id (its manifest path)")
+    r.add_argument("--reason", required=True, help="why (logged in the store with your user name)")
+    r.add_argument("--yes", action="store_true", help="confirm without the interactive question")
+    r.set_defaults(_step=_reopen)
 
     st = add_command(sub, "status", "images per state and progress per annotator", "oodeval construct status work/")
     st.add_argument("work", type=Path)
@@ -151,7 +161,8 @@ def _init(args: argparse.Namespace) -> int:
 
     project = load_project(args.work)
     try:
-        _, tokens = ProtocolStore.create(project.db_path, project.candidates, args.stage1, args.stage3, project.n_classes)
+        _, tokens = ProtocolStore.create(project.db_path, project.candidates, args.stage1, args.stage3, project.n_classes,
+                                         class_names=project.class_names)
     except FileExistsError as exc:
         raise ValueError(str(exc)) from None
     pin_project(project)
@@ -186,7 +197,8 @@ def _verdict(args: argparse.Namespace) -> int:
 
     store = open_store(load_project(args.work))
     who = store.authenticate(_read_token(args.token_file))
-    row = store.submit(who.name, args.image, args.stage, args.verdict, args.label, args.fine_grained, args.id_class, args.note)
+    row = store.submit(who.name, args.image, args.stage, args.verdict, args.label, args.fine_grained, args.id_class, args.note,
+                       ood_sense=args.sense)
     o = store.outcome(args.image)
     state = f"{o.verdict} (stage {o.stage})" if o.status == "final" else f"pending in {o.status}"
     print(f"row {row}: {who.name} stage {args.stage} {args.verdict} on {args.image}; image now {state}")
@@ -219,6 +231,33 @@ def _token(args: argparse.Namespace) -> int:
     return 0
 
 
+def _reopen(args: argparse.Namespace) -> int:
+    import getpass
+
+    from ..construct.candidates import load_project
+    from ..construct.protocol import open_store
+
+    store = open_store(load_project(args.work))
+    o = store.outcome(args.image)
+    if o.status != "final":
+        raise ValueError(f"image {args.image!r} is not decided (it is in {o.status}); there is nothing to reopen")
+    what = f"{o.verdict}{' ' + repr(o.ood_label) if o.ood_label else ''} (decided at Stage {o.stage})"
+    if not args.yes:
+        if not sys.stdin.isatty():
+            raise ValueError("reopening a decided image needs confirmation: run it in a terminal or pass --yes")
+        answer = input(f"Reopen {args.image}, now {what}? Its verdicts stop counting and both Stage-1 annotators judge it again. "
+                       "Type 'reopen' to confirm: ")
+        if answer.strip() != "reopen":
+            print("not reopened")
+            return 1
+    done = store.reopen(args.image, args.reason, getpass.getuser())
+    print(f"reopened {args.image} (was {what}); it is back in Stage 1 (logged as reopening {done['reopening']})")
+    if done["stale_export"]:
+        print(f"oodeval construct reopen: warning: the export in {done['stale_export']} (made {done['export_created']}) includes "
+              "this image's decision and is now stale; run `oodeval construct export` again once it is decided", file=sys.stderr)
+    return 0
+
+
 def _status(args: argparse.Namespace) -> int:
     from ..construct.candidates import load_project
     from ..construct.protocol import open_store
@@ -229,6 +268,10 @@ def _status(args: argparse.Namespace) -> int:
     for p in store.progress():
         s1 = f"stage 1 {p['stage1_done']}/{p['stage1_total']}" if p["role"] == "stage1" else "stage 1 -"
         print(f"  {p['annotator']:<16} {s1:<20} stage 3 {p['stage3_done']}/{p['stage3_total']}")
+    stale = store.stale_export()
+    if stale:
+        print(f"the export in {stale['folder']} (made {stale['created']}) is stale: {len(stale['reopened'])} image(s) it included "
+              "were reopened since; run `oodeval construct export` again")
     return 0
 
 

@@ -183,6 +183,8 @@ def reverse_search_links(image_url: str, templates: dict[str, str] | None = None
 
 #: raster formats served as they are (PIL format -> MIME type); any other format PIL opens is re-encoded as PNG
 SERVED_AS_IS = {"PNG": "image/png", "JPEG": "image/jpeg", "GIF": "image/gif", "WEBP": "image/webp"}
+#: an image with more pixels is not served (re-encoding a small, highly compressed file of that size costs seconds and GB)
+MAX_PIXELS = 40_000_000
 
 
 class NotAnImageError(ValueError):
@@ -194,7 +196,8 @@ def image_bytes(path: str | Path) -> tuple[bytes, str]:
 
     The file name decides nothing: the bytes must be a raster image that PIL opens. PNG, JPEG, GIF and
     WebP are returned as they are, other raster formats (and container items) re-encoded as PNG;
-    anything else (SVG, HTML, ...) raises :class:`NotAnImageError`, a missing file FileNotFoundError.
+    anything else (SVG, HTML, ...) and images of more than ``MAX_PIXELS`` pixels raise
+    :class:`NotAnImageError`, a missing file FileNotFoundError.
     """
     import io
 
@@ -217,13 +220,17 @@ def image_bytes(path: str | Path) -> tuple[bytes, str]:
     try:
         with Image.open(io.BytesIO(data)) as img:
             fmt = img.format
+            if img.width * img.height > MAX_PIXELS:
+                raise NotAnImageError(f"{path.name} has {img.width}x{img.height} pixels, more than the {MAX_PIXELS:,} served")
             if fmt in SERVED_AS_IS:
                 img.verify()
                 return data, SERVED_AS_IS[fmt]
             buf = io.BytesIO()
             img.convert("RGBA").save(buf, format="PNG")
             return buf.getvalue(), "image/png"
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
+    except NotAnImageError:
+        raise
+    except (UnidentifiedImageError, Image.DecompressionBombError, OSError, SyntaxError, ValueError) as exc:
         raise NotAnImageError(f"{path.name} is not a raster image ({type(exc).__name__}: {exc}); it is not served") from None
 
 

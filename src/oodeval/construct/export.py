@@ -1,8 +1,9 @@
 """Export of a finished protocol: benchmark manifests and the outcome table (paper Sec. 3 "Outcome").
 
 Files written (atomically) into the export folder:
-``ood.csv``         the OOD set: path,label(-1),ood_label,fine_grained,original_label,original_name,flag,decided_stage,other_labels
-                    (ood_label: the agreed label; other_labels: the other spellings the annotators used)
+``ood.csv``         the OOD set: path,label(-1),ood_label,fine_grained,original_label,original_name,flag,decided_stage,other_labels,ood_sense
+                    (ood_label: the agreed label; other_labels: the other spellings the annotators used;
+                    ood_sense: the agreed WordNet noun synset, empty for a free label)
                     (same leading columns as an ``oodeval.data.Manifest`` CSV, so ``oodeval run`` reads it);
 Paths are written relative to the export folder (absolute when on another drive), so
 ``Manifest.from_csv`` finds the images and the folder can move together with them.
@@ -12,7 +13,11 @@ Paths are written relative to the export folder (absolute when on another drive)
                     neither OOD nor ambiguous (nor pending), returned images carrying their verified
                     class (the paper's 48,365 images);
 ``outcome.csv`` / ``outcome.md`` counts and shares of OOD / ID / ambiguous per flag and overall, with
-                    distinct OOD concepts and the fine-grained share of the OOD images.
+                    distinct OOD concepts (:func:`.rules.concept`, the consensus rule) and the fine-grained
+                    share of the OOD images.
+Text cells a spreadsheet would run as a formula (starting with ``=``, ``+``, ``-``, ``@``, tab or
+carriage return) are written with a leading ``'`` (:func:`.tables.inert`); paths and numbers as they are.
+The store records each export, so a later reopening of an image it included says it is stale.
 """
 
 from __future__ import annotations
@@ -23,8 +28,8 @@ from pathlib import Path
 from .._io import claim_folder, write_text_atomic
 from .candidates import Project
 from .protocol import ProtocolStore
-from .rules import Outcome, normalise_label
-from .tables import csv_text
+from .rules import Outcome, concept
+from .tables import csv_text, inert
 
 __all__ = ["outcome_table", "format_outcome", "export"]
 
@@ -36,8 +41,9 @@ OUTCOME_COLUMNS = (
 
 RULE = (
     "Consensus rule: an image gets a verdict when both Stage-1 annotators agree (Stage 2) or, after any difference, "
-    "all three agree in Stage 3; agreement means the same verdict, for ID the same class, for OOD the same label "
-    "(case, spacing and WordNet synonyms aside) and the same fine-grained flag. Otherwise the image is ambiguous. "
+    "all three agree in Stage 3; agreement means the same verdict, for ID the same class, for OOD the same concept "
+    "(the same WordNet noun sense when the annotators chose one, else the same label up to case, spacing, '_' and '-') "
+    "and the same fine-grained flag. Otherwise the image is ambiguous. OOD concepts are counted by the same rule. "
     "OOD images carry the agreed label as first written (other spellings in other_labels)."
 )
 
@@ -70,7 +76,7 @@ def outcome_table(flags: dict[str, str], outcomes: dict[str, Outcome]) -> list[d
             "id": n_id, "id_share": _share(n_id, n),
             "ambiguous": n_amb, "ambiguous_share": _share(n_amb, n),
             "pending": n - len(final),
-            "ood_concepts": len({normalise_label(o.ood_label) for o in ood}),
+            "ood_concepts": len({concept(o.ood_label, o.ood_sense) for o in ood}),
             "fine_grained": fine, "fine_grained_share": _share(fine, len(ood)),
         })
     return rows
@@ -102,7 +108,7 @@ def export(project: Project, store: ProtocolStore, out: str | Path | None = None
     pending = [i for i, o in outcomes.items() if o.status != "final"]
     if pending and not allow_pending:
         raise ValueError(f"{len(pending)} of {len(outcomes)} images are still pending (e.g. {pending[0]!r}); finish them or pass --allow-pending")
-    out = claim_folder(out or project.folder / "export", "construct export", lambda p: (p / "outcome.csv").is_file())
+    out = claim_folder(out or project.folder / "export", "construct export")
     images = {c.image: c for c in store.images()}
     man = project.manifest
 
@@ -119,29 +125,33 @@ def export(project: Project, store: ProtocolStore, out: str | Path | None = None
         if o.status != "final":
             continue
         if o.verdict == "ood":
-            ood.append([rel(c.path), -1, o.ood_label, int(o.fine_grained), c.original_label, c.original_name, c.flag, o.stage, "; ".join(o.labels[1:])])
+            ood.append([rel(c.path), -1, inert(o.ood_label), int(o.fine_grained), c.original_label, inert(c.original_name), inert(c.flag),
+                        o.stage, inert("; ".join(o.labels[1:])), o.ood_sense or ""])
         elif o.verdict == "id":
-            back.append([rel(c.path), o.id_class, c.original_label, c.original_name, c.flag, o.stage])
+            back.append([rel(c.path), o.id_class, c.original_label, inert(c.original_name), inert(c.flag), o.stage])
         else:
-            amb.append([rel(c.path), c.original_label, c.original_name, c.flag, o.stage])
+            amb.append([rel(c.path), c.original_label, inert(c.original_name), inert(c.flag), o.stage])
     final_label = {images[i].path: o.id_class for i, o in outcomes.items() if o.status == "final" and o.verdict == "id"}
     excluded = {images[i].path for i, o in outcomes.items() if o.status != "final" or o.verdict != "id"}
     id_rows = []
     for p, lab in zip(man.paths, man.labels):
         if p not in excluded:
             label = final_label.get(p, lab)
-            id_rows.append([rel(p), label, project.class_name(label)])
+            id_rows.append([rel(p), label, inert(project.class_name(label))])
     table = outcome_table({i: c.flag for i, c in images.items()}, outcomes)
     files = {
-        "ood": ("ood.csv", csv_text(["path", "label", "ood_label", "fine_grained", "original_label", "original_name", "flag", "decided_stage", "other_labels"], ood)),
+        "ood": ("ood.csv", csv_text(["path", "label", "ood_label", "fine_grained", "original_label", "original_name", "flag", "decided_stage",
+                                     "other_labels", "ood_sense"], ood)),
         "returned_id": ("returned_id.csv", csv_text(["path", "label", "original_label", "original_name", "flag", "decided_stage"], back)),
         "ambiguous": ("ambiguous.csv", csv_text(["path", "original_label", "original_name", "flag", "decided_stage"], amb)),
         "id_eval": ("id_eval.csv", csv_text(["path", "label", "class_name"], id_rows)),
-        "outcome": ("outcome.csv", csv_text(OUTCOME_COLUMNS, [[r[k] if not isinstance(r[k], float) else f"{r[k]:.6f}" for k in OUTCOME_COLUMNS] for r in table])),
+        "outcome": ("outcome.csv", csv_text(OUTCOME_COLUMNS, [[inert(r[k]) if isinstance(r[k], str) else f"{r[k]:.6f}" if isinstance(r[k], float)
+                                                               else r[k] for k in OUTCOME_COLUMNS] for r in table])),
         "outcome_md": ("outcome.md", format_outcome(table)),
     }
     paths = {}
     for key, (name, text) in files.items():
         write_text_atomic(out / name, text)
         paths[key] = out / name
+    store.record_export(out)
     return paths

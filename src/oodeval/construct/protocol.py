@@ -2,12 +2,17 @@
 
 Tables: ``images`` (the candidate pool), ``annotators`` (name, role ``stage1``/``stage3``, SHA-256 of
 the access token), ``verdicts`` (image, annotator, stage 1 or 3, verdict, proposed OOD label,
-fine-grained flag, ID class, note, the client's submission id, UTC time). Triggers forbid UPDATE,
-DELETE and ``INSERT OR REPLACE`` onto an existing row: a changed mind is a new row, and the latest row
-per (image, annotator, stage) counts; a ``withdrawn`` row (undo) means "no verdict".
+fine-grained flag, ID class, note, the client's submission id, UTC time, the label's WordNet sense),
+``reopenings`` (a coordinator's reopening of a decided image: the rows up to ``after_row`` stop
+counting; reason, who, time, the export it made stale) and ``exports`` (each export: folder, time,
+the last row and reopening it included). Triggers forbid UPDATE, DELETE and ``INSERT OR REPLACE``
+onto an existing row of these three: a changed mind is a new row, and the latest row per (image,
+annotator, stage) counts; a ``withdrawn`` row (undo) means "no verdict".
 A Stage-1 verdict can be revised until both Stage-1 verdicts of the image are in, and withdrawn
-(undo) until the image has been sent to Stage 3; a Stage-3 verdict can be revised or withdrawn until
-all three are in. Each submission carries a submission id: a replay returns the stored row and adds
+(undo) until the other one is in: an agreement (Stage 2) is final and only :meth:`ProtocolStore.reopen`
+(``oodeval construct reopen``, confirmed and logged) undoes it; a Stage-3 verdict can be revised or
+withdrawn until all three are in. Each annotator keeps at most ``MAX_ROWS`` rows per (image, stage)
+and notes of at most ``MAX_NOTE`` characters. Each submission carries a submission id: a replay returns the stored row and adds
 nothing; and the id of the row it revises (``base``): a submission made on an outdated view is
 refused, so an old request never undoes a newer revision. Each submission runs in one
 ``BEGIN IMMEDIATE`` transaction (check state, insert), so concurrent submissions from threads or
@@ -18,6 +23,8 @@ added since the last look (rows are append-only). The store file is readable by 
 from __future__ import annotations
 
 import hashlib
+import json
+import logging
 import os
 import secrets
 import sqlite3
@@ -31,9 +38,13 @@ from threading import Lock
 
 from .._io import atomic_path
 from .candidates import Candidate, Project, evidence_sha256, pool_sha256
-from .rules import Outcome, Synonyms, Verdict, check_verdict, differences, resolve
+from .rules import Outcome, SenseLemmas, Verdict, check_verdict, differences, resolve
 
-__all__ = ["ProtocolStore", "ProtocolError", "AuthError", "Annotator", "VerdictRow", "open_store"]
+__all__ = ["ProtocolStore", "ProtocolError", "AuthError", "Annotator", "VerdictRow", "open_store", "wordnet_senses", "MAX_ROWS", "MAX_NOTE"]
+
+log = logging.getLogger(__name__)
+MAX_ROWS = 20  # rows per (annotator, image, stage): revisions and undos together
+MAX_NOTE = 1000  # characters of a note
 
 SCHEMA = """
 CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -50,8 +61,14 @@ CREATE TABLE verdicts(
   stage INTEGER NOT NULL CHECK(stage IN (1, 3)),
   verdict TEXT NOT NULL CHECK(verdict IN ('ood', 'id', 'ambiguous', 'withdrawn')),
   ood_label TEXT, fine_grained INTEGER NOT NULL CHECK(fine_grained IN (0, 1)),
-  id_class INTEGER, note TEXT, submission TEXT UNIQUE NOT NULL, created TEXT NOT NULL);
+  id_class INTEGER, note TEXT, submission TEXT UNIQUE NOT NULL, created TEXT NOT NULL, ood_sense TEXT);
 CREATE INDEX verdicts_by_image ON verdicts(image, stage, id);
+CREATE TABLE reopenings(
+  id INTEGER PRIMARY KEY AUTOINCREMENT, image TEXT NOT NULL REFERENCES images(image), after_row INTEGER NOT NULL,
+  reason TEXT NOT NULL, by TEXT NOT NULL, created TEXT NOT NULL, stale_export TEXT);
+CREATE TABLE exports(
+  id INTEGER PRIMARY KEY AUTOINCREMENT, folder TEXT NOT NULL, created TEXT NOT NULL,
+  last_row INTEGER NOT NULL, last_reopening INTEGER NOT NULL);
 CREATE TRIGGER verdicts_no_update BEFORE UPDATE ON verdicts
   BEGIN SELECT RAISE(ABORT, 'verdict rows are append-only'); END;
 CREATE TRIGGER verdicts_no_delete BEFORE DELETE ON verdicts
@@ -59,8 +76,12 @@ CREATE TRIGGER verdicts_no_delete BEFORE DELETE ON verdicts
 CREATE TRIGGER verdicts_no_replace BEFORE INSERT ON verdicts
   WHEN EXISTS (SELECT 1 FROM verdicts WHERE id = NEW.id OR submission = NEW.submission)
   BEGIN SELECT RAISE(ABORT, 'verdict rows are append-only'); END;
-"""
-FORMAT = "oodeval.construct.protocol/2"
+""" + "".join(f"""CREATE TRIGGER {t}_no_update BEFORE UPDATE ON {t} BEGIN SELECT RAISE(ABORT, '{t} rows are append-only'); END;
+CREATE TRIGGER {t}_no_delete BEFORE DELETE ON {t} BEGIN SELECT RAISE(ABORT, '{t} rows are append-only'); END;
+CREATE TRIGGER {t}_no_replace BEFORE INSERT ON {t} WHEN EXISTS (SELECT 1 FROM {t} WHERE id = NEW.id)
+  BEGIN SELECT RAISE(ABORT, '{t} rows are append-only'); END;
+""" for t in ("reopenings", "exports"))
+FORMAT = "oodeval.construct.protocol/3"  # /2 matched OOD labels across all WordNet senses; its outcomes are not /3's
 ANY_BASE = object()  # submit(base=ANY_BASE): no check of the revised row (the CLI, scripts)
 
 
@@ -94,9 +115,10 @@ class VerdictRow:
     note: str | None
     submission: str
     created: str
+    ood_sense: str | None = None
 
     def as_verdict(self) -> Verdict:
-        return Verdict(self.annotator, self.verdict, self.ood_label, self.fine_grained, self.id_class, self.stage)
+        return Verdict(self.annotator, self.verdict, self.ood_label, self.fine_grained, self.id_class, self.stage, self.ood_sense)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -114,13 +136,20 @@ def _new_token() -> str:
             return token
 
 
-def wordnet_synonyms() -> Synonyms | None:
-    """WordNet noun synonyms (Debian ``wordnet-base``) when installed, else None (labels compared normalised)."""
-    from ..zeroshot.wordnet import DEFAULT_WORDNET, synonyms
+def _sense_lemmas(wnid: str) -> tuple[str, ...] | None:
+    from ..zeroshot.wordnet import noun_sense
 
-    if not (DEFAULT_WORDNET / "data.noun").is_file():
+    sense = noun_sense(wnid)
+    return None if sense is None else sense.lemmas
+
+
+def wordnet_senses() -> SenseLemmas | None:
+    """wnid -> lemmas of that WordNet noun synset (Debian ``wordnet-base``) when installed, else None (free labels only)."""
+    from ..zeroshot.wordnet import DEFAULT_WORDNET
+
+    if not all((DEFAULT_WORDNET / f).is_file() for f in ("data.noun", "index.noun")):
         return None
-    return synonyms
+    return _sense_lemmas
 
 
 def _reached_stage3(o: Outcome) -> bool:
@@ -128,7 +157,11 @@ def _reached_stage3(o: Outcome) -> bool:
     return o.status == "stage3" or (o.status == "final" and o.stage == 3)
 
 
-_COLUMNS = "id, image, annotator, stage, verdict, ood_label, fine_grained, id_class, note, submission, created"
+_COLUMNS = "id, image, annotator, stage, verdict, ood_label, fine_grained, id_class, note, submission, created, ood_sense"
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
 
 
 def _row(r: tuple) -> VerdictRow:
@@ -139,8 +172,9 @@ class ProtocolStore:
     """``ProtocolStore(path)`` opens an existing store; ``ProtocolStore.create`` makes one.
 
     Every method opens its own short-lived connection, so one store object may be shared by
-    the threads of the web server. Labels are compared with WordNet synonyms when the store was
-    created with them (``synonyms`` in its meta table).
+    the threads of the web server. OOD labels may carry a WordNet noun sense when the store was
+    created with WordNet (``senses`` in its meta table); the ID class names (``class_names``) refuse
+    labels naming an ID class.
     """
 
     def __init__(self, path: str | Path, timeout: float = 60.0) -> None:
@@ -151,23 +185,31 @@ class ProtocolStore:
         try:
             with self._connect() as con:
                 meta = dict(con.execute("SELECT key, value FROM meta").fetchall())
+        except sqlite3.OperationalError as exc:  # full disk, no permission, I/O error: the store itself may be fine
+            raise ValueError(f"protocol store {self.path} cannot be opened ({exc}); free disk space or fix the folder's "
+                             "permissions, then retry (nothing was recorded)") from None
         except sqlite3.DatabaseError as exc:
             raise ValueError(f"{self.path} is not an oodeval protocol store: {exc}") from None
         if meta.get("format") != FORMAT:
-            raise ValueError(f"{self.path} is not an oodeval protocol store of format {FORMAT} (format {meta.get('format')!r})")
+            old = " (made by an earlier oodeval that matched OOD labels across all WordNet senses; finish it with that version)"
+            raise ValueError(f"{self.path} is not an oodeval protocol store of format {FORMAT} (format {meta.get('format')!r})"
+                             + (old if meta.get("format") == "oodeval.construct.protocol/2" else ""))
         self.n_classes = int(meta["n_classes"])
         self.pool_sha256 = meta["pool_sha256"]
-        self.synonyms: Synonyms | None = None
-        if meta["synonyms"] == "wordnet":
-            self.synonyms = wordnet_synonyms()
-            if self.synonyms is None:
-                raise ValueError(f"{self.path} compares OOD labels with WordNet synonyms, but WordNet (Debian wordnet-base) is not installed")
+        self.class_names: list[str] | None = json.loads(meta["class_names"]) if meta.get("class_names") else None
+        self.senses: SenseLemmas | None = None
+        if meta["senses"] == "wordnet":
+            self.senses = wordnet_senses()
+            if self.senses is None:
+                raise ValueError(f"{self.path} takes WordNet senses of OOD labels, but WordNet (Debian wordnet-base) is not installed")
         with self._connect() as con:
             people = con.execute("SELECT name, role, position FROM annotators ORDER BY position").fetchall()
             self._order = [p[0] for p in people]
             self._images = [Candidate(*r) for r in con.execute("SELECT image, path, original_label, original_name, flag FROM images ORDER BY position")]
         self._lock = Lock()
         self._seen = 0  # the largest row id folded into the caches below
+        self._reopen_seen = 0  # the largest reopening id folded in
+        self._after: dict[str, int] = {}  # image -> rows up to this id no longer count (reopened)
         self._by_image: dict[str, list[VerdictRow]] = {c.image: [] for c in self._images}
         self._outcomes: dict[str, Outcome] = {c.image: Outcome("stage1") for c in self._images}
 
@@ -180,12 +222,14 @@ class ProtocolStore:
         stage1: tuple[str, str] | list[str],
         stage3: str,
         n_classes: int,
-        synonyms: bool | None = None,
+        senses: bool | None = None,
+        class_names: list[str] | None = None,
     ) -> tuple[ProtocolStore, dict[str, str]]:
         """Create the store with its images and annotators; return it and name -> fresh token.
 
-        n_classes: the ID class count (ID verdicts are checked against it). synonyms: compare OOD
-        labels with WordNet synonyms (default: when WordNet is installed). Tokens are shown only here
+        n_classes: the ID class count (ID verdicts are checked against it). senses: OOD labels may
+        name a WordNet noun sense (default: when WordNet is installed). class_names: the ID class
+        names (an OOD label naming one is refused; None: not checked). Tokens are shown only here
         (the store keeps their SHA-256).
         """
         path = Path(path)
@@ -198,23 +242,25 @@ class ProtocolStore:
             raise ValueError("no candidate images to annotate")
         if isinstance(n_classes, bool) or not isinstance(n_classes, int) or n_classes < 1:
             raise ValueError(f"n_classes must be a positive integer, got {n_classes!r}")
-        if synonyms is None:
-            synonyms = wordnet_synonyms() is not None
+        if senses is None:
+            senses = wordnet_senses() is not None
+        if class_names is not None and len(class_names) != n_classes:
+            raise ValueError(f"{len(class_names)} class names for {n_classes} ID classes")
         ids = [c.image for c in candidates]
         if len(set(ids)) != len(ids):
             raise ValueError(f"{len(ids) - len(set(ids))} duplicate image id(s) among the candidates")
         if path.exists():
             raise FileExistsError(f"protocol store {path} already exists; it holds verdicts and is never overwritten")
         tokens = {n: _new_token() for n in names}
-        with atomic_path(path) as tmp:
+        with atomic_path(path, private=True) as tmp:
             con = sqlite3.connect(tmp)
             try:
                 os.chmod(tmp, 0o600)  # SQLite gives the -wal and -shm files the same mode
                 con.executescript(SCHEMA)
                 con.executemany("INSERT INTO meta VALUES (?, ?)", [
                     ("format", FORMAT), ("n_classes", str(n_classes)), ("pool_sha256", pool_sha256(candidates)),
-                    ("synonyms", "wordnet" if synonyms else "none"),
-                ])
+                    ("senses", "wordnet" if senses else "none"),
+                ] + ([("class_names", json.dumps(list(class_names)))] if class_names is not None else []))
                 con.executemany(
                     "INSERT INTO images VALUES (?, ?, ?, ?, ?, ?)",
                     [(c.image, i, c.path, c.original_label, c.original_name, c.flag) for i, c in enumerate(candidates)],
@@ -256,6 +302,12 @@ class ProtocolStore:
         if row is None:
             raise AuthError("unknown access token")
         return Annotator(*row)
+
+    def token_sha256(self, name: str) -> str | None:
+        """The SHA-256 of ``name``'s current access token (a session made with an older one is void)."""
+        with self._connect() as con:
+            row = con.execute("SELECT token_sha256 FROM annotators WHERE name = ?", (name,)).fetchone()
+        return None if row is None else row[0]
 
     def annotator(self, name: str) -> Annotator:
         for a in self.annotators():
@@ -306,7 +358,12 @@ class ProtocolStore:
 
     def _outcome(self, rows: list[VerdictRow]) -> Outcome:
         s1, s3 = self._latest(rows)
-        return resolve([r.as_verdict() for r in s1], [r.as_verdict() for r in s3], self.synonyms)
+        return resolve([r.as_verdict() for r in s1], [r.as_verdict() for r in s3])
+
+    def _current(self, image: str, rows: list[VerdictRow]) -> list[VerdictRow]:
+        """The rows that count: those after the image's latest reopening."""
+        after = self._after.get(image, 0)
+        return [r for r in rows if r.id > after] if after else rows
 
     def submit(
         self,
@@ -320,42 +377,49 @@ class ProtocolStore:
         note: str | None = None,
         submission: str | None = None,
         base: int | None | object = ANY_BASE,
+        ood_sense: str | None = None,
     ) -> int:
         """Append one verdict row (``withdrawn``: undo) after checking it against the protocol; return its row id.
 
         submission: the client's id of this submission (default: a fresh one); a replay of a stored
         submission returns its row and stores nothing. base: the id of the annotator's latest row for
         (image, stage) that the submission revises (None: there was none); refused when it is no
-        longer the latest. Raises ProtocolError (nothing stored) for an unknown image or annotator, a
-        stage the annotator has no part in, a closed stage, an outdated base, or fields that do not
-        fit the verdict.
+        longer the latest. ood_sense: the WordNet noun synset the OOD label means (None: a free label).
+        Raises ProtocolError (nothing stored) for an unknown image or annotator, a stage the annotator
+        has no part in, a closed stage, an outdated base, fields that do not fit the verdict, a note
+        over ``MAX_NOTE`` characters, or more than ``MAX_ROWS`` rows for one (image, stage).
         """
         if verdict != "withdrawn":
             try:
-                check_verdict(verdict, ood_label, bool(fine_grained), id_class, self.n_classes)
+                check_verdict(verdict, ood_label, bool(fine_grained), id_class, self.n_classes, ood_sense or None,
+                              self.class_names, self.senses)
             except ValueError as exc:
                 raise ProtocolError(str(exc)) from None
-        elif ood_label or fine_grained or id_class is not None:
-            raise ProtocolError("a 'withdrawn' row (undo) takes no OOD label, fine-grained flag or ID class")
+        elif ood_label or fine_grained or id_class is not None or ood_sense:
+            raise ProtocolError("a 'withdrawn' row (undo) takes no OOD label, sense, fine-grained flag or ID class")
+        if note is not None and len(note) > MAX_NOTE:
+            raise ProtocolError(f"a note has at most {MAX_NOTE} characters, got {len(note)}")
         if stage not in (1, 3):
             raise ProtocolError(f"stage must be 1 or 3 (Stage 2 is the automatic comparison), got {stage!r}")
         submission = submission or secrets.token_hex(16)
-        row_values = (image, annotator, stage, verdict, (ood_label or "").strip() or None, int(bool(fine_grained)), id_class, note)
+        row_values = (image, annotator, stage, verdict, (ood_label or "").strip() or None, int(bool(fine_grained)), id_class, note,
+                      ood_sense or None)
         with self._connect() as con:
             con.execute("BEGIN IMMEDIATE")
             try:
                 replay = con.execute(f"SELECT {_COLUMNS} FROM verdicts WHERE submission = ?", (submission,)).fetchone()
                 if replay is not None:
                     old = _row(replay)
-                    if (old.image, old.annotator, old.stage, old.verdict, old.ood_label, int(old.fine_grained), old.id_class, old.note) != row_values:
+                    if (old.image, old.annotator, old.stage, old.verdict, old.ood_label, int(old.fine_grained), old.id_class, old.note,
+                            old.ood_sense) != row_values:
                         raise ProtocolError(f"submission id {submission!r} was already used for another verdict")
                     con.execute("ROLLBACK")
                     return old.id
                 self._check(con, annotator, image, stage, verdict, base)
-                created = datetime.now(timezone.utc).isoformat(timespec="microseconds")
                 cur = con.execute(
-                    f"INSERT INTO verdicts({_COLUMNS.split(', ', 1)[1]}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (*row_values, submission, created),
+                    "INSERT INTO verdicts(image, annotator, stage, verdict, ood_label, fine_grained, id_class, note, ood_sense, "
+                    "submission, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (*row_values, submission, _now()),
                 )
                 con.execute("COMMIT")
             except BaseException:
@@ -372,17 +436,24 @@ class ProtocolStore:
             raise ProtocolError(f"{annotator} is the Stage-3 annotator and gives no Stage-1 verdicts")
         if image not in self._by_image:
             raise ProtocolError(f"unknown image id {image!r}")
-        rows = self._rows(con, image)
+        after = con.execute("SELECT coalesce(max(after_row), 0) FROM reopenings WHERE image = ?", (image,)).fetchone()[0]
+        rows = self._rows(con, image, after=after)
         mine = [r for r in rows if r.annotator == annotator and r.stage == stage]
         latest = mine[-1].id if mine else None
         if base is not ANY_BASE and base != latest:
             raise ProtocolError(f"your verdict on {image!r} changed since this page loaded (now row {latest}); reload and try again")
+        if len(mine) >= MAX_ROWS:
+            raise ProtocolError(f"{annotator} has made {len(mine)} Stage-{stage} submissions on {image!r}, the most one may; "
+                                "ask the coordinator")
         state = self._outcome(rows)
         if verdict == "withdrawn":
             if not mine or mine[-1].verdict == "withdrawn":
                 raise ProtocolError(f"{annotator} has no Stage-{stage} verdict on {image!r} to undo")
             if stage == 1 and (_reached_stage3(state) or any(r.stage == 3 for r in rows)):
                 raise ProtocolError(f"image {image!r} is in Stage 3: its Stage-1 verdicts can no longer be undone")
+            if stage == 1 and state.status == "final":
+                raise ProtocolError(f"image {image!r} was decided at Stage 2 (the two verdicts agree): agreement is final; "
+                                    "only the coordinator can reopen it (oodeval construct reopen)")
             if stage == 3 and state.status == "final":
                 raise ProtocolError(f"image {image!r} is already decided: its Stage-3 verdicts can no longer be undone")
         elif stage == 1 and state.status != "stage1":
@@ -396,13 +467,20 @@ class ProtocolStore:
         """Fold the rows added since the last call into the per-image rows and outcomes."""
         with self._lock:
             with self._connect() as con:
+                con.execute("BEGIN")  # one snapshot of both tables
                 new = self._rows(con, after=self._seen)
+                reopened = con.execute("SELECT id, image, after_row FROM reopenings WHERE id > ? ORDER BY id", (self._reopen_seen,)).fetchall()
+                con.execute("COMMIT")
             for r in new:
                 self._by_image[r.image].append(r)
-            for image in {r.image for r in new}:
-                self._outcomes[image] = self._outcome(self._by_image[image])
+            for _, image, after in reopened:
+                self._after[image] = after
+            for image in {r.image for r in new} | {r[1] for r in reopened}:
+                self._outcomes[image] = self._outcome(self._current(image, self._by_image[image]))
             if new:
                 self._seen = new[-1].id
+            if reopened:
+                self._reopen_seen = reopened[-1][0]
             return {k: list(v) for k, v in self._by_image.items()}, dict(self._outcomes)
 
     def outcomes(self) -> dict[str, Outcome]:
@@ -424,7 +502,7 @@ class ProtocolStore:
         who = self.annotator(annotator)
         cand = self.image(image)
         by_image, outcomes = self._refresh()
-        rows, state = by_image[image], outcomes[image]
+        rows, state = self._current(image, by_image[image]), outcomes[image]
         s1, s3 = self._latest(rows)
         reached3 = _reached_stage3(state)
         mine1 = [r for r in rows if r.annotator == who.name and r.stage == 1]
@@ -444,7 +522,7 @@ class ProtocolStore:
         if reached3:
             view["stage1"] = [r.as_dict() for r in s1]
             view["stage3"] = [r.as_dict() for r in s3]
-            view["differences"] = differences([r.as_verdict() for r in s1], self.synonyms)
+            view["differences"] = differences([r.as_verdict() for r in s1])
             view["outcome"] = asdict(state)
         return view
 
@@ -462,7 +540,7 @@ class ProtocolStore:
             return []
         out = []
         for img, o in outcomes.items():
-            s1, s3 = self._latest(by_image[img])
+            s1, s3 = self._latest(self._current(img, by_image[img]))
             if stage == 1:
                 out.append({"image": img, "done": any(r.annotator == who.name for r in s1), "status": o.status})
             elif _reached_stage3(o):
@@ -475,7 +553,7 @@ class ProtocolStore:
         disputed = {img for img, o in outcomes.items() if _reached_stage3(o)}
         done: dict[tuple[str, int], set] = defaultdict(set)
         for img, rows in by_image.items():
-            s1, s3 = self._latest(rows)
+            s1, s3 = self._latest(self._current(img, rows))
             for r in s1 + s3:
                 done[(r.annotator, r.stage)].add(img)
         waiting = {img for img, o in outcomes.items() if o.status == "stage3"}
@@ -491,6 +569,59 @@ class ProtocolStore:
             }
             for a in self.annotators()
         ]
+
+    # -- coordinator: reopening and exports ----------------------------------------------------------
+    def reopen(self, image: str, reason: str, by: str) -> dict:
+        """Reopen a decided image (the coordinator's confirmed action): its rows so far stop counting and
+        it starts again in Stage 1. Logged in ``reopenings`` (never removed) and as a warning.
+
+        Returns ``{"reopening": id, "stale_export": folder or None, "export_created": time or None}``:
+        the latest export that included the image's decision, now stale. ProtocolError for an
+        image that is not decided or an empty reason.
+        """
+        if not reason or not reason.strip():
+            raise ProtocolError("reopening a decided image needs a reason (it is logged)")
+        self.image(image)
+        with self._connect() as con:
+            con.execute("BEGIN IMMEDIATE")
+            try:
+                after = con.execute("SELECT coalesce(max(after_row), 0) FROM reopenings WHERE image = ?", (image,)).fetchone()[0]
+                rows = self._rows(con, image, after=after)
+                state = self._outcome(rows)
+                if state.status != "final":
+                    raise ProtocolError(f"image {image!r} is not decided (it is in {state.status}); there is nothing to reopen")
+                last = rows[-1].id
+                export = con.execute("SELECT folder, created FROM exports WHERE last_row >= ? ORDER BY id DESC LIMIT 1", (last,)).fetchone()
+                cur = con.execute("INSERT INTO reopenings(image, after_row, reason, by, created, stale_export) VALUES (?, ?, ?, ?, ?, ?)",
+                                  (image, last, reason.strip(), by, _now(), export[0] if export else None))
+                con.execute("COMMIT")
+            except BaseException:
+                if con.in_transaction:
+                    con.execute("ROLLBACK")
+                raise
+        log.warning("%s reopened %s (was %s at stage %s): %s", by, image, state.verdict, state.stage, reason.strip())
+        return {"reopening": int(cur.lastrowid), "stale_export": export[0] if export else None, "export_created": export[1] if export else None}
+
+    def reopenings(self) -> list[dict]:
+        """Every reopening, oldest first (the coordinator's audit trail)."""
+        with self._connect() as con:
+            con.row_factory = sqlite3.Row
+            return [dict(r) for r in con.execute("SELECT * FROM reopenings ORDER BY id")]
+
+    def record_export(self, folder: str | Path) -> None:
+        """Note an export of the outcomes as of the last :meth:`outcomes` call (for :meth:`stale_export`)."""
+        with self._connect() as con:
+            con.execute("INSERT INTO exports(folder, created, last_row, last_reopening) VALUES (?, ?, ?, ?)",
+                        (str(folder), _now(), self._seen, self._reopen_seen))
+
+    def stale_export(self) -> dict | None:
+        """The latest export when an image it included was reopened since: ``{folder, created, reopened}``; else None."""
+        with self._connect() as con:
+            export = con.execute("SELECT folder, created, last_row, last_reopening FROM exports ORDER BY id DESC LIMIT 1").fetchone()
+            if export is None:
+                return None
+            images = [r[0] for r in con.execute("SELECT DISTINCT image FROM reopenings WHERE id > ? AND after_row <= ?", export[2:][::-1])]
+        return {"folder": export[0], "created": export[1], "reopened": images} if images else None
 
     def summary(self) -> dict[str, int]:
         """Counts of images per state: stage1, stage3, ood, id, ambiguous."""

@@ -22,8 +22,10 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .._io import strip_csv_marker
+
 __all__ = [
-    "IDManifest", "Reannotation", "read_manifest", "read_class_names", "read_reannotation", "confusion_counts", "csv_text",
+    "IDManifest", "Reannotation", "read_manifest", "read_class_names", "read_reannotation", "confusion_counts", "csv_text", "inert",
 ]  # fmt: skip
 
 _SPLIT = re.compile(r"[;|]")
@@ -73,7 +75,11 @@ def _read_csv(path: Path, what: str) -> tuple[list[str], list[dict[str, str]]]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{what} {path} does not exist")
-    with open(path, newline="", encoding="utf-8") as fh:
+    try:
+        text = strip_csv_marker(path.read_text(encoding="utf-8-sig"))  # a Manifest.to_csv file starts with oodeval's marker
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{what} {path} is not UTF-8 text (byte {exc.start}); save it as UTF-8 CSV") from exc
+    with io.StringIO(text, newline="") as fh:
         reader = csv.DictReader(fh)
         if not reader.fieldnames:
             raise ValueError(f"{what} {path} is empty (no header row)")
@@ -84,6 +90,16 @@ def _read_csv(path: Path, what: str) -> tuple[list[str], list[dict[str, str]]]:
                 raise ValueError(f"{what} {path} row {reader.line_num}: more fields than the {len(header)} header columns")
             rows.append({k.strip(): (v or "").strip() for k, v in row.items()})
     return header, rows
+
+
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def inert(text: str | None) -> str:
+    """A text cell a spreadsheet will not run: one starting with ``= + - @``, tab or CR gets a leading ``'``
+    (OWASP's CSV-injection advice); None is ``""``."""
+    text = text or ""
+    return "'" + text if text.startswith(FORMULA_START) else text
 
 
 def csv_text(header: list[str] | tuple[str, ...], rows: list[list]) -> str:

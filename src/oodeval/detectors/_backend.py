@@ -257,17 +257,17 @@ class Compute:
             return tuple(np.concatenate(column) for column in zip(*parts))
         return np.concatenate(parts)
 
-    def map_rows(self, fn, a, width: int):
+    def map_rows(self, fn, a, width: int, dtype: str | None = None):
         """fn(block) over the rows of the host array ``a``, each block first made a backend array
-        in the product dtype, the results as float64 numpy (a tuple of them when fn returns a
-        tuple). With numpy, :meth:`by_rows` over the whole of ``a``: each block is converted on
+        in the product dtype (or ``dtype``, e.g. "float64" for a block that is centred before its
+        product), the results as float64 numpy (a tuple of them when fn returns a tuple). With numpy, :meth:`by_rows` over the whole of ``a``: each block is converted on
         its own core, so no chunk is ever copied whole and the pool is started once (a start per
         4096-row chunk cost 7% of a softmax over the logits). On torch, per chunk of
         :meth:`rows` (``width``) rows."""
         if self.device is None:
-            out = self.by_rows(lambda block: fn(self.put(block)), a)
+            out = self.by_rows(lambda block: fn(self.put(block, dtype)), a)
             return tuple(map(self.get, out)) if isinstance(out, tuple) else self.get(out)
-        parts = [fn(self.put(a[sl])) for sl in self.chunks(len(a), width)]
+        parts = [fn(self.put(a[sl], dtype)) for sl in self.chunks(len(a), width)]
         if isinstance(parts[0], tuple):
             return tuple(np.concatenate([self.get(p[i]) for p in parts]) for i in range(len(parts[0])))
         return np.concatenate([self.get(p) for p in parts])

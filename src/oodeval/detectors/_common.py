@@ -15,7 +15,7 @@ from ._backend import Compute
 
 __all__ = [
     "chunk_rows", "chunks", "as64", "l2_normalise", "energy", "logsumexp_rows",
-    "class_means", "scatter", "mean_rows", "pinv_sym", "chunked_percentile", "labelled",
+    "class_means", "scatter", "mean_rows", "pinv_sym", "whitening", "chunked_percentile", "labelled",
 ]  # fmt: skip
 
 #: float64 elements per chunk (~32 MB); rows per chunk = this / row width.
@@ -122,14 +122,15 @@ def scatter(
     normalise: bool = False,
     comp: Compute | None = None,
 ) -> tuple[np.ndarray, int]:
-    """Sum of outer products (z - c)(z - c)^T, accumulated in float64, and the row count.
+    """Sum of outer products (z - c)(z - c)^T in float64, and the row count.
 
     ``center`` is one vector (D,), or per-class means (K, D) indexed by ``labels`` (rows with
-    label -1 skipped). Divide by the count for the maximum-likelihood covariance. Rows are
-    centred before the product (no E[zz^T] - mu mu^T cancellation); with ``comp`` in float32
-    each chunk's product is an sgemm added to the float64 sum.
+    label -1 skipped). Divide by the count for the maximum-likelihood covariance. Always float64
+    (on ``comp``'s device), rows normalised and centred before the product (no E[zz^T] - mu mu^T
+    cancellation): in float32 the products' rounding, eps times the largest entries, would swamp
+    every eigenvalue below ~1e-6 of the largest, which pseudo-inverses and residual spaces read.
     """
-    comp = _stat_compute(comp)
+    comp = Compute("float64", None if comp is None else comp.device)
     d = features.shape[1]
     out = comp.zeros((d, d))
     center = comp.put(center)
@@ -167,6 +168,14 @@ def mean_rows(features: np.ndarray, normalise: bool = False, comp: Compute | Non
 def pinv_sym(a: np.ndarray) -> np.ndarray:
     """Pseudo-inverse of a symmetric positive semi-definite matrix (eigh-based)."""
     return np.linalg.pinv(a, hermitian=True)
+
+
+def whitening(a: np.ndarray) -> np.ndarray:
+    """W (D, k) with W W^T = pinv_sym(a) for a symmetric PSD ``a``: V_k L_k^-1/2 over the k
+    eigenvalues above numpy's pseudo-inverse cutoff (max(D) eps times the largest), float64."""
+    evals, evecs = np.linalg.eigh(np.asarray(a, dtype=np.float64))
+    keep = evals > a.shape[0] * np.finfo(np.float64).eps * max(evals.max(), 0.0)
+    return np.ascontiguousarray(evecs[:, keep] / np.sqrt(evals[keep]))
 
 
 def chunked_percentile(values: np.ndarray, q: float, bins: int = 1 << 16, sample_rows: int = 1024) -> float:

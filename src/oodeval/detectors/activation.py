@@ -5,7 +5,10 @@ logsumexp(W z' + b) with T = 1. They work on the pooled feature z (N, D) the Fea
 which is what the papers' ImageNet ResNet-50 results use (ASH/SCALE act on the (B, 2048, 1, 1)
 map after average pooling). ``precision="float32"`` (default): the shaping and the head product
 in float32, the shaping sums and the log-sum-exp in float64; "float64": all in float64. DICE also
-takes ``device`` (None = numpy, or a torch device).
+takes ``device`` (None = numpy, or a torch device). float32 guarantees: each logit of the shaped
+feature s is off by at most about sqrt(D) eps |w_c| |s| (the sgemm's rounding, eps = 2^-24), the
+log-sum-exp adds a few ulps; the shapings are nonlinear, so an offset they keep enters through |s|
+(Spearman 1.000000 with float64 on the conditioned problems of tests/test_detectors_precision.py).
 """
 
 from __future__ import annotations

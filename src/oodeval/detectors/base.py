@@ -65,6 +65,12 @@ class Detector(BaseEstimator):
     def _fit(self, train: FeatureSet) -> None:  # pragma: no cover - default: nothing to learn
         return None
 
+    def resolved_params(self) -> dict:
+        """The hyperparameters the detector ran with: ``get_params()`` overlaid by what ``fit``
+        decided itself (``resolved_``, e.g. a float32 path switched to float64), as result rows
+        record them."""
+        return {**self.get_params(), **getattr(self, "resolved_", {})}
+
     def score(self, x: FeatureSet) -> np.ndarray:
         """Scores of the samples in ``x``: float64 (N,), higher = more in-distribution."""
         check_fitted(self)

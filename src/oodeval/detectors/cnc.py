@@ -7,9 +7,13 @@ convention the score is
     form="prob"    : s = 1 - p(K+1)
     form="logodds" : s = log((1 - p(K+1)) / p(K+1)) = logsumexp(f_0..f_{K-1}) - f_K   (default)
 
-The two are the same strictly increasing function of p(K+1), so every ranking metric (AUROC,
-TNR@TPR95, detection error) is identical; the log-odds form is computed without the float64
-saturation of 1 - p near 0 (confident outliers would otherwise tie at exactly 0).
+The two are strictly decreasing in p(K+1) (and increasing in each other), so every ranking
+metric (AUROC, TNR@TPR95, detection error) is identical. The release's test code
+(``cnc-ood/cnc_ood``, ``test.py`` with ``utils/test_utils.py``: ``iterate_data_cnc``, then ``get_measures``, which
+takes the ID scores as the positive, higher class) passes p(K+1) itself, i.e. ranks by the OOD
+probability as if higher meant ID; ``1 - p(K+1)`` is the score that convention needs. The
+log-odds form is computed without the float64 saturation of 1 - p near 0 (confident outliers
+would otherwise tie at exactly 0).
 It reads logits with K+1 columns; the outlier class is the last column unless ``outlier_class``
 says otherwise (a FeatureSet whose ``meta["cnc"]`` is False, a plain model's, is refused). Not one
 of the paper's 21 (``names("paper21")``); picked by default only for a FeatureSet that names its

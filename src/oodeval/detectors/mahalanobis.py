@@ -1,11 +1,23 @@
 """The Mahalanobis family: Mahalanobis, relative Mahalanobis, and their ++ (l2-normalised) forms.
 
-Class-conditional Gaussians with one shared covariance fitted on ID-train features with their
-true labels (rows labelled -1 are ignored). Means and scatter accumulate in float64 in two
-chunked passes (means first, then the scatter of the class-centred rows, which avoids the
-cancellation of E[zz^T] - mu mu^T); the precision is the eigh-based pseudo-inverse.
-Hyperparameters of all four: ``precision`` ("float32" products with float64 accumulation, the
-default, or "float64") and ``device`` (None = numpy, or a torch device); see ``_backend``.
+Class-conditional Gaussians with one shared covariance S fitted on ID-train features with their
+true labels (rows labelled -1 are ignored). The fit is float64 throughout (means, then the
+scatter of the class-centred rows, then eigh): a float32 scatter cannot resolve covariance
+eigenvalues below ~1e-6 of the largest, and the inverse reads exactly those. S^+ = W W^T with
+W = V_k L_k^-1/2 over the eigenvalues above numpy's pseudo-inverse cutoff (max(D) eps of the
+largest), so every distance is a squared norm in whitened, centred coordinates:
+
+    (z - mu_c)' S^+ (z - mu_c) = ||u - nu_c||^2,  u = (z - m) W,  nu_c = (mu_c - m) W,
+
+m the ID-train mean (subtracted in float64 before the product). ``precision="float32"`` (default)
+runs u = (z - m) W and the (N, C) cross term u nu^T as sgemm and sums ||u||^2 in float64; its
+error is a few float32 ulps of ||u||^2 + ||nu_c||^2, in units where the ID distances are about
+the rank k: it does not grow with the features' offset or scale (both removed before any float32
+rounding), and with the conditioning only as the rounding of z - m read through W. Where that
+rounding's expected size exceeds :data:`WHITENED_ROUNDING_LIMIT` (a covariance conditioned far
+beyond 1e8), the fit switches the detector to float64 and says so in ``resolved_`` (the results'
+``hyperparameters_resolved``). ``"float64"``: all in float64.
+``device``: None = numpy, or a torch device; see ``_backend``.
 """
 
 from __future__ import annotations
@@ -14,9 +26,16 @@ import numpy as np
 
 from ..features import FeatureSet
 from . import register
-from ._backend import compute_of
-from ._common import class_means, labelled, pinv_sym, scatter
+from ._backend import Compute, compute_of
+from ._common import class_means, labelled, scatter, whitening
 from .base import Detector
+
+#: largest expected norm of the float32 rounding of z - m read through the whitening W (eps32
+#: times the rms of z - m times ||W||_F, :func:`_whitened_rounding`) for which the float32 path
+#: runs: a distance's error is then about sqrt(2) times this of the ID distances' spread, 3e-3 (the
+#: conditioned problems of tests/test_detectors_precision.py reach 6e-4 at condition number 1e8,
+#: Spearman 1.000000); above it the detector computes in float64 and records that in ``resolved_``
+WHITENED_ROUNDING_LIMIT = 2e-3
 
 __all__ = ["Mahalanobis", "RelativeMahalanobis", "MahalanobisPP", "RelativeMahalanobisPP"]
 
@@ -33,48 +52,66 @@ class _MahalanobisBase(Detector):
 
     def _fit(self, train: FeatureSet) -> None:
         who = type(self).__name__
-        comp = compute_of(self)
+        stats = Compute("float64", compute_of(self).device)
         _, classes = labelled(train.labels, who)
         self.classes_ = classes
-        self.means_, self.counts_ = class_means(train.features, train.labels, classes, self.normalise, comp)
-        s, n = scatter(train.features, self.means_, train.labels, classes, self.normalise, comp)
+        self.means_, self.counts_ = class_means(train.features, train.labels, classes, self.normalise, stats)
+        s, n = scatter(train.features, self.means_, train.labels, classes, self.normalise, stats)
         self.covariance_ = s / n
-        self.precision_ = pinv_sym(self.covariance_)
-        self.mean_norms_ = np.einsum("cd,cd->c", self.means_ @ self.precision_, self.means_)
+        self.whitening_ = whitening(self.covariance_)
+        # the ID-train mean (count-weighted class means): the centre of every whitened coordinate
+        self.center_ = self.counts_ @ self.means_ / n
+        self.whitened_means_ = (self.means_ - self.center_) @ self.whitening_
+        self.whitened_mean_norms_ = np.einsum("ck,ck->c", self.whitened_means_, self.whitened_means_)
         if self.relative:
-            # one Gaussian on all labelled rows: mean = count-weighted class means, scatter =
-            # within-class scatter + between-class scatter (exact identity, no third pass)
-            self.background_mean_ = self.counts_ @ self.means_ / n
-            between = (self.means_ - self.background_mean_) * np.sqrt(self.counts_)[:, None]
+            # one Gaussian on all labelled rows, centred at center_: scatter = within-class scatter
+            # + between-class scatter (exact identity, no third pass)
+            between = (self.means_ - self.center_) * np.sqrt(self.counts_)[:, None]
             self.background_covariance_ = (s + between.T @ between) / n
-            self.background_precision_ = pinv_sym(self.background_covariance_)
+            self.background_whitening_ = whitening(self.background_covariance_)
+        widths = [self.whitening_] + ([self.background_whitening_] if self.relative else [])
+        self.whitened_rounding_ = _whitened_rounding(self.covariance_, self.means_ - self.center_, self.counts_, widths)
+        if self.precision == "float32" and self.whitened_rounding_ > WHITENED_ROUNDING_LIMIT:
+            self.resolved_ = {"precision": "float64"}
 
     def _score(self, x: FeatureSet) -> np.ndarray:
-        """-min_c (z - mu_c)' P (z - mu_c) = -(z'Pz + min_c (mu_c'P mu_c - 2 z'P mu_c)): the two
-        products and the (N, C) term in the product precision, z'Pz accumulated in float64."""
+        """-min_c ||u - nu_c||^2 = -(||u||^2 + min_c (||nu_c||^2 - 2 u nu_c)), u = (z - m) W; the
+        relative forms add ||(z - m) W_0||^2. z is normalised and centred in float64 per block,
+        then cast to the product precision."""
         z = x.features
         if z.shape[1] != self.means_.shape[1]:
             raise ValueError(f"{type(self).__name__} was fitted on {self.means_.shape[1]}-d features, got {z.shape[1]}")
-        comp = compute_of(self)
-        prec, means, const = comp.put(self.precision_), comp.put(self.means_).T, comp.put(self.mean_norms_)
+        comp = Compute(self.resolved_params()["precision"], self.device)
+        white, nu = comp.put(self.whitening_), comp.put(self.whitened_means_).T
+        const, center = comp.put(self.whitened_mean_norms_), comp.put(self.center_, "float64")
         if self.relative:
-            bg_mean, bg_prec = comp.put(self.background_mean_), comp.put(self.background_precision_)
+            bg_white = comp.put(self.background_whitening_)
 
-        def block(c):
+        def block(c):  # c: a float64 block
             if self.normalise:
                 c = comp.normalise(c)
-            zp = c @ prec
-            t = zp @ means
+            r = comp.put(comp.subtract(c, center))
+            u = r @ white
+            t = u @ nu
             t *= -2.0
             t += const
-            d = comp.rowdot(zp, c) + comp.rowmin(t)
+            d = comp.rowdot(u, u) + comp.rowmin(t)
             d = d * (d > 0)
             if self.relative:
-                r = comp.centred(c, bg_mean)
-                d = d - comp.rowdot(r @ bg_prec, r)
+                u0 = r @ bg_white
+                d = d - comp.rowdot(u0, u0)
             return -d
 
-        return comp.map_rows(block, z, max(z.shape[1], len(self.means_)))
+        return comp.map_rows(block, z, max(z.shape[1], len(self.means_)), dtype="float64")
+
+
+def _whitened_rounding(covariance: np.ndarray, centred_means: np.ndarray, counts: np.ndarray, whitenings: list) -> float:
+    """eps32 x rms(z - m) x max ||W||_F: the expected norm of the whitened image of z - m's float32
+    rounding (each entry off by eps32 of its size, in no particular direction) over ID train, with
+    rms(z - m)^2 = (trace S + the between-class variance) / D; the largest over the Gaussians."""
+    spread = np.trace(covariance) + counts @ np.einsum("cd,cd->c", centred_means, centred_means) / counts.sum()
+    width = max(np.linalg.norm(w) for w in whitenings)
+    return float(np.finfo(np.float32).eps / 2 * np.sqrt(spread / covariance.shape[0]) * width)
 
 
 @register("mahalanobis", tags=("paper21", "feature"), order=10)
@@ -84,7 +121,8 @@ class Mahalanobis(_MahalanobisBase):
     Lee et al., "A simple unified framework for detecting OOD samples and adversarial attacks",
     NeurIPS 2018, on the penultimate feature without input pre-processing or layer ensembles
     (the form the Fi-ImageNet-1k paper and ViM's release use). mu_c, S: maximum-likelihood
-    estimates from ID-train features with their true labels. No hyperparameters.
+    estimates from ID-train features with their true labels; S^-1 the pseudo-inverse. No
+    hyperparameters. float32: see the module docstring (centred, whitened form).
     """
 
 
@@ -95,7 +133,7 @@ class RelativeMahalanobis(_MahalanobisBase):
     Ren et al., "A simple fix to Mahalanobis distance for improving near-OOD detection", 2021.
     MD_0 uses the mean and covariance of all (labelled) train rows, centred at the global mean.
     pytorch-ood's RMD builds the background covariance differently (see docs/detectors.md);
-    this follows the paper.
+    this follows the paper. float32: see the module docstring.
     """
 
     relative = True
@@ -106,7 +144,7 @@ class MahalanobisPP(_MahalanobisBase):
     """Mahalanobis++: Mahalanobis on l2-normalised features, train and test alike.
 
     Mueller & Hein, "Mahalanobis++: Improving OOD detection via feature normalization", ICML 2025.
-    Invariant to rescaling any single sample. No hyperparameters.
+    Invariant to rescaling any single sample; rows are normalised in float64. No hyperparameters.
     """
 
     normalise = True

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-__all__ = ["DEFAULT_WORDNET", "Synset", "synsets", "head_lemmas", "synonyms", "normalise"]
+__all__ = ["DEFAULT_WORDNET", "Synset", "NounSense", "synsets", "head_lemmas", "synonyms", "normalise", "noun_senses", "noun_sense"]
 
 DEFAULT_WORDNET = Path("/usr/share/wordnet")
 _MARKER = re.compile(r"\((a|p|ip)\)$")
@@ -98,3 +99,67 @@ def synonyms(name: str, wnid: str | None = None, folder: str | Path = DEFAULT_WO
     else:
         out |= by_lemma.get(normalise(name), frozenset())
     return frozenset(out)
+
+
+@dataclass(frozen=True)
+class NounSense:
+    """One WordNet noun synset: ``wnid`` (``n`` + 8-digit offset), normalised lemmas, gloss."""
+
+    wnid: str
+    lemmas: tuple[str, ...]
+    gloss: str
+
+
+@lru_cache(maxsize=4)
+def _noun_offsets(folder: str) -> dict[str, tuple[int, ...]]:
+    """``index.noun``: lemma (lower case, ``_`` for spaces) -> synset offsets in WordNet's sense order."""
+    out: dict[str, tuple[int, ...]] = {}
+    path = Path(folder) / "index.noun"
+    if not path.is_file():
+        raise FileNotFoundError(f"WordNet index {path} not found (install Debian's wordnet-base or pass a WNDB folder)")
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        for line in fh:
+            if line.startswith("  "):
+                continue
+            f = line.split()
+            n_synsets, n_pointers = int(f[2]), int(f[3])
+            start = 6 + n_pointers  # lemma pos synset_cnt p_cnt [ptr...] sense_cnt tagsense_cnt offsets...
+            out[f[0]] = tuple(int(x) for x in f[start : start + n_synsets])
+    return out
+
+
+@lru_cache(maxsize=4096)
+def _noun_line(folder: str, offset: int) -> str:
+    with open(Path(folder) / "data.noun", "rb") as fh:  # WNDB offsets are byte offsets into data.noun
+        fh.seek(offset)
+        return fh.readline().decode("utf-8", errors="replace")
+
+
+def noun_sense(wnid: str, folder: str | Path = DEFAULT_WORDNET) -> NounSense | None:
+    """The noun synset ``wnid`` (``n02451415``), or None when WordNet has no such synset."""
+    if not (len(wnid) == 9 and wnid.startswith("n") and wnid[1:].isascii() and wnid[1:].isdigit()):
+        return None
+    offset = int(wnid[1:])
+    try:
+        line = _noun_line(str(Path(folder)), offset)
+    except (OSError, ValueError):
+        return None
+    fields = line.split(" ")
+    if len(fields) < 5 or not fields[0].isdigit() or int(fields[0]) != offset or fields[2] != "n":
+        return None
+    count = int(fields[3], 16)
+    lemmas = tuple(dict.fromkeys(normalise(fields[4 + 2 * i]) for i in range(count)))
+    gloss = line.partition(" | ")[2].strip()
+    return NounSense(wnid, lemmas, gloss)
+
+
+def noun_senses(label: str, folder: str | Path = DEFAULT_WORDNET) -> list[NounSense]:
+    """The noun senses of ``label`` in WordNet's order (most frequent first); [] when it is no noun lemma.
+
+    The label is looked up as written (lower case, spaces as ``_``) and with ``-`` read as a space.
+    """
+    index = _noun_offsets(str(Path(folder)))
+    keys = dict.fromkeys("_".join(v.lower().split()) for v in (label, label.replace("-", " ")))
+    offsets = dict.fromkeys(o for k in keys for o in index.get(k, ()))
+    senses = (noun_sense(f"n{o:08d}", folder) for o in offsets)
+    return [s for s in senses if s is not None]

@@ -1,9 +1,12 @@
 "use strict";
 // oodeval construct annotation page: one queue at a time, evidence beside the image, keyboard first.
 // Enter acts only inside the verdict form; every submission carries a fresh id and the row it revises.
+// Every API call carries this browser's binding (kept in this origin's localStorage, which no other
+// origin can read or set): a session cookie planted by another site does not match it.
 
 const $ = (sel) => document.querySelector(sel);
-const state = { me: null, stage: 1, items: [], pos: 0, item: null, shortcutClasses: [], seq: 0, busy: false };
+const state = { me: null, stage: 1, items: [], pos: 0, item: null, shortcutClasses: [], seq: 0, busy: false, done: false };
+const POLL_MS = 3000; // new Stage-3 images and progress appear without a reload
 const FIELD_NAMES = { verdict: "verdict", ood_label: "OOD label", fine_grained: "fine-grained flag", id_class: "ID class" };
 
 function el(tag, attrs = {}, ...children) {
@@ -16,8 +19,22 @@ function el(tag, attrs = {}, ...children) {
   return node;
 }
 
+function randomHex(n) {
+  return Array.from(crypto.getRandomValues(new Uint8Array(n)), (b) => b.toString(16).padStart(2, "0")).join("");
+}
+
+function binding() {
+  let b = localStorage.getItem("oodeval-binding");
+  if (!b) {
+    b = randomHex(24);
+    localStorage.setItem("oodeval-binding", b);
+  }
+  return b;
+}
+
 async function api(path, options = {}) {
-  const resp = await fetch(path, { credentials: "same-origin", ...options });
+  const headers = { ...(options.headers || {}), "X-Oodeval-Binding": binding() };
+  const resp = await fetch(path, { credentials: "same-origin", ...options, headers });
   const body = await resp.json().catch(() => ({ error: `HTTP ${resp.status}` }));
   if (!resp.ok) {
     const err = new Error(body.error || `HTTP ${resp.status}`);
@@ -39,8 +56,7 @@ function className(label) {
 }
 
 function submissionId() {
-  const bytes = crypto.getRandomValues(new Uint8Array(16));
-  return Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
+  return randomHex(16);
 }
 
 function mine(p) {
@@ -78,10 +94,59 @@ async function loadQueue(stage, keepImage = null) {
   const q = await api(`/api/queue?stage=${stage}`);
   if (seq !== state.seq) return;
   state.items = q.items;
+  $("#new-items").textContent = "";
   let pos = state.items.findIndex((it) => it.image === keepImage);
   if (pos < 0) pos = state.items.findIndex((it) => !it.done);
-  if (pos < 0) pos = 0;
-  await show(pos, seq);
+  if (pos < 0 && state.items.length) return showDone();
+  await show(Math.max(pos, 0), seq);
+}
+
+function positionText() {
+  const n = state.items.length;
+  const done = state.items.filter((i) => i.done).length;
+  if (!n) return `Stage ${state.stage}`;
+  return state.done ? `Stage ${state.stage}: all ${n} done` : `Stage ${state.stage}: image ${state.pos + 1} of ${n} (${done} done)`;
+}
+
+function showDone() {
+  ++state.seq;
+  state.done = true;
+  state.item = null;
+  $("#item").hidden = true;
+  $("#empty").hidden = true;
+  $("#done").hidden = false;
+  const n = state.items.length;
+  $("#done-title").textContent = `Stage ${state.stage} done`;
+  const me = state.me.progress.find(mine);
+  const waiting = me && state.stage === 1 && me.stage3_waiting ? ` ${me.stage3_waiting} image(s) wait for you in Stage 3 (press s).` : "";
+  $("#done-text").textContent = `You have given a verdict on all ${n} image${n > 1 ? "s" : ""} of this queue.${waiting}`;
+  $("#position").textContent = positionText();
+}
+
+async function poll() {
+  // progress, and new images in the open queue, without disturbing what is being typed
+  if (state.busy || !state.me) return;
+  try {
+    await loadMe();
+    const seq = state.seq;
+    const q = await api(`/api/queue?stage=${state.stage}`);
+    if (seq !== state.seq || state.busy) return;
+    const known = new Set(state.items.map((it) => it.image));
+    const added = q.items.filter((it) => !known.has(it.image));
+    const current = state.item ? state.item.image : null;
+    state.items = q.items;
+    if (added.length) $("#new-items").textContent = `${added.length} new image${added.length > 1 ? "s" : ""} in this queue`;
+    if (!current && added.length) {
+      state.done = false;
+      await show(state.items.findIndex((it) => !it.done) >= 0 ? state.items.findIndex((it) => !it.done) : 0);
+      return;
+    }
+    const pos = state.items.findIndex((it) => it.image === current);
+    if (pos >= 0) state.pos = pos;
+    $("#position").textContent = positionText();
+  } catch (err) {
+    if (err.status === 401) say("your session ended (logged out, expired or the token was reissued): reload the page and log in", "error");
+  }
 }
 
 function section(title, ...content) {
@@ -133,6 +198,28 @@ function describeState(item) {
   return item.my_stage1 ? "Your verdict is in; you can revise or undo it until both verdicts are in." : "Waiting for your verdict.";
 }
 
+function labelCell(item, v, differs) {
+  // the label as typed, and under it the WordNet sense it means (its gloss is listed below the table)
+  const td = el("td", differs ? { class: "differs" } : {}, v.ood_label || "");
+  if (v.ood_sense) {
+    const s = (item.senses || {})[v.ood_sense];
+    td.append(el("div", { class: "sense", text: s ? `= ${s.lemmas.join(", ")} (${v.ood_sense})` : v.ood_sense }));
+  } else if (v.verdict === "ood") td.append(el("div", { class: "sense", text: "free label" }));
+  return td;
+}
+
+async function loadSenses(selected = null) {
+  // the WordNet noun senses of the typed label, with glosses; "free label" matches only the same label
+  const label = $("#ood-label").value.trim();
+  const select = $("#ood-sense");
+  const keep = selected !== null ? selected : select.value;
+  const res = label ? await api(`/api/senses?label=${encodeURIComponent(label)}`) : { senses: [] };
+  if ($("#ood-label").value.trim() !== label) return; // typed on meanwhile
+  while (select.options.length > 1) select.remove(1);
+  for (const s of res.senses) select.append(el("option", { value: s.wnid, text: `${s.lemmas.join(", ")} — ${s.gloss}` }));
+  select.value = res.senses.some((s) => s.wnid === keep) ? keep : "";
+}
+
 function renderStage3(item) {
   const panel = $("#stage3-panel");
   panel.hidden = !(state.stage === 3 && item.in_stage3);
@@ -145,8 +232,12 @@ function renderStage3(item) {
   for (const v of [...(item.stage1 || []), ...(item.stage3 || [])]) {
     body.append(el("tr", { class: `verdict-row stage${v.stage}` },
       el("td", { text: String(v.stage) }), el("td", { text: v.annotator }), cell(v.verdict, "verdict"),
-      cell(v.ood_label || "", "ood_label"), cell(v.fine_grained ? "yes" : "", "fine_grained"), cell(className(v.id_class), "id_class")));
+      labelCell(item, v, diff.includes("ood_label")), cell(v.fine_grained ? "yes" : "", "fine_grained"),
+      cell(className(v.id_class), "id_class"), el("td", { class: "note", text: v.note || "" })));
   }
+  const glosses = $("#stage3-senses");
+  glosses.replaceChildren();
+  for (const [wnid, s] of Object.entries(item.senses || {})) glosses.append(el("dt", { text: `${s.lemmas.join(", ")} (${wnid})` }), el("dd", { text: s.gloss }));
   const o = item.outcome || {};
   $("#stage3-outcome").textContent = o.status === "final" ? `Decided: ${o.verdict}${o.ood_label ? " — " + o.ood_label : ""}`
     : "Waiting for all three Stage-3 verdicts: all three must agree on the verdict, OOD label, fine-grained flag and ID class.";
@@ -160,6 +251,7 @@ function fillForm(v) {
   $("#fine-grained").checked = !!v.fine_grained;
   $("#id-class").value = v.id_class === null || v.id_class === undefined ? "" : String(v.id_class);
   $("#note").value = v.note || "";
+  loadSenses(v.ood_sense || "").catch((err) => say(err.message, "error"));
 }
 
 function myVerdict(item) {
@@ -168,10 +260,12 @@ function myVerdict(item) {
 
 async function show(pos, seq = ++state.seq) {
   state.pos = pos;
+  state.done = false;
+  $("#done").hidden = true;
   const empty = state.items.length === 0;
   $("#empty").hidden = !empty;
-  $("#empty").textContent = state.stage === 3 ? "No image is in Stage 3." : "Nothing in this queue.";
-  $("#position").textContent = empty ? `Stage ${state.stage}` : `Stage ${state.stage}: image ${pos + 1} of ${state.items.length} (${state.items.filter((i) => i.done).length} done)`;
+  $("#empty").textContent = state.stage === 3 ? "No image is in Stage 3 yet (new ones appear here by themselves)." : "Nothing in this queue.";
+  $("#position").textContent = positionText();
   if (empty) {
     state.item = null;
     $("#item").hidden = true;
@@ -188,11 +282,12 @@ async function show(pos, seq = ++state.seq) {
   renderEvidence(item);
   renderStage3(item);
   const own = myVerdict(item);
+  $("#ood-sense").value = "";
   fillForm(own);
   $("#form-legend").textContent = state.stage === 1 ? "Your Stage-1 verdict (independent)" : "Your Stage-3 verdict (joint review)";
   const open = state.stage === 1 ? item.status === "stage1" : item.status === "stage3";
   $("#submit").disabled = !open;
-  const undoable = own && (state.stage === 1 ? !item.in_stage3 : item.status === "stage3");
+  const undoable = own && (state.stage === 1 ? item.status === "stage1" : item.status === "stage3"); // agreement is final
   $("#undo").disabled = !undoable;
 }
 
@@ -224,6 +319,7 @@ function submit(event) {
     submission: submissionId(), base: state.item.my_last_row[state.stage] };
   if (verdict === "ood") {
     body.ood_label = $("#ood-label").value;
+    body.ood_sense = $("#ood-sense").value || null;
     body.fine_grained = $("#fine-grained").checked;
   }
   if (verdict === "id") body.id_class = $("#id-class").value === "" ? null : Number($("#id-class").value);
@@ -256,6 +352,9 @@ function onKey(event) {
   if (typing || event.ctrlKey || event.metaKey || event.altKey || !state.me || $("#app").hidden) return;
   const k = event.key;
   if (k === "s" && state.me.role === "stage1") loadQueue(state.stage === 1 ? 3 : 1);
+  else if (state.done && ["n", "p", "ArrowRight", "ArrowLeft"].includes(k)) show(["n", "ArrowRight"].includes(k) ? 0 : state.items.length - 1);
+  else if ((k === "n" || k === "ArrowRight") && state.items.length && state.pos + 1 < state.items.length) show(state.pos + 1);
+  else if ((k === "p" || k === "ArrowLeft") && state.items.length && state.pos > 0) show(state.pos - 1);
   else if (!state.item) return;
   else if (k === "o") chooseVerdict("ood", "#ood-label");
   else if (k === "i") chooseVerdict("id", "#id-class");
@@ -266,8 +365,6 @@ function onKey(event) {
     $("#id-class").value = String(state.shortcutClasses[Number(k) - 1]);
   }
   else if (k === "u") undo();
-  else if ((k === "n" || k === "ArrowRight") && state.pos + 1 < state.items.length) show(state.pos + 1);
-  else if ((k === "p" || k === "ArrowLeft") && state.pos > 0) show(state.pos - 1);
   else return;
   event.preventDefault();
 }
@@ -277,6 +374,7 @@ async function main() {
     await loadMe();
   } catch (err) {
     $("#login").hidden = false;
+    $("#binding").value = binding();
     if (location.hash === "#login-failed") $("#login-error").textContent = "That access token is not valid. Use the one `oodeval construct init` printed for you, or ask for a new one (`construct token reissue`).";
     else if (err.status !== 401) $("#login-error").textContent = `The server answered: ${err.message}`;
     $("#token-input").focus();
@@ -287,8 +385,14 @@ async function main() {
   document.querySelectorAll("nav button").forEach((b) => b.addEventListener("click", () => loadQueue(Number(b.dataset.stage))));
   $("#verdict-form").addEventListener("submit", submit);
   $("#undo").addEventListener("click", undo);
+  let typed = null;
+  $("#ood-label").addEventListener("input", () => {
+    clearTimeout(typed);
+    typed = setTimeout(() => loadSenses().catch((err) => say(err.message, "error")), 250);
+  });
   document.addEventListener("keydown", onKey);
   await loadQueue(state.me.role === "stage1" ? 1 : 3);
+  setInterval(poll, POLL_MS);
 }
 
 main();
