@@ -482,8 +482,10 @@ def save_npy_atomic(target: str | os.PathLike, arr: np.ndarray) -> None:
         np.save(fh, np.ascontiguousarray(arr))
 
 
-def hash_arrays(arrays: dict[str, np.ndarray], chunk_rows: int = 65536) -> str:
-    """blake2b over names, dtypes, shapes and bytes of the arrays (chunked, works on memmaps)."""
+def hash_arrays(arrays: dict[str, np.ndarray], chunk_rows: int = 65536, chunk_bytes: int = 1 << 26) -> str:
+    """blake2b over names, dtypes, shapes and bytes of the arrays (chunked, works on memmaps): at most
+    ``chunk_rows`` rows and ``chunk_bytes`` bytes are copied at a time (wide rows, e.g. (N, P, E) patch
+    tokens, are not copied 65536 at once); the chunking does not change the hash."""
     h = hashlib.blake2b(digest_size=16)
     for name in sorted(arrays):
         a = arrays[name]
@@ -491,8 +493,10 @@ def hash_arrays(arrays: dict[str, np.ndarray], chunk_rows: int = 65536) -> str:
         if a.ndim == 0:
             h.update(np.ascontiguousarray(a).tobytes())
             continue
-        for start in range(0, a.shape[0], chunk_rows):
-            h.update(np.ascontiguousarray(a[start : start + chunk_rows]).tobytes())
+        row = max(1, a.itemsize * int(np.prod(a.shape[1:], dtype=np.int64)))
+        step = max(1, min(chunk_rows, chunk_bytes // row))
+        for start in range(0, a.shape[0], step):
+            h.update(np.ascontiguousarray(a[start : start + step]).tobytes())
     return h.hexdigest()
 
 

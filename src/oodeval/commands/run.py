@@ -107,7 +107,8 @@ def _check(cfg, names_only: bool = False) -> int:
     for m in cfg.models:
         dets = cfg.detectors_for(m)
         names = ", ".join(_listing(dets)) if dets else "every supported detector"
-        extras = [x for x, on in (("taps", m.taps), ("patch features", m.patch_features)) if on]
+        extras = [x for x, on in (("taps", m.taps), ("GL-MCM patch readouts", m.patch_features),
+                                  ("full patch features", m.full_patch_features)) if on]
         print(f"  {m.label} ({m.kind}{', ' + ', '.join(extras) if extras else ''}): {names}")
         if m.kind == "supervised":  # the backbone-dependent defaults each detector will run with
             listed = [d.name for d in dets] if dets else detectors.names()
@@ -122,7 +123,14 @@ def _check(cfg, names_only: bool = False) -> int:
     notes, prompt_problems = eoe_prompt_notes(cfg)
     for note in notes:
         print(f"  note: {note}")
-    problems = check_experiment(cfg, names_only) + prompt_problems
+    disk = None
+    if not names_only:
+        from ..experiment.disk import describe, estimate_disk
+
+        disk = estimate_disk(cfg)
+        for row in disk:
+            print(describe(row))
+    problems = check_experiment(cfg, names_only, disk) + prompt_problems
     if problems:
         raise ValueError(f"{len(problems)} problem(s) before this experiment can run:\n" + "\n".join(f"  - {p}" for p in problems))
     print("check passed: every model name resolves" if names_only else

@@ -43,7 +43,8 @@ _TOP = {
 _DATASETS = {"id_train", "id_test", "ood", "split_column", "id_classes"}
 _OOD = {"name", "label", "split_column", "group"}
 _MODEL = {
-    "name", "label", "weights", "head", "kind", "model_kwargs", "taps", "patch_features", "features", "detectors",
+    "name", "label", "weights", "head", "kind", "model_kwargs", "taps", "patch_features", "full_patch_features", "features",
+    "detectors",
 }  # fmt: skip
 _DETECTOR = {"name", "label", "hyperparameters", "vocabulary", "search", "generations"}
 _SELECTION = {"validation_id", "validation_ood"}
@@ -131,7 +132,10 @@ class ModelSpec:
     head: str | None = None
     model_kwargs: dict = field(default_factory=dict)
     taps: bool | None = False
+    #: GL-MCM: store its patch readouts (``features.patchreadout``) for the ID names and each gl_mcm tau
     patch_features: bool = False
+    #: also store the full (N, P, E) value-path patch tokens (float16)
+    full_patch_features: bool = False
     features: dict = field(default_factory=dict)
     detectors: tuple[DetectorSpec, ...] | None = None
 
@@ -355,6 +359,7 @@ def _model(entry: Any, i: int, base: Path, n_seeds: int) -> ModelSpec:
         model_kwargs=dict(_typed(t, "model_kwargs", dict, where, {})),
         taps=_typed(t, "taps", bool, where, None),
         patch_features=_typed(t, "patch_features", bool, where, False),
+        full_patch_features=_typed(t, "full_patch_features", bool, where, False),
         features={k: str(_path(v, base)) for k, v in feats.items()},
         detectors=_detectors(t.get("detectors"), f"{where} detectors", base, zeroshot=kind == "zero-shot"),
     )

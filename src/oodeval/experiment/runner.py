@@ -120,7 +120,9 @@ def extract_features(model: ModelSpec, weights: str | None, ds: DatasetSpec, rol
     """The FeatureSet of ``ds`` under ``model``: a precomputed folder named in the model's
     ``features`` table (by role ``id_train`` / ``id_test`` or OOD label), else the store.
     NAC taps (``model.taps``) are extracted for the test and OOD sets here; on ID train only
-    for NAC's fitting rows (:func:`nac_fit_features`). A supervised model's precomputed FeatureSet
+    for NAC's fitting rows (:func:`nac_fit_features`). A zero-shot model with ``patch_features`` gets
+    GL-MCM's patch readouts for the ID names at each gl_mcm tau (``zeroshot.patch_readouts``); the full
+    patch tensor (float16) only with ``full_patch_features``. A supervised model's precomputed FeatureSet
     that records no model is taken to come from its ``name`` (which picks the backbone defaults)."""
     if role in model.features:
         fs = FeatureSet.load(model.features[role])
@@ -130,7 +132,13 @@ def extract_features(model: ModelSpec, weights: str | None, ds: DatasetSpec, rol
     from ..features.extract import extract
 
     taps = bool(model.taps) and role != "id_train"
-    path = extract(model.name, ds.name, cfg.store, taps=taps, patch_features=model.patch_features,
+    readouts = ()
+    if model.patch_features and model.kind == "zero-shot":
+        from .zeroshot import patch_readouts
+
+        readouts = patch_readouts(model, weights, cfg)
+    path = extract(model.name, ds.name, cfg.store, taps=taps, patch_features=model.full_patch_features or
+                   (model.patch_features and model.kind != "zero-shot"), patch_readouts=readouts,
                    **_extract_options(model, weights, cfg))  # fmt: skip
     return FeatureSet.load(path)
 
@@ -331,6 +339,9 @@ def _recorded_hash(model: ModelSpec, role: str) -> str | None:
 
 
 def _plan_run(run: _Run, cfg: ExperimentConfig, features: FeatureFn) -> None:
+    from .zeroshot import reset_text
+
+    reset_text()  # label embeddings are computed anew for each run (from the text cache), shared within it
     roles = _feature_roles(run.model, cfg)
     if cfg.selection is not None and any(s.search for s in cfg.detectors_for(run.model) or ()):
         roles += [("validation_id", cfg.selection.validation_id), ("validation_ood", cfg.selection.validation_ood)]

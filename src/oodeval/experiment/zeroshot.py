@@ -21,9 +21,18 @@ from ..features import FeatureSet
 from .config import DetectorSpec, ExperimentConfig, ModelSpec
 
 __all__ = ["run_sweeps", "build_context", "zeroshot_scores", "zeroshot_logits", "default_zeroshot_specs", "vocabulary_label",
-           "vocabulary_generation", "vocabulary_source", "compact_generations"]
+           "vocabulary_generation", "vocabulary_source", "compact_generations",
+           "patch_readouts", "gl_mcm_taus", "reset_text"]
 
 _GENERATION = re.compile(r"^(?P<base>.+?)[-_.]gen(?P<gen>\d+)$")
+
+#: the text side of the current zero-shot model run (emptied when a run starts, ``reset_text``)
+_TEXT: dict[tuple, dict] = {}
+
+
+def reset_text() -> None:
+    """Forget the text side of the previous model run (its encoder and ID label embeddings)."""
+    _TEXT.clear()
 
 
 def _unit(x: np.ndarray) -> np.ndarray:
@@ -133,6 +142,61 @@ def _source(path: str, _mtime: int | None) -> str:
     return json.dumps(out, sort_keys=True, separators=(",", ":"))
 
 
+def _text_state(model: ModelSpec, weights: str | None, cfg: ExperimentConfig) -> dict:
+    """The text side of one model run, shared by its extraction (patch readouts) and its scoring:
+    ``{"encoder": TextEncoder or None (loaded on first use), "id_text": float64 unit (C, E) or None}``.
+    Kept from the first call of a run (the runner calls :func:`reset_text` when one starts) to the next run."""
+    key = (model.name, model.features.get("text:id"), weights, str(cfg.store), str(cfg.id_classes), str(cfg.id_test.name))
+    if key not in _TEXT:
+        _TEXT.clear()
+        _TEXT[key] = {"encoder": None, "id_text": None}
+    return _TEXT[key]
+
+
+def _loader(state: dict, model: ModelSpec, weights: str | None, cfg: ExperimentConfig, check=None):
+    """A callable returning the run's TextEncoder, loading it (then calling ``check(encoder)``) on first use."""
+    def get():
+        if state["encoder"] is None:
+            enc = _encoder(model, weights, cfg)
+            if check is not None:
+                check(enc)
+            state["encoder"] = enc
+        return state["encoder"]
+
+    return get
+
+
+def _id_text(state: dict, model: ModelSpec, cfg: ExperimentConfig, encoder) -> np.ndarray:
+    """The float64 unit ID label embeddings: the model's ``text:id`` file, else its text tower on the ID names."""
+    if state["id_text"] is None:
+        raw = np.load(model.features["text:id"]) if "text:id" in model.features else encoder().encode(_class_names(cfg), progress=True)
+        state["id_text"] = _unit(raw)
+    return state["id_text"]
+
+
+def gl_mcm_taus(model: ModelSpec, cfg: ExperimentConfig) -> list[float]:
+    """The temperatures of the model's gl_mcm scorers (its detector list, else the default scorers)."""
+    from ..zeroshot.scorers import create
+
+    specs = cfg.detectors_for(model)
+    specs = default_zeroshot_specs() if specs is None else specs
+    return sorted({float(create("gl_mcm", **s.hyperparameters).tau) for s in specs if s.name == "gl_mcm"})
+
+
+def patch_readouts(model: ModelSpec, weights: str | None, cfg: ExperimentConfig) -> list:
+    """The ``features.patchreadout.PatchReadout`` list a zero-shot model's extraction computes: the ID
+    label embeddings (exactly those :func:`build_context` gives the scorers) at each gl_mcm tau."""
+    from ..features.patchreadout import PatchReadout
+
+    taus = gl_mcm_taus(model, cfg)
+    if not taus:
+        return []
+    state = _text_state(model, weights, cfg)
+    id_text = _id_text(state, model, cfg, _loader(state, model, weights, cfg))
+    tower = None if state["encoder"] is None else state["encoder"].key["text_tower"]
+    return [PatchReadout(id_text, tau, "id", tower) for tau in taus]
+
+
 def build_context(model: ModelSpec, weights: str | None, cfg: ExperimentConfig, images: dict[str, FeatureSet] | None = None) -> dict:
     """``{"id_text": (C, E), "vocab": callable(name) -> (M, E) | None}`` for a zero-shot model run.
 
@@ -140,21 +204,17 @@ def build_context(model: ModelSpec, weights: str | None, cfg: ExperimentConfig, 
     (``text:id``; ``text:<vocabulary>``), else from the model's text tower (cached under the store),
     after checking that it is the model that made the image features ``images`` (``check_same_model``).
     """
-    state: dict = {}
+    from ..zeroshot.text import check_same_model
+
+    state = _text_state(model, weights, cfg)
+    if state["encoder"] is not None:  # loaded for the patch readouts, before these images existed
+        check_same_model(state["encoder"].key["text_tower"], images or {})
+    encoder = _loader(state, model, weights, cfg, lambda enc: check_same_model(enc.key["text_tower"], images or {}))
 
     def encode(labels: list[str]) -> np.ndarray:
-        if "encoder" not in state:
-            from ..zeroshot.text import check_same_model
+        return encoder().encode(labels, progress=True)
 
-            enc = _encoder(model, weights, cfg)
-            check_same_model(enc.key["text_tower"], images or {})
-            state["encoder"] = enc
-        return state["encoder"].encode(labels, progress=True)
-
-    if "text:id" in model.features:
-        id_text = np.load(model.features["text:id"])
-    else:
-        id_text = encode(_class_names(cfg))
+    id_text = _id_text(state, model, cfg, encoder)
     cache: dict[str, np.ndarray] = {}
 
     def vocab(name: str | None) -> np.ndarray | None:
@@ -168,7 +228,7 @@ def build_context(model: ModelSpec, weights: str | None, cfg: ExperimentConfig, 
                 cache[name] = _unit(encode(_vocab_labels(name)))
         return cache[name]
 
-    return {"id_text": _unit(id_text), "vocab": vocab}
+    return {"id_text": id_text, "vocab": vocab}
 
 
 def zeroshot_scores(spec: DetectorSpec, hp: dict, fs: FeatureSet, context: dict) -> np.ndarray:

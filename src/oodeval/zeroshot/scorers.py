@@ -10,7 +10,8 @@ energy = logsumexp_c l_c (Liu et al. 2020, T = 1 on the tau-scaled logits); gen 
 of p^g (1 - p)^g (GEN, Liu et al. 2023; g = 0.1, M = 100); entropy = sum_c p log p (negative
 entropy); margin = l_(1) - l_(2) (gap between the two largest logits; ``space="prob"`` uses
 p_(1) - p_(2)); gl_mcm = mcm + lambda * max over patches of max_c softmax of the patch logits
-(GL-MCM, Miyai et al. 2025; lambda = 1; patch features from the value-path pass).
+(GL-MCM, Miyai et al. 2025; lambda = 1; patch features from the value-path pass, or the local term as the
+readout stored at extraction, ``features.patchreadout``).
 
 Vocabulary based (ID names + M negatives t^_m): neglabel = Eq. 3,
 s = sum_c a(x,t_c) / (sum_c a(x,t_c) + sum_m a(x,t^_m)), with NegLabel's grouping (Jiang et al. 2024,
@@ -262,7 +263,10 @@ class Margin(ZeroShotScorer):
 class GLMCM(ZeroShotScorer):
     """MCM + lambda * max_patches max_c softmax(patch logits) (GL-MCM; lambda = 1).
 
-    Reads ``extras["patch_features"]`` (N, P, E), l2-normalised, from the value-path pass.
+    The local term comes from the readout stored at extraction for these label embeddings and tau
+    (``extras["patch_readout/..."]``, ``features.patchreadout``; computed on float64-renormalised tokens,
+    as ``normalize=True`` does), else from ``extras["patch_features"]`` (N, P, E), l2-normalised, from the
+    value-path pass. Readouts for other labels or another tau only are refused (ValueError).
     """
 
     needs = ("features", "extra:patch_features")
@@ -276,10 +280,23 @@ class GLMCM(ZeroShotScorer):
         return (p + 1) * (e + n_labels)
 
     def score(self, image, id_text, negatives=None, normalize=False):
-        if isinstance(image, FeatureSet) and "patch_features" not in image.extras:
-            src = image.meta.get("dataset", "this FeatureSet")
-            raise ValueError(f"gl_mcm needs patch features, which {src} does not have: extract the VLM with "
-                             "patch_features (`oodeval extract --patch-features`, `patch_features = true` in a grid)")
+        from ..features.patchreadout import has_patch_data, stored_readout
+
+        if isinstance(image, FeatureSet):
+            if not has_patch_data(image):
+                src = image.meta.get("dataset", "this FeatureSet")
+                raise ValueError(f"gl_mcm needs patch features, which {src} does not have: extract the VLM with "
+                                 "patch_features (`oodeval extract --patch-features`, `patch_features = true` in a grid)")
+            if not self.tau > 0:
+                raise ValueError(f"tau must be > 0, got {self.tau}")
+            local = stored_readout(image, _check_unit("text embeddings", id_text, 2), self.tau)
+            if local is not None:
+                if negatives is not None:
+                    raise ValueError(f"GLMCM uses the ID names only; negatives were given ({len(negatives)})")
+                mcm = MCM(self.tau)
+                mcm.chunk_rows = self.chunk_rows
+                glob = mcm.score(FeatureSet(features=image.features), id_text, normalize=normalize)
+                return as_scores(glob + self.lam * local, len(image), type(self).__name__)
         return super().score(image, id_text, negatives, normalize)
 
     def _score(self, image, id_text, negatives):
