@@ -28,11 +28,13 @@ from pathlib import Path
 
 import numpy as np
 
+from .errors import InputError
+
 MARKER = ".oodeval-output.json"
 Recogniser = Callable[[Path], bool]
 
 
-class OutputPathError(FileExistsError, ValueError):
+class OutputPathError(FileExistsError, InputError):
     """An output path oodeval refuses to write because it would replace what oodeval did not create."""
 
 

@@ -35,6 +35,7 @@ import numpy as np
 import pandas as pd
 
 from ._io import atomic_path, claim_folder, parquet_has_columns
+from .errors import InputError, StateError
 
 __all__ = [
     "KEY",
@@ -136,7 +137,7 @@ def _read_table(path: Path) -> pd.DataFrame:
     df = pd.read_parquet(path)
     missing = [k for k in KEY if k not in df.columns]
     if missing:
-        raise ValueError(f"{path} is not an oodeval results table: it lacks key column(s) {', '.join(missing)}")
+        raise InputError(f"{path} is not an oodeval results table: it lacks key column(s) {', '.join(missing)}")
     return _conform(df)
 
 
@@ -145,7 +146,7 @@ def load_results(path: str | Path) -> pd.DataFrame:
     exists yet). A part folded into the main file while being read triggers a re-read."""
     path = Path(path)
     if path.is_dir():
-        raise ValueError(f"results path {path} is a folder; expected a .parquet file")
+        raise InputError(f"results path {path} is a folder; expected a .parquet file")
     for _ in range(10):
         parts = _part_files(path)
         try:
@@ -154,7 +155,7 @@ def load_results(path: str | Path) -> pd.DataFrame:
         except FileNotFoundError:  # a concurrent compact_results folded a part in: read again
             continue
         return _merge_all(frames)
-    raise RuntimeError(f"{path}: parts kept disappearing while reading (10 attempts)")
+    raise StateError(f"{path}: parts kept disappearing while reading (10 attempts)")
 
 
 def write_part(df: pd.DataFrame, path: str | Path) -> Path | None:
@@ -235,5 +236,5 @@ def load_cell_scores(row: pd.Series | dict, results_path: str | Path) -> tuple[n
     """The (ID scores, OOD scores) of one ok row, read from the files beside ``results_path``."""
     base = Path(results_path).parent
     if row.get("status") != "ok" or pd.isna(row.get("scores_id")) or pd.isna(row.get("scores_ood")):
-        raise ValueError(f"row {row.get('detector')}/{row.get('dataset')} has no stored scores")
+        raise InputError(f"row {row.get('detector')}/{row.get('dataset')} has no stored scores")
     return np.load(base / row["scores_id"]), np.load(base / row["scores_ood"])

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..errors import UnknownNameError
+
 __all__ = ["Suite", "SUITES", "suite", "ood_sets"]
 
 
@@ -72,7 +74,7 @@ SUITES: dict[str, Suite] = {
 def suite(name: str) -> Suite:
     """The suite called ``name`` (KeyError listing the known ones)."""
     if name not in SUITES:
-        raise KeyError(f"unknown suite {name!r}; known: {', '.join(SUITES)}")
+        raise UnknownNameError(f"unknown suite {name!r}; known: {', '.join(SUITES)}")
     return SUITES[name]
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from .._io import csv_header_starts, hash_json, write_text_atomic
+from ..errors import InputError
 
 __all__ = ["Manifest", "IMAGE_EXTENSIONS", "list_images"]
 
@@ -78,7 +79,7 @@ class Manifest:
         if self.class_names is not None and n and self.labels.max(initial=-1) >= len(self.class_names):
             problems.append(f"label {int(self.labels.max())} but only {len(self.class_names)} class names")
         if problems:
-            raise ValueError(f"inconsistent manifest {self.name!r}: " + "; ".join(problems))
+            raise InputError(f"inconsistent manifest {self.name!r}: " + "; ".join(problems))
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -125,13 +126,13 @@ class Manifest:
             raise FileNotFoundError(f"image folder {folder} does not exist")
         files = list_images(folder)
         if not files:
-            raise ValueError(f"no images ({', '.join(IMAGE_EXTENSIONS)}) found under {folder}")
+            raise InputError(f"no images ({', '.join(IMAGE_EXTENSIONS)}) found under {folder}")
         rel = [f.relative_to(folder) for f in files]
         name = name or folder.name
         if labelled:
             loose = [str(r) for r in rel if len(r.parts) < 2]
             if loose:
-                raise ValueError(
+                raise InputError(
                     f"{folder} is not an ImageFolder tree (<class>/<image>): {len(loose)} images lie "
                     f"directly in it, e.g. {loose[0]}; use labelled=False for an unlabelled folder"
                 )
@@ -165,9 +166,9 @@ class Manifest:
             rows = list(reader)
         missing = [c for c in ("path", "label") if c not in cols]
         if missing:
-            raise ValueError(f"manifest {path} lacks column(s) {', '.join(missing)}; header is {cols}")
+            raise InputError(f"manifest {path} lacks column(s) {', '.join(missing)}; header is {cols}")
         if not rows:
-            raise ValueError(f"manifest {path} has no rows")
+            raise InputError(f"manifest {path} has no rows")
         raw = [r["label"].strip() for r in rows]
         class_names = None
         try:
@@ -181,7 +182,7 @@ class Manifest:
             for lab, r in zip(labels, rows):
                 if lab >= 0 and r["class_name"]:
                     if names.setdefault(int(lab), r["class_name"]) != r["class_name"]:
-                        raise ValueError(f"manifest {path}: label {lab} has two class names "
+                        raise InputError(f"manifest {path}: label {lab} has two class names "
                                          f"{names[int(lab)]!r} and {r['class_name']!r}")
             if names:
                 c = max(names) + 1
@@ -190,7 +191,7 @@ class Manifest:
         if "fine_grained" in cols:
             bad = [r["fine_grained"] for r in rows if r["fine_grained"].strip().lower() not in _TRUE | _FALSE]
             if bad:
-                raise ValueError(f"manifest {path}: {len(bad)} fine_grained values are not booleans, e.g. {bad[0]!r}")
+                raise InputError(f"manifest {path}: {len(bad)} fine_grained values are not booleans, e.g. {bad[0]!r}")
             fine = np.array([r["fine_grained"].strip().lower() in _TRUE for r in rows])
         return cls(
             [r["path"] for r in rows],
@@ -291,15 +292,15 @@ class Manifest:
         if split is not None:
             wanted = {split} if isinstance(split, str) else set(split)
             if self.split is None:
-                raise ValueError(f"manifest {self.name!r} has no split column; cannot select split {sorted(wanted)}")
+                raise InputError(f"manifest {self.name!r} has no split column; cannot select split {sorted(wanted)}")
             have = sorted(set(self.split))
             unknown = sorted(wanted - set(have))
             if unknown:
-                raise ValueError(f"manifest {self.name!r} has no split {unknown}; its splits are {have}")
+                raise InputError(f"manifest {self.name!r} has no split {unknown}; its splits are {have}")
             keep &= np.array([s in wanted for s in self.split])
             name = f"{self.name}:{'+'.join(sorted(wanted))}"
         if fine_grained is not None:
             if self.fine_grained is None:
-                raise ValueError(f"manifest {self.name!r} has no fine_grained column")
+                raise InputError(f"manifest {self.name!r} has no fine_grained column")
             keep &= self.fine_grained == fine_grained
         return self.subset(np.flatnonzero(keep), name=name)

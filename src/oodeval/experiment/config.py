@@ -30,6 +30,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from ..errors import InputError
+
 __all__ = ["ExperimentConfig", "ModelSpec", "DetectorSpec", "DatasetSpec", "SweepSpec", "SelectionSpec", "load_config", "KINDS"]
 
 KINDS = ("supervised", "zero-shot")
@@ -382,16 +384,16 @@ def _read(path: Path) -> dict:
         try:
             data = yaml.safe_load(text)
         except yaml.YAMLError as exc:
-            raise ValueError(f"experiment file {path} is not valid YAML: {exc}") from exc
+            raise InputError(f"experiment file {path} is not valid YAML: {exc}") from exc
     elif path.suffix.lower() == ".toml":
         try:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
-            raise ValueError(f"experiment file {path} is not valid TOML: {exc}") from exc
+            raise InputError(f"experiment file {path} is not valid TOML: {exc}") from exc
     else:
-        raise ValueError(f"experiment file {path} must end in .toml, .yaml or .yml")
+        raise InputError(f"experiment file {path} must end in .toml, .yaml or .yml")
     if not isinstance(data, dict):
-        raise ValueError(f"experiment file {path} must hold a table at the top level")
+        raise InputError(f"experiment file {path} must hold a table at the top level")
     return data
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import InputError
 from ..features import FeatureSet
 from .config import DetectorSpec, ExperimentConfig, ModelSpec
 
@@ -35,7 +36,7 @@ def _class_names(cfg: ExperimentConfig) -> list[str]:
 
     names = list(resolve(cfg.id_test.name, cfg.data_root).class_names or [])
     if not names:
-        raise ValueError("zero-shot models need the ID class names: set [datasets] id_classes to a text file (one per line) or 'imagenet1k'")
+        raise InputError("zero-shot models need the ID class names: set [datasets] id_classes to a text file (one per line) or 'imagenet1k'")
     return prompt_names(names, f"the class names of {cfg.id_test.name!r} (set [datasets] id_classes to override)")
 
 
@@ -112,7 +113,7 @@ def zeroshot_scores(spec: DetectorSpec, hp: dict, fs: FeatureSet, context: dict)
     fs.check_finite(list(scorer.needs), spec.name)
     negatives = context["vocab"](spec.vocabulary) if scorer.uses_negatives else None
     if scorer.uses_negatives and negatives is None:
-        raise ValueError(f"zero-shot scorer {spec.name!r} needs a vocabulary (set `vocabulary` in its table)")
+        raise InputError(f"zero-shot scorer {spec.name!r} needs a vocabulary (set `vocabulary` in its table)")
     return scorer.score(fs, context["id_text"], negatives, normalize=True)
 
 
@@ -171,7 +172,7 @@ def run_sweeps(model: ModelSpec, feats: dict[str, FeatureSet], context: dict, er
                 negatives = context["vocab"](sweep.vocabulary)
                 sizes = [m for m in sweep.sizes if m <= len(negatives)]
                 if not sizes:
-                    raise ValueError(f"every size of {sweep.sizes} exceeds the vocabulary's {len(negatives)} labels")
+                    raise InputError(f"every size of {sweep.sizes} exceeds the vocabulary's {len(negatives)} labels")
                 unit_fs = [FeatureSet(features=_unit(feats[k].features)) for k in ("id_test", ds.label)]
                 curve = sweep_prefix(*unit_fs, context["id_text"], negatives, sizes, scorer=sweep.scorer, **sweep.hyperparameters)
                 save_sweep(cfg.results, sweep.name, model.label, ds.label, curve, key=key)

@@ -26,6 +26,7 @@ import torch
 from .. import __version__
 from .._io import hash_json
 from ..data import ImageError, Manifest, open_image, resolve
+from ..errors import InputError, StateError
 from . import store as st
 from .backbones import Backbone, file_hash, load_backbone, parse_model_name
 from .preprocess import SplitTransform, split_transform
@@ -204,27 +205,27 @@ def extract(
     feature, ``image_mode`` is "RGB" or "L"; the cache key holds a hash of its parameters.
     """
     if batch_size < 1 or shard_size < 1:
-        raise ValueError(f"batch_size and shard_size must be >= 1, got {batch_size} and {shard_size}")
+        raise InputError(f"batch_size and shard_size must be >= 1, got {batch_size} and {shard_size}")
     backbone = module = None
     if isinstance(model, torch.nn.Module):
         from .module import module_backbone, module_fingerprint
 
         if weights is not None or pretrained or model_kwargs:
-            raise ValueError("weights, pretrained and model_kwargs apply to model names; load weights into the module yourself")
+            raise InputError("weights, pretrained and model_kwargs apply to model names; load weights into the module yourself")
         backbone = module_backbone(model, transform, head=classifier, feature_layer=feature_layer, image_mode=image_mode)
         module = {k: backbone.preprocessing[k] for k in ("class", "head", "feature_layer", "transform")} | {"image_mode": image_mode}
         model, kind = backbone.name, "module"
     elif transform is not None or classifier is not None or feature_layer is not None:
-        raise ValueError("transform, classifier and feature_layer apply to an nn.Module model, not to a model name")
+        raise InputError("transform, classifier and feature_layer apply to an nn.Module model, not to a model name")
     else:
         kind, _, _ = parse_model_name(model)
     if patch_features and kind not in ("open_clip", "hf"):
-        raise ValueError("patch_features apply to VLM image towers only (open_clip:..., hf:...)")
+        raise InputError("patch_features apply to VLM image towers only (open_clip:..., hf:...)")
     if taps and (kind in ("open_clip", "hf") or head is not None):
-        raise ValueError("taps (NAC states) need a classifier with its own head (no VLM, no probe head)")
+        raise InputError("taps (NAC states) need a classifier with its own head (no VLM, no probe head)")
     manifest = dataset if isinstance(dataset, Manifest) else resolve(dataset, data_root, strict=strict)
     if len(manifest) == 0:
-        raise ValueError(f"dataset {manifest.name!r} has no images")
+        raise InputError(f"dataset {manifest.name!r} has no images")
     rank, world, local_rank = _dist_info()
     dev = _resolve_device(device, local_rank, world)
     use_amp = (dev.type == "cuda") if amp is None else bool(amp)
@@ -415,5 +416,5 @@ def _run(job: _Job) -> Path:
         dist.broadcast_object_list(box, src=0)
         error = box[0]
     if error:
-        raise RuntimeError(error)
+        raise StateError(error)
     return job.entry

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from ..errors import InputError
+
 __all__ = ["PRE_LOGITS", "NacPass", "default_nac_layers", "vit_depth", "forward_with_nac", "nac_states", "pool_state"]
 
 #: reserved layer name: the classifier's input (pooled penultimate feature)
@@ -78,7 +80,7 @@ def pool_state(t: Tensor, channels: int | None = None) -> Tensor:
         if channels is not None and t.shape[1] != channels and t.shape[-1] == channels:
             return t.sum(dim=(1, 2))
         return t.flatten(2).sum(dim=2)
-    raise ValueError(f"cannot pool a layer output of shape {tuple(t.shape)}")
+    raise InputError(f"cannot pool a layer output of shape {tuple(t.shape)}")
 
 
 @dataclass
@@ -100,17 +102,17 @@ def forward_with_nac(model: nn.Module, images: Tensor, layers: list[str], classi
     ``pre_logits`` (default: timm's ``model.get_classifier()``).
     """
     if model.training:
-        raise ValueError("forward_with_nac needs model.eval(): train-mode BatchNorm mixes samples")
+        raise InputError("forward_with_nac needs model.eval(): train-mode BatchNorm mixes samples")
     if not layers:
-        raise ValueError("forward_with_nac needs at least one layer name")
+        raise InputError("forward_with_nac needs at least one layer name")
     modules = dict(model.named_modules())
     if classifier is None and hasattr(model, "get_classifier"):
         classifier = model.get_classifier()
     if not isinstance(classifier, nn.Module):
-        raise ValueError(f"{type(model).__name__} has no get_classifier() module, so pre_logits is undefined")
+        raise InputError(f"{type(model).__name__} has no get_classifier() module, so pre_logits is undefined")
     unknown = [n for n in layers if n != PRE_LOGITS and n not in modules]
     if unknown:
-        raise ValueError(f"unknown layer names {unknown}; the model has e.g. {list(modules)[1:8]}")
+        raise InputError(f"unknown layer names {unknown}; the model has e.g. {list(modules)[1:8]}")
     captured: dict[str, Tensor] = {}
     hooks = []
 
@@ -133,7 +135,7 @@ def forward_with_nac(model: nn.Module, images: Tensor, layers: list[str], classi
             logits = model(x)
             missing = [n for n in [*layers, PRE_LOGITS] if n not in captured]
             if missing:
-                raise ValueError(f"layers {missing} were not reached in the forward pass")
+                raise InputError(f"layers {missing} were not reached in the forward pass")
             loss = -torch.log_softmax(logits.float(), dim=-1).mean(dim=-1).sum()
             grads = torch.autograd.grad(loss, [captured[n] for n in layers])
     finally:

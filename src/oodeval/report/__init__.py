@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from .._io import atomic_path, check_output, claim_folder, parquet_has_columns, write_text_atomic
+from ..errors import InputError
 from ..results import ALL_SPLIT, load_cell_scores, load_results
 from . import figures as figs
 from .paper_views import CLEAN_SUFFIX, gallery_items
@@ -50,7 +51,7 @@ def save_sweep(results: str | Path, sweep: str, model: str, dataset: str, sizes,
     sizes = np.asarray(sizes, dtype=np.int64)
     fpr95 = np.asarray(fpr95, dtype=np.float64)
     if sizes.shape != fpr95.shape or sizes.ndim != 1 or sizes.size == 0:
-        raise ValueError(f"sizes and fpr95 must be equal-length 1-d arrays, got {sizes.shape} and {fpr95.shape}")
+        raise InputError(f"sizes and fpr95 must be equal-length 1-d arrays, got {sizes.shape} and {fpr95.shape}")
     path = check_output(sweeps_path(results), "sweeps table", is_own=_is_sweeps_table)
     new = pd.DataFrame({"sweep": sweep, "param": param, "model": model, "dataset": dataset, "size": sizes, "fpr95": fpr95, "key": key})
     if path.exists():
@@ -111,10 +112,10 @@ def build_views(
     if primary is None and datasets:
         primary = datasets[0]
     if primary is not None and datasets and primary not in datasets:
-        raise ValueError(f"primary OOD set {primary!r} is not in the results; they hold: {', '.join(datasets)}")
+        raise InputError(f"primary OOD set {primary!r} is not in the results; they hold: {', '.join(datasets)}")
     models = list(dict.fromkeys(frame["model"]))
     if model is not None and model not in models:
-        raise ValueError(f"model {model!r} is not in the results; they hold: {', '.join(models)}")
+        raise InputError(f"model {model!r} is not in the results; they hold: {', '.join(models)}")
     model = model or _pick_model(frame)
     scores = model_scores(df, results_path, model) if model else {}
     if subsample_n is None and primary in scores:
@@ -246,13 +247,13 @@ def write_report(
     rewritten when it is an earlier report; any other existing file or folder there is refused.
     """
     if convention not in CONVENTIONS:
-        raise ValueError(f"convention must be one of {', '.join(CONVENTIONS)}, got {convention!r}")
+        raise InputError(f"convention must be one of {', '.join(CONVENTIONS)}, got {convention!r}")
     results = Path(getattr(results, "results", results))
     if not results.is_file():
         raise FileNotFoundError(f"results table {results} does not exist (run `oodeval run` first)")
     df = load_results(results)
     if len(df) == 0:
-        raise ValueError(f"results table {results} has no rows")
+        raise InputError(f"results table {results} has no rows")
     if experiment is not None:
         from ..experiment import load_config
 
@@ -260,7 +261,7 @@ def write_report(
     selection = select_configurations(df, experiment)
     df = selection.rows
     if len(df) == 0:
-        raise ValueError(f"results table {results} holds no cell of a configuration declared by experiment {experiment.name!r}")
+        raise InputError(f"results table {results} holds no cell of a configuration declared by experiment {experiment.name!r}")
     if convention == "openood":
         df = _with_openood(df, results)
     groups = {d.label: d.group for d in experiment.ood if d.group} if experiment is not None else None

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from ..errors import InputError
 from ..registry import Registry
 from ..results import ALL_SPLIT
 
@@ -77,7 +78,7 @@ def register_view(key: str, *, order: int | None = None, needs: tuple[str, ...] 
     places it among the others (the paper's tables use 10, 20, ...; none: after them)."""
     unknown = sorted(set(needs) - set(VIEW_INPUTS))
     if unknown:
-        raise ValueError(f"view {key!r} needs unknown input(s) {', '.join(unknown)}; inputs: {', '.join(VIEW_INPUTS)}")
+        raise InputError(f"view {key!r} needs unknown input(s) {', '.join(unknown)}; inputs: {', '.join(VIEW_INPUTS)}")
 
     def deco(fn: Callable[..., View]) -> Callable[..., View]:
         fn.needs = tuple(needs)
@@ -137,7 +138,7 @@ def best_row(rows: pd.DataFrame, metric: str = "fpr95") -> pd.Series:
     lowest FPR@95 (``metric="fpr95"``) or highest AUROC (``metric="auroc"``); ties go to the better
     other metric, then to the detector earlier in the paper's order, then to the label."""
     if len(rows) == 0:
-        raise ValueError("best_row of no rows")
+        raise InputError("best_row of no rows")
     rank = _detector_rank()
     other = "auroc" if metric == "fpr95" else "fpr95"
     sign = {"fpr95": 1.0, "auroc": -1.0}

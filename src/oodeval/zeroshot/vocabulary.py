@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .._io import hash_json, json_has_keys, write_json_atomic
+from ..errors import InputError
 
 __all__ = ["Vocabulary", "union", "oracle", "KINDS"]
 
@@ -40,14 +41,14 @@ class Vocabulary:
     def __post_init__(self) -> None:
         self.labels = [str(label) for label in self.labels]
         if self.kind not in KINDS:
-            raise ValueError(f"unknown vocabulary kind {self.kind!r}; known: {', '.join(KINDS)}")
+            raise InputError(f"unknown vocabulary kind {self.kind!r}; known: {', '.join(KINDS)}")
         dup = len(self.labels) - len(set(self.labels))
         if dup:
             repeated = [x for x, n in Counter(self.labels).items() if n > 1]
-            raise ValueError(f"vocabulary has {dup} repeated labels, e.g. {repeated[:3]}")
+            raise InputError(f"vocabulary has {dup} repeated labels, e.g. {repeated[:3]}")
         expected = _content_hash(self.kind, self.labels)
         if self.content_hash and self.content_hash != expected:
-            raise ValueError(f"content hash {self.content_hash} does not match the labels ({expected})")
+            raise InputError(f"content hash {self.content_hash} does not match the labels ({expected})")
         self.content_hash = expected
 
     def __len__(self) -> int:
@@ -56,7 +57,7 @@ class Vocabulary:
     def prefix(self, m: int) -> Vocabulary:
         """The first ``m`` labels (the M of NegMining: the m least ID-like)."""
         if m < 0:
-            raise ValueError(f"prefix size must be >= 0, got {m}")
+            raise InputError(f"prefix size must be >= 0, got {m}")
         return Vocabulary(self.labels[:m], self.kind, {**self.provenance, "prefix_of": self.content_hash, "M": m})
 
     def save(self, path: str | Path) -> None:
@@ -76,19 +77,19 @@ class Vocabulary:
             lines = [ln.strip() for ln in path.read_text().splitlines() if ln.strip()]
             labels = list(dict.fromkeys(lines))
             if not labels:
-                raise ValueError(f"vocabulary file {path} has no labels")
+                raise InputError(f"vocabulary file {path} has no labels")
             return cls(labels, "custom", {"file": str(path), "repeated_labels_dropped": len(lines) - len(labels)})
         try:
             data = json.loads(path.read_text())
             return cls(data["labels"], data["kind"], data.get("provenance", {}), data.get("content_hash", ""))
         except (json.JSONDecodeError, KeyError, TypeError) as exc:
-            raise ValueError(f"vocabulary file {path} is not a Vocabulary JSON (keys labels, kind): {exc}") from exc
+            raise InputError(f"vocabulary file {path} is not a Vocabulary JSON (keys labels, kind): {exc}") from exc
 
 
 def union(vocabularies: Sequence[Vocabulary]) -> Vocabulary:
     """Labels of all vocabularies, first occurrence kept, in the order given (e.g. WN then GPT)."""
     if not vocabularies:
-        raise ValueError("union of zero vocabularies")
+        raise InputError("union of zero vocabularies")
     labels = list(dict.fromkeys(label for v in vocabularies for label in v.labels))
     prov = {"parts": [{"kind": v.kind, "content_hash": v.content_hash, "size": len(v)} for v in vocabularies]}
     return Vocabulary(labels, "union", prov)
@@ -112,7 +113,7 @@ def oracle(manifest: str | Path, column: str = "ood_label", exclude: Sequence[st
     else:
         df = pd.read_csv(manifest, sep="\t" if suffix == ".tsv" else ",", dtype=str, keep_default_na=False)
     if column not in df.columns:
-        raise ValueError(f"manifest {manifest} has no column {column!r}; columns: {', '.join(map(str, df.columns))}")
+        raise InputError(f"manifest {manifest} has no column {column!r}; columns: {', '.join(map(str, df.columns))}")
     values = [str(v).strip() for v in df[column].tolist() if v is not None and str(v).strip() not in ("", "nan", "None")]
     drop = {e.strip().lower() for e in exclude}
     labels = [v for v in dict.fromkeys(values) if v.lower() not in drop]
