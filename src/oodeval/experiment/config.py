@@ -166,8 +166,8 @@ class ExperimentConfig:
         return model.detectors or (self.detectors if model.kind == "supervised" else self.zeroshot)
 
 
-def _fail(where: str, msg: str) -> ValueError:
-    return ValueError(f"experiment file: {where}: {msg}")
+def _fail(where: str, msg: str) -> InputError:
+    return InputError(f"experiment file: {where}: {msg}")
 
 
 def _check_keys(table: Any, allowed: set[str], where: str) -> dict:

@@ -18,7 +18,9 @@ torch checkpoint read with ``torch.load(weights_only=True)``, never unpickled co
 
 from __future__ import annotations
 
+import difflib
 import hashlib
+import importlib.util
 import logging
 import pickle
 from dataclasses import dataclass, field
@@ -34,17 +36,40 @@ from ..errors import InputError
 log = logging.getLogger(__name__)
 
 __all__ = ["Backbone", "full_precision", "load_backbone", "load_open_clip", "load_state_dict_file", "load_head", "save_head", "file_hash",
-           "parse_model_name", "text_tower_fingerprint"]
+           "parse_model_name", "text_tower_fingerprint", "MODEL_PREFIXES", "unknown_prefix_hint"]
 
 #: state-dict name prefixes of image-tower parameters (open_clip ``visual.``; transformers
 #: ``vision_model.`` / ``visual_projection.``, also under oodeval's ``hf.`` wrapper)
 _IMAGE_PREFIXES = ("visual.", "vision_model.", "visual_projection.", "hf.vision_model.", "hf.visual_projection.")
 
 
+#: the model-name prefixes oodeval knows (anything else before ':' must be an importable module)
+MODEL_PREFIXES = ("timm", "open_clip", "hf")
+
+
+def unknown_prefix_hint(head: str) -> str:
+    """The sentence naming the known prefixes (and the closest one) for a ``head:`` that is none of them."""
+    close = difflib.get_close_matches(head.lower(), MODEL_PREFIXES, n=1, cutoff=0.6)
+    guess = f" (did you mean '{close[0]}:'?)" if close else ""
+    return (f"unknown model prefix '{head}:'{guess}; known prefixes: {', '.join(p + ':' for p in MODEL_PREFIXES)}, "
+            "or package.module:factory for your own model")  # fmt: skip
+
+
+def _refused_prefix(head: str) -> bool:
+    """A ``head`` before ':' that cannot name a module (not a dotted identifier), or one word close to a known
+    prefix that does not import (``openclip``, ``tim``); a real module of that name is taken as the user's."""
+    if not all(part.isidentifier() for part in head.split(".")):
+        return True
+    if "." in head or not difflib.get_close_matches(head.lower(), MODEL_PREFIXES, n=1, cutoff=0.6):
+        return False
+    return importlib.util.find_spec(head) is None
+
+
 def parse_model_name(model: str) -> tuple[str, str, str | None]:
     """``(kind, name, tag)`` for ``timm:<name>``, ``<name>``, ``open_clip:<arch>[@<tag>]``, ``hf:<repo or folder>``
     (a transformers VLM, :mod:`oodeval.features.hf`), and ``package.module:factory`` (kind ``python``: user
-    code returning an ``nn.Module``, see :mod:`oodeval.features.module`)."""
+    code returning an ``nn.Module``, see :mod:`oodeval.features.module`). A misspelt prefix (``openclip:``,
+    ``open-clip:``) is an :class:`~oodeval.errors.InputError` naming the known ones (:data:`MODEL_PREFIXES`)."""
     if model.startswith("hf:"):
         if not model[3:]:
             raise InputError(f"model {model!r}: no Hugging Face repo id or folder after 'hf:'")
@@ -58,6 +83,9 @@ def parse_model_name(model: str) -> tuple[str, str, str | None]:
     if model.startswith("timm:"):
         model = model[len("timm:") :]
     elif ":" in model:
+        head = model.partition(":")[0]
+        if _refused_prefix(head):
+            raise InputError(f"model {model!r}: {unknown_prefix_hint(head)}")
         return "python", model, None
     if not model:
         raise InputError("empty model name")
@@ -266,6 +294,8 @@ def _load_timm(name: str, weights: str | None, pretrained: bool, model_kwargs: d
 
     if "checkpoint_path" in model_kwargs:
         raise InputError("pass local weights as weights=PATH (loaded safely), not model_kwargs['checkpoint_path']")
+    if ":" not in name and not timm.is_model(name):  # timm's own hub prefixes (hf-hub:, local-dir:) are timm's to check
+        raise InputError(f"timm has no model {name!r} (see timm.list_models())")
     model = timm.create_model(name, pretrained=pretrained, **model_kwargs)
     if weights is not None:
         _load_into(model, weights)

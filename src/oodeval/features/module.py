@@ -29,7 +29,7 @@ from torch import nn
 
 from .._io import hash_arrays
 from ..errors import InputError
-from .backbones import Backbone, full_precision
+from .backbones import Backbone, full_precision, unknown_prefix_hint
 
 log = logging.getLogger(__name__)
 
@@ -172,7 +172,8 @@ def load_factory(spec: str, model_kwargs: dict | None = None) -> tuple[nn.Module
     try:
         mod = importlib.import_module(mod_name)
     except ImportError as exc:
-        raise InputError(f"model {spec!r}: cannot import {mod_name!r} ({exc}); is it on PYTHONPATH?") from exc
+        where = "is it on PYTHONPATH?" if "." in mod_name else f"is it on PYTHONPATH? If not a module: {unknown_prefix_hint(mod_name)}"
+        raise InputError(f"model {spec!r}: cannot import {mod_name!r} ({exc}); {where}") from exc
     factory = getattr(mod, attr, None)
     if not callable(factory):
         raise InputError(f"model {spec!r}: {mod_name} has no callable {attr!r}")
