@@ -1,4 +1,4 @@
-"""Exact OOD-detection metrics (conventions of DESIGN.md).
+"""Exact OOD-detection metrics (the conventions of docs/conventions.md).
 
 Every score is "higher = more in-distribution" and ID is the positive class unless a name says
 otherwise. All metrics are computed in float64 from one grouped representation of the two

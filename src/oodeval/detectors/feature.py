@@ -75,7 +75,7 @@ class MCM(_CentroidBase):
 
     Ming et al., "Delving into OOD detection with vision-language representations" (MCM),
     NeurIPS 2022, applied to ID-train class-mean features instead of text embeddings
-    (Fi-ImageNet-1k paper Sec. 2.1). Default ``tau`` = 1 (DESIGN.md); the zero-shot MCM names
+    (Fi-ImageNet-1k paper Sec. 2.1). Default ``tau`` = 1 (docs/detectors.md); the zero-shot MCM names
     its temperature ``tau`` too (default 0.01 there, on text embeddings).
     """
 

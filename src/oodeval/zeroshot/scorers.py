@@ -1,4 +1,4 @@
-"""Zero-shot VLM OOD scorers on cached embeddings (paper Sec. 4.1, App. F; DESIGN.md).
+"""Zero-shot VLM OOD scorers on cached embeddings (paper Sec. 4.1, App. F; docs/zeroshot.md).
 
 Every score starts from the similarity logits l_c(x) = h(x)' t_c / tau of the l2-normalised image
 embedding h(x) and label embeddings t_c, tau = 0.01 (NegLabel), so a(x, t) = exp(l). All maths is
