@@ -169,26 +169,26 @@ class SCALE(Detector):
 class DICE(Detector):
     """DICE: energy with the head masked to its most contributing weights (Sun & Li, ECCV 2022).
 
-    V = zbar * W (C, D) with zbar the mean ID-train feature; keep W where V > its p-th
-    percentile (over all C D entries), zero elsewhere; s = logsumexp(z W_masked^T + b).
-    Default p = 70: the paper's ImageNet setting (sparsity 0.7; the release runs
-    ``--p 70`` for ImageNet, 90 for CIFAR).
+    V = zbar * W (C, D) with zbar the mean ID-train feature; keep W where V > its
+    ``percentile``-th percentile (over all C D entries), zero elsewhere; s = logsumexp(z W_masked^T + b).
+    Default ``percentile`` = 70: the paper's ImageNet setting (sparsity 0.7; the release runs
+    ``--p 70`` for ImageNet, 90 for CIFAR), named like ReAct's and ASH's ``percentile``.
     """
 
     needs = ("features", "head")
     fit_needs = ("features", "head")
 
-    def __init__(self, p: float = 70.0, precision: str = "float32", device: str | None = None) -> None:
-        self.p = p
+    def __init__(self, percentile: float = 70.0, precision: str = "float32", device: str | None = None) -> None:
+        self.percentile = percentile
         self.precision = precision
         self.device = device
 
     def _fit(self, train: FeatureSet) -> None:
-        if not 0 <= self.p < 100:
-            raise InputError(f"dice p must be in [0, 100), got {self.p}")
+        if not 0 <= self.percentile < 100:
+            raise InputError(f"dice percentile must be in [0, 100), got {self.percentile}")
         self.mean_feature_ = mean_rows(train.features, comp=compute_of(self))
         contrib = self.mean_feature_[None, :] * as64(train.weight)
-        self.threshold_ = float(np.percentile(contrib, self.p))
+        self.threshold_ = float(np.percentile(contrib, self.percentile))
         self.masked_weight_ = as64(train.weight) * (contrib > self.threshold_)
         self.bias_ = as64(train.bias)
 
