@@ -122,7 +122,7 @@ def _detector_rank() -> dict[str, int]:
 
 
 def _label_key(label: str, rank: dict[str, int]) -> tuple:
-    base = label.split(" ", 1)[0].split("[", 1)[0]
+    base = label.split(" ", 1)[0].split("[", 1)[0].removeprefix(ZS_PREFIX)
     return (rank.get(base, len(rank)), label)
 
 
@@ -159,15 +159,25 @@ def hp_text(hp_json_text: str) -> str:
     return ", ".join(parts) or "defaults"
 
 
+#: display prefix of a zero-shot scorer whose name a post-hoc detector of the same table also
+#: shows (mcm, maxlogit, energy, gen: different methods under one registry name); stored names stay
+ZS_PREFIX = "zs:"
+
+
 def add_det(rows: pd.DataFrame) -> pd.DataFrame:
     """``rows`` with a display column ``det``: the detector label, ``[vocabulary]`` for vocabulary
-    scorers, and the hyperparameters where one model ran a label with several settings."""
+    scorers, ``zs:`` before a zero-shot scorer's label that post-hoc rows of ``rows`` show too
+    (column ``kind``), and the hyperparameters where one model ran a label with several settings."""
     rows = rows.copy()
     if len(rows) == 0:
         return rows.assign(det=pd.Series(dtype="string"))
     label = rows["label"].fillna(rows["detector"]).astype(str)
     vocab = rows["vocabulary"].astype("string")
     rows["det"] = np.where(vocab.isna(), label, label + "[" + vocab.fillna("") + "]")
+    if "kind" in rows:
+        zero_shot = rows["kind"].eq("zero-shot").fillna(False).astype(bool)
+        shared = rows["det"].isin(set(rows.loc[zero_shot, "det"])) & rows["det"].isin(set(rows.loc[~zero_shot, "det"]))
+        rows.loc[shared & zero_shot, "det"] = ZS_PREFIX + rows.loc[shared & zero_shot, "det"]
     clash = rows.groupby(["model", "det"])["hyperparameters"].transform("nunique") > 1
     rows.loc[clash, "det"] = rows.loc[clash, "det"] + " " + rows.loc[clash, "hyperparameters"].astype(str).map(hp_text)
     return rows
