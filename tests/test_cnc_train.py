@@ -70,7 +70,7 @@ def test_training_loss_falls_and_checkpoint_loads(tmp_path):
     for f in ("config.json", "progress.json", "epoch-0004/model.safetensors", "epoch-0004/optimizer.safetensors",
               "epoch-0004/optimizer.json"):  # fmt: skip
         assert (tmp_path / "ck" / f).is_file()
-    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == [".oodeval-output.json", "config.json", "epoch-0004",
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == [".oodeval-output.jsonl", "config.json", "epoch-0004",
                                                                    "progress.json"]
     model, cfg, p2 = load_checkpoint(tmp_path / "ck")
     assert p2["epochs_done"] == 4

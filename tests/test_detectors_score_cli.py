@@ -30,7 +30,7 @@ def test_score_command_prints_table_and_writes_csv(folders, capsys, tmp_path):
             "--set", "knn.k=5", "--out", str(out), "--no-progress"]  # fmt: skip
     assert main(argv) == 0
     printed = capsys.readouterr().out
-    table = pd.read_csv(out)
+    table = pd.read_csv(out, comment="#")
     assert len(table) == 21 * 2 and set(table.detector) == set(detectors.names("paper21"))
     assert set(table.ood) == {"far", "near"}
     assert "FPR@95 / AUROC (%)" in printed and "relative_mahalanobis_pp" in printed
@@ -94,7 +94,7 @@ def test_a_failing_set_is_that_detectors_failure_and_the_run_goes_on(folders, ca
             "--out", str(tmp_path / "t.csv")]  # fmt: skip
     assert main(argv) == 1
     err = capsys.readouterr().err
-    table = pd.read_csv(tmp_path / "t.csv").set_index(["detector", "ood"])
+    table = pd.read_csv(tmp_path / "t.csv", comment="#").set_index(["detector", "ood"])
     status = table["status"].to_dict()
     # every detector compared each set with its ID-train set: the narrow one and the other head fail
     for det in ("msp", "energy", "knn", "nnguide", "react"):
@@ -114,7 +114,7 @@ def test_score_writes_a_results_table_that_report_reads(folders, tmp_path, capsy
             "--detectors", "msp,knn,vim", "--set", "knn.k=5", "--draws", "50", "--no-progress"]  # fmt: skip
     assert main([*argv, "--out", str(out)]) == 0
     assert main([*argv, "--out", str(tmp_path / "score.csv")]) == 0
-    table, csv = pd.read_parquet(out), pd.read_csv(tmp_path / "score.csv")
+    table, csv = pd.read_parquet(out), pd.read_csv(tmp_path / "score.csv", comment="#")
     ok = table[(table.status == "ok") & (table.split == "all")]
     assert sorted(zip(ok.detector, ok.dataset)) == sorted(zip(csv.detector, csv.ood))
     for r in csv.itertuples():  # the same cells, the same numbers as the CSV's
@@ -142,7 +142,7 @@ def test_score_csv_and_grid_give_identical_numbers(folders, tmp_path):
             "--detectors", "energy,knn,mahalanobis", "--set", "knn.k=5", "--draws", "40", "--seed", "3", "--no-progress"]  # fmt: skip
     assert main([*argv, "--out", str(tmp_path / "s.csv")]) == 0
     assert main([*argv, "--out", str(tmp_path / "s.parquet")]) == 0
-    csv = pd.read_csv(tmp_path / "s.csv").set_index(["detector", "ood"]).sort_index()
+    csv = pd.read_csv(tmp_path / "s.csv", comment="#").set_index(["detector", "ood"]).sort_index()
     grid = pd.read_parquet(tmp_path / "s.parquet").rename(columns={"dataset": "ood"}).set_index(["detector", "ood"]).sort_index()
     assert (grid["seed"] == 3).all() and list(csv.index) == list(grid.index) and len(csv) == 6
     cols = [*METRICS, *(f"{m}_{b}" for m in BOOTSTRAPPED for b in ("lo", "hi")), "n_id", "n_ood"]

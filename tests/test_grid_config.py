@@ -124,3 +124,24 @@ def test_vocabulary_must_match_the_scorer(tmp_path, zeroshot, message):
     text = BASE + '[[models]]\nname = "open_clip:ViT-B-16"\nlabel = "clip"\nkind = "zero-shot"\n' + zeroshot
     with pytest.raises(ValueError, match=message):
         load_config(write(tmp_path, text))
+
+
+@pytest.mark.parametrize(
+    "zeroshot, message",
+    [
+        ('name = "eoe"\nvocabulary = "v/EOE-gen{g}.json"\n', "holds {g} but no `generations = N`"),
+        ('name = "eoe"\nvocabulary = "v/EOE-{g}.json"\ngenerations = 3\n', "file name ends in '-gen{g}'"),
+        ('name = "eoe"\nvocabulary = "v/EOE-gen{g}.json"\ngenerations = 0\n', "generations must be a whole number >= 1"),
+    ],
+)
+def test_generations_expand_one_scorer_per_llm_generation(tmp_path, zeroshot, message):
+    text = BASE + '[[models]]\nname = "open_clip:ViT-B-16"\nlabel = "clip"\nkind = "zero-shot"\n[[zeroshot]]\n'
+    with pytest.raises(ValueError, match=message.replace("{", r"\{").replace("(", r"\(").replace("[", r"\[")):
+        load_config(write(tmp_path, text + zeroshot))
+    cfg = load_config(write(tmp_path, text + 'name = "eoe"\nvocabulary = "v/EOE-gen{g}.json"\ngenerations = 3\n'))
+    assert [s.vocabulary for s in cfg.zeroshot] == [str(tmp_path / "v" / f"EOE-gen{g}.json") for g in range(3)]
+    sweep = '[[sweeps]]\nname = "k"\nkind = "siblings"\nvocabulary = "v/GPT-gen0.json"\nsizes = [1, 5]\nseed = 3\n'
+    cfg = load_config(write(tmp_path, text + 'name = "mcm"\n' + sweep))
+    assert (cfg.sweeps[0].kind, cfg.sweeps[0].seed, cfg.sweeps[0].sizes) == ("siblings", 3, (1, 5))
+    with pytest.raises(ValueError, match="kind must be 'prefix'"):
+        load_config(write(tmp_path, text + 'name = "mcm"\n' + sweep.replace('"siblings"', '"random"')))

@@ -8,6 +8,7 @@ replaces or resumes it as documented.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
@@ -21,7 +22,7 @@ import pandas as pd
 import pytest
 
 from oodeval import cli
-from oodeval._io import MARKER, OutputPathError, atomic_folder, atomic_path, claim_folder, marker_kind
+from oodeval._io import LEGACY_MARKER, MARKER, OutputPathError, atomic_folder, atomic_path, claim_folder, file_marker_kind, marker_kind, write_json_atomic
 from oodeval.cli import main
 from oodeval.data import Manifest
 from oodeval.errors import InputError, StateError, UnknownNameError
@@ -90,22 +91,22 @@ def test_file_outputs_get_the_umask_mode_and_replace_only_their_own(tmp_path: Pa
     umask = os.umask(0o022)
     os.umask(umask)
     target = tmp_path / "a.json"
-    with atomic_path(target, "thing", lambda p: p.read_text().startswith("ours")) as tmp:
-        tmp.write_text("ours 1")
-    assert target.stat().st_mode & 0o777 == 0o666 & ~umask
-    with atomic_path(target, "thing", lambda p: p.read_text().startswith("ours")) as tmp:
-        tmp.write_text("ours 2")
-    assert target.read_text() == "ours 2"
-    target.write_text("edited by hand")
-    with pytest.raises(OutputPathError, match="is an existing file that is not an oodeval thing"):
-        with atomic_path(target, "thing", lambda p: p.read_text().startswith("ours")):
+    write_json_atomic(target, {"v": 1}, "thing")
+    assert target.stat().st_mode & 0o777 == 0o666 & ~umask and file_marker_kind(target) == "thing"
+    write_json_atomic(target, {"v": 2}, "thing")
+    assert json.loads(target.read_text())["v"] == 2
+    with pytest.raises(OutputPathError, match="without oodeval.s other marker"):
+        write_json_atomic(target, {"v": 3}, "other")
+    target.write_text('{"v": 2, "edited": "by hand"}')  # the user's now: no marker
+    with pytest.raises(OutputPathError, match="is an existing file without oodeval.s thing marker"):
+        with atomic_path(target, "thing"):
             pytest.fail("the body must not run")
     link = tmp_path / "link.json"
     link.symlink_to(target)
     with pytest.raises(OutputPathError, match="symbolic link"):
-        with atomic_path(link, "thing", lambda p: True):
+        with atomic_path(link, "thing"):
             pass
-    assert target.read_text() == "edited by hand" and sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "link.json"]
+    assert "edited" in target.read_text() and sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "link.json"]
 
 
 def test_folder_outputs_carry_a_marker_and_replace_only_what_they_wrote(tmp_path: Path) -> None:
@@ -144,7 +145,7 @@ def test_score_and_probe(sets: Path, foreign, capsys, tmp_path: Path) -> None:
     refused_by_cli(capsys, lambda t: score + [t], foreign)
     own = tmp_path / "table.csv"
     assert main([str(a) for a in score + [own]]) == 0 and main([str(a) for a in score + [own]]) == 0
-    assert list(pd.read_csv(own).detector) == ["msp"]
+    assert list(pd.read_csv(own, comment="#").detector) == ["msp"]
     probe = ["probe", "--train", sets / "train", "--epochs", "1", "--out"]
     refused_by_cli(capsys, lambda t: probe + [t], foreign)
     own = tmp_path / "head.safetensors"
@@ -253,12 +254,21 @@ def test_python_save_functions(sets: Path, foreign, tmp_path: Path) -> None:
         save(own)
         save(own)  # replaces its own earlier output
     assert FeatureSet.load(tmp_path / "fs").content_hash() == fs.content_hash()
-    legacy = tmp_path / "legacy-fs"  # a FeatureSet folder written before markers existed is still oodeval's
+    copied = tmp_path / "copied-fs"  # a FeatureSet folder without the marker (`cp -r src/*`): the user's
+    fs.save(copied)
+    (copied / MARKER).unlink()
+    refused_by_call(fs.save, [copied])
+    legacy = tmp_path / "legacy-fs"  # an older oodeval's: its old marker lists every file in it
     fs.save(legacy)
+    names = sorted(p.relative_to(legacy).as_posix() for p in legacy.rglob("*") if p.is_file() and p.name != MARKER)
     (legacy / MARKER).unlink()
+    (legacy / LEGACY_MARKER).write_text(json.dumps({"kind": "FeatureSet", "oodeval": "0.0.9", "files": names}))
     fs.save(legacy)
-    assert marker_kind(legacy) == "FeatureSet"
+    assert marker_kind(legacy) == "FeatureSet" and not (legacy / LEGACY_MARKER).exists()
     (legacy / "mine.txt").write_text("x")
+    refused_by_call(fs.save, [legacy])
+    (legacy / "mine.txt").unlink()
+    np.save(legacy / "features.npy", np.zeros((2, 2)))  # a listed file whose bytes the user replaced
     refused_by_call(fs.save, [legacy])
     table = pd.DataFrame([{"model": "m", "weights": "", "detector": "msp", "hyperparameters": "{}", "dataset": "d",
                            "split": "all", "seed": 0, "status": "ok", "fpr95": 0.5}])  # fmt: skip
@@ -407,3 +417,147 @@ def test_python_m_oodeval_and_lazy_submodules() -> None:
             "print(heavy, type(oodeval.detectors.create('msp')).__name__)")  # fmt: skip
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "[] MSP", done.stderr
+
+
+# ------------------------------------------------------------------ a name or a header is no marker
+
+
+def _named_like_ours(tmp_path: Path, name: str) -> Path:
+    """A user's folder holding a file named like one oodeval writes (and a note of their own)."""
+    folder = tmp_path / f"user-{name.replace('.', '-')}"
+    folder.mkdir()
+    (folder / name).write_bytes(b"the user's own " + name.encode() + b"\n")
+    (folder / "notes.txt").write_text("keep me\n")
+    return folder
+
+
+def test_a_file_named_like_ours_or_our_header_makes_nothing_ours(sets: Path, capsys, tmp_path: Path) -> None:
+    from oodeval.construct.synthetic import make_synthetic_dataset
+
+    results = tmp_path / "out" / "results.parquet"
+    exp = _experiment(tmp_path, sets, results)
+    assert main(["run", str(exp), "--no-progress"]) == 0
+    report = _named_like_ours(tmp_path, "report.html")
+    refused_by_cli(capsys, lambda t: ["report", results, "--draws", "10", "--out", t], [report])
+    refused_by_cli(capsys, lambda t: ["run", exp, "--no-progress", "--report", t], [report])
+    refused_by_call(lambda t: __import__("oodeval.report", fromlist=["write_report"]).write_report(results, t, draws=10), [report])
+    refused_by_cli(capsys, lambda t: ["zeroshot", "--model", "no-such-model", "--pretrained", "none", "--id-features", sets / "test",
+                                      "--ood-features", sets / "ood", "--out", t], [_named_like_ours(tmp_path, "metrics.json")])  # fmt: skip
+    d = make_synthetic_dataset(tmp_path / "data", n_classes=3, per_class=4, unassigned=0.5, seed=0)
+    candidates = lambda t: ["construct", "candidates", t, "--manifest", d.manifest, "--reannotation", d.reannotation]  # noqa: E731
+    refused_by_cli(capsys, candidates, [_named_like_ours(tmp_path, "project.json")])
+    work = tmp_path / "work"
+    assert main([str(a) for a in candidates(work)]) == 0
+    assert main(["construct", "init", str(work), "--stage1", "a", "b", "--stage3", "c"]) == 0
+    refused_by_cli(capsys, lambda t: ["construct", "export", work, "--allow-pending", "--out", t], [_named_like_ours(tmp_path, "outcome.csv")])
+    refused_by_cli(capsys, lambda t: ["demo", "--quick", "--out", t, "--data-root", tmp_path / "demo-data"],
+                   [_named_like_ours(tmp_path, "experiment.toml")])  # fmt: skip
+    assert not (tmp_path / "demo-data").exists()
+    # a user's CSV with oodeval's header, a user's Parquet table with the results' columns
+    score_csv = tmp_path / "scores.csv"
+    score_csv.write_text("detector,ood,fpr95,auroc\nmine,x,0.1,0.9\n")
+    refused_by_cli(capsys, lambda t: ["score", "--train", sets / "train", "--test", sets / "test", "--ood", f"o={sets / 'ood'}",
+                                      "--detectors", "msp", "--no-progress", "--out", t], [score_csv])  # fmt: skip
+    manifest_csv = tmp_path / "manifest.csv"
+    manifest_csv.write_text("path,label\nmine.png,0\n")
+    refused_by_call(Manifest(["a.png"], np.array([0])).to_csv, [manifest_csv])
+    table = pd.read_parquet(results)
+    user_table = tmp_path / "mine.parquet"
+    table.to_parquet(user_table)
+    refused_by_call(lambda t: save_results(table, t), [user_table])
+    # a FeatureSet folder without its marker that holds the user's files too
+    fs = FeatureSet.load(sets / "test", mmap=False)
+    plain = tmp_path / "plain-fs"
+    fs.save(plain)
+    (plain / MARKER).unlink()
+    (plain / "my-analysis.txt").write_text("mine\n")
+    refused_by_call(fs.save, [plain])
+
+
+# ------------------------------------------------------------------ leftovers, modes
+
+
+def test_staging_left_by_a_killed_writer_is_removed_by_the_next_write(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    claim_folder(out, "kind-k")
+    code = ("import os, signal, sys; from oodeval._io import atomic_path\n"
+            "with atomic_path(sys.argv[1]) as tmp:\n    tmp.write_text('half')\n    os.kill(os.getpid(), signal.SIGKILL)\n")  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(Path(cli.__file__).parents[1])}
+    done = subprocess.run([sys.executable, "-c", code, str(out / "a.txt")], env=env, timeout=120)
+    assert done.returncode == -9
+    left = [p for p in out.iterdir() if p.name.endswith(".tmp")]
+    assert len(left) == 1 and not (out / "a.txt").exists()
+    mine = Path(__import__("tempfile").mkdtemp(prefix=".b.txt.", suffix=".tmp", dir=out))  # a live writer's (this process)
+    (mine / ".oodeval-staging").write_text(f"{__import__('socket').gethostname()} {os.getpid()}")
+    foreign = out / ".user.tmp"  # a user's folder named like a staging one, without the stamp
+    foreign.mkdir()
+    with atomic_path(out / "b.txt") as tmp:
+        tmp.write_text("whole")
+    assert not left[0].exists() and mine.is_dir() and foreign.is_dir() and (out / "b.txt").read_text() == "whole"
+
+
+def test_every_output_gets_the_umask_mode(tmp_path: Path) -> None:
+    old = os.umask(0o027)
+    try:
+        save_head(tmp_path / "h.safetensors", np.ones((2, 3), np.float32), np.zeros(2, np.float32))
+        with atomic_folder(tmp_path / "f", "kind-m") as tmp:
+            tmp.mkdir()
+            save_head(tmp / "w.safetensors", np.ones((2, 3), np.float32), np.zeros(2, np.float32))
+    finally:
+        os.umask(old)
+    assert (tmp_path / "h.safetensors").stat().st_mode & 0o777 == 0o640
+    assert (tmp_path / "f" / "w.safetensors").stat().st_mode & 0o777 == 0o640 and (tmp_path / "f").stat().st_mode & 0o777 == 0o750
+    assert (tmp_path / "f" / MARKER).stat().st_mode & 0o777 == 0o640
+
+
+def test_a_report_stopped_midway_leaves_no_earlier_text(sets: Path, tmp_path: Path, monkeypatch) -> None:
+    import errno
+
+    from oodeval.report import figures, write_report
+
+    results = tmp_path / "out" / "results.parquet"
+    assert main(["run", str(_experiment(tmp_path, sets, results)), "--no-progress"]) == 0
+    report = tmp_path / "report"
+    write_report(results, report, draws=10)
+    (report / "mine.txt").write_text("mine")
+    real = figures.save_figure
+
+    def full_disk(*a, **k):
+        real(*a, **k)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(figures, "save_figure", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        write_report(results, report, draws=10)
+    assert not any((report / n).exists() for n in ("report.html", "report.md", "report.tex"))
+    assert (report / "mine.txt").read_text() == "mine"
+    monkeypatch.setattr(figures, "save_figure", real)
+    assert write_report(results, report, draws=10)["html"].is_file()
+
+
+def test_shards_of_an_entry_finished_by_a_concurrent_process_are_removed(tmp_path: Path, monkeypatch) -> None:
+    import shutil
+
+    from PIL import Image
+
+    from oodeval.features import store as st
+    from oodeval.features.extract import extract
+
+    (tmp_path / "imgs" / "a").mkdir(parents=True)
+    for i in range(4):
+        Image.new("RGB", (24, 24), (i, 0, 0)).save(tmp_path / "imgs" / "a" / f"{i}.png")
+    store = tmp_path / "store"
+    kw = {"model_kwargs": {"num_classes": 2, "pretrained_cfg_overlay": {"input_size": [3, 24, 24]}}, "batch_size": 2,
+          "shard_size": 2, "progress": False}  # fmt: skip
+    entry = extract("test_resnet", tmp_path / "imgs", store, **kw)
+    shutil.move(entry, tmp_path / "finished")
+    real = st.write_shard
+
+    def other_process_finishes(path, *a, **k):  # the other process assembles the entry while this one writes
+        real(path, *a, **k)
+        if not entry.exists():
+            shutil.move(tmp_path / "finished", entry)
+
+    monkeypatch.setattr(st, "write_shard", other_process_finishes)
+    assert extract("test_resnet", tmp_path / "imgs", store, **kw) == entry
+    assert not (store / ".partial").exists() and FeatureSet.load(entry).features.shape[0] == 4

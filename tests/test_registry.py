@@ -86,7 +86,7 @@ def test_every_registered_detector_runs_in_score(tmp_path, capsys):
     argv = ["score", "--train", str(tmp_path / "train"), "--test", str(tmp_path / "test"),
             "--ood", f"far={tmp_path / 'far'}", "--set", "knn.k=5", "--draws", "0", "--no-progress"]  # fmt: skip
     assert main([*argv, "--detectors", ",".join(detectors.names()), "--out", str(out)]) == 0
-    table = pd.read_csv(out)
+    table = pd.read_csv(out, comment="#")
     assert list(table.detector) == detectors.names()
     # each row is that detector's own score: cnc reads the outlier column, the others the K-way view
     train, test, far = sets["train"], sets["test"], sets["far"]
@@ -129,7 +129,7 @@ def test_the_documented_plugin_detector_works_in_score(tmp_path, monkeypatch, ca
     argv = ["score", "--train", str(tmp_path / "train"), "--test", str(tmp_path / "test"), "--ood", f"far={tmp_path / 'far'}",
             "--detectors", "feature_norm", "--set", "feature_norm.p=1", "--draws", "0", "--no-progress", "--out", str(tmp_path / "s.csv")]  # fmt: skip
     assert main(argv) == 0
-    row = pd.read_csv(tmp_path / "s.csv").iloc[0]
+    row = pd.read_csv(tmp_path / "s.csv", comment="#").iloc[0]
     test, far = FeatureSet.load(tmp_path / "test"), FeatureSet.load(tmp_path / "far")
     l1 = np.abs(np.asarray(test.features, np.float64)).sum(1), np.abs(np.asarray(far.features, np.float64)).sum(1)
     assert row.detector == "feature_norm" and row.auroc == pytest.approx(auroc(*l1), abs=1e-12)

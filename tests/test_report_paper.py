@@ -4,6 +4,7 @@ that holds its data (and says "omitted: why" when it does not)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -75,6 +76,15 @@ def test_preset_names_the_papers_grid_and_resolves_offline(capsys):
     assert [d.name for d in cfg.detectors] == detectors.names("paper21")  # the 21, in the paper's order
     assert {d.name for d in cfg.zeroshot if d.vocabulary is None} == set(zeroshot.names("logit"))
     assert len([d for d in cfg.zeroshot if d.vocabulary is None]) == 7
+    # Tab. 2 / A4: 30 EOE generations per prompt, 10 GPT generations; the unions; Fig. A1, A2, A3 sweeps
+    from collections import Counter
+
+    from oodeval.experiment.zeroshot import vocabulary_generation, vocabulary_label
+
+    vocabs = Counter(vocabulary_generation(vocabulary_label(d.vocabulary))[0] for d in cfg.zeroshot if d.vocabulary)
+    assert vocabs == {"EOE": 30, "EOE-far-OOD": 30, "EOE-near-OOD": 30, "GPT": 10, "WN": 1, "WN+GPT": 1, "WN20000+GPT": 1, "oracle": 1}
+    assert {(s.name, s.kind) for s in cfg.sweeps} == {("wordnet_size", "prefix"), ("siblings_k", "siblings"), ("merged_pool", "siblings")}
+    assert cfg.eoe_prompts is not None and cfg.eoe_prompts.name == "eoe-release.toml"
     ckpt = dict(zip(load_reference("tabA7")["model"], load_reference("tabA7")["timm_checkpoint"]))
     pretrained, archs = set(timm.list_pretrained()), set(timm.list_models())
     for m in sup:
@@ -100,13 +110,25 @@ def test_preset_names_the_papers_grid_and_resolves_offline(capsys):
     assert cli.main(["run", str(PRESET), "--check", "--names-only"]) == 0
     out = capsys.readouterr().out
     assert "38 model(s)" in out and "AIMv2-L" in out and "neglabel[WN+GPT]" in out and "check passed" in out
+    assert "eoe[EOE-gen{0..29}]" in out and "neglabel[GPT-gen{0..9}]" in out
+    assert "note: EOE's released prompts" in out and "are not in place" in out  # the user provides them
     assert "family vit" in out and "family resnet" in out and "neco.maxlogit = True" in out
+    # every one of the 30 classifiers resolves to a named family, on purpose (Tab. A8)
+    families = [line.split(": family ")[1].split(" ")[0] for line in out.splitlines() if ": family " in line]
+    assert len(families) == 30 and not {"other", "unknown"} & set(families), families
+    assert {"resnet", "vit", "eva", "xcit", "swin", "convnext", "efficientnet"} == set(families)
+    for label, recipe in (("EVA02-L-448", "fc_norm 500/50/100, blocks.23.norm2 50/500/1, blocks.22.norm2 10/500/10, blocks.21.norm2 10/1000/1"),
+                          ("DINOv3-7B", "norm 500/50/100, blocks.39.norm2 50/500/1, blocks.38.norm2 10/500/10, blocks.37.norm2 10/1000/1")):
+        block = re.split(r"\n  (?=\S)", out.split(f"  {label} (supervised, taps)")[1])[0]  # the model's own lines
+        assert "ash_s.percentile = 95.0" in block and f"nac.layer_params = {recipe}" in block and "nac.n_fit = 50000" in block
+    assert sum(m.taps for m in sup) == 30  # NAC on every classifier, the probes included
     # the full check also lists the missing inputs, and only those
     from oodeval.experiment.check import check_experiment
 
     assert cli.main(["run", str(PRESET), "--check"]) == 2
     problems = check_experiment(cfg)
     assert problems and all("does not exist" in p or "not found" in p for p in problems), problems
+    assert sum("EOE-gen{0..29}.json does not exist" in p for p in problems) == 1  # the 30 generations in one line
 
 
 # ---------------------------------------------------------------- a synthetic grid of the paper's shape
@@ -130,6 +152,8 @@ def _grid() -> list[dict]:
             rows.append(_row(model, "zero-shot", "mcm", d, 0.80, 0.70, acc=0.7))
             for vocab, fpr in (("fine-grained-gen1", 0.70), ("fine-grained-gen2", 0.74), ("far-OOD", 0.85), ("WN", 0.78)):
                 rows.append(_row(model, "zero-shot", "neglabel" if vocab == "WN" else "eoe", d, fpr, 0.7, vocab=vocab, acc=0.7))
+            for g, fpr in enumerate((0.72, 0.74, 0.75)):  # three LLM generations of the GPT siblings
+                rows.append(_row(model, "zero-shot", "neglabel", d, fpr, 0.7, vocab=f"GPT-gen{g}", acc=0.7))
     return rows
 
 
@@ -186,6 +210,14 @@ def test_tabA7_and_the_paper_comparison(grid):
     assert a1["Paper"] == "74.4" and a1["Flag"] == "outside CI"  # ours 86.0 [84.0, 88.0]
     t2 = cmp[(cmp["Table"] == "tab2") & (cmp["Model"] == "SigLIP2-g") & (cmp["Detector"] == "WN")].iloc[0]
     assert t2["Ours [95% CI]"] == "78.0 [76.0, 80.0]" and t2["Paper"] == "68.9"
+    # a vocabulary of several generations: their mean, CI mean ± 1.96 std / sqrt(n), beside the paper's mean over its 10
+    gpt = cmp[(cmp["Table"] == "tab2") & (cmp["Model"] == "SigLIP2-g") & (cmp["Detector"] == "GPT")].iloc[0]
+    gens = np.array([72.0, 74.0, 75.0])
+    half = 1.96 * gens.std(ddof=1) / np.sqrt(3)
+    assert gpt["Ours [95% CI]"] == f"{gens.mean():.1f} [{gens.mean() - half:.1f}, {gens.mean() + half:.1f}], ± {gens.std(ddof=1):.1f} over 3 gen."
+    assert (gpt["Paper"], gpt["Flag"]) == ("51.3 over 10 gen.", "outside CI")
+    tab2 = _view(views, "tab2").frame.set_index("Model")
+    assert str(tab2.loc["SigLIP2-g", "GPT"]) == f"{gens.mean():.1f} ± {gens.std(ddof=1):.1f} (3 gen.)"
     a5 = cmp[(cmp["Table"] == "tabA5") & (cmp["OOD set"] == "NINCO")].iloc[0]
     assert a5["Flag"] == "no CI" and a5["Paper"] == "44.9"  # a mean over VLMs carries no CI
     assert "of" in _view(views, "paper").caption and "flagged" in _view(views, "paper").caption

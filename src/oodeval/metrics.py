@@ -36,7 +36,9 @@ METRIC_NAMES = ("fpr95", "tnr95", "auroc", "aupr_in", "aupr_out", "detection_err
 
 
 def check_scores(scores: object, name: str = "scores", ndim: int = 1) -> np.ndarray:
-    """Return ``scores`` as a float64 array, raising ValueError for wrong shape, empty or non-finite input."""
+    """Return ``scores`` as a float64 array, raising ValueError for wrong shape, empty, complex or non-finite input."""
+    if np.iscomplexobj(scores):
+        raise InputError(f"{name} are complex numbers; scores must be real (higher = more in-distribution)")
     arr = np.asarray(scores, dtype=np.float64)
     if arr.ndim != ndim:
         raise InputError(f"{name} must be a {ndim}-d array, got shape {arr.shape}")

@@ -4,7 +4,10 @@ A cell is keyed by :data:`KEY` = (model, weights, detector, hyperparameters, dat
 ``hyperparameters`` is the detector's overrides as key-sorted JSON (``"{}"`` for the defaults);
 ``hyperparameters_resolved`` is every hyperparameter the detector ran with (its backbone's
 release defaults under those overrides, ``oodeval.detectors.defaults``) and ``backbone`` the
-backbone family they were resolved for.
+backbone family they were resolved for. ``vocabulary_source`` (JSON) records what made a zero-shot
+cell's vocabulary file: its kind and content hash and, for an LLM vocabulary, the prompt file
+(``"oodeval default"`` for oodeval's own wording, else e.g. EOE's released prompts), a hash of the
+prompt texts, the LLM and the generation.
 Metric columns are fractions in [0, 1] (``oodeval.metrics``); the bootstrapped ones carry
 ``<metric>_lo`` / ``<metric>_hi`` percentile 95% bounds. A failed cell has ``status == "error"``
 and its message in ``error``; its metrics are NaN. Per-cell scores live beside the table
@@ -34,7 +37,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ._io import atomic_path, claim_folder, parquet_has_columns
+from ._io import claim_folder, write_parquet_atomic
 from .errors import InputError, StateError
 
 __all__ = [
@@ -54,13 +57,12 @@ __all__ = [
     "merge_results",
     "done_keys",
     "load_cell_scores",
+    "missing_cell_scores",
 ]
 
 KEY = ("model", "weights", "detector", "hyperparameters", "dataset", "split", "seed")
 METRICS = ("fpr95", "tnr95", "auroc", "aupr_in", "aupr_out", "detection_error")
 BOOTSTRAPPED = ("fpr95", "tnr95", "auroc", "detection_error")
-#: recognises an existing results table, the only file :func:`save_results` replaces
-is_results_table = parquet_has_columns(*KEY)
 #: the oodeval output kind of a table's parts folder
 PARTS_KIND = "results parts"
 #: the ``split`` value of a cell over the whole OOD set
@@ -72,6 +74,7 @@ _INFO = {
     "backbone": "string",
     "hyperparameters_resolved": "string",
     "vocabulary": "string",
+    "vocabulary_source": "string",
     "id_train": "string",
     "id_test": "string",
     "status": "string",
@@ -81,6 +84,7 @@ _INFO = {
     "id_accuracy": "float64",
     "bootstrap_draws": "Int64",
     "bootstrap_fixed_id": "boolean",
+    "inputs": "string",
     "selection": "string",
     "scores_id": "string",
     "scores_ood": "string",
@@ -134,7 +138,13 @@ def _part_files(path: Path) -> list[Path]:
 
 
 def _read_table(path: Path) -> pd.DataFrame:
-    df = pd.read_parquet(path)
+    try:
+        df = pd.read_parquet(path)
+    except FileNotFoundError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises its own types for a damaged file
+        raise InputError(f"results table {path} is damaged: it cannot be read as Parquet ({type(exc).__name__}: {exc}); "
+                         "restore it from a copy, or move it away and rerun to recompute its cells") from exc
     missing = [k for k in KEY if k not in df.columns]
     if missing:
         raise InputError(f"{path} is not an oodeval results table: it lacks key column(s) {', '.join(missing)}")
@@ -193,11 +203,10 @@ def compact_results(path: str | Path) -> bool:
 
 
 def save_results(df: pd.DataFrame, path: str | Path) -> Path:
-    """Write ``df`` to ``path`` as Parquet atomically (temporary file, then one rename)."""
+    """Write ``df`` to ``path`` as Parquet atomically (temporary file, then one rename), oodeval's
+    "results table" marker in its metadata; an existing file is replaced only when it carries that marker."""
     path = Path(path)
-    df = _conform(df)
-    with atomic_path(path, "results table", is_results_table) as tmp:
-        df.to_parquet(tmp, index=False)
+    write_parquet_atomic(path, _conform(df), "results table")
     return path
 
 
@@ -232,9 +241,36 @@ def _key_of(values: tuple) -> tuple:
     return tuple(int(v) if k == "seed" else str(v) for k, v in zip(KEY, values))
 
 
-def load_cell_scores(row: pd.Series | dict, results_path: str | Path) -> tuple[np.ndarray, np.ndarray]:
-    """The (ID scores, OOD scores) of one ok row, read from the files beside ``results_path``."""
+def load_cell_scores(row: pd.Series | dict, results_path: str | Path, mmap: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """The (ID scores, OOD scores) of one ok row, read from the files beside ``results_path``;
+    a missing, truncated or foreign score file is a ValueError naming it."""
     base = Path(results_path).parent
     if row.get("status") != "ok" or pd.isna(row.get("scores_id")) or pd.isna(row.get("scores_ood")):
         raise InputError(f"row {row.get('detector')}/{row.get('dataset')} has no stored scores")
-    return np.load(base / row["scores_id"]), np.load(base / row["scores_ood"])
+    return _score_file(base / row["scores_id"], mmap), _score_file(base / row["scores_ood"], mmap)
+
+
+def _score_file(path: Path, mmap: bool) -> np.ndarray:
+    try:
+        arr = np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+    except FileNotFoundError as exc:
+        raise InputError(f"score file {path} is missing") from exc
+    except (ValueError, OSError, EOFError) as exc:
+        raise InputError(f"score file {path} is truncated or not a .npy array ({exc})") from exc
+    if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.floating):
+        raise InputError(f"score file {path} holds a {arr.dtype} array of shape {arr.shape}, not 1-d float scores")
+    return arr
+
+
+def missing_cell_scores(df: pd.DataFrame, results_path: str | Path) -> list[str]:
+    """'FILE: problem' for each score file an ok row names that is missing, truncated or not 1-d
+    float scores (header and length checked, the values not read)."""
+    problems: dict[str, str] = {}
+    rows = df[(df["status"] == "ok") & df["scores_id"].notna() & df["scores_ood"].notna()]
+    base = Path(results_path).parent
+    for name in pd.unique(pd.concat([rows["scores_id"], rows["scores_ood"]])):
+        try:
+            _score_file(base / name, mmap=True)
+        except ValueError as exc:
+            problems[str(name)] = str(exc)
+    return list(problems.values())

@@ -172,9 +172,9 @@ def _train(args: argparse.Namespace) -> int:
 
     from .._io import check_output
     from ..cnc.corruptions import pool
-    from ..cnc.train import CHECKPOINT_KIND, RECIPES, TrainConfig, is_checkpoint_folder, train
+    from ..cnc.train import CHECKPOINT_KIND, RECIPES, TrainConfig, train
 
-    check_output(args.out, CHECKPOINT_KIND, folder=True, is_own=is_checkpoint_folder)  # before loading any data
+    check_output(args.out, CHECKPOINT_KIND, folder=True)  # before loading any data
     images, labels, info = _load(args, args.dataset, size=args.size)
     images, labels = _select(images, labels, args.classes)
     if (labels < 0).any():
@@ -204,20 +204,18 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _evaluate(args: argparse.Namespace) -> int:
-    from .._io import check_output, json_has_keys, write_json_atomic
+    from .._io import check_output, write_json_atomic
     from ..cnc.evaluate import aggregate, check_finished, check_id_labels, comparable, evaluate_run, format_table
     from ..cnc.suites import suite
     from ..cnc.train import extract, load_checkpoint, resolve_device, resolve_precision
     from ..detectors import create
-    from ..results import is_results_table
 
-    is_evaluation = json_has_keys("runs", "checkpoints", "aggregate")
     if args.json:
-        check_output(args.json, "CnC evaluation", is_own=is_evaluation)
+        check_output(args.json, "CnC evaluation")
     if args.results:
         if args.results.suffix != ".parquet" or args.draws < 1:
             raise InputError("--results takes a .parquet results table, with --draws at least 1 (it carries 95% intervals)")
-        check_output(args.results, "results table", is_own=is_results_table)
+        check_output(args.results, "results table")
     s = suite(args.suite) if args.suite else None
     id_test = args.id_test or (s.id_test if s else None)
     id_train = args.id_train or (s.id_train if s else None)
@@ -273,7 +271,7 @@ def _evaluate(args: argparse.Namespace) -> int:
             "suite": args.suite, "id_test": id_test, "ood": ood, "detectors": detectors,
             "checkpoints": names, "runs": runs, "aggregate": result if len(runs) > 1 else None,
             "config": cfg0.to_json(), "resized": bool(args.resize), "scored_on": scored_on, **training,
-        }, "CnC evaluation", is_evaluation)  # fmt: skip
+        }, "CnC evaluation")  # fmt: skip
         print(f"wrote {args.json}")
     if args.results:
         _write_results(args.results, rows, cfg0, id_test, id_train if needs_train else None, args.draws,

@@ -38,6 +38,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shard-size", type=int, default=1024, help="rows per atomically written shard (default 1024)")
     p.add_argument("--no-strict", action="store_true", help="accept a registry dataset whose image count differs")
     p.add_argument("--skip-missing", action="store_true", help="skip manifest rows whose file does not exist (default: an error)")
+    p.add_argument("--full-image-hash", action="store_true",
+                   help="key the cache by every byte of every image (default: size, mtime and sampled bytes)")
     add_progress(p)
 
 
@@ -51,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
         weights=args.weights, data_root=args.data_root, patch_features=args.patch_features, batch_size=args.batch_size,
         num_workers=args.workers, device=args.device, model_kwargs=args.model_kwargs, progress=not args.no_progress,
         head=args.head, pretrained=pretrained, amp=args.amp, strict=not args.no_strict, shard_size=args.shard_size,
-        skip_missing=args.skip_missing,
+        skip_missing=args.skip_missing, full_image_hash=args.full_image_hash,
         nac_layers=args.nac_layers.split(",") if args.nac_layers else None,
     )
     if args.nac_fit is not None:

@@ -36,16 +36,16 @@ def load_scores(path: Path) -> np.ndarray:
     if path.suffix == ".npy":
         try:
             scores = np.load(path, allow_pickle=False)
-        except ValueError as exc:
+        except (ValueError, EOFError, OSError) as exc:
             raise InputError(f"score file {path} is not a plain .npy array ({exc}); expected {expected}") from exc
     elif path.suffix == ".npz":
         raise InputError(f"score file {path} is a .npz archive; expected {expected} (save one array with np.save)")
     else:
         try:
             scores = np.loadtxt(path, dtype=np.float64, ndmin=1)
-        except ValueError as exc:
+        except (ValueError, UnicodeDecodeError) as exc:
             raise InputError(f"score file {path}: {exc}; expected {expected}") from exc
-    if scores.ndim != 1 or not np.issubdtype(scores.dtype, np.number):
+    if scores.ndim != 1 or not (np.issubdtype(scores.dtype, np.integer) or np.issubdtype(scores.dtype, np.floating)):
         raise InputError(f"score file {path} holds a {scores.dtype} array of shape {scores.shape}; expected {expected}")
     return scores
 

@@ -27,10 +27,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from .._io import check_output
     from ..features import FeatureSet
-    from ..features.backbones import is_head_file
     from ..features.probe import probe_accuracy, save_probe, train_probe
 
-    check_output(args.out, "linear head", is_own=is_head_file)
+    check_output(args.out, "linear head")
     train = FeatureSet.load(args.train)
     n_classes = len(train.meta["class_names"]) if train.meta.get("class_names") else None
     w, b, losses = train_probe(train, epochs=args.epochs, lr=args.lr, weight_decay=args.weight_decay,

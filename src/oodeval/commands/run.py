@@ -70,6 +70,10 @@ def run(args: argparse.Namespace) -> int:
     options = executor_options(args.executor_option)
     if options and args.executor == "inprocess":
         raise InputError("--executor-option needs --executor local, slurm or ray")
+    if args.report is not None:
+        from .._io import check_output
+
+        check_output(args.report, "report", folder=True)  # refused before any work
     summary = run_experiment(cfg, progress=not args.no_progress, executor=args.executor, executor_options=options)
     print(summary)
     if args.report is not None:
@@ -96,26 +100,45 @@ def run(args: argparse.Namespace) -> int:
 def _check(cfg, names_only: bool = False) -> int:
     from .. import detectors
     from ..detectors.defaults import describe
-    from ..experiment.check import check_experiment
-    from ..experiment.zeroshot import vocabulary_label
+    from ..experiment.check import check_experiment, eoe_prompt_notes
+    from ..features.taps import nac_plan
 
     seeds = ", ".join(map(str, cfg.seeds))
     print(f"experiment {cfg.name!r}: {len(cfg.models)} model(s), {len(cfg.ood)} OOD set(s), seeds {seeds}")
     for m in cfg.models:
         dets = cfg.detectors_for(m)
-        names = ", ".join(d.display + (f"[{vocabulary_label(d.vocabulary)}]" if d.vocabulary else "") for d in dets) if dets else "every supported detector"
+        names = ", ".join(_listing(dets)) if dets else "every supported detector"
         extras = [x for x, on in (("taps", m.taps), ("patch features", m.patch_features)) if on]
         print(f"  {m.label} ({m.kind}{', ' + ', '.join(extras) if extras else ''}): {names}")
         if m.kind == "supervised":  # the backbone-dependent defaults each detector will run with
             listed = [d.name for d in dets] if dets else detectors.names()
             explicit = {d.name: d.hyperparameters for d in dets or ()}
-            for line in describe(listed, {"model": m.name}, explicit):
+            source = {"model": m.name}
+            if m.taps and "nac" in listed:  # the layers extraction will tap, from the model's structure
+                source.update(nac_plan(m.name, m.model_kwargs) or {})
+            for line in describe(listed, source, explicit):
                 print(f"    {line.strip()}")
     print(f"  ID train {cfg.id_train.label if cfg.id_train else '-'}, ID test {cfg.id_test.label}; OOD: {', '.join(d.label for d in cfg.ood)}")
     print(f"  results -> {cfg.results}")
-    problems = check_experiment(cfg, names_only)
+    notes, prompt_problems = eoe_prompt_notes(cfg)
+    for note in notes:
+        print(f"  note: {note}")
+    problems = check_experiment(cfg, names_only) + prompt_problems
     if problems:
         raise InputError(f"{len(problems)} problem(s) before this experiment can run:\n" + "\n".join(f"  - {p}" for p in problems))
     print("check passed: every model name resolves" if names_only else
           "check passed: datasets, weights, model names and vocabularies are all in place")
     return 0
+
+
+def _listing(dets) -> list[str]:
+    """Detector names with their vocabularies, the generations of one vocabulary shown once
+    (``eoe[EOE-gen{0..29}]``)."""
+    from ..experiment.zeroshot import compact_generations, vocabulary_generation, vocabulary_label
+
+    groups: dict[tuple, list[str]] = {}
+    for d in dets:
+        label = vocabulary_label(d.vocabulary) if d.vocabulary else None
+        base = None if label is None else vocabulary_generation(label)[0]
+        groups.setdefault((d.display, base, label if base == label else None), []).append(label)
+    return [name if base is None else f"{name}[{', '.join(compact_generations(labels))}]" for (name, base, _), labels in groups.items()]

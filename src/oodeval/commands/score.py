@@ -51,16 +51,16 @@ def parse_oods(items: list[str]) -> dict[str, Path]:
 def run(args: argparse.Namespace) -> int:
     import pandas as pd
 
-    from .._io import atomic_path, check_output, csv_header_starts
+    from .._io import check_output, write_csv_atomic
     from ..detectors.defaults import describe
     from ..features import FeatureSet
-    from ..results import is_results_table
     from ..scoring import evaluate_detectors, failures, format_table, parse_hyperparameters, supported_names
 
-    is_score_table = csv_header_starts("detector", "ood")
     parquet = args.out is not None and args.out.suffix == ".parquet"
     if args.out is not None:
-        check_output(args.out, "results table" if parquet else "score table", is_own=is_results_table if parquet else is_score_table)
+        check_output(args.out, "results table" if parquet else "score table")
+        if args.out.suffix not in (".csv", ".parquet"):
+            raise InputError(f"--out {args.out}: give a .csv (the score table) or a .parquet (a results table) path")
     names = [n.strip() for n in args.detectors.split(",") if n.strip()] if args.detectors else None
     hps = parse_hyperparameters(args.set)
     train = FeatureSet.load(args.train)
@@ -82,8 +82,7 @@ def run(args: argparse.Namespace) -> int:
             print("\n".join(describe([name], fs, hps)[1:]))
     print(format_table(rows))
     if args.out is not None:
-        with atomic_path(args.out, "score table", is_score_table) as tmp:
-            pd.DataFrame(rows).to_csv(tmp, index=False)
+        write_csv_atomic(args.out, pd.DataFrame(rows).to_csv(index=False, lineterminator="\n"), "score table")
         print(f"wrote {args.out}")
     failed = failures(rows)
     for line in failed:

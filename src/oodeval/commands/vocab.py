@@ -262,14 +262,9 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _out_kind(args):
-    """(kind, recogniser) of ``--out``: only an earlier file of the same kind is replaced."""
-    from .._io import json_has_keys
-    from ..zeroshot.vocabulary import is_vocabulary_file
-
-    if args.vocab_cmd == "sweep":
-        return "vocabulary sweep", json_has_keys("param", "x", "fpr95")
-    return "vocabulary", is_vocabulary_file
+def _out_kind(args) -> str:
+    """The output kind of ``--out``: only an earlier file carrying this kind's marker is replaced."""
+    return "vocabulary sweep" if args.vocab_cmd == "sweep" else "vocabulary"
 
 
 def _check_out(args) -> None:
@@ -277,8 +272,7 @@ def _check_out(args) -> None:
     from .._io import check_output
 
     if getattr(args, "out", None) is not None:
-        kind, is_own = _out_kind(args)
-        check_output(args.out, kind, is_own=is_own)
+        check_output(args.out, _out_kind(args))
 
 
 def _sweep(args) -> int:
@@ -309,6 +303,6 @@ def _sweep(args) -> int:
     if args.out:
         from .._io import write_json_atomic
 
-        write_json_atomic(args.out, curve, *_out_kind(args))
+        write_json_atomic(args.out, curve, _out_kind(args))
         print(f"wrote {args.out}")
     return 0

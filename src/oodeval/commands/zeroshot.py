@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
 
     check_weights(args)
     if args.out:
-        claim_folder(args.out, "zero-shot scores", lambda p: (p / "metrics.json").is_file())
+        claim_folder(args.out, "zero-shot scores")
     logit = names("logit")
     chosen = logit if args.scorers == "logit" else names() if args.scorers == "all" else args.scorers.split(",")
     unknown = [n for n in chosen if n not in names()]

@@ -137,7 +137,7 @@ def write_project(
     """Read and check the inputs, select the pool, write ``candidates.csv`` and ``project.json``."""
     folder = Path(folder)
     check_not_initialised(folder, "candidates")
-    check_output(folder, "construct project", folder=True, is_own=lambda p: (p / "project.json").is_file())
+    check_output(folder, "construct project", folder=True)
     man = read_manifest(manifest, root)
     names = read_class_names(class_names) if class_names else None
     if names is not None:
@@ -149,7 +149,7 @@ def write_project(
     if not cands:
         raise InputError(f"reannotation table {reannotation} assigns every one of its {len(rows)} images to a class: no candidates")
     rows_out = [[c.image, c.path, c.original_label, c.original_name, c.flag] for c in cands]
-    claim_folder(folder, "construct project", is_own=lambda p: (p / "project.json").is_file())
+    claim_folder(folder, "construct project")
     write_text_atomic(folder / "candidates.csv", csv_text(CANDIDATE_COLUMNS, rows_out))
     write_json_atomic(
         folder / "project.json",

@@ -109,7 +109,7 @@ def export(project: Project, store: ProtocolStore, out: str | Path | None = None
     pending = [i for i, o in outcomes.items() if o.status != "final"]
     if pending and not allow_pending:
         raise InputError(f"{len(pending)} of {len(outcomes)} images are still pending (e.g. {pending[0]!r}); finish them or pass --allow-pending")
-    out = claim_folder(out or project.folder / "export", "construct export", lambda p: (p / "outcome.csv").is_file())
+    out = claim_folder(out or project.folder / "export", "construct export")
     images = {c.image: c for c in store.images()}
     man = project.manifest
 

@@ -186,6 +186,9 @@ class ProtocolStore:
         try:
             with self._connect() as con:
                 meta = dict(con.execute("SELECT key, value FROM meta").fetchall())
+        except sqlite3.OperationalError as exc:  # full disk, no permission, I/O error: the store itself may be fine
+            raise InputError(f"protocol store {self.path} cannot be opened ({exc}); free disk space or fix the folder's "
+                             "permissions, then retry (nothing was recorded)") from None
         except sqlite3.DatabaseError as exc:
             raise InputError(f"{self.path} is not an oodeval protocol store: {exc}") from None
         if meta.get("format") != FORMAT:
@@ -250,7 +253,7 @@ class ProtocolStore:
         if path.exists():
             raise FileExistsError(f"protocol store {path} already exists; it holds verdicts and is never overwritten")
         tokens = {n: _new_token() for n in names}
-        with atomic_path(path) as tmp:
+        with atomic_path(path, private=True) as tmp:
             con = sqlite3.connect(tmp)
             try:
                 os.chmod(tmp, 0o600)  # SQLite gives the -wal and -shm files the same mode

@@ -22,6 +22,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .._io import strip_csv_marker
 from ..errors import InputError
 
 __all__ = [
@@ -75,7 +76,11 @@ def _read_csv(path: Path, what: str) -> tuple[list[str], list[dict[str, str]]]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{what} {path} does not exist")
-    with open(path, newline="", encoding="utf-8") as fh:
+    try:
+        text = strip_csv_marker(path.read_text(encoding="utf-8-sig"))  # a Manifest.to_csv file starts with oodeval's marker
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{what} {path} is not UTF-8 text (byte {exc.start}); save it as UTF-8 CSV") from exc
+    with io.StringIO(text, newline="") as fh:
         reader = csv.DictReader(fh)
         if not reader.fieldnames:
             raise InputError(f"{what} {path} is empty (no header row)")

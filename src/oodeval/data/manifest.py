@@ -10,6 +10,7 @@ inside a container file (the IDX files of Fashion-MNIST), see :mod:`oodeval.data
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import os
 from collections.abc import Sequence
@@ -18,15 +19,16 @@ from pathlib import Path
 
 import numpy as np
 
-from .._io import csv_header_starts, hash_json, write_text_atomic
+from .._io import hash_json, strip_csv_marker, write_csv_atomic
 from ..errors import InputError
 
-__all__ = ["Manifest", "IMAGE_EXTENSIONS", "list_images"]
+__all__ = ["Manifest", "IMAGE_EXTENSIONS", "list_images", "parse_labels"]
 
 #: file suffixes treated as images when scanning folders (case-insensitive).
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
 
 _TRUE = {"1", "true", "yes", "y", "t"}
+_INT64 = (-(2**63), 2**63 - 1)
 _FALSE = {"0", "false", "no", "n", "f", ""}
 
 
@@ -150,33 +152,38 @@ class Manifest:
         )
 
     @classmethod
-    def from_csv(cls, path: str | Path, *, root: str | Path | None = None, name: str | None = None) -> Manifest:
+    def from_csv(cls, path: str | Path, *, root: str | Path | None = None, name: str | None = None,
+                 class_names: Sequence[str] | None = None) -> Manifest:
         """Read a CSV with header ``path,label[,ood_label,fine_grained,split,class_name]``.
 
-        Relative paths are taken relative to ``root`` (default: the CSV's folder). ``label`` is
-        an integer (-1 = unknown); a column of non-integer labels is read as class names mapped
-        to 0..C-1 in sorted order. ``class_name`` (optional) names each row's integer label.
+        Relative paths are taken relative to ``root`` (default: the CSV's folder). Labels are parsed
+        (:func:`parse_labels`): integers stay their integer (-1 or empty = unknown); a column of names
+        only is mapped to 0..C-1 in sorted order; float-looking or mixed labels are refused unless
+        ``class_names`` (the class list, its index = the label) is given. ``class_name`` (optional)
+        names each row's integer label. UTF-8 with or without a BOM (Excel); a row with more or
+        fewer cells than the header is refused.
         """
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"manifest {path} does not exist")
-        with open(path, newline="", encoding="utf-8") as fh:
-            reader = csv.DictReader(fh)
-            cols = reader.fieldnames or []
-            rows = list(reader)
+        try:
+            text = strip_csv_marker(path.read_text(encoding="utf-8-sig"))
+        except UnicodeDecodeError as exc:
+            raise InputError(f"manifest {path} is not UTF-8 text (byte {exc.start}); save it as UTF-8 CSV") from exc
+        reader = csv.DictReader(io.StringIO(text, newline=""))
+        cols = reader.fieldnames or []
+        rows = list(reader)
         missing = [c for c in ("path", "label") if c not in cols]
         if missing:
             raise InputError(f"manifest {path} lacks column(s) {', '.join(missing)}; header is {cols}")
         if not rows:
             raise InputError(f"manifest {path} has no rows")
-        raw = [r["label"].strip() for r in rows]
-        class_names = None
-        try:
-            labels = np.array([int(x) if x != "" else -1 for x in raw], dtype=np.int64)
-        except ValueError:
-            class_names = sorted({x for x in raw if x not in ("", "-1")})
-            index = {c: i for i, c in enumerate(class_names)}
-            labels = np.array([index.get(x, -1) for x in raw], dtype=np.int64)
+        ragged = [i + 2 for i, r in enumerate(rows) if None in r or any(v is None for v in r.values())]
+        if ragged:
+            raise InputError(f"manifest {path}: {len(ragged)} row(s) have more or fewer cells than the {len(cols)} header columns "
+                             f"(lines {_lines(ragged)}); quote cells that hold commas")
+        labels, parsed_names = parse_labels([r["label"] for r in rows], class_names, where=f"manifest {path}")
+        class_names = parsed_names
         if "class_name" in cols and class_names is None:
             names: dict[int, str] = {}
             for lab, r in zip(labels, rows):
@@ -240,12 +247,12 @@ class Manifest:
         """Write the manifest atomically; paths are made relative to the CSV's folder when inside it.
 
         A manifest without ``root`` keeps its paths as they are (relative ones then refer to the
-        CSV's folder when read back). An existing file is replaced only when it is a manifest CSV
-        (header ``path,label,...``); anything else there is refused.
+        CSV's folder when read back). The first line is oodeval's marker (``# oodeval-output: ...``);
+        an existing file is replaced only when it carries the manifest marker; anything else is refused.
         """
         path = Path(path)
         text = self.to_csv_text(relative_to=Path(os.path.abspath(path.parent)) if self.root is not None else None)
-        write_text_atomic(path, text, "manifest", csv_header_starts("path", "label"))
+        write_csv_atomic(path, text, "manifest")
         return path
 
     def absolute(self) -> Manifest:
@@ -268,6 +275,23 @@ class Manifest:
                 "class_names": self.class_names,
             }
         )
+
+    def images_digest(self, full: bool = False) -> str:
+        """Hash of the images' content: per file (a container ``FILE#K`` counts once) its size,
+        ``mtime_ns`` and a blake2b of three 16 KiB samples (start, middle, end); ``full``: a blake2b
+        of every byte instead of the samples. A missing file enters as missing."""
+        h = hashlib.blake2b(digest_size=16)
+        h.update(b"full" if full else b"fast")
+        seen: set[str] = set()
+        for i in range(len(self)):
+            p = self.resolve_path(i)
+            if "#" in p and not os.path.exists(p):
+                p = p.rsplit("#", 1)[0]
+            if p in seen:
+                continue
+            seen.add(p)
+            h.update(p.encode() + b"\0" + _file_fingerprint(p, full).encode() + b"\n")
+        return h.hexdigest()
 
     def subset(self, index: Sequence[int] | np.ndarray, name: str | None = None) -> Manifest:
         """Rows ``index`` (in that order) as a new manifest sharing root and class names."""
@@ -304,3 +328,83 @@ class Manifest:
                 raise InputError(f"manifest {self.name!r} has no fine_grained column")
             keep &= self.fine_grained == fine_grained
         return self.subset(np.flatnonzero(keep), name=name)
+
+
+def _file_fingerprint(path: str, full: bool, sample: int = 1 << 14) -> str:
+    """``size:mtime_ns:blake2b`` of a file (three samples, or every byte with ``full``); "missing" when absent."""
+    try:
+        st = os.stat(path)
+        h = hashlib.blake2b(digest_size=16)
+        with open(path, "rb") as fh:
+            if full or st.st_size <= 3 * sample:
+                while block := fh.read(1 << 20):
+                    h.update(block)
+            else:
+                for at in (0, st.st_size // 2 - sample // 2, st.st_size - sample):
+                    fh.seek(at)
+                    h.update(fh.read(sample))
+    except OSError:
+        return "missing"
+    return f"{st.st_size}:{st.st_mtime_ns}:{h.hexdigest()}"
+
+
+def _lines(numbers: list[int], most: int = 5) -> str:
+    return ", ".join(map(str, numbers[:most])) + (f" and {len(numbers) - most} more" if len(numbers) > most else "")
+
+
+def _as_int(text: str) -> int | None:
+    """The integer a label cell spells (``"3"``, ``"-1"``, ``"+2"``), else None (``"2.0"``, ``"1e3"``, names)."""
+    t = text.strip()
+    return int(t) if t.lstrip("+-").isdigit() else None
+
+
+def parse_labels(raw: Sequence[str], class_names: Sequence[str] | None = None, where: str = "manifest") -> tuple[np.ndarray, list[str] | None]:
+    """(int64 labels, class names or None) of label cells, parsed, never renumbered by sorting.
+
+    An empty cell is -1 (unknown). With ``class_names``: a cell equal to a name is its index, an
+    integer cell stays its integer, anything else is refused. Without: integer cells stay their
+    integer; a column of names only (no cell integer- or number-like) maps the names in sorted order
+    to 0..C-1; a float-looking cell (``2.0``, ``1e30``) or names mixed with integers is refused with
+    its data lines named (header = line 1). Integers beyond int64 are refused.
+    """
+    cells = [str(x).strip() for x in raw]
+    lines = lambda idx: _lines([i + 2 for i in idx])  # noqa: E731
+    ints = [_as_int(c) for c in cells]
+    big = [i for i, v in enumerate(ints) if v is not None and not _INT64[0] <= v <= _INT64[1]]
+    if big:
+        raise InputError(f"{where}: label {cells[big[0]]!r} does not fit a 64-bit integer (line {lines(big)})")
+    if class_names is not None:
+        index = {str(c): i for i, c in enumerate(class_names)}
+        out, bad = [], []
+        for i, (c, v) in enumerate(zip(cells, ints)):
+            if c in index:
+                out.append(index[c])
+            elif c == "" or v is not None:
+                out.append(-1 if c == "" else v)
+            else:
+                bad.append(i)
+        if bad:
+            raise InputError(f"{where}: label {cells[bad[0]]!r} is neither an integer nor one of the {len(index)} class names (lines {lines(bad)})")
+        return np.array(out, dtype=np.int64), [str(c) for c in class_names]
+    named = [i for i, (c, v) in enumerate(zip(cells, ints)) if c != "" and v is None]
+    if not named:
+        return np.array([-1 if c == "" else v for c, v in zip(cells, ints)], dtype=np.int64), None
+    numeric = [i for i in named if _is_number(cells[i])]
+    if numeric:
+        raise InputError(f"{where}: label {cells[numeric[0]]!r} is not an integer (lines {lines(numeric)}); "
+                         "write integer labels, or give the class list to read labels as names")
+    integers = [i for i, v in enumerate(ints) if v is not None and v != -1]
+    if integers:
+        raise InputError(f"{where}: labels mix class names (e.g. {cells[named[0]]!r}, line {named[0] + 2}) with integers "
+                         f"(e.g. {cells[integers[0]]!r}, lines {lines(integers)}); use one or the other, or give the class list")
+    names = sorted({cells[i] for i in named})
+    index = {c: i for i, c in enumerate(names)}
+    return np.array([index.get(c, -1) for c in cells], dtype=np.int64), names
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True

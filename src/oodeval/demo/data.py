@@ -227,7 +227,7 @@ def _write_set(
     folder: Path, images: np.ndarray, labels: np.ndarray, ood_labels: list[str] | None, class_names: list[str] | None, spec: dict
 ) -> None:
     """Write PNGs + manifest.csv (through :class:`oodeval.data.Manifest`) + build.json atomically."""
-    with atomic_folder(folder, "demo set", lambda p: (p / "build.json").is_file()) as tmp:
+    with atomic_folder(folder, "demo set") as tmp:
         (tmp / "images").mkdir(parents=True)
         paths = []
         for i, img in enumerate(images):

@@ -198,7 +198,7 @@ def _run(
     from ..report import write_report
     from ..results import load_results
 
-    out = claim_folder(Path(out).resolve(), "demo", lambda p: (p / "experiment.toml").is_file())
+    out = claim_folder(Path(out).resolve(), "demo")
     root = Path(data_root).resolve() if data_root else out / "data"
     sizes = DemoSizes.quick() if quick else DemoSizes()
     config = TrainConfig(seed=seed, **({"epochs": 2, "batch_size": 64} if quick else {}))

@@ -202,7 +202,7 @@ def train_model(
         "chance_accuracy": 1.0 / len(names),
         "key": key,
     }
-    with atomic_folder(folder, "demo model", lambda p: (p / "model.json").is_file()) as tmp:
+    with atomic_folder(folder, "demo model") as tmp:
         tmp.mkdir()
         state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
         save_file(state, str(tmp / "model.safetensors"), metadata={"arch": config.arch, "key": key})

@@ -3,21 +3,27 @@
 :func:`resolve_defaults` is the one place where a detector's hyperparameters are chosen from the
 model recorded in a FeatureSet's metadata (``meta["model"]``); an explicit hyperparameter always
 wins. The backbone family comes from the timm module that registers the model
-(:func:`backbone_family`). The settings, each from its release:
+(:func:`backbone_family`); :data:`FAMILY_NOTES` says for each family why it gets the settings it
+gets. ViT-like families (:data:`VIT_LIKE`: ``vit`` = timm ``vision_transformer`` and ``deit``,
+incl. DINOv2; ``eva`` = EVA02 and timm's DINOv3; ``xcit``) are ViTs to every release below. The
+settings, each from its release:
 
 * NECO ``maxlogit``: True for every non-ResNet model (NECO release, ``neco()``: ``if
   model_architecture_type != 'resnet': score *= maxlogit``); needs logits, so it stays off for
   features without them (a VLM without a probe head).
 * ASH-S ``percentile``: ResNet-50 / MobileNetV2 90, ViT 95, DenseNet-121 99 (andrijazz/ash
   ``config/{imagenet,mobilenet,vit,densenet}_config.yml``: ``ash_s@90``, ``ash_s@90``, ``ash_s@95``,
-  ``ash_s@99``); every other family keeps the paper's 90 (the release runs no ASH-S on ConvNeXt).
+  ``ash_s@99``); ViT-like families take the ViT value; every other family keeps the paper's 90
+  (the release runs no ASH-S on ConvNeXt, Swin or EfficientNet).
 * NAC ``layer_params`` / ``n_fit`` (BierOne/ood_coverage ``configs/postprocessors/nac/``):
   ResNet ``resnet/nac_imagenet.yml`` (avgpool/layer3/layer2/layer1, ``valid_num`` 1000, the
   class defaults of :class:`~oodeval.detectors.nac.NAC`); ViT ``vit/nac_imagenet.yml``: the final
-  LayerNorm (``encoder.ln`` = timm ``norm``) O/M/alpha 500/50/100 and ``ln_2`` of the last three
-  blocks (timm ``blocks.{L-1,L-2,L-3}.norm2``) 50/500/1, 10/500/10, 10/1000/1, ``valid_num``
-  50000. The release has no setting for other families; they get the ResNet values layer by
-  layer in depth order (deepest tap = avgpool's) and ``n_fit`` 1000.
+  LayerNorm (``encoder.ln`` = timm ``norm`` / ``fc_norm``) O/M/alpha 500/50/100 and ``ln_2`` of the
+  last three blocks (timm ``<block>.norm2``, :func:`oodeval.features.taps.vit_blocks`) 50/500/1,
+  10/500/10, 10/1000/1, ``valid_num`` 50000, for every ViT-like family on its own block names (the
+  place of each tap is recorded at extraction, ``meta["nac_roles"]``). The release has no setting
+  for other families; they get the ResNet values layer by layer in depth order (deepest tap =
+  avgpool's) and ``n_fit`` 1000.
 """
 
 from __future__ import annotations
@@ -28,19 +34,37 @@ from dataclasses import dataclass
 from ..features import FeatureSet
 from .nac import NAC_DEFAULTS, NAC_N_FIT, NAC_VIT_BLOCKS, NAC_VIT_NORM
 
-__all__ = ["Default", "backbone_family", "backbone_defaults", "resolve_defaults", "describe", "FAMILIES"]
+__all__ = ["Default", "backbone_family", "backbone_defaults", "resolve_defaults", "describe", "FAMILIES", "VIT_LIKE",
+           "FAMILY_NOTES", "family_note"]
 
 #: timm module (``timm.models.<module>``) -> backbone family
 _MODULES = {
-    "resnet": "resnet", "resnetv2": "resnet", "vision_transformer": "vit", "deit": "vit",
-    "densenet": "densenet", "swin_transformer": "swin", "convnext": "convnext",
+    "resnet": "resnet", "resnetv2": "resnet", "vision_transformer": "vit", "deit": "vit", "eva": "eva",
+    "xcit": "xcit", "densenet": "densenet", "swin_transformer": "swin", "swin_transformer_v2": "swin",
+    "convnext": "convnext", "efficientnet": "efficientnet",
 }  # fmt: skip
-FAMILIES = ("resnet", "vit", "densenet", "swin", "convnext", "other", "unknown")
+FAMILIES = ("resnet", "vit", "eva", "xcit", "densenet", "swin", "convnext", "efficientnet", "other", "unknown")
+#: families the releases' ViT settings apply to: patch-token transformers read at a final LayerNorm
+VIT_LIKE = ("vit", "eva", "xcit")
+#: why each family gets the settings it gets (printed by ``oodeval score`` and ``run --check``)
+FAMILY_NOTES = {
+    "resnet": "ResNet, incl. BiT (timm resnet, resnetv2): the releases' ResNet-50 settings",
+    "vit": "ViT (timm vision_transformer, deit; incl. DeiT, CLIP-ViT, DINOv2): the releases' ViT settings",
+    "eva": "ViT (timm eva: EVA02, DINOv3): the releases' ViT settings on its own block names",
+    "xcit": "ViT-like (timm xcit: a ViT with class-attention blocks): the releases' ViT settings",
+    "densenet": "DenseNet: ASH-S's DenseNet-121 setting; no NAC release setting",
+    "swin": "Swin (timm swin_transformer, swin_transformer_v2): no ASH-S or NAC release setting",
+    "convnext": "ConvNeXt, incl. V2 (timm convnext): no ASH-S or NAC release setting",
+    "efficientnet": "EfficientNet, incl. V2 (timm efficientnet): no ASH-S or NAC release setting",
+    "unknown": "no model recorded or not in timm/open_clip: the detectors' class defaults",
+}
 
 _NECO = "NECO release: max-logit factor for every non-ResNet model"
 _ASH = {
     "resnet": (90.0, "ASH release config/imagenet_config.yml: ash_s@90 (ResNet-50)"),
     "vit": (95.0, "ASH release config/vit_config.yml: ash_s@95 (ViT)"),
+    "eva": (95.0, "ASH release config/vit_config.yml: ash_s@95 (ViT; EVA02/DINOv3 are ViTs)"),
+    "xcit": (95.0, "ASH release config/vit_config.yml: ash_s@95 (ViT; XCiT is ViT-like)"),
     "densenet": (99.0, "ASH release config/densenet_config.yml: ash_s@99 (DenseNet-121)"),
 }
 
@@ -54,27 +78,42 @@ class Default:
 
 
 def backbone_family(model: str | None) -> str:
-    """``resnet``, ``vit`` (incl. DeiT), ``densenet``, ``swin``, ``convnext``, ``other`` (a known
-    model of another family) or ``unknown`` (no or unrecognised model name).
+    """One of :data:`FAMILIES`: a named family, ``other`` (a known model of another family; see
+    :func:`family_note`) or ``unknown`` (no or unrecognised model name).
 
     timm names (``timm:`` prefix and ``.tag`` allowed) are classified by the module that registers
     them; open_clip names by their architecture (``RN50`` -> resnet, ``ViT-B-16`` -> vit).
     """
+    return _family_and_module(model)[0]
+
+
+def _family_and_module(model: str | None) -> tuple[str, str | None]:
     if not model:
-        return "unknown"
+        return "unknown", None
     from ..features.backbones import parse_model_name
 
     kind, name, _ = parse_model_name(model)
     if kind == "open_clip":
-        return "resnet" if name.upper().startswith("RN") else "vit" if name.startswith("ViT") else "other"
+        return ("resnet" if name.upper().startswith("RN") else "vit" if name.startswith("ViT") else "other"), None
     if kind != "timm":  # a user's own nn.Module or factory
-        return "unknown"
+        return "unknown", None
     from timm.models import is_model, model_entrypoint, split_model_name_tag
 
     arch = split_model_name_tag(name)[0]
     if not is_model(arch):
-        return "unknown"
-    return _MODULES.get(model_entrypoint(arch).__module__.rsplit(".", 1)[-1], "other")
+        return "unknown", None
+    module = model_entrypoint(arch).__module__.rsplit(".", 1)[-1]
+    return _MODULES.get(module, "other"), module
+
+
+def family_note(model: str | None) -> str:
+    """Why ``model``'s family gets its settings; for ``other``, which module it is and what it gets."""
+    family, module = _family_and_module(model)
+    if family == "other":
+        where = f"timm module {module}" if module else "this open_clip architecture"
+        return (f"{where} is none of the releases' families: the paper's ASH-S p=90, NAC's ResNet values "
+                f"in depth order, NECO's non-ResNet max-logit factor")
+    return FAMILY_NOTES[family]
 
 
 def _meta_and_taps(source: FeatureSet | Mapping | None) -> tuple[Mapping, list[str], bool]:
@@ -85,12 +124,17 @@ def _meta_and_taps(source: FeatureSet | Mapping | None) -> tuple[Mapping, list[s
     return meta, list(meta.get("taps") or []), True
 
 
-def _nac_layers(family: str, taps: list[str], depth: int | None) -> dict[str, dict]:
+def _nac_layers(family: str, taps: list[str], roles: Mapping | None, depth: int | None) -> dict[str, dict]:
     """Per-layer (O, M, alpha) of the recorded NAC taps for ``family``. A ViT block's setting
-    depends on its distance from the last block: ``depth`` is the block count recorded at
-    extraction (``meta["depth"]``); without it the deepest tapped block counts as the last."""
-    if family != "vit":  # ResNet's (O, M, alpha), deepest first, layer by layer
+    depends on its place from the last block: ``roles`` (``meta["nac_roles"]``, recorded at
+    extraction: 0 = final norm, k = k-th block from the last) where present; else parsed from
+    ``blocks.N.norm2`` with ``depth`` (``meta["depth"]``, the block count; without it the deepest
+    tapped block counts as the last)."""
+    if family not in VIT_LIKE:  # ResNet's (O, M, alpha), deepest first, layer by layer
         return {name: dict(p) for name, p in zip(taps, NAC_DEFAULTS.values())}
+    recipe = (NAC_VIT_NORM, *NAC_VIT_BLOCKS)
+    if roles:
+        return {name: dict(recipe[int(roles[name])]) for name in taps if name in roles and 0 <= int(roles[name]) < len(recipe)}
     blocks = {}
     for name in taps:
         parts = name.split(".")
@@ -121,11 +165,16 @@ def backbone_defaults(name: str, source: FeatureSet | Mapping | None) -> dict[st
         value, src = _ASH.get(family, (90.0, f"no ASH release setting for {family}: the paper's ImageNet p=90"))
         return {"percentile": Default(value, src)}
     if name == "nac":
-        where = {"resnet": "NAC release resnet/nac_imagenet.yml", "vit": "NAC release vit/nac_imagenet.yml"}
-        src = where.get(family, f"no NAC release setting for {family}: ResNet-50's, layer by layer in depth order")
-        out = {"n_fit": Default(NAC_N_FIT.get(family, NAC_N_FIT["resnet"]), src)}
+        vit = family in VIT_LIKE
+        if family == "resnet":
+            src = "NAC release resnet/nac_imagenet.yml"
+        elif vit:
+            src = "NAC release vit/nac_imagenet.yml" + ("" if family == "vit" else f" ({family} is a ViT)")
+        else:
+            src = f"no NAC release setting for {family}: ResNet-50's, layer by layer in depth order"
+        out = {"n_fit": Default(NAC_N_FIT["vit" if vit else "resnet"], src)}
         if taps and family != "resnet":  # ResNet layers are the NAC class defaults, by name
-            out["layer_params"] = Default(_nac_layers(family, taps, meta.get("depth")), src)
+            out["layer_params"] = Default(_nac_layers(family, taps, meta.get("nac_roles"), meta.get("depth")), src)
         return out
     return {}
 
@@ -151,7 +200,10 @@ def describe(names: list[str], source: FeatureSet | Mapping | None, explicit: Ma
     explicit = explicit or {}
     meta, _, _ = _meta_and_taps(source)
     family = backbone_family(meta.get("model"))
-    lines = [f"backbone {meta.get('model') or '(not recorded)'}: family {family}"]
+    lines = [f"backbone {meta.get('model') or '(not recorded)'}: family {family} ({family_note(meta.get('model'))})"]
+    readout = meta.get("nac_readout") or {}
+    if "nac" in names and readout:
+        lines.append("  nac reads " + "; ".join(f"{layer}: {how}" for layer, how in readout.items()))
     for name in names:
         for param, d in backbone_defaults(name, source).items():
             mine = explicit.get(name, {})

@@ -13,8 +13,9 @@ avgpool (= ``pre_logits``) O=10, M=50, alpha=3000; layer3 O=500, M=50, alpha=300
 layer2 O=50, M=500, alpha=0.01; layer1 O=5000, M=1000, alpha=1; fitted on ``n_fit`` = 1000
 ID-train samples drawn class-balanced with a seed (the release's ``valid_num``). O counts
 samples, so it only keeps its meaning at the release's n_fit. Layers with other names fall back
-to the avgpool setting. The release's ViT setting (final norm and ``ln_2`` of the last three
-blocks, n_fit = 50,000) and the choice per backbone come from
+to the avgpool setting. The release's ViT setting (final norm, read at the classifier's token(s),
+and ``ln_2`` of the last three blocks, n_fit = 50,000), applied to every ViT-like backbone (ViT,
+DeiT, DINOv2, EVA02, DINOv3, XCiT), and the choice per backbone come from
 :func:`oodeval.detectors.defaults.resolve_defaults`; explicit ``layer_params`` / ``n_fit`` win.
 """
 

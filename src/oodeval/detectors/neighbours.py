@@ -58,7 +58,8 @@ def top_similarities(
     block = min(len(bank), BLOCK_ROWS[comp.device is not None])
     dev_bank = comp.put(bank)
     if center is not None:
-        offsets = comp.put(bank.astype(np.float64) @ center)
+        host = Compute("float64")
+        offsets = comp.put(np.concatenate([host.put(bank[sl]) @ center for sl in host.chunks(len(bank), bank.shape[1])]))
         center = comp.put(center, "float64")
 
     def search(q):  # q: a float64 block

@@ -4,8 +4,10 @@ Checks, each problem reported with what is needed: every dataset resolves (regis
 manifest; a model's precomputed FeatureSet folder stands in for it), every weights file exists and
 loads safely (safetensors, or ``torch.load(weights_only=True)``), every model name exists in timm's or
 open_clip's registry (and an open_clip tag in its pretrained table), every vocabulary file and the ID
-class-name file exist, and so do a model's probe head file and the ``[selection]`` validation sets. Nothing
-is extracted or computed. ``names_only`` checks the model names alone.
+class-name file exist (unless a zero-shot model brings their text embeddings, ``text:<name>``), and so do a
+model's probe head file and the ``[selection]`` validation sets. Nothing is extracted or computed.
+``names_only`` checks the model names alone. :func:`eoe_prompt_notes` says which prompts the EOE
+vocabularies come from (EOE's released prompts, ``eoe_prompts``, or oodeval's own wording).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from pathlib import Path
 
 from .config import DatasetSpec, ExperimentConfig, ModelSpec
 
-__all__ = ["check_experiment"]
+__all__ = ["check_experiment", "eoe_prompt_notes"]
 
 
 def _model_problem(model: ModelSpec) -> str | None:
@@ -68,13 +70,12 @@ def _dataset_problem(role: str, ds: DatasetSpec, cfg: ExperimentConfig, models: 
     if any(role not in m.features for m in models):
         from ..data import resolve
 
-        if "/" in ds.name and not Path(ds.name).exists():
-            out.append(f"dataset {ds.label!r}: {ds.name} does not exist (expected an image folder or a manifest CSV)")
-            return out
         try:
-            resolve(ds.name, cfg.data_root)
+            resolve(ds.name, cfg.data_root)  # exactly what `run` reads (a path with a `:SPLIT` tail included)
         except (FileNotFoundError, ValueError) as exc:
-            out.append(f"dataset {ds.label!r}: {exc}")
+            missing = "/" in ds.name and not Path(ds.name).exists()
+            out.append(f"dataset {ds.label!r}: {ds.name} does not exist (expected an image folder or a manifest CSV)" if missing
+                       else f"dataset {ds.label!r}: {exc}")
     return out
 
 
@@ -87,6 +88,8 @@ def check_experiment(cfg: ExperimentConfig, names_only: bool = False) -> list[st
     problems: list[str] = [p for m in cfg.models for p in [_model_problem(m)] if p]
     if names_only:
         return problems
+    if cfg.results.suffix != ".parquet":
+        problems.append(f"results = {str(cfg.results)!r}: the results table is Parquet, so its path must end in .parquet")
     for m in cfg.models:
         problems += [p for w in dict.fromkeys(m.weights) if w is not None for p in [_weights_problem(m, w)] if p]
         problems += [p for p in [m.head and _weights_problem(m, m.head)] if p]
@@ -100,10 +103,79 @@ def check_experiment(cfg: ExperimentConfig, names_only: bool = False) -> list[st
     for role, ds, models in roles:
         if models:
             problems += _dataset_problem(role, ds, cfg, models)
+    from .zeroshot import vocabulary_label
+
     zeroshot = [m for m in cfg.models if m.kind == "zero-shot"]
-    vocabularies = {s.vocabulary for m in zeroshot for s in (cfg.detectors_for(m) or ()) if s.vocabulary}
+    vocabularies = {s.vocabulary for m in zeroshot for s in (cfg.detectors_for(m) or ())
+                    if s.vocabulary and f"text:{vocabulary_label(s.vocabulary)}" not in m.features}  # else its embeddings are given
     vocabularies |= {s.vocabulary for s in cfg.sweeps} if zeroshot else set()
-    problems += [f"vocabulary file {v} does not exist (build it with `oodeval vocab ...`)" for v in sorted(vocabularies) if not Path(v).is_file()]
-    if zeroshot and cfg.id_classes is not None and str(cfg.id_classes) != "imagenet1k" and not cfg.id_classes.is_file():
+    problems += _missing_vocabularies(sorted(v for v in vocabularies if not Path(v).is_file()))
+    needs_names = [m for m in zeroshot if "text:id" not in m.features]
+    if needs_names and cfg.id_classes is not None and str(cfg.id_classes) != "imagenet1k" and not cfg.id_classes.is_file():
         problems.append(f"[datasets] id_classes: {cfg.id_classes} is neither 'imagenet1k' nor an existing file")
     return problems
+
+
+def _missing_vocabularies(paths: list[str]) -> list[str]:
+    """One problem per missing vocabulary file, the generations of one vocabulary (``X-gen<g>``) in one
+    line (``X-gen{0..29}.json``)."""
+    from .zeroshot import compact_generations, vocabulary_generation
+
+    groups: dict[tuple[Path, str, str], list[str]] = {}
+    out = []
+    for path in paths:
+        p = Path(path)
+        base, gen = vocabulary_generation(p.stem)
+        if gen is None:
+            out.append(f"vocabulary file {path} does not exist (build it with `oodeval vocab ...`)")
+        else:
+            groups.setdefault((p.parent, base, p.suffix), []).append(p.stem)
+    for (parent, _, suffix), stems in groups.items():
+        out += [f"vocabulary file {parent / (c + suffix)} does not exist (one per LLM generation: `oodeval vocab llm|eoe ...`)"
+                for c in compact_generations(stems)]
+    return out
+
+
+def eoe_prompt_notes(cfg: ExperimentConfig) -> tuple[list[str], list[str]]:
+    """(notes, problems) about the prompts of the experiment's EOE vocabularies: whether the
+    ``eoe_prompts`` file (EOE's released prompts, provided by the user) is set, in place and valid,
+    and which existing EOE vocabulary files were generated with oodeval's own wording instead (their
+    provenance's ``prompt_file``) or with another prompt file."""
+    import json
+
+    from ..zeroshot.prompts import DEFAULT_NAME, load_prompts
+    from .zeroshot import compact_generations, vocabulary_label, vocabulary_source
+
+    zeroshot = [m for m in cfg.models if m.kind == "zero-shot"]
+    eoe = sorted({s.vocabulary for m in zeroshot for s in (cfg.detectors_for(m) or ()) if s.name == "eoe" and s.vocabulary})
+    if not eoe:
+        return [], []
+    notes: list[str] = []
+    problems: list[str] = []
+    want = cfg.eoe_prompts
+    if want is None:
+        notes.append("EOE vocabularies: no `eoe_prompts` file is set, so `oodeval vocab eoe` words its requests with oodeval's "
+                     "own prompts, not the ones released with EOE (docs/zeroshot.md)")
+    elif not want.is_file():
+        notes.append(f"EOE's released prompts {want} are not in place: write them there (format: docs/zeroshot.md) and build "
+                     f"the EOE vocabularies with `oodeval vocab eoe --prompts {want}`; without them oodeval's own wording is used")
+    else:
+        try:
+            load_prompts(want)
+        except ValueError as exc:
+            problems.append(str(exc))
+    own, other = [], []
+    for path in eoe:
+        if not Path(path).is_file():
+            continue
+        used = json.loads(vocabulary_source(path)).get("prompt_file")
+        if used == DEFAULT_NAME:
+            own.append(vocabulary_label(path))
+        elif want is not None and used is not None and Path(used).resolve() != want.resolve():
+            other.append(f"{vocabulary_label(path)} ({used})")
+    if own:
+        notes.append(f"{len(own)} EOE vocabulary file(s) were generated with oodeval's own prompt wording, not EOE's released "
+                     f"prompts: {', '.join(compact_generations(own))}")
+    if other:
+        notes.append(f"{len(other)} EOE vocabulary file(s) were generated with a prompt file other than eoe_prompts: {', '.join(other)}")
+    return notes, problems

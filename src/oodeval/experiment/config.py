@@ -40,15 +40,18 @@ _ROLES = ("id_train", "id_test")
 _TOP = {
     "name", "store", "results", "data_root", "seeds", "bootstrap_draws", "bootstrap_fixed_id", "device", "batch_size",
     "num_workers", "retry_failed", "seed_detectors", "datasets", "models", "detectors", "zeroshot", "sweeps", "selection",
+    "eoe_prompts",
 }  # fmt: skip
 _DATASETS = {"id_train", "id_test", "ood", "split_column", "id_classes"}
 _OOD = {"name", "label", "split_column", "group"}
 _MODEL = {
     "name", "label", "weights", "head", "kind", "model_kwargs", "taps", "patch_features", "features", "detectors",
 }  # fmt: skip
-_DETECTOR = {"name", "label", "hyperparameters", "vocabulary", "search"}
+_DETECTOR = {"name", "label", "hyperparameters", "vocabulary", "search", "generations"}
 _SELECTION = {"validation_id", "validation_ood"}
-_SWEEP = {"name", "vocabulary", "sizes", "scorer", "hyperparameters"}
+_SWEEP = {"name", "vocabulary", "sizes", "scorer", "hyperparameters", "kind", "seed"}
+#: the placeholder of a generation index in a vocabulary path (``generations = N`` expands it to 0..N-1)
+GENERATION = "{g}"
 
 
 @dataclass(frozen=True)
@@ -91,14 +94,19 @@ class SelectionSpec:
 
 @dataclass(frozen=True)
 class SweepSpec:
-    """A vocabulary-size sweep of the zero-shot models (Fig. A2): ``scorer`` with the first M labels
-    of a ranked ``vocabulary`` (e.g. NegMined WordNet, least ID-like first) for each M in ``sizes``."""
+    """A vocabulary-size sweep of the zero-shot models. ``kind = "prefix"`` (Fig. A2): ``scorer`` with
+    the first M labels of a ranked ``vocabulary`` (e.g. NegMined WordNet, least ID-like first) for
+    each M in ``sizes``. ``kind = "siblings"`` (Fig. A1, A3): the pool of k siblings per ID class of
+    an ``oodeval vocab llm`` vocabulary (its per-class lists), drawn in ``seed``-ed random order, for
+    each k in ``sizes`` (a k above a class's list keeps all of it)."""
 
     name: str
     vocabulary: str
     sizes: tuple[int, ...]
     scorer: str = "neglabel"
     hyperparameters: dict = field(default_factory=dict)
+    kind: str = "prefix"
+    seed: int = 0
 
 
 @dataclass(frozen=True)
@@ -159,6 +167,7 @@ class ExperimentConfig:
     selection: SelectionSpec | None = None
     id_classes: Path | None = None
     name: str = "experiment"
+    eoe_prompts: Path | None = None
 
     def detectors_for(self, model: ModelSpec) -> tuple[DetectorSpec, ...] | None:
         """The detector list of ``model``: its own, else the experiment's list for its kind
@@ -281,13 +290,35 @@ def _check_hyperparameters(name: str, hp: dict, where: str, zeroshot: bool) -> N
         raise _fail(where, f"{name!r} has no hyperparameter(s) {', '.join(unknown)}; it takes: {', '.join(sorted(allowed)) or 'none'}")
 
 
+def _generations(entry: Any, where: str) -> list:
+    """``entry`` once, or, with ``generations = N``, once per generation g = 0..N-1 with ``{g}`` of
+    its vocabulary path replaced by g (repeated LLM generations of one vocabulary, paper Tab. 2).
+    The file stem must end in ``-gen{g}`` so that results and report group the generations."""
+    if not isinstance(entry, dict):
+        return [entry]
+    vocab = entry.get("vocabulary")
+    if "generations" not in entry:
+        if isinstance(vocab, str) and GENERATION in vocab:
+            raise _fail(where, f"vocabulary {vocab!r} holds {GENERATION} but no `generations = N` says how many")
+        return [entry]
+    n = entry["generations"]
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise _fail(where, f"generations must be a whole number >= 1, got {n!r}")
+    if not isinstance(vocab, str) or not Path(vocab).stem.endswith(f"-gen{GENERATION}"):
+        raise _fail(where, f"generations needs a vocabulary path whose file name ends in '-gen{GENERATION}' "
+                    f"(e.g. vocab/GPT-gen{GENERATION}.json), got {vocab!r}")
+    rest = {k: v for k, v in entry.items() if k != "generations"}
+    return [{**rest, "vocabulary": vocab.replace(GENERATION, str(g))} for g in range(n)]
+
+
 def _detectors(value: Any, where: str, base: Path, zeroshot: bool = False) -> tuple[DetectorSpec, ...] | None:
     if value is None:
         return None
     if not isinstance(value, list) or not value:
         raise _fail(where, "must be a non-empty list of detector names or tables")
     known = _registry(zeroshot)
-    specs = tuple(_detector(e, f"{where}[{i}]", set(known), base, zeroshot) for i, e in enumerate(value))
+    expanded = [(f"{where}[{i}]", e) for i, raw in enumerate(value) for e in _generations(raw, f"{where}[{i}]")]
+    specs = tuple(_detector(e, w, set(known), base, zeroshot) for w, e in expanded)
     seen: dict[tuple, int] = {}
     for i, s in enumerate(specs):
         k = (s.name, tuple(sorted((str(a), str(b)) for a, b in s.hyperparameters.items())), s.vocabulary, s.label)
@@ -343,12 +374,17 @@ def _sweep(entry: Any, i: int, base: Path) -> SweepSpec:
         raise _fail(where, f"scorer must be a vocabulary scorer ({', '.join(n for n, c in reg.items() if c.uses_negatives)}), got {scorer!r}")
     hp = _typed(t, "hyperparameters", dict, where, {})
     _check_hyperparameters(scorer, hp, where, True)
+    kind = _typed(t, "kind", str, where, "prefix")
+    if kind not in ("prefix", "siblings"):
+        raise _fail(where, f"kind must be 'prefix' (first M labels, Fig. A2) or 'siblings' (k per ID class, Fig. A1/A3), got {kind!r}")
     return SweepSpec(
         _typed(t, "name", str, where, required=True),
         str(_path(_typed(t, "vocabulary", str, where, required=True), base)),
         tuple(sizes),
         scorer,
         dict(hp),
+        kind,
+        _typed(t, "seed", int, where, 0),
     )
 
 
@@ -377,7 +413,10 @@ def _default_taps(model: ModelSpec, detectors: tuple[DetectorSpec, ...] | None) 
 def _read(path: Path) -> dict:
     if not path.is_file():
         raise FileNotFoundError(f"experiment file {path} does not exist")
-    text = path.read_text()
+    try:
+        text = path.read_text(encoding="utf-8-sig")  # a BOM (Windows editors) is not part of the TOML
+    except UnicodeDecodeError as exc:
+        raise InputError(f"experiment file {path} is not UTF-8 text (byte {exc.start}); save it as UTF-8") from exc
     if path.suffix.lower() in (".yaml", ".yml"):
         import yaml
 
@@ -486,4 +525,5 @@ def load_config(source: str | Path | dict | ExperimentConfig, base_dir: str | Pa
         seed_detectors=_typed(t, "seed_detectors", bool, "top level", False),
         id_classes=_id_classes(_typed(ds, "id_classes", str, "[datasets]"), base),
         name=_typed(t, "name", str, "top level", "experiment"),
+        eoe_prompts=_path(_typed(t, "eoe_prompts", str, "top level"), base),
     )

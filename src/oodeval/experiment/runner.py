@@ -16,6 +16,7 @@ submitit jobs, ``executor="ray"`` as Ray tasks (``oodeval.experiment.executors``
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -34,16 +35,15 @@ from ..results import (
     KEY,
     PARTS_KIND,
     compact_results,
-    done_keys,
+    _key_of,
     hp_json,
-    is_results_table,
     load_results,
     parts_dir,
     write_part,
 )
 from ..scoring import fit_score_evaluate
 from .config import DatasetSpec, DetectorSpec, ExperimentConfig, ModelSpec, load_config
-from .zeroshot import vocabulary_label
+from .zeroshot import vocabulary_label, vocabulary_source
 
 __all__ = ["run_experiment", "RunSummary", "scores_dir", "EXECUTORS"]
 
@@ -268,6 +268,7 @@ class _Run:
     specs: list[DetectorSpec] = field(default_factory=list)
     context: dict = field(default_factory=dict)
     id_accuracy: float | None = None  # computed once per run, on first use
+    inputs: dict[str, str | None] = field(default_factory=dict)  # per OOD label: what its cells are computed from
 
 
 def _specs_for(run: _Run, cfg: ExperimentConfig) -> list[DetectorSpec]:
@@ -297,11 +298,41 @@ def _cell_key(run: _Run, spec: DetectorSpec, dataset: str, split: str, seed: int
     return (run.model.label, run.weights or "", spec.name, _hp_key(spec), dataset, split, int(seed))
 
 
-def _plan_run(run: _Run, cfg: ExperimentConfig, features: FeatureFn) -> None:
+def _feature_roles(model: ModelSpec, cfg: ExperimentConfig) -> list[tuple[str, DatasetSpec]]:
+    """(role, dataset) of the FeatureSets a model's cells are computed from: ID train (supervised), ID test, each OOD set."""
     roles: list[tuple[str, DatasetSpec]] = [("id_test", cfg.id_test)]
-    if run.model.kind == "supervised" and (cfg.id_train is not None or "id_train" in run.model.features):
+    if model.kind == "supervised" and (cfg.id_train is not None or "id_train" in model.features):
         roles.insert(0, ("id_train", cfg.id_train or DatasetSpec("id_train", "id_train")))
-    roles += [(d.label, d) for d in cfg.ood]
+    return roles + [(d.label, d) for d in cfg.ood]
+
+
+def _cell_inputs(cfg: ExperimentConfig, model: ModelSpec, hashes: dict[str, str | None]) -> dict[str, str | None]:
+    """Per OOD label, the fingerprint of everything its cells are computed from: the content hashes
+    of the ID train, ID test and OOD FeatureSets and the bootstrap settings (None: a hash unknown).
+    A recorded cell is reused only while its fingerprint is the current one."""
+    id_roles = [r for r, _ in _feature_roles(model, cfg) if r in ("id_train", "id_test")]
+    out: dict[str, str | None] = {}
+    for ds in cfg.ood:
+        parts = {r: hashes.get(r) for r in (*id_roles, ds.label)}
+        out[ds.label] = None if None in parts.values() else hash_json(
+            {"features": [parts[r] for r in (*id_roles, ds.label)], "bootstrap_draws": cfg.bootstrap_draws,
+             "bootstrap_fixed_id": cfg.bootstrap_fixed_id})  # fmt: skip
+    return out
+
+
+def _recorded_hash(model: ModelSpec, role: str) -> str | None:
+    """A FeatureSet's content hash known without loading it: the one a precomputed folder's meta.json
+    records (checked against the arrays when the folder is loaded), else None."""
+    if role not in model.features:
+        return None
+    try:
+        return str(json.loads((Path(model.features[role]) / "meta.json").read_text())["content_hash"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _plan_run(run: _Run, cfg: ExperimentConfig, features: FeatureFn) -> None:
+    roles = _feature_roles(run.model, cfg)
     if cfg.selection is not None and any(s.search for s in cfg.detectors_for(run.model) or ()):
         roles += [("validation_id", cfg.selection.validation_id), ("validation_ood", cfg.selection.validation_ood)]
     for role, ds in roles:
@@ -320,6 +351,7 @@ def _plan_run(run: _Run, cfg: ExperimentConfig, features: FeatureFn) -> None:
             run.context = build_context(run.model, run.weights, cfg, run.feats)
         except Exception as exc:  # noqa: BLE001
             run.errors["id_test"] = f"zero-shot text side failed: {_error_text(exc)}"
+    run.inputs = _cell_inputs(cfg, run.model, {role: str(fs.meta.get("content_hash") or fs.content_hash()) for role, fs in run.feats.items()})
     try:
         run.specs = _specs_for(run, cfg)
     except Exception as exc:  # noqa: BLE001 - recorded as one failed cell per OOD set
@@ -340,11 +372,12 @@ def _split_cells(done: set[tuple]) -> dict[tuple, int]:
 
 
 def _settled(
-    run: _Run, cfg: ExperimentConfig, done: set[tuple], split_done: dict[tuple, int], specs: list | None = None
+    run: _Run, cfg: ExperimentConfig, done: dict[tuple, str | None], split_done: dict[tuple, int], specs: list | None = None
 ) -> int | None:
     """The number of cells of a run (of its ``specs``, default all) when every one of them is
-    already done (known without its features: an explicit detector list, and split cells
-    already in the table), else None."""
+    already done from the current inputs (known without its features: an explicit detector list,
+    precomputed FeatureSets whose recorded content hashes match, split cells already in the table),
+    else None."""
     specs = cfg.detectors_for(run.model) if specs is None else specs
     if specs is None or (cfg.sweeps and run.model.kind == "zero-shot"):
         return None
@@ -353,7 +386,7 @@ def _settled(
         for ds in cfg.ood:
             for seed in run.seeds:
                 key = _cell_key(run, spec, ds.label, ALL_SPLIT, seed)
-                if key not in done:
+                if key not in done or run.inputs.get(ds.label) is None or done[key] != run.inputs[ds.label]:
                     return None
                 n += 1
                 if ds.split_column is not None:
@@ -395,8 +428,10 @@ def run_experiment(
     features = features or extract_features
     if executor not in EXECUTORS:
         raise InputError(f"executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
-    check_output(cfg.results, "results table", is_own=is_results_table)  # refused before any work
-    claim_folder(scores_dir(cfg.results), "run scores", is_own=lambda _: cfg.results.is_file())
+    check_output(cfg.results, "results table")  # refused before any work
+    if cfg.results.suffix != ".parquet":
+        raise InputError(f"results = {str(cfg.results)!r}: the results table is Parquet, so its path must end in .parquet")
+    claim_folder(scores_dir(cfg.results), "run scores")
     claim_folder(parts_dir(cfg.results), PARTS_KIND)
     if executor != "inprocess":
         from .executors import run_distributed
@@ -405,7 +440,20 @@ def run_experiment(
     return run_units(cfg, features, progress=progress)
 
 
-def _model_runs(cfg: ExperimentConfig, done: set[tuple], split_done: dict[tuple, int]) -> tuple[list[_Run], int]:
+def _done(table: pd.DataFrame, cfg: ExperimentConfig) -> dict[tuple, str | None]:
+    """{key: recorded inputs fingerprint} of the cells that count as done (failed ones too unless
+    ``retry_failed``). An ok cell recorded without a fingerprint (by an older oodeval) is not done."""
+    rows = _current(table)
+    if len(rows) == 0:
+        return {}
+    keep = (rows["status"] == "ok") & rows["inputs"].notna()
+    if not cfg.retry_failed:
+        keep |= rows["status"] != "ok"
+    return {_key_of(tuple(r[:-1])): (None if pd.isna(r[-1]) else str(r[-1]))
+            for r in rows[keep][[*KEY, "inputs"]].itertuples(index=False, name=None)}
+
+
+def _model_runs(cfg: ExperimentConfig, done: dict[tuple, str | None], split_done: dict[tuple, int]) -> tuple[list[_Run], int]:
     """The model runs (a model with one weights file and its seeds) with cells left to compute,
     and the number of cells of the settled ones."""
     runs, settled = [], 0
@@ -413,8 +461,9 @@ def _model_runs(cfg: ExperimentConfig, done: set[tuple], split_done: dict[tuple,
         groups: dict[str | None, list[int]] = {}
         for i, seed in enumerate(cfg.seeds):
             groups.setdefault(model.weights_for(i), []).append(seed)
+        hashes = {role: _recorded_hash(model, role) for role, _ in _feature_roles(model, cfg)}
         for weights, seeds in groups.items():
-            run = _Run(model, weights, seeds)
+            run = _Run(model, weights, seeds, inputs=_cell_inputs(cfg, model, hashes))
             n = _settled(run, cfg, done, split_done)
             if n is None:
                 runs.append(run)
@@ -428,8 +477,8 @@ def pending_units(cfg: ExperimentConfig) -> tuple[list[Unit], int]:
     lists the detectors, else one per model run), known without loading any features, and the
     number of cells already done outside them."""
     table = load_results(cfg.results)
-    done = done_keys(_current(table), include_errors=not cfg.retry_failed)
-    split_done = _split_cells(done)
+    done = _done(table, cfg)
+    split_done = _split_cells(set(done))
     runs, settled = _model_runs(cfg, done, split_done)
     units: list[Unit] = []
     for run in runs:
@@ -464,10 +513,13 @@ def run_units(
     from tqdm.auto import tqdm
 
     table = load_results(cfg.results)
-    done = done_keys(_current(table), include_errors=not cfg.retry_failed)
+    done = _done(table, cfg)
     summary = RunSummary(results=cfg.results)
-    split_done = _split_cells(done)
+    split_done = _split_cells(set(done))
     runs, settled_cells = _model_runs(cfg, done, split_done)
+
+    def is_done(run: _Run, cell: tuple) -> bool:
+        return cell[0] in done and done[cell[0]] == run.inputs.get(cell[1])
 
     def wanted(run: _Run, spec: DetectorSpec | None) -> bool:
         if units is None:
@@ -495,7 +547,7 @@ def run_units(
             ]
             plans.append((run, spec, cells))
     summary.total = (settled_cells if units is None else 0) + sum(len(c) for _, _, c in plans)
-    todo = sum(1 for _, _, cells in plans for c in cells if c[0] not in done)
+    todo = sum(1 for run, _, cells in plans for c in cells if not is_done(run, c))
     summary.skipped = summary.total - todo
     summary.failed_kept = _failed_kept(table, cfg) if not cfg.retry_failed else 0
     bar = tqdm(total=summary.total, initial=summary.skipped, unit="cell", desc=f"{cfg.name} cells", disable=not progress)
@@ -515,10 +567,10 @@ def run_units(
 
     try:
         for run, spec, cells in plans:
-            todo_cells = [c for c in cells if c[0] not in done]
+            todo_cells = [c for c in cells if not is_done(run, c)]
             if todo_cells:
                 bar.set_postfix_str(f"{run.model.label} / {spec.display}")
-                _run_detector(run, spec, todo_cells, cfg, record, summary)
+                _run_detector(run, spec, todo_cells, cfg, lambda row, run=run: record(dict(row, inputs=run.inputs.get(row["dataset"]))), summary)
                 flush()
     finally:
         bar.close()
@@ -552,6 +604,7 @@ def _base_info(run: _Run, spec: DetectorSpec, cfg: ExperimentConfig) -> dict:
         "hyperparameters_resolved": None,
         "label": spec.display,
         "vocabulary": vocabulary_label(spec.vocabulary),
+        "vocabulary_source": vocabulary_source(spec.vocabulary),
         "id_train": cfg.id_train.label if cfg.id_train else None,
         "id_test": cfg.id_test.label,
         "bootstrap_draws": cfg.bootstrap_draws,

@@ -10,6 +10,9 @@ manifest's class names; a vocabulary from its file (``Vocabulary`` JSON or one l
 
 from __future__ import annotations
 
+import json
+import re
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +21,10 @@ from ..errors import InputError
 from ..features import FeatureSet
 from .config import DetectorSpec, ExperimentConfig, ModelSpec
 
-__all__ = ["run_sweeps", "build_context", "zeroshot_scores", "zeroshot_logits", "default_zeroshot_specs", "vocabulary_label"]
+__all__ = ["run_sweeps", "build_context", "zeroshot_scores", "zeroshot_logits", "default_zeroshot_specs", "vocabulary_label",
+           "vocabulary_generation", "vocabulary_source", "compact_generations"]
+
+_GENERATION = re.compile(r"^(?P<base>.+?)[-_.]gen(?P<gen>\d+)$")
 
 
 def _unit(x: np.ndarray) -> np.ndarray:
@@ -64,6 +70,68 @@ def vocabulary_label(name: str | None) -> str | None:
     if name is None:
         return None
     return Path(name).stem if ("/" in name or "." in Path(name).name) else name
+
+
+def vocabulary_generation(label: str) -> tuple[str, int | None]:
+    """``("GPT", 3)`` for a vocabulary label ``GPT-gen3`` (one of repeated LLM generations, also
+    ``_gen3`` / ``.gen3``), else ``(label, None)``: how results and report group generations."""
+    m = _GENERATION.match(label)
+    return (m["base"], int(m["gen"])) if m else (label, None)
+
+
+def compact_generations(labels: list[str]) -> list[str]:
+    """Labels in order with each run of generations of one vocabulary shown once: ``GPT-gen{0..9}``
+    (``GPT-gen{0,2}`` when not contiguous), for listings such as ``run --check``."""
+    groups: dict[str, list[int]] = {}
+    order: list[str] = []
+    for label in labels:
+        base, gen = vocabulary_generation(label)
+        key = base if gen is not None else f"\0{label}"
+        if key not in groups:
+            groups[key] = []
+            order.append(key)
+        if gen is not None:
+            groups[key].append(gen)
+    out = []
+    for key in order:
+        gens = sorted(groups[key])
+        if not gens:
+            out.append(key[1:])
+        elif len(gens) == 1:
+            out.append(f"{key}-gen{gens[0]}")
+        elif gens == list(range(gens[0], gens[-1] + 1)):
+            out.append(f"{key}-gen{{{gens[0]}..{gens[-1]}}}")
+        else:
+            out.append(f"{key}-gen{{{','.join(map(str, gens))}}}")
+    return out
+
+
+def vocabulary_source(path: str | None) -> str | None:
+    """What made the vocabulary file ``path``, as canonical JSON for the results' ``vocabulary_source``
+    column: its kind and content hash, and for an LLM vocabulary the prompt file (``"oodeval default"``
+    for oodeval's own wording), a hash of the prompt texts, the LLM and the generation(s). None without a
+    vocabulary; a file that cannot be read records the error (the cell itself fails on it)."""
+    if path is None:
+        return None
+    p = Path(path)
+    return _source(str(p), p.stat().st_mtime_ns if p.is_file() else None)
+
+
+@lru_cache(maxsize=256)
+def _source(path: str, _mtime: int | None) -> str:
+    from .._io import hash_json
+    from ..zeroshot.vocabulary import Vocabulary
+
+    try:
+        v = Vocabulary.load(path)
+    except (OSError, ValueError) as exc:
+        return json.dumps({"error": str(exc)})
+    prov = v.provenance
+    out = {"kind": v.kind, "content_hash": v.content_hash, "size": len(v)}
+    if "prompts" in prov or "prompt_file" in prov:
+        out.update(prompt_file=prov.get("prompt_file"), prompts_hash=hash_json(prov.get("prompts", {})))
+    out.update({k: prov[k] for k in ("llm_model", "style", "generation", "generations") if k in prov})
+    return json.dumps(out, sort_keys=True, separators=(",", ":"))
 
 
 def build_context(model: ModelSpec, weights: str | None, cfg: ExperimentConfig, images: dict[str, FeatureSet] | None = None) -> dict:
@@ -138,7 +206,28 @@ def _sweep_key(sweep, model: ModelSpec) -> str:
 
     files = [sweep.vocabulary, model.features.get(f"text:{vocabulary_label(sweep.vocabulary)}")]
     hashes = [file_hash(f) if f and Path(f).is_file() else f for f in files]
-    return hash_json([hashes, list(sweep.sizes), sweep.scorer, sweep.hyperparameters])
+    key = [hashes, list(sweep.sizes), sweep.scorer, sweep.hyperparameters]
+    return hash_json(key if sweep.kind == "prefix" else [*key, sweep.kind, sweep.seed])
+
+
+def _siblings_curve(sweep, id_fs: FeatureSet, ood_fs: FeatureSet, context: dict) -> dict:
+    """Fig. A1 / A3: the k-per-class sweep of an ``oodeval vocab llm`` vocabulary, every label
+    embedded once (the vocabulary's own rows) and each k's pool picked from them."""
+    from ..zeroshot.sweeps import sweep_siblings
+    from ..zeroshot.vocabulary import Vocabulary
+
+    vocab = Vocabulary.load(sweep.vocabulary)
+    per_class = vocab.provenance.get("per_class")
+    if not per_class:
+        raise InputError(f"{sweep.vocabulary} has no per-class sibling lists (provenance.per_class); build it with `oodeval vocab llm`")
+    rows = context["vocab"](sweep.vocabulary)
+    index = {label: i for i, label in enumerate(vocab.labels)}
+    missing = sorted({s for sibs in per_class.values() for s in sibs} - set(index))
+    if missing:
+        raise InputError(f"{sweep.vocabulary}: {len(missing)} per-class siblings are not among its labels, e.g. {missing[:3]}")
+    embed = lambda labels: rows[[index[label] for label in labels]]  # noqa: E731
+    return sweep_siblings(id_fs, ood_fs, context["id_text"], per_class, embed, sweep.sizes, sweep.seed, sweep.scorer,
+                          **sweep.hyperparameters)
 
 
 def default_zeroshot_specs() -> list[DetectorSpec]:
@@ -150,7 +239,8 @@ def default_zeroshot_specs() -> list[DetectorSpec]:
 
 
 def run_sweeps(model: ModelSpec, feats: dict[str, FeatureSet], context: dict, errors: dict, cfg: ExperimentConfig, summary) -> None:
-    """Fig. A2 curves of one zero-shot model run on every OOD set, via ``oodeval.zeroshot.sweeps.sweep_prefix``,
+    """Fig. A1-A3 curves of one zero-shot model run on every OOD set, via ``oodeval.zeroshot.sweeps``
+    (``sweep_prefix``, or ``sweep_siblings`` for ``kind = "siblings"``),
     recorded with :func:`oodeval.report.save_sweep`; curves already recorded are skipped, failures
     are added to the summary's errors."""
     import pandas as pd
@@ -169,12 +259,15 @@ def run_sweeps(model: ModelSpec, feats: dict[str, FeatureSet], context: dict, er
             try:
                 if "id_test" in errors or ds.label in errors or "id_text" not in context:
                     raise RuntimeError(errors.get("id_test") or errors.get(ds.label) or "no ID label embeddings")
-                negatives = context["vocab"](sweep.vocabulary)
-                sizes = [m for m in sweep.sizes if m <= len(negatives)]
-                if not sizes:
-                    raise InputError(f"every size of {sweep.sizes} exceeds the vocabulary's {len(negatives)} labels")
                 unit_fs = [FeatureSet(features=_unit(feats[k].features)) for k in ("id_test", ds.label)]
-                curve = sweep_prefix(*unit_fs, context["id_text"], negatives, sizes, scorer=sweep.scorer, **sweep.hyperparameters)
+                if sweep.kind == "siblings":
+                    curve = _siblings_curve(sweep, *unit_fs, context)
+                else:
+                    negatives = context["vocab"](sweep.vocabulary)
+                    sizes = [m for m in sweep.sizes if m <= len(negatives)]
+                    if not sizes:
+                        raise InputError(f"every size of {sweep.sizes} exceeds the vocabulary's {len(negatives)} labels")
+                    curve = sweep_prefix(*unit_fs, context["id_text"], negatives, sizes, scorer=sweep.scorer, **sweep.hyperparameters)
                 save_sweep(cfg.results, sweep.name, model.label, ds.label, curve, key=key)
             except Exception as exc:  # noqa: BLE001 - recorded, the rest goes on
                 summary.add_error(f"sweep {sweep.name} {model.label}/{ds.label}", f"{type(exc).__name__}: {exc}")

@@ -152,26 +152,16 @@ def _load_into(model: nn.Module, path: str | Path) -> None:
 
 
 def save_head(path: str | Path, weight: np.ndarray, bias: np.ndarray, metadata: dict[str, str] | None = None) -> Path:
-    """Write a linear head (C, D) and (C,) as safetensors, atomically; an existing file is replaced
-    only when it is such a head file (:func:`is_head_file`), anything else is refused."""
+    """Write a linear head (C, D) and (C,) as safetensors, atomically, oodeval's "linear head" marker
+    in its metadata; an existing file is replaced only when it carries that marker."""
     from safetensors.numpy import save_file
 
-    from .._io import atomic_path
+    from .._io import FILE_MARKER_KEY, atomic_path, stamp_text
 
-    with atomic_path(path, "linear head", is_head_file) as tmp:
-        save_file({"weight": np.ascontiguousarray(weight, np.float32), "bias": np.ascontiguousarray(bias, np.float32)}, str(tmp), metadata=metadata)
+    with atomic_path(path, "linear head") as tmp:
+        save_file({"weight": np.ascontiguousarray(weight, np.float32), "bias": np.ascontiguousarray(bias, np.float32)}, str(tmp),
+                  metadata={**(metadata or {}), FILE_MARKER_KEY: stamp_text("linear head")})
     return Path(path)
-
-
-def is_head_file(path: Path) -> bool:
-    """Whether ``path`` is a head file of :func:`save_head` (safetensors with exactly weight and bias)."""
-    from safetensors import safe_open
-
-    try:
-        with safe_open(str(path), "numpy") as fh:
-            return set(fh.keys()) == {"weight", "bias"}
-    except Exception:  # noqa: BLE001 - anything unreadable as safetensors is not a head oodeval wrote
-        return False
 
 
 def load_head(path: str | Path) -> tuple[np.ndarray, np.ndarray]:

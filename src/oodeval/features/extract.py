@@ -36,6 +36,8 @@ __all__ = ["extract", "extract_nac_fit", "entry_key", "ManifestDataset"]
 log = logging.getLogger(__name__)
 
 FORMAT = "oodeval.extract/1"
+#: how the NAC taps of a ViT-like final norm are read (part of the key of tapped entries)
+NAC_READOUT = "classifier-tokens/1"
 
 
 class ManifestDataset(torch.utils.data.Dataset):
@@ -79,18 +81,23 @@ def _versions() -> dict[str, str]:
 
 def entry_key(model: str, manifest: Manifest, *, weights_hash: str | None, head_hash: str | None, pretrained: bool,
               model_kwargs: dict | None, taps: bool, nac_layers: Sequence[str] | None, patch_features: bool,
-              precision: str, module: dict | None = None) -> str:
+              precision: str, module: dict | None = None, full_image_hash: bool = False) -> str:
     """Cache key: hash of everything that determines the stored numbers (not batch size or workers).
 
     ``module``: for an ``nn.Module``, how features and logits are read from it (head, feature layer,
-    transform); its parameters enter through ``weights_hash``.
+    transform); its parameters enter through ``weights_hash``. The images enter by content
+    (:meth:`Manifest.images_digest`: size, mtime and sampled bytes, or every byte with
+    ``full_image_hash``), so an image replaced in place is extracted again.
     """
     key = {
         "format": FORMAT, "model": model, "weights": weights_hash, "head": head_hash, "pretrained": pretrained,
         "model_kwargs": model_kwargs or {}, "manifest": manifest.content_hash(), "taps": taps,
+        "images": manifest.images_digest(full=full_image_hash),
         "nac_layers": list(nac_layers) if nac_layers else None, "patch_features": patch_features,
         "precision": precision, "versions": _versions(),
     }
+    if taps:  # ViT-like final norms are read at the classifier's token(s) since then (features.taps)
+        key["nac_readout"] = NAC_READOUT
     if module is not None:
         key["module"] = module
     return hash_json(key)
@@ -152,11 +159,23 @@ class _Runner:
                     out = dict(self.bb.forward(x))
         return {k: v.detach().float().cpu().numpy() for k, v in out.items() if v is not None}
 
+    def _classifier(self) -> torch.nn.Module | None:
+        """NAC's head: a module backbone's own, the probe as a Linear (its gradient flows from the
+        probe's logits), or None for timm's ``get_classifier()``."""
+        if self.bb._probe is None:
+            return getattr(self.bb, "classifier", None)
+        w, b = self.bb._probe
+        head = torch.nn.Linear(w.shape[1], w.shape[0], device=w.device)
+        with torch.no_grad():
+            head.weight.copy_(w)
+            head.bias.copy_(b)
+        return head.requires_grad_(False)
+
     def _with_taps(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         from .taps import forward_with_nac
 
         with self.amp:
-            res = forward_with_nac(self.bb.model, x, self.layers, getattr(self.bb, "classifier", None))
+            res = forward_with_nac(self.bb.model, x, self.layers, self._classifier())
         out = {"features": res.features, "logits": res.logits}
         out.update({f"nac/{k}": v for k, v in res.states.items()})
         return out
@@ -187,6 +206,7 @@ def extract(
     feature_layer: str | None = None,
     image_mode: str = "RGB",
     skip_missing: bool = False,
+    full_image_hash: bool = False,
 ) -> Path:
     """Extract ``model`` on ``dataset`` into ``store`` and return the FeatureSet folder (cached).
 
@@ -197,7 +217,8 @@ def extract(
     file whose logits/weight/bias replace the model's own. ``amp``: bf16 autocast, default on CUDA only.
     ``shard_size``: rows per shard for a new entry (a resumed entry keeps its own). A manifest row
     whose file does not exist is a FileNotFoundError unless ``skip_missing`` (then it is skipped and
-    listed like an unreadable image).
+    listed like an unreadable image). The cache key holds the images' content digest (size, mtime,
+    sampled bytes; every byte with ``full_image_hash``), so a changed image is a new entry.
 
     ``model`` may also be a ``torch.nn.Module`` (see :mod:`oodeval.features.module`): then
     ``transform`` (PIL image -> tensor) is required, ``classifier`` names the head module (default:
@@ -221,8 +242,8 @@ def extract(
         kind, _, _ = parse_model_name(model)
     if patch_features and kind not in ("open_clip", "hf"):
         raise InputError("patch_features apply to VLM image towers only (open_clip:..., hf:...)")
-    if taps and (kind in ("open_clip", "hf") or head is not None):
-        raise InputError("taps (NAC states) need a classifier with its own head (no VLM, no probe head)")
+    if taps and (kind in ("open_clip", "hf") or (head is not None and kind != "timm")):
+        raise InputError("taps (NAC states) need a timm classifier or a timm backbone with a probe head (no VLM)")
     manifest = dataset if isinstance(dataset, Manifest) else resolve(dataset, data_root, strict=strict)
     if len(manifest) == 0:
         raise InputError(f"dataset {manifest.name!r} has no images")
@@ -236,7 +257,7 @@ def extract(
     cache_name = model if kind != "timm" or model.startswith("timm:") else f"timm:{model}"  # 'x' and 'timm:x': one entry
     key = entry_key(cache_name, manifest, weights_hash=weights_hash, head_hash=head_hash, pretrained=pretrained,
                     model_kwargs=model_kwargs, taps=taps, nac_layers=nac_layers, patch_features=patch_features,
-                    precision="bf16" if use_amp else "fp32", module=module)
+                    precision="bf16" if use_amp else "fp32", module=module, full_image_hash=full_image_hash)
     entry = st.entry_path(store, cache_name, manifest.name, key)
     if (entry / "meta.json").is_file():
         log.info("cached: %s", entry)
@@ -345,11 +366,14 @@ def _run(job: _Job) -> Path:
     bb.to(dev)
     split = split_transform(bb.transform)
     layers = None
-    from .taps import default_nac_layers, vit_depth
+    from .taps import default_nac_layers, describe_readout, nac_roles, vit_depth
 
     depth = vit_depth(bb.model) if bb.kind == "timm" else None
+    roles = readout = None
     if job.taps:
         layers = list(job.nac_layers) if job.nac_layers else list(default_nac_layers(bb.model))
+        roles = nac_roles(bb.model, layers) if bb.kind == "timm" else {}
+        readout = describe_readout(bb.model, layers) if bb.kind == "timm" else {}
     if mine:
         if done:
             log.info("resuming %s: %d of %d shards already written", job.entry.name, len(done), n_shards)
@@ -401,7 +425,7 @@ def _run(job: _Job) -> Path:
             "preprocessing": {**bb.preprocessing, "tensor_tail_batched": split is not None},
             "image_mode": bb.image_mode, "dataset": manifest.name,
             "manifest_hash": manifest.content_hash(), "class_names": manifest.class_names, "key": job.key,
-            "taps": layers, "depth": depth, "patch_features": job.patch_features, "precision": "bf16" if job.amp else "fp32",
+            "taps": layers, "nac_roles": roles, "nac_readout": readout, "depth": depth, "patch_features": job.patch_features, "precision": "bf16" if job.amp else "fp32",
             "device": dev.type, "world_size": world, "role": manifest.meta.get("role"),
             "timing_rank0": timing, "text_tower": bb.info.get("text_tower"),
         }
@@ -409,6 +433,8 @@ def _run(job: _Job) -> Path:
             st.assemble(partial, n_shards, job.entry, manifest, meta, head=(bb.weight, bb.bias) if bb.weight is not None else None)
         except (RuntimeError, ValueError) as exc:
             error = str(exc)
+    elif rank == 0:  # finished by a concurrent process: the shards this one wrote meanwhile are orphans
+        st.discard(partial)
     if world > 1:
         import torch.distributed as dist
 

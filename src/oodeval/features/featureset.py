@@ -269,8 +269,10 @@ class FeatureSet:
     def save(self, path: str | Path) -> Path:
         """Write the folder atomically and return its path.
 
-        An existing ``path`` is replaced only when it is an oodeval FeatureSet folder holding nothing
-        else; any other file or folder there is refused with :class:`oodeval._io.OutputPathError`.
+        An existing ``path`` is replaced only when it carries oodeval's FeatureSet marker and holds
+        nothing but the files that marker lists (unchanged); any other file or folder there (a
+        FeatureSet folder copied without its marker included) is refused with
+        :class:`oodeval._io.OutputPathError`.
         """
         path = Path(path)
         arrays = self._arrays()
@@ -283,7 +285,7 @@ class FeatureSet:
             content_hash=hash_arrays(arrays),
         )
         meta.setdefault("versions", _package_versions())
-        with atomic_folder(path, "FeatureSet", is_featureset_folder) as tmp:
+        with atomic_folder(path, "FeatureSet") as tmp:
             tmp.mkdir()
             for name, arr in arrays.items():
                 out = tmp / f"{name}.npy"
@@ -294,13 +296,23 @@ class FeatureSet:
         return path
 
     @classmethod
-    def load(cls, path: str | Path, mmap: bool = True) -> FeatureSet:
-        """Load a saved folder; arrays are memory-mapped unless ``mmap=False``."""
+    def load(cls, path: str | Path, mmap: bool = True, verify: bool = True) -> FeatureSet:
+        """Load a saved folder; arrays are memory-mapped unless ``mmap=False``.
+
+        ``verify`` (default): the arrays' content hash is recomputed and must equal the one
+        ``meta.json`` recorded when the folder was written (one read of every array, about 1 s per
+        GB; see docs/extraction.md), so changed bytes are an error, never other numbers.
+        """
         path = Path(path)
         meta_file = path / "meta.json"
         if not meta_file.is_file():
             raise FileNotFoundError(f"{path} is not a FeatureSet folder (no meta.json)")
-        meta = json.loads(meta_file.read_text())
+        try:
+            meta = json.loads(meta_file.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise InputError(f"{meta_file} is not valid JSON ({exc}); the FeatureSet is damaged: extract it again") from exc
+        if not isinstance(meta, dict) or not isinstance(meta.get("shapes", {}), dict):
+            raise InputError(f"{meta_file} is not a FeatureSet meta.json (no shapes table); extract it again")
         mode = "r" if mmap else None
         arrays: dict[str, np.ndarray] = {}
         missing = []
@@ -309,7 +321,7 @@ class FeatureSet:
             if not f.is_file():
                 missing.append(f"{name}.npy")
                 continue
-            arr = np.load(f, mmap_mode=mode)
+            arr = _load_array(f, mode)
             if list(arr.shape) != shape:
                 raise InputError(f"{f} has shape {arr.shape} but meta.json records {tuple(shape)}")
             arrays[name] = arr
@@ -317,6 +329,9 @@ class FeatureSet:
             raise InputError(f"FeatureSet {path} is missing {', '.join(missing)}")
         if "features" not in arrays:
             raise InputError(f"FeatureSet {path} records no features array")
+        if verify and meta.get("content_hash") and hash_arrays(arrays) != meta["content_hash"]:
+            raise InputError(f"FeatureSet {path}: its arrays do not match the content hash meta.json recorded when they were "
+                             "written (a file was changed or damaged); extract or copy it again")
         return cls(
             features=arrays["features"],
             labels=arrays.get("labels"),
@@ -328,9 +343,10 @@ class FeatureSet:
         )
 
 
-def is_featureset_folder(path: Path) -> bool:
-    """Whether ``path`` is a FeatureSet folder oodeval wrote (its meta.json names the format)."""
+def _load_array(f: Path, mode: str | None) -> np.ndarray:
+    """``np.load`` of one FeatureSet array, a damaged or foreign file an error naming it."""
     try:
-        return str(json.loads((Path(path) / "meta.json").read_text()).get("format", "")).startswith("oodeval.FeatureSet/")
-    except (OSError, ValueError, AttributeError):
-        return False
+        return np.load(f, mmap_mode=mode, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as exc:
+        why = "holds Python objects (pickled data), not numbers" if "pickle" in str(exc) or "Python objects" in str(exc) else f"is not a readable .npy array ({exc})"
+        raise InputError(f"{f} {why}; the FeatureSet is damaged: extract it again") from exc

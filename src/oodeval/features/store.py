@@ -25,7 +25,7 @@ import numpy as np
 from .._io import atomic_folder, atomic_path, write_json_atomic
 from ..data.manifest import Manifest
 from ..errors import InputError, StateError
-from .featureset import FeatureSet, is_featureset_folder
+from .featureset import FeatureSet
 
 __all__ = ["entry_path", "partial_path", "shard_path", "write_shard", "done_shards", "assemble", "weights_digest", "plan"]
 
@@ -147,13 +147,18 @@ def assemble(partial: Path, n_shards: int, entry: Path, manifest: Manifest, meta
     fs = FeatureSet(features=arrays["features"], labels=manifest.labels[kept], logits=arrays.get("logits"),
                     weight=None if head is None else head[0], bias=None if head is None else head[1],
                     extras=extras, meta=meta)
-    with atomic_folder(entry, "FeatureSet", is_featureset_folder) as tmp:
+    with atomic_folder(entry, "FeatureSet") as tmp:
         fs.save(tmp)
         (tmp / "manifest.csv").write_text(manifest.absolute().subset(kept).to_csv_text())
     del joined, arrays, fs
+    discard(partial)
+    return entry
+
+
+def discard(partial: Path) -> None:
+    """Remove a partial entry (its plan and shards) once its entry is finished, and ``.partial`` once empty."""
     shutil.rmtree(partial, ignore_errors=True)
     _remove_if_empty(partial.parent)
-    return entry
 
 
 def discard_unstarted(partial: Path) -> None:

@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .._io import atomic_path, check_output, claim_folder, parquet_has_columns, write_text_atomic
+from .._io import check_output, claim_folder, remove_own, write_parquet_atomic, write_text_atomic
 from ..errors import InputError
-from ..results import ALL_SPLIT, load_cell_scores, load_results
+from ..results import ALL_SPLIT, METRICS, load_cell_scores, load_results, missing_cell_scores, parts_dir
 from . import figures as figs
 from .paper_views import CLEAN_SUFFIX, gallery_items
 from .render import html_page, latex, markdown
@@ -25,9 +25,6 @@ __all__ = ["write_report", "build_views", "register_view", "VIEWS", "sweeps_path
 
 #: ``paper``: FPR@95 with ID positive (the papers'); ``openood`` adds OpenOOD v1.5's OOD-positive FPR@95 beside it
 CONVENTIONS = ("paper", "openood")
-
-_is_sweeps_table = parquet_has_columns("sweep", "size", "fpr95")
-
 
 def sweeps_path(results: str | Path) -> Path:
     """Where vocabulary-size sweeps of a results table live: ``<stem>.sweeps.parquet`` beside it."""
@@ -52,15 +49,26 @@ def save_sweep(results: str | Path, sweep: str, model: str, dataset: str, sizes,
     fpr95 = np.asarray(fpr95, dtype=np.float64)
     if sizes.shape != fpr95.shape or sizes.ndim != 1 or sizes.size == 0:
         raise InputError(f"sizes and fpr95 must be equal-length 1-d arrays, got {sizes.shape} and {fpr95.shape}")
-    path = check_output(sweeps_path(results), "sweeps table", is_own=_is_sweeps_table)
+    path = check_output(sweeps_path(results), "sweeps table")
     new = pd.DataFrame({"sweep": sweep, "param": param, "model": model, "dataset": dataset, "size": sizes, "fpr95": fpr95, "key": key})
     if path.exists():
         old = pd.read_parquet(path)
         old = old[~((old["sweep"] == sweep) & (old["model"] == model) & (old["dataset"] == dataset))]
         new = pd.concat([old, new], ignore_index=True)
-    with atomic_path(path, "sweeps table", _is_sweeps_table) as tmp:
-        new.to_parquet(tmp, index=False)
+    write_parquet_atomic(path, new, "sweeps table")
     return path
+
+
+def _check_values(df: pd.DataFrame, results: Path) -> None:
+    """Refuse a table holding a metric outside [0, 1] (every metric is a fraction): it is not one oodeval computed."""
+    for m in [c for c in df.columns if c in METRICS or (c.endswith(("_lo", "_hi")) and c[:-3] in METRICS)]:
+        v = pd.to_numeric(df[m], errors="coerce")
+        bad = v.notna() & ((v < 0) | (v > 1))
+        if bad.any():
+            r = df[bad].iloc[0]
+            raise InputError(f"results table {results}: {int(bad.sum())} value(s) of {m} lie outside [0, 1] "
+                             f"(e.g. {float(v[bad].iloc[0])!r} for {r['detector']}/{r['dataset']}); metrics are fractions, "
+                             "so the table was changed outside oodeval: recompute it with `oodeval run`")
 
 
 def _pick_model(frame: pd.DataFrame) -> str | None:
@@ -249,11 +257,16 @@ def write_report(
     if convention not in CONVENTIONS:
         raise InputError(f"convention must be one of {', '.join(CONVENTIONS)}, got {convention!r}")
     results = Path(getattr(results, "results", results))
-    if not results.is_file():
+    if not results.is_file() and not parts_dir(results).is_dir():
         raise FileNotFoundError(f"results table {results} does not exist (run `oodeval run` first)")
     df = load_results(results)
     if len(df) == 0:
         raise InputError(f"results table {results} has no rows")
+    _check_values(df, results)
+    damaged = missing_cell_scores(df, results)
+    if damaged:
+        raise InputError(f"{len(damaged)} score file(s) of {results} are missing or damaged ({damaged[0]}); "
+                         "the figures and tables drawn from them would be wrong: rerun `oodeval run` (with retry) to recompute them")
     if experiment is not None:
         from ..experiment import load_config
 
@@ -265,9 +278,11 @@ def write_report(
     if convention == "openood":
         df = _with_openood(df, results)
     groups = {d.label: d.group for d in experiment.ood if d.group} if experiment is not None else None
-    out_dir = claim_folder(out_dir, "report", is_own=lambda p: (p / "report.html").is_file())
-    fig_dir = out_dir / "figures"
-    fig_dir.mkdir(exist_ok=True)
+    out_dir = claim_folder(out_dir, "report")
+    fig_dir = claim_folder(out_dir / "figures", "report")
+    paths: dict[str, Path] = {"markdown": out_dir / "report.md", "latex": out_dir / "report.tex", "html": out_dir / "report.html"}
+    for page in paths.values():  # a report stopped midway (a full disk) leaves no earlier text beside new figures
+        remove_own(page)
     if sweeps is None and sweeps_path(results).exists():
         sweeps = sweeps_path(results)
     if sweeps is not None and not isinstance(sweeps, pd.DataFrame):
@@ -284,7 +299,6 @@ def write_report(
         "bounds averaged over seeds). Best detector: lowest FPR@95 (highest AUROC for AUROC), ties to the better other "
         f"metric, then the paper's detector order. {selection.statement}"
     )
-    paths: dict[str, Path] = {"markdown": out_dir / "report.md", "latex": out_dir / "report.tex", "html": out_dir / "report.html"}
     write_text_atomic(paths["markdown"], markdown(title, intro, views, figures, out_dir))
     write_text_atomic(paths["latex"], latex(title, intro, views, figures, out_dir))
     write_text_atomic(paths["html"], html_page(title, intro, views, figures))

@@ -19,7 +19,6 @@ Fig. A3 and Fig. 2 / A5.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +30,6 @@ from .views import Cell, View, best_row, full_split, pct, register_view, row_ci
 __all__ = ["benchmarks", "clean_subsamples", "eoe_prompts", "supervised_models", "gallery_items", "CLEAN_SUFFIX"]
 
 CLEAN_SUFFIX = " (clean)"
-_GENERATION = re.compile(r"^(?P<prompt>.+?)[-_.]gen(?P<gen>\d+)$")
 
 
 
@@ -89,8 +87,10 @@ def clean_subsamples(frame: pd.DataFrame, model: str | None) -> View:
 
 
 def _prompt_and_generation(vocabulary: str) -> tuple[str, str]:
-    m = _GENERATION.match(vocabulary)
-    return (m["prompt"], m["gen"]) if m else (vocabulary, "0")
+    from ..experiment.zeroshot import vocabulary_generation
+
+    prompt, gen = vocabulary_generation(vocabulary)
+    return prompt, str(0 if gen is None else gen)
 
 
 @register_view("tabA4", order=70)

@@ -8,7 +8,8 @@ or OOD sets carries none. The best detector of a cell is named by :func:`views.b
 - Tab. A2: every OOD set x every model, the best FPR@95 / best AUROC over detectors (chosen
   independently); Mean rows over the other sets (and per near/far group) and the primary set last,
   a Mean column over models.
-- Tab. 2 / A5: zero-shot models x negative vocabularies (FPR@95), with the best logit-space detector.
+- Tab. 2 / A5: zero-shot models x negative vocabularies (FPR@95), with the best logit-space detector;
+  a vocabulary of several LLM generations (``<vocabulary>-gen<i>``) as mean ± std (ddof=1) over them.
 - Split view: fine-grained vs ordinary (split) rows x detectors, mean FPR@95 over models.
 Vocabulary-based scorers are kept out of Tabs. 1, A1 and A2 (they are Tab. 2's subject).
 With the OpenOOD convention (``fpr95_openood`` in the frame) Tabs. 1 and A1 add OpenOOD's
@@ -23,7 +24,8 @@ import pandas as pd
 from ..results import ALL_SPLIT
 from .views import Cell, View, best_row, full_split, order_detectors, pct, register_view, row_ci
 
-__all__ = ["best_per_model", "detector_by_model", "dataset_by_model", "vocabularies", "vocabularies_by_dataset", "split_rows", "fpr_cell"]
+__all__ = ["best_per_model", "detector_by_model", "dataset_by_model", "vocabularies", "vocabularies_by_dataset", "split_rows", "fpr_cell",
+           "generations_cell", "vocabulary_columns"]
 
 _ORACLE = "oracle"
 _OPENOOD = "fpr95_openood"
@@ -182,20 +184,39 @@ def dataset_by_model(frame: pd.DataFrame, primary: str, groups: dict[str, str] |
     return View("tabA2", title, caption, pd.DataFrame(rows))
 
 
+def generations_cell(rows: pd.DataFrame, metric: str = "fpr95") -> tuple[float, str]:
+    """(value, text) of one vocabulary column's ``rows``, which may hold several LLM generations of
+    the vocabulary (column ``gen``, :func:`oodeval.experiment.zeroshot.vocabulary_generation`): per
+    generation the mean over the rows (models), then the mean over generations ± their standard
+    deviation (ddof=1) and the number of generations, ``"70.2 ± 7.8 (30 gen.)"``, as the paper's
+    Tab. 2 / A4; without generations :func:`fpr_cell`."""
+    gens = rows["gen"].dropna() if "gen" in rows else pd.Series(dtype=float)
+    if gens.nunique() < 2:
+        return fpr_cell(rows, metric)
+    per_gen = rows.groupby("gen")[metric].mean()
+    mean = float(per_gen.mean())
+    return mean, f"{pct(mean)} ± {100 * per_gen.std(ddof=1):.1f} ({len(per_gen)} gen.)"
+
+
 def _vocab_cells(rows: pd.DataFrame, cols: list[str]) -> dict[str, Cell]:
-    """One cell per vocabulary column of ``rows`` (:func:`fpr_cell`); bold the best deployable one,
-    mute the oracle (a lower bound, not a detector)."""
-    cells = {c: fpr_cell(rows[rows["col"] == c]) for c in cols}
+    """One cell per vocabulary column of ``rows`` (:func:`generations_cell`); bold the best deployable
+    one, mute the oracle (a lower bound, not a detector)."""
+    cells = {c: generations_cell(rows[rows["col"] == c]) for c in cols}
     deploy = [c for c in cols if np.isfinite(cells[c][0]) and _ORACLE not in c.lower()]
     best = min(cells[c][0] for c in deploy) if deploy else np.nan
     return {c: Cell(text, bold=bool(c in deploy and val == best), muted=_ORACLE in c.lower()) for c, (val, text) in cells.items()}
 
 
-def _vocab_column(frame: pd.DataFrame) -> pd.Series:
-    """Column name of a vocabulary row: the vocabulary, prefixed by the scorer when several scorers share it."""
+def vocabulary_columns(frame: pd.DataFrame) -> pd.DataFrame:
+    """The vocabulary rows with ``col`` (the vocabulary without its generation suffix, prefixed by
+    the scorer when several scorers share it) and ``gen`` (its LLM generation, or NaN)."""
+    from ..experiment.zeroshot import vocabulary_generation
+
     v = frame[frame["vocabulary"].notna()]
-    shared = v.groupby("vocabulary")["detector"].nunique() > 1
-    return v.apply(lambda r: f"{r['detector']}:{r['vocabulary']}" if shared.get(r["vocabulary"], False) else r["vocabulary"], axis=1)
+    split = [vocabulary_generation(str(x)) for x in v["vocabulary"]]
+    v = v.assign(base=[b for b, _ in split], gen=[np.nan if g is None else g for _, g in split])
+    shared = v.groupby("base")["detector"].nunique() > 1
+    return v.assign(col=[f"{d}:{b}" if shared.get(b, False) else b for d, b in zip(v["detector"], v["base"])])
 
 
 @register_view("tab2", order=20, needs=("frame", "primary"))
@@ -204,28 +225,32 @@ def vocabularies(frame: pd.DataFrame, primary: str) -> View:
     title = "Tab. 2 — negative vocabularies x VLMs"
     caption = (
         f"Zero-shot models with negative vocabularies on {primary}, FPR@95 (%) with bootstrap 95% CIs (the Mean row has none). logit-sp.: the best "
-        "vocabulary-free (logit-space) scorer. Bold: best deployable vocabulary per row (an 'oracle' vocabulary "
-        "is a lower bound, not a detector)."
+        "vocabulary-free (logit-space) scorer. A vocabulary of several LLM generations (files '<vocabulary>-gen<i>') shows the mean over its "
+        "generations ± their standard deviation (ddof=1) and their number; its Mean row: per generation the mean over the models, then "
+        "mean ± std over generations (the paper's EOE: 30 generations, std 7.8 on the mean, Tab. A4; GPT: 10, std 1.0-1.5 per model, App. B). "
+        "Bold: best deployable vocabulary per row (an 'oracle' vocabulary is a lower bound, not a detector)."
     )
     f = full_split(frame)
     f = f[(f["dataset"] == primary) & (f["kind"] == "zero-shot")]
     v = f[f["vocabulary"].notna()]
     if len(v) == 0:
         return View("tab2", title, caption, note="omitted: no zero-shot results with a vocabulary (set `vocabulary` on a zeroshot scorer)")
-    v = v.assign(col=_vocab_column(v))
+    v = vocabulary_columns(v)
     cols = list(dict.fromkeys(v["col"]))
     rows = []
-    values: dict[str, list[float]] = {c: [] for c in ["logit-sp."] + cols}
+    logits: list[float] = []
     for m in _models(v):
         lf = _no_vocab(f[f["model"] == m])
         logit = best_row(lf, "fpr95") if len(lf) else None
         r = {"Model": m, "logit-sp.": "–" if logit is None else row_ci(logit, "fpr95")}
-        values["logit-sp."].append(np.nan if logit is None else logit["fpr95"])
-        g = v[v["model"] == m]
-        for c in cols:
-            values[c].append(fpr_cell(g[g["col"] == c])[0])
-        rows.append({**r, **_vocab_cells(g, cols)})
-    rows.append({"Model": Cell("Mean", bold=True), **{c: pct(np.nanmean(x)) if np.isfinite(x).any() else "–" for c, x in values.items()}})
+        logits.append(np.nan if logit is None else logit["fpr95"])
+        rows.append({**r, **_vocab_cells(v[v["model"] == m], cols)})
+    mean = {"logit-sp.": pct(np.nanmean(logits)) if np.isfinite(logits).any() else "–"}
+    for c in cols:
+        g = v[v["col"] == c]
+        per_model = g.groupby("model")["fpr95"].mean()  # a model's mean over its generations
+        mean[c] = generations_cell(g)[1] if g["gen"].nunique() > 1 else pct(per_model.mean())
+    rows.append({"Model": Cell("Mean", bold=True), **mean})
     return View("tab2", title, caption, pd.DataFrame(rows))
 
 
@@ -252,7 +277,7 @@ def vocabularies_by_dataset(frame: pd.DataFrame, primary: str, groups: dict[str,
     v = f[(f["kind"] == "zero-shot") & f["vocabulary"].notna()]
     if len(v) == 0:
         return View("tabA5", title, caption, note="omitted: no zero-shot results with a vocabulary")
-    v = v.assign(col=_vocab_column(v))
+    v = vocabulary_columns(v)
     cols = list(dict.fromkeys(v["col"]))
     others = [d for d in dict.fromkeys(v["dataset"]) if d != primary]
 

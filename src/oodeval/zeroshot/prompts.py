@@ -15,9 +15,11 @@ from pathlib import Path
 
 from ..errors import InputError
 
-__all__ = ["DEFAULT_PROMPTS", "PLACEHOLDERS", "load_prompts", "prompts_provenance"]
+__all__ = ["DEFAULT_PROMPTS", "DEFAULT_NAME", "PLACEHOLDERS", "load_prompts", "prompts_provenance"]
 
 DEFAULT_PROMPTS = Path(__file__).with_name("prompts") / "default.toml"
+#: the ``prompt_file`` a vocabulary records when it was generated with oodeval's own wording
+DEFAULT_NAME = "oodeval default"
 
 _SET = ("n_id", "id_names", "batch")
 #: the placeholders each prompt slot may use
@@ -68,4 +70,4 @@ def load_prompts(path: str | Path | None = None, needed: tuple[str, ...] = ()) -
 def prompts_provenance(path: str | Path | None, keys: tuple[str, ...]) -> dict:
     """What to record with a vocabulary: the prompt file and the exact prompt texts used."""
     texts = load_prompts(path, keys)
-    return {"prompt_file": str(path) if path is not None else "oodeval default", "prompts": {k: texts[k] for k in keys}}
+    return {"prompt_file": str(path) if path is not None else DEFAULT_NAME, "prompts": {k: texts[k] for k in keys}}

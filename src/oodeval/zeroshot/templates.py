@@ -1,8 +1,11 @@
 """Prompt templates for encoding labels (paper App. G).
 
 ``PAPER`` is the paper's 8-template ensemble: the bare name and seven of OpenAI's 80 ImageNet
-templates (Radford et al. 2021), the set also used by NegLabel. ``OPENAI`` is OpenAI's full list as
-shipped by open_clip. A template set is identified by its name and the hash of its strings, which
+templates (Radford et al. 2021), averaged over for every label, ID or negative (the paper's App. F).
+NegLabel's release does not ensemble: it encodes every ID name and every WordNet noun with one
+prompt, ``"the nice {}"`` (``custom_config/clip.py``: ``prompt_idx_pos = prompt_idx_neg = 85`` into
+its ``prompt_templates`` list), and every adjective with ``"This is a {} photo"``. ``OPENAI`` is
+OpenAI's full list as shipped by open_clip. A template set is identified by its name and the hash of its strings, which
 is part of every text-embedding cache key.
 """
 

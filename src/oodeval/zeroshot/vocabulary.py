@@ -7,13 +7,14 @@ order; ``oracle`` reads a benchmark manifest's OOD labels.
 
 from __future__ import annotations
 
+import io
 import json
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .._io import hash_json, json_has_keys, write_json_atomic
+from .._io import hash_json, strip_csv_marker, write_json_atomic
 from ..errors import InputError
 
 __all__ = ["Vocabulary", "union", "oracle", "KINDS"]
@@ -23,10 +24,6 @@ KINDS = ("wordnet", "negmined", "llm-siblings", "eoe", "union", "oracle", "custo
 
 def _content_hash(kind: str, labels: Sequence[str]) -> str:
     return hash_json({"kind": kind, "labels": list(labels)})
-
-
-#: recognises an existing vocabulary JSON, the only file :meth:`Vocabulary.save` replaces
-is_vocabulary_file = json_has_keys("kind", "labels", "content_hash")
 
 
 @dataclass
@@ -61,10 +58,9 @@ class Vocabulary:
         return Vocabulary(self.labels[:m], self.kind, {**self.provenance, "prefix_of": self.content_hash, "M": m})
 
     def save(self, path: str | Path) -> None:
-        """Write as JSON atomically; an existing file is replaced only when it is a vocabulary JSON."""
+        """Write as JSON atomically; an existing file is replaced only when it carries oodeval's vocabulary marker."""
         write_json_atomic(path, {"kind": self.kind, "content_hash": self.content_hash, "size": len(self),
-                                 "provenance": self.provenance, "labels": self.labels},
-                          "vocabulary", is_vocabulary_file)
+                                 "provenance": self.provenance, "labels": self.labels}, "vocabulary")
 
     @classmethod
     def load(cls, path: str | Path) -> Vocabulary:
@@ -73,17 +69,23 @@ class Vocabulary:
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"vocabulary file {path} does not exist")
+        try:
+            text = path.read_text(encoding="utf-8-sig")
+        except UnicodeDecodeError as exc:
+            raise InputError(f"vocabulary file {path} is not UTF-8 text (byte {exc.start}); save it as UTF-8") from exc
         if path.suffix.lower() != ".json":
-            lines = [ln.strip() for ln in path.read_text().splitlines() if ln.strip()]
+            lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
             labels = list(dict.fromkeys(lines))
             if not labels:
                 raise InputError(f"vocabulary file {path} has no labels")
             return cls(labels, "custom", {"file": str(path), "repeated_labels_dropped": len(lines) - len(labels)})
         try:
-            data = json.loads(path.read_text())
+            data = json.loads(text)
             return cls(data["labels"], data["kind"], data.get("provenance", {}), data.get("content_hash", ""))
         except (json.JSONDecodeError, KeyError, TypeError) as exc:
             raise InputError(f"vocabulary file {path} is not a Vocabulary JSON (keys labels, kind): {exc}") from exc
+        except ValueError as exc:  # a content hash that does not match the labels, a repeated label, an unknown kind
+            raise InputError(f"vocabulary file {path}: {exc}; the file was changed after it was written: rebuild it with `oodeval vocab`") from exc
 
 
 def union(vocabularies: Sequence[Vocabulary]) -> Vocabulary:
@@ -111,7 +113,11 @@ def oracle(manifest: str | Path, column: str = "ood_label", exclude: Sequence[st
     elif suffix in (".jsonl", ".json"):
         df = pd.read_json(manifest, lines=suffix == ".jsonl")
     else:
-        df = pd.read_csv(manifest, sep="\t" if suffix == ".tsv" else ",", dtype=str, keep_default_na=False)
+        try:
+            text = strip_csv_marker(manifest.read_text(encoding="utf-8-sig"))  # Manifest.to_csv writes oodeval's marker first
+        except UnicodeDecodeError as exc:
+            raise InputError(f"manifest {manifest} is not UTF-8 text (byte {exc.start}); save it as UTF-8") from exc
+        df = pd.read_csv(io.StringIO(text), sep="\t" if suffix == ".tsv" else ",", dtype=str, keep_default_na=False)
     if column not in df.columns:
         raise InputError(f"manifest {manifest} has no column {column!r}; columns: {', '.join(map(str, df.columns))}")
     values = [str(v).strip() for v in df[column].tolist() if v is not None and str(v).strip() not in ("", "nan", "None")]
