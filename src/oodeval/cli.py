@@ -25,6 +25,7 @@ import traceback
 from . import __version__, commands
 from .commands._options import Formatter, add_command, examples
 from .errors import is_user_error
+
 _VERBOSE_HELP = "log debug messages and show tracebacks (accepted anywhere on the line)"
 
 
