@@ -35,6 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .errors import InputError
+
 MARKER = ".oodeval-output.jsonl"
 #: the marker of oodeval before 0.1 listed file digests: a JSON object with kind and file names
 LEGACY_MARKER = ".oodeval-output.json"
@@ -46,7 +48,7 @@ _STAGING_STAMP = ".oodeval-staging"
 Recogniser = Callable[[Path], bool]
 
 
-class OutputPathError(FileExistsError, ValueError):
+class OutputPathError(FileExistsError, InputError):
     """An output path oodeval refuses to write because it would replace what oodeval did not create."""
 
 

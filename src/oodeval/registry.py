@@ -18,6 +18,8 @@ import math
 from collections.abc import Callable, Iterator, Mapping
 from importlib.metadata import entry_points
 
+from .errors import InputError, UnknownNameError
+
 __all__ = ["Registry"]
 
 
@@ -40,7 +42,7 @@ class Registry(Mapping[str, type]):
 
         def deco(cls: type) -> type:
             if name in self._classes and self._classes[name] is not cls:
-                raise ValueError(f"{self.kind} {name!r} registered twice")
+                raise InputError(f"{self.kind} {name!r} registered twice")
             self._classes[name] = cls
             self._tags[name] = frozenset(tags)
             self._order[name] = math.inf if order is None else order
@@ -60,7 +62,7 @@ class Registry(Mapping[str, type]):
     def __getitem__(self, name: str) -> type:
         self._ensure_loaded()
         if name not in self._classes:
-            raise KeyError(f"unknown {self.kind} {name!r}; known: {', '.join(self.names())}")
+            raise UnknownNameError(f"unknown {self.kind} {name!r}; known: {', '.join(self.names())}")
         return self._classes[name]
 
     def __iter__(self) -> Iterator[str]:
@@ -84,7 +86,7 @@ class Registry(Mapping[str, type]):
         self._ensure_loaded()
         unknown = sorted(set(tags) - set(self.all_tags()))
         if unknown:
-            raise ValueError(f"unknown {self.kind} tag(s) {', '.join(unknown)}; tags: {', '.join(self.all_tags())}")
+            raise InputError(f"unknown {self.kind} tag(s) {', '.join(unknown)}; tags: {', '.join(self.all_tags())}")
         index = {n: i for i, n in enumerate(self._classes)}
         chosen = [n for n in self._classes if self._tags[n].issuperset(tags)]
         return sorted(chosen, key=lambda n: (self._order[n], index[n]))
@@ -95,7 +97,7 @@ class Registry(Mapping[str, type]):
         params = inspect.signature(cls).parameters
         unknown = sorted(set(hyperparameters) - set(params))
         if unknown and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
-            raise ValueError(
+            raise InputError(
                 f"{self.kind} {name!r} has no hyperparameter(s) {', '.join(unknown)}; it takes: {', '.join(sorted(params)) or 'none'}"
             )
         return cls(**hyperparameters)

@@ -12,6 +12,7 @@ import json
 import time
 from collections.abc import Iterator, Mapping
 
+from .errors import InputError
 from .features import FeatureSet
 
 __all__ = ["evaluate_detectors", "supported_names", "parse_hyperparameters", "format_table", "failures", "cell_metrics", "fit_score_evaluate"]
@@ -27,7 +28,7 @@ def parse_hyperparameters(items: list[str]) -> dict[str, dict[str, object]]:
         key, sep, value = item.partition("=")
         name, dot, param = key.partition(".")
         if not (sep and dot and name and param):
-            raise ValueError(f"hyperparameter {item!r} is not of the form DETECTOR.NAME=VALUE")
+            raise InputError(f"hyperparameter {item!r} is not of the form DETECTOR.NAME=VALUE")
         try:
             parsed: object = json.loads(value)
         except json.JSONDecodeError:
@@ -83,14 +84,14 @@ def evaluate_detectors(
     from .results import hp_json
 
     if not oods:
-        raise ValueError("evaluate_detectors needs at least one OOD FeatureSet")
+        raise InputError("evaluate_detectors needs at least one OOD FeatureSet")
     hyperparameters = dict(hyperparameters or {})
     fit_sets = dict(fit_sets or {})
     if names is None:
         names = supported_names(train, test, oods, fit_sets)
     unknown = sorted((set(names) | set(hyperparameters)) - set(detectors.names()))
     if unknown:
-        raise ValueError(f"unknown detectors {unknown}; known: {', '.join(detectors.names())}")
+        raise InputError(f"unknown detectors {unknown}; known: {', '.join(detectors.names())}")
     for name, hp in hyperparameters.items():
         detectors.create(name, **hp)  # an unknown hyperparameter is an error before anything runs
     rows: list[dict] = []

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import InputError
+
 HELP = "metrics with bootstrap CIs for ID and OOD score files (.npy, or text with one score per line)"
 EXAMPLES = [
     "oodeval metrics id_scores.npy ood_scores.npy --draws 1000 --seed 0",
@@ -35,16 +37,16 @@ def load_scores(path: Path) -> np.ndarray:
         try:
             scores = np.load(path, allow_pickle=False)
         except (ValueError, EOFError, OSError) as exc:
-            raise ValueError(f"score file {path} is not a plain .npy array ({exc}); expected {expected}") from exc
+            raise InputError(f"score file {path} is not a plain .npy array ({exc}); expected {expected}") from exc
     elif path.suffix == ".npz":
-        raise ValueError(f"score file {path} is a .npz archive; expected {expected} (save one array with np.save)")
+        raise InputError(f"score file {path} is a .npz archive; expected {expected} (save one array with np.save)")
     else:
         try:
             scores = np.loadtxt(path, dtype=np.float64, ndmin=1)
         except (ValueError, UnicodeDecodeError) as exc:
-            raise ValueError(f"score file {path}: {exc}; expected {expected}") from exc
+            raise InputError(f"score file {path}: {exc}; expected {expected}") from exc
     if scores.ndim != 1 or not (np.issubdtype(scores.dtype, np.integer) or np.issubdtype(scores.dtype, np.floating)):
-        raise ValueError(f"score file {path} holds a {scores.dtype} array of shape {scores.shape}; expected {expected}")
+        raise InputError(f"score file {path} holds a {scores.dtype} array of shape {scores.shape}; expected {expected}")
     return scores
 
 
@@ -55,7 +57,7 @@ def format_metrics(id_scores: np.ndarray, ood_scores: np.ndarray, draws: int, se
     from ..stats import bootstrap, confidence_interval
 
     if draws < MIN_DRAWS:
-        raise ValueError(f"--draws {draws} is too few for a percentile 95% interval; give at least {MIN_DRAWS}")
+        raise InputError(f"--draws {draws} is too few for a percentile 95% interval; give at least {MIN_DRAWS}")
     values = evaluate(id_scores, ood_scores)
     boot = bootstrap(id_scores, ood_scores, draws=draws, seed=seed, fixed_id=not resample_id)
     which = "ID and OOD scores both resampled" if resample_id else "OOD scores resampled, ID scores and their FPR@95 threshold fixed"

@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from ..errors import InputError
 from ._options import add_progress
 
 HELP = "run (or resume) an experiment grid from a TOML/YAML file into one Parquet results table"
@@ -49,7 +50,7 @@ def executor_options(pairs: list[str]) -> dict:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            raise ValueError(f"--executor-option expects KEY=VALUE, got {pair!r}")
+            raise InputError(f"--executor-option expects KEY=VALUE, got {pair!r}")
         try:
             out[key] = json.loads(value)
         except json.JSONDecodeError:
@@ -65,10 +66,10 @@ def run(args: argparse.Namespace) -> int:
     if args.check:
         return _check(cfg, args.names_only)
     if args.names_only:
-        raise ValueError("--names-only applies to --check")
+        raise InputError("--names-only applies to --check")
     options = executor_options(args.executor_option)
     if options and args.executor == "inprocess":
-        raise ValueError("--executor-option needs --executor local, slurm or ray")
+        raise InputError("--executor-option needs --executor local, slurm or ray")
     if args.report is not None:
         from .._io import check_output
 
@@ -132,7 +133,7 @@ def _check(cfg, names_only: bool = False) -> int:
             print(describe(row))
     problems = check_experiment(cfg, names_only, disk) + prompt_problems
     if problems:
-        raise ValueError(f"{len(problems)} problem(s) before this experiment can run:\n" + "\n".join(f"  - {p}" for p in problems))
+        raise InputError(f"{len(problems)} problem(s) before this experiment can run:\n" + "\n".join(f"  - {p}" for p in problems))
     print("check passed: every model name resolves" if names_only else
           "check passed: datasets, weights, model names and vocabularies are all in place")
     return 0

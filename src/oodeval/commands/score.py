@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from ..errors import InputError
 from ._options import add_out, add_progress
 
 HELP = "fit post-hoc detectors on ID-train features and report FPR@95 / AUROC per OOD set"
@@ -40,9 +41,9 @@ def parse_oods(items: list[str]) -> dict[str, Path]:
     for item in items:
         name, sep, folder = item.partition("=")
         if not sep or not name or not folder:
-            raise ValueError(f"--ood {item!r} is not of the form NAME=DIR")
+            raise InputError(f"--ood {item!r} is not of the form NAME=DIR")
         if name in out:
-            raise ValueError(f"--ood name {name!r} given twice")
+            raise InputError(f"--ood name {name!r} given twice")
         out[name] = Path(folder)
     return out
 
@@ -59,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     if args.out is not None:
         check_output(args.out, "results table" if parquet else "score table")
         if args.out.suffix not in (".csv", ".parquet"):
-            raise ValueError(f"--out {args.out}: give a .csv (the score table) or a .parquet (a results table) path")
+            raise InputError(f"--out {args.out}: give a .csv (the score table) or a .parquet (a results table) path")
     names = [n.strip() for n in args.detectors.split(",") if n.strip()] if args.detectors else None
     hps = parse_hyperparameters(args.set)
     train = FeatureSet.load(args.train)
@@ -67,13 +68,13 @@ def run(args: argparse.Namespace) -> int:
     oods = {name: FeatureSet.load(folder) for name, folder in parse_oods(args.ood).items()}
     if parquet:
         if args.nac_train is not None:
-            raise ValueError("--nac-train works with a .csv output; for a results table, name NAC's fit set in an experiment file")
+            raise InputError("--nac-train works with a .csv output; for a results table, name NAC's fit set in an experiment file")
         return _results_table(args, train, names or supported_names(train, test, oods), hps)
     fit_sets = {} if args.nac_train is None else {"nac": FeatureSet.load(args.nac_train)}
     rows = evaluate_detectors(train, test, oods, names, hps, progress=not args.no_progress, fit_sets=fit_sets,
                               draws=args.draws, seed=args.seed)  # fmt: skip
     if not rows:
-        raise ValueError("no detector is supported by these FeatureSets")
+        raise InputError("no detector is supported by these FeatureSets")
     ran = list(dict.fromkeys(r["detector"] for r in rows))
     print("\n".join(describe([n for n in ran if n not in fit_sets], train, hps)))
     for name, fs in fit_sets.items():
@@ -99,12 +100,12 @@ def _results_table(args: argparse.Namespace, train, names: list[str], hps: dict)
     from ..scoring import format_table
 
     if args.draws < 1:
-        raise ValueError("a results table (.parquet) carries 95% intervals: --draws must be at least 1")
+        raise InputError("a results table (.parquet) carries 95% intervals: --draws must be at least 1")
     if not names:
-        raise ValueError("no detector is supported by these FeatureSets")
+        raise InputError("no detector is supported by these FeatureSets")
     unknown = sorted(set(hps) - set(names))
     if unknown:
-        raise ValueError(f"--set names detectors that are not scored: {', '.join(unknown)}")
+        raise InputError(f"--set names detectors that are not scored: {', '.join(unknown)}")
     oods = parse_oods(args.ood)
     label = str(train.meta.get("model") or "features")
     folders = {"id_train": args.train, "id_test": args.test, **oods}

@@ -1,4 +1,4 @@
-"""Registry of the post-hoc detectors: the paper's 21 (Sec. 2.1 / 4.1; DESIGN.md table) and CnC's.
+"""Registry of the post-hoc detectors: the paper's 21 (Sec. 2.1 / 4.1; the table in docs/detectors.md) and CnC's.
 
 Each detector class registers itself with ``@register(name, tags=..., order=...)``
 (:class:`oodeval.registry.Registry`); ``names()`` lists every registered detector in the paper's

@@ -30,6 +30,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from ..errors import InputError
+
 __all__ = ["ExperimentConfig", "ModelSpec", "DetectorSpec", "DatasetSpec", "SweepSpec", "SelectionSpec", "load_config", "KINDS"]
 
 KINDS = ("supervised", "zero-shot")
@@ -177,8 +179,8 @@ class ExperimentConfig:
         return model.detectors or (self.detectors if model.kind == "supervised" else self.zeroshot)
 
 
-def _fail(where: str, msg: str) -> ValueError:
-    return ValueError(f"experiment file: {where}: {msg}")
+def _fail(where: str, msg: str) -> InputError:
+    return InputError(f"experiment file: {where}: {msg}")
 
 
 def _check_keys(table: Any, allowed: set[str], where: str) -> dict:
@@ -419,23 +421,23 @@ def _read(path: Path) -> dict:
     try:
         text = path.read_text(encoding="utf-8-sig")  # a BOM (Windows editors) is not part of the TOML
     except UnicodeDecodeError as exc:
-        raise ValueError(f"experiment file {path} is not UTF-8 text (byte {exc.start}); save it as UTF-8") from exc
+        raise InputError(f"experiment file {path} is not UTF-8 text (byte {exc.start}); save it as UTF-8") from exc
     if path.suffix.lower() in (".yaml", ".yml"):
         import yaml
 
         try:
             data = yaml.safe_load(text)
         except yaml.YAMLError as exc:
-            raise ValueError(f"experiment file {path} is not valid YAML: {exc}") from exc
+            raise InputError(f"experiment file {path} is not valid YAML: {exc}") from exc
     elif path.suffix.lower() == ".toml":
         try:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
-            raise ValueError(f"experiment file {path} is not valid TOML: {exc}") from exc
+            raise InputError(f"experiment file {path} is not valid TOML: {exc}") from exc
     else:
-        raise ValueError(f"experiment file {path} must end in .toml, .yaml or .yml")
+        raise InputError(f"experiment file {path} must end in .toml, .yaml or .yml")
     if not isinstance(data, dict):
-        raise ValueError(f"experiment file {path} must hold a table at the top level")
+        raise InputError(f"experiment file {path} must hold a table at the top level")
     return data
 
 

@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 
 from .._io import check_output, claim_folder, hash_json, save_npy_atomic
+from ..errors import InputError
 from ..features import FeatureSet
 from ..results import (
     ALL_SPLIT,
@@ -172,10 +173,10 @@ def split_values(fs: FeatureSet, ds: DatasetSpec, cfg: ExperimentConfig) -> np.n
         manifest = resolve(ds.name, cfg.data_root)
         raw = getattr(manifest, col, None)
         if raw is None:
-            raise ValueError(f"dataset {ds.label!r} has no split column {col!r} (neither a FeatureSet extra nor a manifest column)")
+            raise InputError(f"dataset {ds.label!r} has no split column {col!r} (neither a FeatureSet extra nor a manifest column)")
         values = np.asarray(raw)
     if values.shape[0] != len(fs):
-        raise ValueError(f"split column {col!r} of {ds.label!r} has {values.shape[0]} values for {len(fs)} samples")
+        raise InputError(f"split column {col!r} of {ds.label!r} has {values.shape[0]} values for {len(fs)} samples")
     return values
 
 
@@ -206,7 +207,7 @@ class _Scorer:
             try:
                 self.det = detectors.create(spec.name, **resolve_defaults(spec.name, source, hp))
             except TypeError as exc:
-                raise ValueError(f"detector {spec.name!r} rejects hyperparameters {hp}: {exc}") from exc
+                raise InputError(f"detector {spec.name!r} rejects hyperparameters {hp}: {exc}") from exc
             self.fit_needs = self.det.fit_needs
             self.resolved = hp_json(self.det.get_params())
 
@@ -437,10 +438,10 @@ def run_experiment(
     cfg = load_config(config)
     features = features or extract_features
     if executor not in EXECUTORS:
-        raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
+        raise InputError(f"executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
     check_output(cfg.results, "results table")  # refused before any work
     if cfg.results.suffix != ".parquet":
-        raise ValueError(f"results = {str(cfg.results)!r}: the results table is Parquet, so its path must end in .parquet")
+        raise InputError(f"results = {str(cfg.results)!r}: the results table is Parquet, so its path must end in .parquet")
     claim_folder(scores_dir(cfg.results), "run scores")
     claim_folder(parts_dir(cfg.results), PARTS_KIND)
     if executor != "inprocess":

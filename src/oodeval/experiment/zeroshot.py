@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import InputError
 from ..features import FeatureSet
 from .config import DetectorSpec, ExperimentConfig, ModelSpec
 
@@ -50,7 +51,7 @@ def _class_names(cfg: ExperimentConfig) -> list[str]:
 
     names = list(resolve(cfg.id_test.name, cfg.data_root).class_names or [])
     if not names:
-        raise ValueError("zero-shot models need the ID class names: set [datasets] id_classes to a text file (one per line) or 'imagenet1k'")
+        raise InputError("zero-shot models need the ID class names: set [datasets] id_classes to a text file (one per line) or 'imagenet1k'")
     return prompt_names(names, f"the class names of {cfg.id_test.name!r} (set [datasets] id_classes to override)")
 
 
@@ -240,7 +241,7 @@ def zeroshot_scores(spec: DetectorSpec, hp: dict, fs: FeatureSet, context: dict)
     fs.check_finite(list(scorer.needs), spec.name)
     negatives = context["vocab"](spec.vocabulary) if scorer.uses_negatives else None
     if scorer.uses_negatives and negatives is None:
-        raise ValueError(f"zero-shot scorer {spec.name!r} needs a vocabulary (set `vocabulary` in its table)")
+        raise InputError(f"zero-shot scorer {spec.name!r} needs a vocabulary (set `vocabulary` in its table)")
     return scorer.score(fs, context["id_text"], negatives, normalize=True)
 
 
@@ -278,12 +279,12 @@ def _siblings_curve(sweep, id_fs: FeatureSet, ood_fs: FeatureSet, context: dict)
     vocab = Vocabulary.load(sweep.vocabulary)
     per_class = vocab.provenance.get("per_class")
     if not per_class:
-        raise ValueError(f"{sweep.vocabulary} has no per-class sibling lists (provenance.per_class); build it with `oodeval vocab llm`")
+        raise InputError(f"{sweep.vocabulary} has no per-class sibling lists (provenance.per_class); build it with `oodeval vocab llm`")
     rows = context["vocab"](sweep.vocabulary)
     index = {label: i for i, label in enumerate(vocab.labels)}
     missing = sorted({s for sibs in per_class.values() for s in sibs} - set(index))
     if missing:
-        raise ValueError(f"{sweep.vocabulary}: {len(missing)} per-class siblings are not among its labels, e.g. {missing[:3]}")
+        raise InputError(f"{sweep.vocabulary}: {len(missing)} per-class siblings are not among its labels, e.g. {missing[:3]}")
     embed = lambda labels: rows[[index[label] for label in labels]]  # noqa: E731
     return sweep_siblings(id_fs, ood_fs, context["id_text"], per_class, embed, sweep.sizes, sweep.seed, sweep.scorer,
                           **sweep.hyperparameters)
@@ -325,7 +326,7 @@ def run_sweeps(model: ModelSpec, feats: dict[str, FeatureSet], context: dict, er
                     negatives = context["vocab"](sweep.vocabulary)
                     sizes = [m for m in sweep.sizes if m <= len(negatives)]
                     if not sizes:
-                        raise ValueError(f"every size of {sweep.sizes} exceeds the vocabulary's {len(negatives)} labels")
+                        raise InputError(f"every size of {sweep.sizes} exceeds the vocabulary's {len(negatives)} labels")
                     curve = sweep_prefix(*unit_fs, context["id_text"], negatives, sizes, scorer=sweep.scorer, **sweep.hyperparameters)
                 save_sweep(cfg.results, sweep.name, model.label, ds.label, curve, key=key)
             except Exception as exc:  # noqa: BLE001 - recorded, the rest goes on

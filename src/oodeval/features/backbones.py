@@ -18,7 +18,9 @@ torch checkpoint read with ``torch.load(weights_only=True)``, never unpickled co
 
 from __future__ import annotations
 
+import difflib
 import hashlib
+import importlib.util
 import logging
 import pickle
 from dataclasses import dataclass, field
@@ -29,36 +31,64 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..errors import InputError
+
 log = logging.getLogger(__name__)
 
 __all__ = ["Backbone", "full_precision", "load_backbone", "load_open_clip", "load_state_dict_file", "load_head", "save_head", "file_hash",
-           "parse_model_name", "text_tower_fingerprint"]
+           "parse_model_name", "text_tower_fingerprint", "MODEL_PREFIXES", "unknown_prefix_hint"]
 
 #: state-dict name prefixes of image-tower parameters (open_clip ``visual.``; transformers
 #: ``vision_model.`` / ``visual_projection.``, also under oodeval's ``hf.`` wrapper)
 _IMAGE_PREFIXES = ("visual.", "vision_model.", "visual_projection.", "hf.vision_model.", "hf.visual_projection.")
 
 
+#: the model-name prefixes oodeval knows (anything else before ':' must be an importable module)
+MODEL_PREFIXES = ("timm", "open_clip", "hf")
+
+
+def unknown_prefix_hint(head: str) -> str:
+    """The sentence naming the known prefixes (and the closest one) for a ``head:`` that is none of them."""
+    close = difflib.get_close_matches(head.lower(), MODEL_PREFIXES, n=1, cutoff=0.6)
+    guess = f" (did you mean '{close[0]}:'?)" if close else ""
+    return (f"unknown model prefix '{head}:'{guess}; known prefixes: {', '.join(p + ':' for p in MODEL_PREFIXES)}, "
+            "or package.module:factory for your own model")  # fmt: skip
+
+
+def _refused_prefix(head: str) -> bool:
+    """A ``head`` before ':' that cannot name a module (not a dotted identifier), or one word close to a known
+    prefix that does not import (``openclip``, ``tim``); a real module of that name is taken as the user's."""
+    if not all(part.isidentifier() for part in head.split(".")):
+        return True
+    if "." in head or not difflib.get_close_matches(head.lower(), MODEL_PREFIXES, n=1, cutoff=0.6):
+        return False
+    return importlib.util.find_spec(head) is None
+
+
 def parse_model_name(model: str) -> tuple[str, str, str | None]:
     """``(kind, name, tag)`` for ``timm:<name>``, ``<name>``, ``open_clip:<arch>[@<tag>]``, ``hf:<repo or folder>``
     (a transformers VLM, :mod:`oodeval.features.hf`), and ``package.module:factory`` (kind ``python``: user
-    code returning an ``nn.Module``, see :mod:`oodeval.features.module`)."""
+    code returning an ``nn.Module``, see :mod:`oodeval.features.module`). A misspelt prefix (``openclip:``,
+    ``open-clip:``) is an :class:`~oodeval.errors.InputError` naming the known ones (:data:`MODEL_PREFIXES`)."""
     if model.startswith("hf:"):
         if not model[3:]:
-            raise ValueError(f"model {model!r}: no Hugging Face repo id or folder after 'hf:'")
+            raise InputError(f"model {model!r}: no Hugging Face repo id or folder after 'hf:'")
         return "hf", model[3:], None
     if model.startswith("open_clip:"):
         arch = model[len("open_clip:") :]
         arch, _, tag = arch.partition("@")
         if not arch:
-            raise ValueError(f"model {model!r}: no open_clip architecture after 'open_clip:'")
+            raise InputError(f"model {model!r}: no open_clip architecture after 'open_clip:'")
         return "open_clip", arch, tag or None
     if model.startswith("timm:"):
         model = model[len("timm:") :]
     elif ":" in model:
+        head = model.partition(":")[0]
+        if _refused_prefix(head):
+            raise InputError(f"model {model!r}: {unknown_prefix_hint(head)}")
         return "python", model, None
     if not model:
-        raise ValueError("empty model name")
+        raise InputError("empty model name")
     return "timm", model, None
 
 
@@ -93,18 +123,18 @@ def load_state_dict_file(path: str | Path) -> dict[str, torch.Tensor]:
         try:
             sd: Any = load_file(str(path), device="cpu")
         except (SafetensorError, OSError) as exc:
-            raise ValueError(f"{path} is not a readable safetensors file: {exc}") from exc
+            raise InputError(f"{path} is not a readable safetensors file: {exc}") from exc
     else:
         try:
             sd = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as exc:  # pickle errors come in many types
-            raise ValueError(f"{path} cannot be loaded safely (torch.load weights_only=True): {exc}") from exc
+            raise InputError(f"{path} cannot be loaded safely (torch.load weights_only=True): {exc}") from exc
     for key in ("state_dict_ema", "state_dict", "model"):
         if isinstance(sd, dict) and isinstance(sd.get(key), dict):
             sd = sd[key]
             break
     if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
-        raise ValueError(f"{path} does not hold a state dict of tensors")
+        raise InputError(f"{path} does not hold a state dict of tensors")
     if sd and all(k.startswith("module.") for k in sd):
         sd = {k[len("module.") :]: v for k, v in sd.items()}
     return sd
@@ -114,7 +144,7 @@ def _load_into(model: nn.Module, path: str | Path) -> None:
     sd = load_state_dict_file(path)
     result = model.load_state_dict(sd, strict=False)
     if result.missing_keys or result.unexpected_keys:
-        raise ValueError(
+        raise InputError(
             f"weights {path} do not fit the model: {len(result.missing_keys)} missing keys "
             f"(e.g. {result.missing_keys[:3]}), {len(result.unexpected_keys)} unexpected keys "
             f"(e.g. {result.unexpected_keys[:3]})"
@@ -140,7 +170,7 @@ def load_head(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
     w = sd.get("weight", sd.get("fc.weight"))
     b = sd.get("bias", sd.get("fc.bias"))
     if w is None or b is None or w.ndim != 2 or b.shape != (w.shape[0],):
-        raise ValueError(f"{path} is not a linear head: need 'weight' (C, D) and 'bias' (C,), found {sorted(sd)}")
+        raise InputError(f"{path} is not a linear head: need 'weight' (C, D) and 'bias' (C,), found {sorted(sd)}")
     return w.float().numpy(), b.float().numpy()
 
 
@@ -189,7 +219,7 @@ class Backbone:
             if self.info.get("linear_head"):
                 return self.model.get_classifier()(feats)
         if self.info.get("classifier"):
-            raise ValueError(f"{self.name}: logits from features need a Linear classifier; use forward()")
+            raise InputError(f"{self.name}: logits from features need a Linear classifier; use forward()")
         return None
 
     def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor | None]:
@@ -226,7 +256,7 @@ class Backbone:
         w, b = load_head(path)
         dim = self.info.get("feature_dim")
         if dim is not None and w.shape[1] != dim:
-            raise ValueError(f"head {path} expects {w.shape[1]}-d features but {self.name} gives {dim}-d")
+            raise InputError(f"head {path} expects {w.shape[1]}-d features but {self.name} gives {dim}-d")
         self.weight, self.bias = w, b
         dev = next(self.model.parameters()).device
         self._probe = (torch.from_numpy(w).to(dev), torch.from_numpy(b).to(dev))
@@ -253,7 +283,9 @@ def _load_timm(name: str, weights: str | None, pretrained: bool, model_kwargs: d
     from timm.data import create_transform, resolve_data_config
 
     if "checkpoint_path" in model_kwargs:
-        raise ValueError("pass local weights as weights=PATH (loaded safely), not model_kwargs['checkpoint_path']")
+        raise InputError("pass local weights as weights=PATH (loaded safely), not model_kwargs['checkpoint_path']")
+    if ":" not in name and not timm.is_model(name):  # timm's own hub prefixes (hf-hub:, local-dir:) are timm's to check
+        raise InputError(f"timm has no model {name!r} (see timm.list_models())")
     model = timm.create_model(name, pretrained=pretrained, **model_kwargs)
     if weights is not None:
         _load_into(model, weights)
@@ -288,13 +320,13 @@ def load_open_clip(model: str, weights: str | Path | None = None, pretrained: st
     if tag is not None:
         cfg = open_clip.get_pretrained_cfg(arch, tag)
         if not cfg:
-            raise ValueError(f"open_clip has no pretrained tag {tag!r} for {arch!r}; see open_clip.list_pretrained()")
+            raise InputError(f"open_clip has no pretrained tag {tag!r} for {arch!r}; see open_clip.list_pretrained()")
         kwargs.update(image_mean=cfg.get("mean"), image_std=cfg.get("std"), image_interpolation=cfg.get("interpolation"),
                       image_resize_mode=cfg.get("resize_mode"), force_quick_gelu=bool(cfg.get("quick_gelu", False)))
         if weights is None and pretrained:
             hub = tag
     elif pretrained and weights is None:
-        raise ValueError(f"pretrained=True needs a tag: open_clip:{arch}@<tag>")
+        raise InputError(f"pretrained=True needs a tag: open_clip:{arch}@<tag>")
     kwargs = {k: v for k, v in kwargs.items() if v is not None}
     net, _, preprocess = open_clip.create_model_and_transforms(arch, pretrained=hub, **kwargs)
     if weights is not None:
@@ -305,7 +337,7 @@ def load_open_clip(model: str, weights: str | Path | None = None, pretrained: st
         try:
             open_clip.load_checkpoint(net, str(weights), strict=True, weights_only=True)
         except (SafetensorError, pickle.UnpicklingError, EOFError, OSError) as exc:
-            raise ValueError(f"weights file {weights} cannot be read: {type(exc).__name__}: {exc}") from exc
+            raise InputError(f"weights file {weights} cannot be read: {type(exc).__name__}: {exc}") from exc
     net.eval()
     return net, preprocess, open_clip.get_tokenizer(arch)
 
@@ -334,7 +366,7 @@ def load_backbone(
 def _load(model: str, kind: str, name: str, tag: str | None, weights, pretrained: bool, model_kwargs, head) -> Backbone:
     if kind == "open_clip":
         if model_kwargs:
-            raise ValueError("model_kwargs apply to timm models only")
+            raise InputError("model_kwargs apply to timm models only")
         net, preprocess, tokenizer = load_open_clip(model, weights, pretrained=tag if pretrained else None)
         visual = net.visual
         size = getattr(visual, "image_size", None)
@@ -353,7 +385,7 @@ def _load(model: str, kind: str, name: str, tag: str | None, weights, pretrained
         bb = module_backbone(net, transform, name=model)
     elif kind == "hf":
         if model_kwargs:
-            raise ValueError("model_kwargs apply to timm models only")
+            raise InputError("model_kwargs apply to timm models only")
         from .hf import load_hf
 
         net, transform, tokenizer, prep = load_hf(name, weights, pretrained)

@@ -26,6 +26,7 @@ import torch
 from .. import __version__
 from .._io import hash_json
 from ..data import ImageError, Manifest, open_image, resolve
+from ..errors import InputError, StateError
 from . import store as st
 from .backbones import Backbone, file_hash, full_precision, load_backbone, parse_model_name
 from .patchreadout import PatchReadout, local_mcm
@@ -249,30 +250,30 @@ def extract(
     feature, ``image_mode`` is "RGB" or "L"; the cache key holds a hash of its parameters.
     """
     if batch_size < 1 or shard_size < 1:
-        raise ValueError(f"batch_size and shard_size must be >= 1, got {batch_size} and {shard_size}")
+        raise InputError(f"batch_size and shard_size must be >= 1, got {batch_size} and {shard_size}")
     backbone = module = None
     if isinstance(model, torch.nn.Module):
         from .module import module_backbone, module_fingerprint
 
         if weights is not None or pretrained or model_kwargs:
-            raise ValueError("weights, pretrained and model_kwargs apply to model names; load weights into the module yourself")
+            raise InputError("weights, pretrained and model_kwargs apply to model names; load weights into the module yourself")
         backbone = module_backbone(model, transform, head=classifier, feature_layer=feature_layer, image_mode=image_mode)
         module = {k: backbone.preprocessing[k] for k in ("class", "head", "feature_layer", "transform")} | {"image_mode": image_mode}
         model, kind = backbone.name, "module"
     elif transform is not None or classifier is not None or feature_layer is not None:
-        raise ValueError("transform, classifier and feature_layer apply to an nn.Module model, not to a model name")
+        raise InputError("transform, classifier and feature_layer apply to an nn.Module model, not to a model name")
     else:
         kind, _, _ = parse_model_name(model)
     patch_readouts = sorted(patch_readouts, key=lambda r: r.name)
     if (patch_features or patch_readouts) and kind not in ("open_clip", "hf"):
-        raise ValueError("patch_features and patch_readouts apply to VLM image towers only (open_clip:..., hf:...)")
+        raise InputError("patch_features and patch_readouts apply to VLM image towers only (open_clip:..., hf:...)")
     if len({r.name for r in patch_readouts}) != len(patch_readouts):
-        raise ValueError("patch_readouts: the same label set and tau are given twice")
+        raise InputError("patch_readouts: the same label set and tau are given twice")
     if taps and (kind in ("open_clip", "hf") or (head is not None and kind != "timm")):
-        raise ValueError("taps (NAC states) need a timm classifier or a timm backbone with a probe head (no VLM)")
+        raise InputError("taps (NAC states) need a timm classifier or a timm backbone with a probe head (no VLM)")
     manifest = dataset if isinstance(dataset, Manifest) else resolve(dataset, data_root, strict=strict)
     if len(manifest) == 0:
-        raise ValueError(f"dataset {manifest.name!r} has no images")
+        raise InputError(f"dataset {manifest.name!r} has no images")
     rank, world, local_rank = _dist_info()
     dev = _resolve_device(device, local_rank, world)
     use_amp = (dev.type == "cuda") if amp is None else bool(amp)
@@ -383,7 +384,7 @@ def _check_text_tower(readouts: Sequence[PatchReadout], bb: Backbone) -> None:
     mine = bb.info.get("text_tower")
     for r in readouts:
         if r.text_tower is not None and mine is not None and r.text_tower != mine:
-            raise ValueError(f"patch readout {r.label_set!r}: its labels were encoded by a text tower ({r.text_tower[:12]}) "
+            raise InputError(f"patch readout {r.label_set!r}: its labels were encoded by a text tower ({r.text_tower[:12]}) "
                              f"other than {bb.name!r}'s ({mine[:12]}); encode them with the model being extracted")
 
 
@@ -482,5 +483,5 @@ def _run(job: _Job) -> Path:
         dist.broadcast_object_list(box, src=0)
         error = box[0]
     if error:
-        raise RuntimeError(error)
+        raise StateError(error)
     return job.entry

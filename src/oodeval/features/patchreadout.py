@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from .._io import hash_arrays
+from ..errors import InputError
 
 __all__ = ["PatchReadout", "PREFIX", "label_fingerprint", "local_mcm", "float16_error_bound", "stored_readout", "has_patch_data"]
 
@@ -62,9 +63,9 @@ class PatchReadout:
     def __post_init__(self) -> None:
         labels = np.asarray(self.labels, dtype=np.float64)
         if labels.ndim != 2 or labels.shape[0] == 0 or not np.isfinite(labels).all():
-            raise ValueError(f"patch readout {self.label_set!r}: labels must be finite (C, E) with C >= 1, got shape {labels.shape}")
+            raise InputError(f"patch readout {self.label_set!r}: labels must be finite (C, E) with C >= 1, got shape {labels.shape}")
         if not float(self.tau) > 0:
-            raise ValueError(f"patch readout {self.label_set!r}: tau must be > 0, got {self.tau}")
+            raise InputError(f"patch readout {self.label_set!r}: tau must be > 0, got {self.tau}")
         object.__setattr__(self, "labels", labels)
         object.__setattr__(self, "tau", float(self.tau))
 
@@ -125,13 +126,13 @@ def stored_readout(fs, labels: np.ndarray, tau: float) -> np.ndarray | None:
     if want in have:
         out = np.asarray(have[want], dtype=np.float64)
         if out.shape != (len(fs),):
-            raise ValueError(f"gl_mcm: readout {want} of {fs.name!r} has shape {out.shape}, expected ({len(fs)},)")
+            raise InputError(f"gl_mcm: readout {want} of {fs.name!r} has shape {out.shape}, expected ({len(fs)},)")
         return out
     if "patch_features" in fs.extras:
         return None
     recorded = fs.meta.get("patch_readouts", {})
     stored = "; ".join(f"{r.get('label_set', '?')}: {r.get('n_labels', '?')} labels {str(r.get('labels', k))[:16]} at tau={r.get('tau', '?')}"
                        for k, r in ((k, recorded.get(k, {})) for k in sorted(have)))
-    raise ValueError(f"gl_mcm: the patch readout stored with {fs.name!r} was computed for another label set or temperature "
+    raise InputError(f"gl_mcm: the patch readout stored with {fs.name!r} was computed for another label set or temperature "
                      f"({stored}), not for these {len(labels)} labels {fp[:16]} at tau={float(tau)!r}; the label set or tau "
                      "changed since extraction: extract again with them (a new store entry; a readout is never reused)")
