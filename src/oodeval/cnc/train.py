@@ -369,7 +369,7 @@ def save_checkpoint(folder: str | Path, model, optimizer, config: TrainConfig, p
     (anything else is refused). Returns the epoch folder."""
     from safetensors.torch import save_file
 
-    folder = claim_folder(folder, CHECKPOINT_KIND, is_own=is_checkpoint_folder)
+    folder = claim_folder(folder, CHECKPOINT_KIND)
     if not (folder / "progress.json").is_file():
         write_json_atomic(folder / "config.json", config.to_json())
     name = f"epoch-{progress['epochs_done']:04d}"
@@ -389,14 +389,6 @@ def save_checkpoint(folder: str | Path, model, optimizer, config: TrainConfig, p
         if old.name != name and _EPOCH_DIR.match(old.name) and old.is_dir():
             shutil.rmtree(old)
     return target
-
-
-def is_checkpoint_folder(folder: Path) -> bool:
-    """Whether ``folder`` is a checkpoint folder oodeval wrote (its progress.json names the format)."""
-    try:
-        return json.loads((Path(folder) / "progress.json").read_text()).get("format") == CHECKPOINT_FORMAT
-    except (OSError, ValueError, AttributeError):
-        return False
 
 
 def _read_progress(folder: Path) -> dict:
@@ -577,7 +569,7 @@ def train(
     prec = resolve_precision(dev, precision)
     config = _complete(config, images, labels, dev, prec)
     cuda = dev.type == "cuda"
-    out = claim_folder(out, CHECKPOINT_KIND, is_own=is_checkpoint_folder)
+    out = claim_folder(out, CHECKPOINT_KIND)
     prev = _check_folder(out, config)
     gone = _remove_leftovers(out, prev)
     if gone and log:
