@@ -54,14 +54,14 @@ def run(args: argparse.Namespace) -> int:
     from ..detectors.defaults import describe
     from ..features import FeatureSet
     from ..results import is_results_table
-    from ..scoring import evaluate_detectors, failures, format_table, parse_hyperparameters, supported_names
+    from ..scoring import _canonical, evaluate_detectors, failures, format_table, parse_hyperparameters, supported_names
 
     is_score_table = csv_header_starts("detector", "ood")
     parquet = args.out is not None and args.out.suffix == ".parquet"
     if args.out is not None:
         check_output(args.out, "results table" if parquet else "score table", is_own=is_results_table if parquet else is_score_table)
-    names = [n.strip() for n in args.detectors.split(",") if n.strip()] if args.detectors else None
-    hps = parse_hyperparameters(args.set)
+    names = [_canonical(n.strip()) for n in args.detectors.split(",") if n.strip()] if args.detectors else None
+    hps = {_canonical(k): v for k, v in parse_hyperparameters(args.set).items()}
     train = FeatureSet.load(args.train)
     test = FeatureSet.load(args.test)
     oods = {name: FeatureSet.load(folder) for name, folder in parse_oods(args.ood).items()}

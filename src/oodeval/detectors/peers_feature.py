@@ -17,15 +17,15 @@ from ..features import FeatureSet
 from . import register
 from ._backend import compute_of
 from ._common import as64, chunks, class_means, l2_normalise, labelled, mean_rows
-from .base import Detector
+from ._peers import PeerMethod
 from .hybrid import ViM
 from .neighbours import _bank_rows
 
 __all__ = ["Residual", "SHE", "Relation", "NCI", "GMM", "ClassGMM"]
 
 
-@register("residual", tags=("feature", "openood"))
-class Residual(ViM):
+@register("residual", tags=("feature",))
+class Residual(PeerMethod, ViM):
     """Residual: s = -||(z - u) R||, ViM's virtual logit alone (Wang et al., CVPR 2022, Sec. 5).
 
     u = -pinv(W) b, R the eigenvectors of the uncentred covariance of (z - u) over ID train
@@ -42,8 +42,8 @@ class Residual(ViM):
 _SHE_METRICS = ("inner_product", "euclidean", "cosine")
 
 
-@register("she", tags=("feature", "openood", "pytorch-ood"))
-class SHE(Detector):
+@register("she", tags=("feature",))
+class SHE(PeerMethod):
     """Simplified Hopfield energy: s = <z, S_y>, y = argmax f, S_k the mean ID-train feature of
     the rows labelled k and predicted k (Zhang et al., "OOD detection based on in-distribution
     data patterns memorization with modern Hopfield energy", ICLR 2023).
@@ -90,8 +90,8 @@ class SHE(Detector):
         return out
 
 
-@register("relation", tags=("hybrid", "openood"))
-class Relation(Detector):
+@register("relation", tags=("hybrid",))
+class Relation(PeerMethod):
     """Neural relation graph: s = sum_j r_j^pow [r_j > thres], r_j = max(0, <z^, z^_j>) <p, p_j>.
 
     Kim et al., "Neural relation graph: a unified framework for identifying label noise and
@@ -134,8 +134,8 @@ class Relation(Detector):
         return out
 
 
-@register("nci", tags=("hybrid", "openood", "pytorch-ood"))
-class NCI(Detector):
+@register("nci", tags=("hybrid",))
+class NCI(PeerMethod):
     """Neural-collapse inspired: s = <w_y, z - mu> / ||z - mu|| + alpha ||z||_1, y = argmax f.
 
     Liu & Qin, "Detecting out-of-distribution through the lens of neural collapse", CVPR 2025.
@@ -163,8 +163,8 @@ class NCI(Detector):
         return out
 
 
-@register("gmm", tags=("feature", "openood"))
-class GMM(Detector):
+@register("gmm", tags=("feature",))
+class GMM(PeerMethod):
     """Gaussian mixture likelihood: s = log sum_k pi_k N(z | m_k, S) (OpenOOD's ``gmm``).
 
     A K-component mixture with one shared ("tied") covariance fitted by EM on the ID-train
@@ -195,8 +195,8 @@ class GMM(Detector):
         return np.concatenate([self.mixture_.score_samples(as64(x.features[sl])) for sl in chunks(len(x), x.features.shape[1])])
 
 
-@register("class_gmm", tags=("feature", "pytorch-ood"))
-class ClassGMM(Detector):
+@register("class_gmm", tags=("feature",))
+class ClassGMM(PeerMethod):
     """Class-conditional Gaussians with their own covariances: s = log sum_k pi_k N(z | m_k, S_k).
 
     m_k, S_k = the mean and maximum-likelihood covariance of the ID-train rows labelled k, plus

@@ -17,7 +17,7 @@ from ..features import FeatureSet
 from . import register
 from ._backend import Compute, compute_of
 from ._common import as64, chunks, labelled
-from .base import Detector
+from ._peers import PeerMethod
 from .logit import MSP
 
 __all__ = ["Entropy", "TemperatureScaling", "OpenMax", "neg_entropy", "fit_temperature", "WEIBULL_TRANSLATION"]
@@ -37,8 +37,8 @@ def neg_entropy(comp: Compute, f) -> np.ndarray:
     return comp.rowdot(e, shifted) / total - log_total
 
 
-@register("entropy", tags=("logit", "pytorch-ood"))
-class Entropy(Detector):
+@register("entropy", tags=("logit",))
+class Entropy(PeerMethod):
     """Negative softmax entropy, s = sum_c p_c log p_c, p = softmax(f) (higher = ID).
 
     Chan, Rottmann & Gottschalk, "Entropy maximization and meta classification for OOD detection
@@ -76,8 +76,8 @@ def fit_temperature(logits: np.ndarray, labels: np.ndarray, bounds: tuple[float,
     return float(np.exp(res.x))
 
 
-@register("temperature_scaling", tags=("logit", "openood", "pytorch-ood"))
-class TemperatureScaling(Detector):
+@register("temperature_scaling", tags=("logit",))
+class TemperatureScaling(PeerMethod):
     """MSP after temperature scaling: s = max_c softmax(f / T)_c, T fitted to minimise the NLL.
 
     Guo et al., "On calibration of modern neural networks", ICML 2017. T minimises the mean
@@ -125,8 +125,8 @@ def _distances(f: np.ndarray, means: np.ndarray, kind: str, eu_weight: float) ->
     return cos if kind == "cosine" else eu_weight * eu + cos
 
 
-@register("openmax", tags=("logit", "openood", "pytorch-ood"))
-class OpenMax(Detector):
+@register("openmax", tags=("logit",))
+class OpenMax(PeerMethod):
     """OpenMax: Weibull-recalibrated logits with an "unknown" class (Bendale & Boult, CVPR 2016).
 
     Fit: per class k, the mean logit vector (MAV) m_k of the ID-train rows labelled k (and, with

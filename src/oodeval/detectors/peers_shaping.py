@@ -18,7 +18,7 @@ from . import register
 from ._backend import compute_of
 from ._common import as64, chunked_percentile, chunks, logsumexp_rows
 from .activation import _check_percentile, _energy_of, _keep, _sum64, _top_k
-from .base import Detector
+from ._peers import PeerMethod
 
 __all__ = ["ASHB", "ASHP", "VRA", "LTS", "GradNorm", "GradUncertainty", "ash_b_features", "ash_p_features"]
 
@@ -39,8 +39,8 @@ def ash_b_features(z: np.ndarray, percentile: float) -> np.ndarray:
     return out
 
 
-@register("ash_b", tags=("activation", "openood", "pytorch-ood"))
-class ASHB(Detector):
+@register("ash_b", tags=("activation",))
+class ASHB(PeerMethod):
     """ASH-B: binarised top (100 - p)% of z, each kept entry s1 / k, energy readout.
 
     Djurisic et al., "Extremely simple activation shaping for OOD detection", ICLR 2023.
@@ -61,8 +61,8 @@ class ASHB(Detector):
         return _energy_of(compute_of(self), x, lambda z: ash_b_features(z, self.percentile), x.weight, x.bias)
 
 
-@register("ash_p", tags=("activation", "pytorch-ood"))
-class ASHP(Detector):
+@register("ash_p", tags=("activation",))
+class ASHP(PeerMethod):
     """ASH-P: the top (100 - p)% entries of z kept, the rest 0 (no rescaling), energy readout.
 
     Djurisic et al., ICLR 2023; default p = 90, the paper's ImageNet ResNet-50 setting
@@ -85,8 +85,8 @@ def _column_percentiles(z: np.ndarray, q: float, block: int = 64) -> np.ndarray:
     return np.concatenate([np.percentile(as64(z[:, c : c + block]), q, axis=0) for c in range(0, z.shape[1], block)])
 
 
-@register("vra", tags=("activation", "openood", "pytorch-ood"))
-class VRA(Detector):
+@register("vra", tags=("activation",))
+class VRA(PeerMethod):
     """VRA as its releases run it: z clipped to [lo, hi], energy readout (Xu et al., NeurIPS 2023).
 
     lo, hi = the ``low``-th and ``high``-th percentiles of the ID-train features: over all their
@@ -121,8 +121,8 @@ class VRA(Detector):
         return _energy_of(compute_of(self), x, clip, x.weight, x.bias)
 
 
-@register("lts", tags=("activation", "pytorch-ood"))
-class LTS(Detector):
+@register("lts", tags=("activation",))
+class LTS(PeerMethod):
     """Logit scaling: s = logsumexp(S f), S = (sum relu(z) / sum of the top k of relu(z))^2.
 
     Djurisic et al., "Logit scaling for out-of-distribution detection" (pytorch-ood's ``LTS``);
@@ -155,8 +155,8 @@ def _softmax64(f: np.ndarray, t: float = 1.0) -> np.ndarray:
     return e / e.sum(1, keepdims=True)
 
 
-@register("gradnorm", tags=("logit", "openood", "pytorch-ood"))
-class GradNorm(Detector):
+@register("gradnorm", tags=("hybrid",))
+class GradNorm(PeerMethod):
     """GradNorm: s = || dL/dW ||_1 = ||softmax(f / T) - 1/C||_1 ||z||_1 / T, W the head's weight.
 
     Huang, Geng & Li, "On the importance of gradients for detecting distributional shifts in
@@ -183,8 +183,8 @@ class GradNorm(Detector):
         return out
 
 
-@register("grad_uncertainty", tags=("logit", "pytorch-ood"))
-class GradUncertainty(Detector):
+@register("grad_uncertainty", tags=("hybrid",))
+class GradUncertainty(PeerMethod):
     """Gradient uncertainty on the head: s = ||C p - 1||^2 (||z||^2 + 1), p = softmax(f).
 
     Oberdiek, Rottmann & Gottschalk, "Classification uncertainty of deep neural networks based on
