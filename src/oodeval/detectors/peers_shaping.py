@@ -191,7 +191,8 @@ class GradUncertainty(PeerMethod):
     gradient information", ANNPR 2018 (pytorch-ood's ``GradUncertainty``): the squared l2 norms
     of the gradients of L = BCE(p, 1) = -sum_c log p_c with respect to the head's weight and
     bias (dL/df = C p - 1), summed. pytorch-ood sums over the parameters it is given; with only
-    the linear head this is its score exactly (it clamps log p at -100, inactive for p > 4e-44).
+    the linear head this is its score, except that torch's BCE backward divides by max(p (1 - p),
+    1e-12), which bends its gradient on rows with a class of p (1 - p) < 1e-12 (confident ones).
     """
 
     needs = ("features", "logits")
