@@ -303,3 +303,22 @@ def test_the_peers_methods_are_opt_in(problem):
     train, x = problem
     picked = detectors.supported(train, x)
     assert "openmax" not in picked and "residual" not in picked and "msp" in picked
+
+
+def test_the_detectors_command_lists_tags_hyperparameters_and_peer_names(capsys):
+    from oodeval.cli import main
+
+    assert main(["detectors", "--tag", "openood", "--json"]) == 0
+    entries = json.loads(capsys.readouterr().out)
+    assert [e["name"] for e in entries] == detectors.names("openood")
+    om = next(e for e in entries if e["name"] == "openmax")
+    assert om["hyperparameters"] == {"tailsize": 20, "alpha": 3, "distance": "euclidean", "eu_weight": 0.005,
+                                     "correct_only": True, "readout": "unknown"}  # fmt: skip
+    assert om["aliases"] == {"OpenMax": "pytorch-ood"} and om["default_selection"] is False
+    energy = next(e for e in entries if e["name"] == "energy")
+    assert energy["aliases"] == {"ebo": "OpenOOD v1.5", "EnergyBased": "pytorch-ood"} and energy["default_selection"]
+    assert main(["detectors"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[-1] == f"{len(detectors.names())} detectors" and "also: ebo (OpenOOD v1.5)" in out
+    assert main(["detectors", "--tag", "nope"]) == 2
+    assert "oodeval detectors: error: unknown detector tag(s) nope" in capsys.readouterr().err
