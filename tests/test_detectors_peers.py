@@ -322,3 +322,39 @@ def test_the_detectors_command_lists_tags_hyperparameters_and_peer_names(capsys)
     assert out.splitlines()[-1] == f"{len(detectors.names())} detectors" and "also: ebo (OpenOOD v1.5)" in out
     assert main(["detectors", "--tag", "nope"]) == 2
     assert "oodeval detectors: error: unknown detector tag(s) nope" in capsys.readouterr().err
+
+
+PEER_NAMES = ["entropy", "temp_scaling", "OpenMax", "residual", "SHE", "relation", "NCI", "gmm", "GMM",
+              "ash", "ash_p", "VRA", "LTS", "GradNorm", "GradUncertainty"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("peers")
+    train, test, ood = synthetic_problem(n_classes=5, dim=16, n_train=300, n_test=80, n_ood=60, seed=3, nac=False)
+    for name, fs in {"train": train, "test": test, "far": ood}.items():
+        fs.save(root / name)
+    return root
+
+
+def test_every_peer_method_runs_in_score_and_the_grid_under_its_peer_name(folders, tmp_path, capsys):
+    import pandas as pd
+
+    from oodeval.cli import main
+    from oodeval.metrics import auroc
+    from oodeval.results import load_results
+
+    base = ["score", "--train", str(folders / "train"), "--test", str(folders / "test"),
+            "--ood", f"far={folders / 'far'}", "--detectors", ",".join(PEER_NAMES), "--set", "ash.percentile=80", "--no-progress"]  # fmt: skip
+    assert main([*base, "--out", str(tmp_path / "t.csv")]) == 0
+    table = pd.read_csv(tmp_path / "t.csv")
+    canonical = [detectors.canonical(n) for n in PEER_NAMES]
+    assert list(table.detector) == canonical and (table.status == "ok").all()
+    assert json.loads(table.set_index("detector").loc["ash_b", "hyperparameters"])["percentile"] == 80
+    train, test, far = (FeatureSet.load(folders / n) for n in ("train", "test", "far"))
+    det = detectors.create("openmax").fit(train)
+    assert table.set_index("detector").loc["openmax", "auroc"] == pytest.approx(auroc(det.score(test), det.score(far)))
+    assert main([*base, "--out", str(tmp_path / "t.parquet"), "--draws", "1"]) == 0  # the experiment grid
+    grid = load_results(tmp_path / "t.parquet")
+    assert set(grid.detector) == set(canonical) and (grid.status == "ok").all()
+    capsys.readouterr()
