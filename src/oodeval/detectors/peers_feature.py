@@ -15,7 +15,6 @@ from sklearn.mixture import GaussianMixture
 
 from ..features import FeatureSet
 from . import register
-from ._backend import compute_of
 from ._common import as64, chunks, class_means, l2_normalise, labelled, mean_rows
 from ._peers import PeerMethod
 from .hybrid import ViM
@@ -33,7 +32,11 @@ class Residual(PeerMethod, ViM):
     to ViM's rule (1000 if D >= 2048, 512 if D >= 768, else D / 2), as the paper's Residual
     baseline shares ViM's D'; OpenOOD's ``residual.yml`` sets 512 for every network (which
     leaves a 512-d feature no residual) and fits on its ID ``val`` split, here the ID-train set.
+    float64 throughout (the residual space is the covariance's smallest eigenvalues).
     """
+
+    def __init__(self, dim: int | None = None) -> None:
+        self.dim = dim
 
     def _score(self, x: FeatureSet) -> np.ndarray:
         return -self.residual_norm(x.features)
@@ -51,14 +54,14 @@ class SHE(PeerMethod):
     ``metric`` "inner_product" (default, both releases), or OpenOOD's alternatives "euclidean"
     (-||z - S_y||) and "cosine". A class without a correctly classified ID-train row takes the
     mean of its labelled rows as its pattern (OpenOOD's mean is then NaN, pytorch-ood refuses).
+    float64 throughout.
     """
 
     needs = ("features", "logits")
     fit_needs = ("features", "logits", "labels")
 
-    def __init__(self, metric: str = "inner_product", precision: str = "float32") -> None:
+    def __init__(self, metric: str = "inner_product") -> None:
         self.metric = metric
-        self.precision = precision
 
     def _fit(self, train: FeatureSet) -> None:
         if self.metric not in _SHE_METRICS:
@@ -70,7 +73,7 @@ class SHE(PeerMethod):
         patterns = np.zeros((train.logits.shape[1], train.features.shape[1]))
         have = np.unique(correct[correct >= 0])
         if have.size:
-            patterns[have] = class_means(train.features, correct, have, comp=compute_of(self))[0]
+            patterns[have] = class_means(train.features, correct, have)[0]
         rest = np.setdiff1d(classes, have)
         if rest.size:
             patterns[rest] = class_means(train.features, np.where(np.isin(y, rest), y, -1), rest)[0]
@@ -98,6 +101,8 @@ class Relation(PeerMethod):
     outlier data", NeurIPS 2023 (OpenOOD's ``relation``). z^ = z / sqrt(|z|^2 + 1e-10), p =
     softmax(f), j over a bank of ID-train rows (``bank_fraction`` of them, seeded; default 1 =
     all of them, as the release); ``pow`` = 1 and ``thres`` = 0.03 are the release's defaults.
+    float64 throughout; the bank holds (D + C) float64 values per row, so for ImageNet-sized
+    training sets a ``bank_fraction`` below 1 keeps it in memory (the release holds all of it).
     """
 
     needs = ("features", "logits")
@@ -173,6 +178,7 @@ class GMM(PeerMethod):
     ``n_components``, default the number of ID classes. The release scores log(sum_k pi_k
     exp(-d_k^2 / 2) + 1e-40), which is this up to a constant where it does not underflow; its
     input perturbation (``noise``) and layer ensemble need the network and are not part of it.
+    EM over the whole ID-train set costs O(N K D^2) per step (scikit-learn, float64).
     """
 
     needs = ("features",)
