@@ -275,9 +275,10 @@ def test_peer_names_resolve_to_ours_and_say_so(problem, caplog):
     caplog.set_level(logging.INFO, logger="oodeval.registry")
     assert type(detectors.create("ebo")).name == "energy"
     assert "'ebo' is OpenOOD v1.5's name for oodeval's 'energy'" in caplog.text
-    for peer, ours in {"mls": "maxlogit", "mds": "mahalanobis", "rmds": "relative_mahalanobis", "klm": "kl_matching",
-                       "temp_scaling": "temperature_scaling", "ash": "ash_b", "EnergyBased": "energy",
-                       "MaxSoftmax": "msp", "RMD": "relative_mahalanobis", "ViM": "vim", "KNN": "knn", "GMM": "class_gmm"}.items():  # fmt: skip
+    expected = {"mls": "maxlogit", "mds": "mahalanobis", "rmds": "relative_mahalanobis", "klm": "kl_matching",
+                "temp_scaling": "temperature_scaling", "ash": "ash_b", "EnergyBased": "energy", "MaxSoftmax": "msp",
+                "RMD": "relative_mahalanobis", "ViM": "vim", "KNN": "knn", "GMM": "class_gmm"}  # fmt: skip
+    for peer, ours in expected.items():
         assert detectors.canonical(peer) == ours
     from oodeval.scoring import evaluate_detectors
 
@@ -345,7 +346,8 @@ def test_every_peer_method_runs_in_score_and_the_grid_under_its_peer_name(folder
     from oodeval.results import load_results
 
     base = ["score", "--train", str(folders / "train"), "--test", str(folders / "test"),
-            "--ood", f"far={folders / 'far'}", "--detectors", ",".join(PEER_NAMES), "--set", "ash.percentile=80", "--no-progress"]  # fmt: skip
+            "--ood", f"far={folders / 'far'}", "--detectors", ",".join(PEER_NAMES), "--set", "ash.percentile=80",
+            "--no-progress"]  # fmt: skip
     assert main([*base, "--out", str(tmp_path / "t.csv")]) == 0
     table = pd.read_csv(tmp_path / "t.csv")
     canonical = [detectors.canonical(n) for n in PEER_NAMES]
