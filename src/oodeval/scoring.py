@@ -48,6 +48,14 @@ def supported_names(
     return [n for n in detectors.names() if all(detectors.supported(fit_sets.get(n, train), x, [n]) for x in (test, *oods.values()))]
 
 
+def _canonical(name: str) -> str:
+    """A peer's detector name (``ebo``, ``EnergyBased``) as oodeval's; other names unchanged (an
+    unknown one is refused below, with the list of known ones)."""
+    from . import detectors
+
+    return detectors.canonical(name) if name in detectors.REGISTRY else name
+
+
 def evaluate_detectors(
     train: FeatureSet,
     test: FeatureSet,
@@ -85,8 +93,9 @@ def evaluate_detectors(
 
     if not oods:
         raise InputError("evaluate_detectors needs at least one OOD FeatureSet")
-    hyperparameters = dict(hyperparameters or {})
-    fit_sets = dict(fit_sets or {})
+    hyperparameters = {_canonical(k): v for k, v in (hyperparameters or {}).items()}
+    fit_sets = {_canonical(k): v for k, v in (fit_sets or {}).items()}
+    names = None if names is None else [_canonical(n) for n in names]
     if names is None:
         names = supported_names(train, test, oods, fit_sets)
     unknown = sorted((set(names) | set(hyperparameters)) - set(detectors.names()))

@@ -54,15 +54,15 @@ def run(args: argparse.Namespace) -> int:
     from .._io import check_output, write_csv_atomic
     from ..detectors.defaults import describe
     from ..features import FeatureSet
-    from ..scoring import evaluate_detectors, failures, format_table, parse_hyperparameters, supported_names
+    from ..scoring import _canonical, evaluate_detectors, failures, format_table, parse_hyperparameters, supported_names
 
     parquet = args.out is not None and args.out.suffix == ".parquet"
     if args.out is not None:
         check_output(args.out, "results table" if parquet else "score table")
         if args.out.suffix not in (".csv", ".parquet"):
             raise InputError(f"--out {args.out}: give a .csv (the score table) or a .parquet (a results table) path")
-    names = [n.strip() for n in args.detectors.split(",") if n.strip()] if args.detectors else None
-    hps = parse_hyperparameters(args.set)
+    names = [_canonical(n.strip()) for n in args.detectors.split(",") if n.strip()] if args.detectors else None
+    hps = {_canonical(k): v for k, v in parse_hyperparameters(args.set).items()}
     train = FeatureSet.load(args.train)
     test = FeatureSet.load(args.test)
     oods = {name: FeatureSet.load(folder) for name, folder in parse_oods(args.ood).items()}

@@ -301,7 +301,7 @@ def _load_spec(spec: DatasetSpec, root: Path | None, strict: bool) -> Manifest:
 def resolve(name_or_path: str | os.PathLike, data_root: str | os.PathLike | None = None, *, strict: bool = True) -> Manifest:
     """A Manifest for a registry name, a user dataset name, an image folder or a CSV manifest.
 
-    Order: an existing CSV file; an existing folder (its ``manifest.csv`` if present, else an
+    Order: an existing CSV file (or OpenOOD ``.txt`` image list, :mod:`oodeval.data.openood`); an existing folder (its ``manifest.csv`` if present, else an
     ImageFolder tree, else an unlabelled image folder); ``NAME:SPLIT`` selects a split; a registry
     name; ``<data_root>/NAME/manifest.csv``. A registry dataset whose image count differs from the
     expected one raises ValueError unless ``strict=False``.
@@ -310,8 +310,12 @@ def resolve(name_or_path: str | os.PathLike, data_root: str | os.PathLike | None
     text = str(name_or_path)
     path = Path(text).expanduser()
     if path.is_file():
+        if path.suffix.lower() == ".txt":  # an OpenOOD image list (benchmark_imglist/<benchmark>/*.txt)
+            from .openood import read_imglist
+
+            return read_imglist(path)
         if path.suffix.lower() != ".csv":
-            raise InputError(f"{path} is a file but not a .csv manifest")
+            raise InputError(f"{path} is a file but neither a .csv manifest nor an OpenOOD .txt image list")
         return Manifest.from_csv(path)
     if path.is_dir():
         if (path / "manifest.csv").is_file():

@@ -17,7 +17,7 @@ from ..features import FeatureSet
 from ..registry import Registry
 from .base import Detector
 
-__all__ = ["Detector", "names", "create", "register", "supported", "REGISTRY"]
+__all__ = ["Detector", "names", "create", "canonical", "register", "supported", "REGISTRY"]
 
 
 def _load() -> None:
@@ -34,6 +34,12 @@ register = REGISTRY.register
 def names(*tags: str) -> list[str]:
     """Registered detector names carrying every tag in ``tags`` (all when none), in the paper's order."""
     return REGISTRY.names(*tags)
+
+
+def canonical(name: str) -> str:
+    """The registered name for ``name``: itself, or the detector a peer's name (OpenOOD's ``ebo``,
+    pytorch-ood's ``EnergyBased``, :mod:`.peer_names`) stands for, which is logged."""
+    return REGISTRY.canonical(name)
 
 
 def create(name: str, **hyperparameters) -> Detector:

@@ -253,6 +253,8 @@ def _detector(entry: Any, where: str, known: set[str], base: Path, zeroshot: boo
         entry = {"name": entry}
     t = _check_keys(entry, _DETECTOR, where)
     name = _typed(t, "name", str, where, required=True)
+    if not zeroshot and name in _registry(False):
+        name = _registry(False).canonical(name)  # a peer's name (ebo, EnergyBased) as oodeval's
     if name not in known:
         what = "zero-shot scorer" if zeroshot else "detector"
         raise _fail(where, f"unknown {what} {name!r}; known: {', '.join(sorted(known))}")
