@@ -74,7 +74,7 @@ def check_detector(cls: type[Detector], hyperparameters: dict | None = None,
     name = cls.__name__
     hp = dict(hyperparameters or {})
     train, test, ood = problem or small_problem()
-    if problem is None and not cls.suits(test):
+    if problem is None and cls.reads_outlier_class:
         train, test, ood = (_with_outlier_class(fs) for fs in (train, test, ood))
     assert issubclass(cls, Detector), f"{name} is not a subclass of oodeval.detectors.base.Detector"
 
