@@ -7,23 +7,38 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 
 import pytest
 
-#: Debian packages the suite reads (scripts/setup.sh installs them when run as root)
-DEBIAN_FILES = {
-    "dataset-fashion-mnist": "/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz",
-    "wordnet-base": "/usr/share/wordnet/data.noun",
-    "chromium": "/usr/bin/chromium",
-    "chromium-driver": "/usr/bin/chromedriver",
+#: what a ``@pytest.mark.needs(WHAT)`` test reads: the Debian packages and their files
+#: (scripts/setup.sh installs them when run as root)
+NEEDS = {
+    "fashion-mnist": {"dataset-fashion-mnist": "/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"},
+    "wordnet": {"wordnet-base": "/usr/share/wordnet/data.noun"},
+    "chromium": {"chromium": "/usr/bin/chromium", "chromium-driver": "/usr/bin/chromedriver"},
 }
 
 
-def pytest_sessionstart(session) -> None:
-    """Fail at once, naming the packages, instead of skipping the tests that need them."""
-    missing = [pkg for pkg, path in DEBIAN_FILES.items() if not os.path.exists(path)]
-    if missing:
-        raise pytest.UsageError(
-            f"Debian packages missing: {', '.join(missing)}; `make test` installs them when run as root "
-            "(scripts/setup.sh), or install them with apt-get"
-        )
+def pytest_configure(config) -> None:
+    config.addinivalue_line("markers", f"needs(what): the test reads a Debian package's files ({', '.join(NEEDS)}); "
+                                       "skipped when they are missing, a failure under CI=true")  # fmt: skip
+
+
+def missing_packages(what: str) -> list[str]:
+    """The Debian packages of ``what`` (a key of NEEDS) whose files are not installed."""
+    if what not in NEEDS:
+        raise pytest.UsageError(f"@pytest.mark.needs({what!r}): unknown; known: {', '.join(NEEDS)}")
+    return [pkg for pkg, path in NEEDS[what].items() if not os.path.exists(path)]
+
+
+def pytest_runtest_setup(item) -> None:
+    """Skip a test whose Debian packages are missing, naming them; under ``CI=true`` fail it instead."""
+    missing = [pkg for mark in item.iter_markers("needs") for what in mark.args for pkg in missing_packages(what)]
+    if not missing:
+        return
+    msg = (f"Debian packages missing: {', '.join(dict.fromkeys(missing))}; `make test` installs them when run as root "
+           "(scripts/setup.sh), or install them with apt-get")  # fmt: skip
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{msg} (CI=true: a missing package is a failure, not a skip)", pytrace=False)
+    pytest.skip(msg)
+
 
 TINY_CLIP = "oodeval-tiny-vit"
 TINY_CLIP_CONFIG = {

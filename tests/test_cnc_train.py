@@ -263,7 +263,7 @@ def test_a_kill_in_the_first_checkpoint_write_then_other_settings_is_refused(tmp
     # the same settings go on; the leftovers are removed and the run equals an uninterrupted one
     train(cfg, images, labels, run, progress=False)
     train(cfg, images, labels, tmp_path / "clean", progress=False)
-    assert sorted(p.name for p in run.iterdir()) == [".oodeval-output.json", "config.json", "epoch-0001", "progress.json"]
+    assert sorted(p.name for p in run.iterdir()) == [".oodeval-output.jsonl", "config.json", "epoch-0001", "progress.json"]
     assert _same(_weights(run), _weights(tmp_path / "clean"))
 
 

@@ -19,6 +19,7 @@ from oodeval.construct.candidates import write_project
 from oodeval.construct.evidence import build_evidence
 from oodeval.construct.protocol import ProtocolStore
 from oodeval.construct.synthetic import make_synthetic_dataset
+from oodeval.errors import InputError
 
 SVG = """<svg xmlns="http://www.w3.org/2000/svg" width="40" height="40"><rect width="40" height="40" fill="red"/>
 <script>fetch('/api/me').then(r => r.json()).then(me => { document.title = 'ran as ' + me.name;
@@ -270,7 +271,7 @@ def test_binding_ipv6_port_in_use_and_the_remote_warning(tmp_path, capsys, monke
     import oodeval.construct.app
 
     def refuse(*args, **kwargs):  # the test binds nothing beyond loopback
-        raise ValueError("not bound in this test")
+        raise InputError("not bound in this test")  # what make_server raises for an address it cannot bind
 
     monkeypatch.setattr(oodeval.construct.app, "make_server", refuse)
     rc = main(["construct", "serve", str(project.folder), "--host", "0.0.0.0", "--port", "0"])

@@ -11,6 +11,8 @@ from oodeval.cli import main
 from oodeval.construct.rules import Outcome
 from test_construct_app import make_project, start
 
+pytestmark = pytest.mark.needs("chromium", "wordnet")
+
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 
 

@@ -14,6 +14,8 @@ from oodeval.construct.rules import Outcome
 from oodeval.zeroshot.wordnet import noun_senses
 from test_construct_app import call, make_project, start, verdict
 
+pytestmark = pytest.mark.needs("wordnet")
+
 TAYRA = "n02451415"  # WordNet 3.0: tayra, taira, Eira barbara
 FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 

@@ -151,6 +151,7 @@ def test_idx_container_and_corrupt_files(tmp_path: Path) -> None:
             open_image(str(tmp_path / name))
 
 
+@pytest.mark.needs("fashion-mnist")
 def test_fashion_mnist_from_debian_package() -> None:
     m = resolve("fashion-mnist:test")
     assert len(m) == 10_000 and m.num_classes == 10 and m.class_names[9] == "Ankle boot"

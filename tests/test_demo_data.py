@@ -22,6 +22,7 @@ from oodeval.demo.run import to_toml
 TINY = DemoSizes(id_train=60, id_test=30, near_ood=20, digits=10, photos=16, uniform=5, gaussian=5)
 
 
+@pytest.mark.needs("fashion-mnist")
 def test_fashion_mnist_idx_parsed():
     fm = load_fashion_mnist()
     x, y = fm["train"]
@@ -31,6 +32,7 @@ def test_fashion_mnist_idx_parsed():
     assert not set(ID_CLASSES) & set(NEAR_OOD_CLASSES) and len(set(ID_CLASSES) | set(NEAR_OOD_CLASSES)) == 10
 
 
+@pytest.mark.needs("fashion-mnist")
 def test_sets_built_as_registry_datasets(tmp_path):
     sets = build_benchmark(tmp_path, TINY, seed=3, progress=False)
     assert set(sets) == set(SET_NAMES)
@@ -54,6 +56,7 @@ def test_sets_built_as_registry_datasets(tmp_path):
     assert (pool.reshape(len(pool), -1) == images[0].reshape(1, -1)).all(axis=1).any()
 
 
+@pytest.mark.needs("fashion-mnist")
 def test_build_is_deterministic_and_cached(tmp_path):
     a = build_benchmark(tmp_path / "a", TINY, seed=1, progress=False)
     b = build_benchmark(tmp_path / "b", TINY, seed=1, progress=False)
@@ -73,6 +76,7 @@ def test_build_is_deterministic_and_cached(tmp_path):
     assert len(resolve(SET_NAMES["uniform"], tmp_path / "a")) == 6
 
 
+@pytest.mark.needs("fashion-mnist")
 def test_sizes_validated(tmp_path):
     with pytest.raises(ValueError, match="at least 1 image"):
         DemoSizes(photos=0)

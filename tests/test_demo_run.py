@@ -21,6 +21,7 @@ def quick(tmp_path_factory):
     return out, result, buf.getvalue()
 
 
+@pytest.mark.needs("fashion-mnist")
 def test_tables_printed_for_every_ood_set(quick):
     _, result, text = quick
     assert result.summary.failed == 0, result.summary.errors
@@ -42,6 +43,7 @@ def test_tables_printed_for_every_ood_set(quick):
     assert result.subsampling.frame is not None and len(result.subsampling.frame) == len(OOD_LABELS)
 
 
+@pytest.mark.needs("fashion-mnist")
 def test_report_files_written(quick):
     out, result, _ = quick
     html = result.report["html"].read_text()
@@ -50,6 +52,7 @@ def test_report_files_written(quick):
     assert (out / "experiment.toml").is_file() and (out / "tables.txt").read_text().strip() == result.text.strip()
 
 
+@pytest.mark.needs("fashion-mnist")
 def test_model_beats_chance_through_the_extraction_path(quick):
     _, result, _ = quick
     model = result.model
@@ -62,6 +65,7 @@ def test_model_beats_chance_through_the_extraction_path(quick):
     assert len(acc) == 1 and abs(acc[0] - model.id_test_accuracy) <= 1 / 300 + 1e-9
 
 
+@pytest.mark.needs("fashion-mnist")
 def test_repeat_run_reuses_everything(quick):
     out, first, _ = quick
     buf = io.StringIO()

@@ -96,7 +96,7 @@ REFITS = [
     ("react", {"percentile": 90}, {"percentile": 50}),
     ("ash_s", {"percentile": 90}, {"percentile": 60}),
     ("scale", {"percentile": 85}, {"percentile": 40}),
-    ("dice", {"p": 70}, {"p": 20}),
+    ("dice", {"percentile": 70}, {"percentile": 20}),
     ("knn", {"k": 50}, {"k": 2}),
     ("mcm", {"tau": 1.0}, {"tau": 0.05}),
     ("neco", {}, {"dim": 3}),

@@ -114,7 +114,7 @@ def test_nnguide_on_our_seeded_bank(problem):
 
 
 def test_rmd_agrees_in_0_4_0(problem):
-    # DESIGN.md's trap (a wrongly scaled background scatter) is gone in 0.4.0: class and
+    # older pytorch-ood's trap (docs/detectors.md: a wrongly scaled background scatter) is gone in 0.4.0: class and
     # background covariances are both unnormalised scatters (+1e-6 I), so its scores are ours / N
     train, x = problem
     ours = detectors.create("relative_mahalanobis").fit(train).score(x)

@@ -25,6 +25,7 @@ from oodeval import cli
 from oodeval._io import LEGACY_MARKER, MARKER, OutputPathError, atomic_folder, atomic_path, claim_folder, file_marker_kind, marker_kind, write_json_atomic
 from oodeval.cli import main
 from oodeval.data import Manifest
+from oodeval.errors import InputError, StateError, UnknownNameError
 from oodeval.detectors._synthetic import synthetic_problem
 from oodeval.features import FeatureSet
 from oodeval.features.backbones import load_state_dict_file, save_head
@@ -318,7 +319,7 @@ def _fake_command(monkeypatch, run) -> None:
 
 def test_errors_one_line_exit_codes_and_verbose_anywhere(monkeypatch, capsys) -> None:
     def bad_input(args):
-        raise ValueError("the input is bad")
+        raise InputError("the input is bad")
 
     _fake_command(monkeypatch, bad_input)
     assert main(["fake"]) == 2
@@ -334,13 +335,46 @@ def test_errors_one_line_exit_codes_and_verbose_anywhere(monkeypatch, capsys) ->
 
     _fake_command(monkeypatch, bug)
     assert main(["fake"]) == 1
-    assert capsys.readouterr().err == "oodeval fake: error: unexpected TypeError: a bug; rerun with -v for the traceback\n"
+    assert capsys.readouterr().err == ("oodeval fake: internal error TypeError: a bug; this is a bug in oodeval, please report it; "
+                                       "rerun with -v for the traceback\n")  # fmt: skip
 
     def interrupted(args):
         raise KeyboardInterrupt
 
     _fake_command(monkeypatch, interrupted)
     assert main(["fake"]) == 130 and "interrupted; completed work is kept" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("exc", [ValueError("bad shapes"), KeyError("layer4"), RuntimeError("no CUDA kernel"),
+                                 IndexError("index 3"), AssertionError("invariant")])  # fmt: skip
+def test_an_unexpected_exception_exits_1_as_a_bug(monkeypatch, capsys, exc) -> None:
+    """A built-in exception that is no OodevalError (a numpy shape error, a dict lookup) is oodeval's bug, not the user's."""
+
+    def run(args):
+        raise exc
+
+    _fake_command(monkeypatch, run)
+    assert main(["fake"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"oodeval fake: internal error {type(exc).__name__}: ") and "this is a bug in oodeval, please report it" in err
+    assert err.endswith("rerun with -v for the traceback\n") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("exc", [InputError("k must be >= 1"), UnknownNameError("unknown detector 'knm'; known: knn"),
+                                 StateError("entry e is incomplete"), OutputPathError("out exists"),
+                                 FileNotFoundError(2, "No such file or directory", "feats/train"),
+                                 PermissionError(13, "Permission denied", "out.csv"), IsADirectoryError(21, "Is a directory", "x"),
+                                 MemoryError("cannot allocate")])  # fmt: skip
+def test_a_user_error_exits_2_in_one_line(monkeypatch, capsys, exc) -> None:
+    def run(args):
+        raise exc
+
+    _fake_command(monkeypatch, run)
+    assert main(["fake"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"oodeval fake: error: {exc}\n" and "bug" not in err
+    if isinstance(exc, UnknownNameError):
+        assert err == "oodeval fake: error: unknown detector 'knm'; known: knn\n"  # a sentence, not KeyError's quoted repr
 
 
 def test_nested_sub_commands_accept_v(tmp_path: Path, capsys) -> None:

@@ -16,7 +16,9 @@ from PIL import Image
 import oodeval
 from oodeval import cli
 from oodeval.data import resolve
+from oodeval.errors import InputError
 from oodeval.features import FeatureSet
+from oodeval.features.backbones import parse_model_name
 from oodeval.features.module import module_backbone
 
 # float32 reductions reorder with batch shape and threads: a few ulps of the array's largest value
@@ -181,3 +183,18 @@ def test_small_defects_name_cache_layout_and_repr(data, tmp_path):
     text = repr(fs)
     assert len(text) < 300 and "features=(12, " in text and "test_resnet" in text
     assert REGISTRY["ninco-clean-cood"].layout.startswith("ninco-clean/cood/**")
+
+
+def test_a_misspelt_model_prefix_is_refused_naming_the_known_ones(data, tmp_path, capsys):
+    for model, guess in (("openclip:ViT-B-16", "open_clip:"), ("open-clip:RN50", "open_clip:"), ("tim:resnet18", "timm:")):
+        with pytest.raises(InputError, match=f"unknown model prefix .*did you mean '{guess}'.*known prefixes: timm:, open_clip:, hf:"):
+            parse_model_name(model)
+    assert parse_model_name("open_clip:ViT-B-16@openai") == ("open_clip", "ViT-B-16", "openai")
+    assert parse_model_name("json:loads") == ("python", "json:loads", None)  # an importable one-word module is the user's
+    assert parse_model_name("no_such_pkg.mod:make") == ("python", "no_such_pkg.mod:make", None)  # a dotted path: load_factory says
+    assert cli.main(["extract", "--model", "openclip:ViT-B-16", "--dataset", str(data / "val"), "--store", str(tmp_path / "s")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("oodeval extract: error: model 'openclip:ViT-B-16': unknown model prefix 'openclip:'") and err.count("\n") == 1
+    assert cli.main(["extract", "--model", "no_such_timm_model_xyz", "--dataset", str(data / "val"), "--store", str(tmp_path / "s"),
+                     "--no-progress"]) == 2
+    assert "timm has no model 'no_such_timm_model_xyz'" in capsys.readouterr().err

@@ -18,14 +18,19 @@ PAPER21 = [
     "mahalanobis", "relative_mahalanobis", "mahalanobis_pp", "relative_mahalanobis_pp",
     "knn", "cosine", "mcm", "fdbd", "neco", "nac", "vim", "nnguide",
 ]  # fmt: skip
+#: the peers' methods (OpenOOD v1.5, pytorch-ood 0.4) oodeval adds, in registration order
+PEERS = [
+    "residual", "she", "relation", "nci", "gmm", "class_gmm", "entropy", "temperature_scaling", "openmax",
+    "ash_b", "ash_p", "vra", "lts", "gradnorm", "grad_uncertainty",
+]  # fmt: skip
 
 
 def test_names_come_from_tags_and_order():
     assert detectors.names("paper21") == PAPER21  # the paper's order (Sec. 4.1), from `order=`
-    assert detectors.names() == PAPER21 + ["cnc"]
+    assert detectors.names() == PAPER21 + ["cnc"] + PEERS  # the peers' methods follow, unordered
     assert detectors.names("paper21", "logit") == ["msp", "maxlogit", "kl_matching", "energy", "gen"]
-    assert detectors.names("hybrid") == ["vim", "nnguide"]
-    assert len(detectors.names("paper21", "feature")) == 10 and len(detectors.names("activation")) == 4
+    assert detectors.names("paper21", "hybrid") == ["vim", "nnguide"]
+    assert len(detectors.names("paper21", "feature")) == 10 and len(detectors.names("paper21", "activation")) == 4
     assert detectors.names("cnc") == ["cnc"] and detectors.REGISTRY["cnc"].tags == {"logit", "cnc"}
     assert zeroshot.names("logit") == ["mcm", "maxlogit", "energy", "gen", "entropy", "margin", "gl_mcm"]
     assert zeroshot.names("needs-vocabulary") == ["neglabel", "eoe"]

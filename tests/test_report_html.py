@@ -112,6 +112,7 @@ def test_cli_report(report, tmp_path, capsys):
     assert cli.main(["report", str(tmp_path / "none.parquet"), "--out", str(tmp_path / "r2")]) == 2
 
 
+@pytest.mark.needs("chromium")
 def test_html_renders_in_headless_chromium(report, tmp_path):
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service

@@ -61,7 +61,7 @@ def test_reference_cells_match_the_papers_text():
     assert all(len(load_reference(t)) for t in TABLES)
 
 
-def test_preset_names_the_papers_grid_and_resolves_offline(capsys):
+def test_preset_names_the_papers_grid_and_resolves_offline(capsys, monkeypatch):
     import open_clip
     import timm
 
@@ -122,10 +122,15 @@ def test_preset_names_the_papers_grid_and_resolves_offline(capsys):
         block = re.split(r"\n  (?=\S)", out.split(f"  {label} (supervised, taps)")[1])[0]  # the model's own lines
         assert "ash_s.percentile = 95.0" in block and f"nac.layer_params = {recipe}" in block and "nac.n_fit = 50000" in block
     assert sum(m.taps for m in sup) == 30  # NAC on every classifier, the probes included
-    # the full check also lists the missing inputs, and only those
+    # the full check also lists the missing inputs, and only those (on any disk), and each VLM's extraction disk
+    from oodeval.experiment import disk
     from oodeval.experiment.check import check_experiment
 
+    monkeypatch.setattr(disk, "free_bytes", lambda path: 10**15)
     assert cli.main(["run", str(PRESET), "--check"]) == 2
+    out = capsys.readouterr().out
+    assert "CLIP-B/16: extraction writes " in out and "(2.07 kB per image: embedding + 1 patch readout(s); full patch tokens would add 201 kB)" in out
+    assert "SigLIP2-g: extraction writes " in out and "full patch tokens would add 1.77 MB" in out
     problems = check_experiment(cfg)
     assert problems and all("does not exist" in p or "not found" in p for p in problems), problems
     assert sum("EOE-gen{0..29}.json does not exist" in p for p in problems) == 1  # the 30 generations in one line

@@ -199,3 +199,32 @@ def test_aimv2_extraction_text_side_and_every_scorer(aimv2_dir: Path, tmp_path: 
         neg = negatives if name in ("neglabel", "eoe") else None
         scores = score_zeroshot(name, fs, text.astype(np.float64), neg)
         assert scores.shape == (4,) and np.isfinite(scores).all()
+
+
+# --- GL-MCM from the patch readout (issue 32) -------------------------------------------------
+
+
+@pytest.mark.parametrize("family", ["open_clip_vit", "so400m", "gopt", "pecore", "aimv2"])
+def test_gl_mcm_from_the_readout_equals_gl_mcm_from_the_full_patch_tensor(family: str, tiny_clip: str, timm_towers: dict,
+                                                                          aimv2_dir: Path) -> None:
+    """The float64 readout computed at extraction gives the scores of the full (N, P, E) tensor to 1e-12."""
+    from oodeval.features.patchreadout import PatchReadout, local_mcm
+    from oodeval.zeroshot.scorers import GLMCM
+
+    name = {"open_clip_vit": f"open_clip:{tiny_clip}", "aimv2": f"hf:{aimv2_dir}"}.get(family, f"open_clip:{timm_towers.get(family)}")
+    bb = load_backbone(name, pretrained=family == "aimv2")
+    x = torch.randn(6, 3, 32, 32, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        glob, patches = image_and_patch_features(bb.model, x)
+    rng = np.random.default_rng(6)
+    text = rng.standard_normal((7, glob.shape[1]))
+    text /= np.linalg.norm(text, axis=1, keepdims=True)
+    full = FeatureSet(features=glob.numpy(), extras={"patch_features": patches.numpy()})
+    for tau in (0.01, 0.05):
+        readout = PatchReadout(text, tau)
+        local = local_mcm(patches, torch.from_numpy(text), tau).numpy()
+        reduced = FeatureSet(features=glob.numpy(), extras={readout.name: local}, meta={"patch_readouts": {readout.name: readout.describe()}})
+        want = GLMCM(tau=tau).score(full, text, normalize=True)
+        got = GLMCM(tau=tau).score(reduced, text, normalize=True)
+        assert np.ptp(local) > 0 and local.dtype == np.float64
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=0)

@@ -13,6 +13,7 @@ from oodeval.zeroshot.vocabulary import Vocabulary, oracle, union
 DEBIAN = Path("/usr/share/wordnet")
 
 
+@pytest.mark.needs("wordnet")
 def test_wordnet_lexicon_counts_from_debian_files():
     from oodeval.zeroshot.wordnet import _heads, head_lemmas, synonyms
 

@@ -29,11 +29,13 @@ import shutil
 import socket
 import struct
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
+
+from .errors import InputError
 
 MARKER = ".oodeval-output.jsonl"
 #: the marker of oodeval before 0.1 listed file digests: a JSON object with kind and file names
@@ -43,10 +45,9 @@ FILE_MARKER_KEY = "oodeval-output"
 #: the first line of a CSV output, followed by the marker's JSON
 CSV_MARKER_PREFIX = "# oodeval-output: "
 _STAGING_STAMP = ".oodeval-staging"
-Recogniser = Callable[[Path], bool]
 
 
-class OutputPathError(FileExistsError, ValueError):
+class OutputPathError(FileExistsError, InputError):
     """An output path oodeval refuses to write because it would replace what oodeval did not create."""
 
 
@@ -160,16 +161,15 @@ def _refuse(target: Path, what: str, kind: str) -> OutputPathError:
 
 
 def check_output(
-    target: str | os.PathLike, kind: str | None, *, folder: bool = False, is_own: Recogniser | None = None, whole: bool = False
+    target: str | os.PathLike, kind: str | None, *, folder: bool = False, whole: bool = False
 ) -> Path:
     """Raise :class:`OutputPathError` unless writing ``target`` replaces only oodeval's own output of ``kind``.
 
     ``folder``: a folder output (``whole``: replaced whole, so everything in it must be listed in its
     marker). ``kind=None`` is an internal file inside a folder oodeval owns: an existing file is
-    replaced only when that folder's marker lists it with its present digest. ``is_own`` is ignored
-    (ownership is the marker's alone; accepted for older callers). Returns ``target``; nothing is touched.
+    replaced only when that folder's marker lists it with its present digest. Ownership is the
+    marker's alone. Returns ``target``; nothing is touched.
     """
-    del is_own
     target = Path(target)
     label = kind or "file"
     if target.is_symlink():
@@ -303,11 +303,11 @@ def record_files(folder: Path, files: dict[str, str]) -> None:
         os.close(fd)
 
 
-def claim_folder(folder: str | os.PathLike, kind: str, is_own: Recogniser | None = None) -> Path:
+def claim_folder(folder: str | os.PathLike, kind: str) -> Path:
     """Create (or reuse) ``folder`` as an output of ``kind`` that commands write files into.
 
-    Refused unless it is absent, empty, or already oodeval's ``kind`` output (see :func:`check_output`;
-    ``is_own`` is ignored). Files written into it later replace only files its marker lists.
+    Refused unless it is absent, empty, or already oodeval's ``kind`` output (see :func:`check_output`).
+    Files written into it later replace only files its marker lists.
     """
     folder = check_output(folder, kind, folder=True)
     folder.mkdir(parents=True, exist_ok=True)
@@ -319,17 +319,16 @@ def claim_folder(folder: str | os.PathLike, kind: str, is_own: Recogniser | None
 
 @contextmanager
 def atomic_path(
-    target: str | os.PathLike, kind: str | None = None, is_own: Recogniser | None = None, *, private: bool = False
+    target: str | os.PathLike, kind: str | None = None, *, private: bool = False
 ) -> Iterator[Path]:
     """Yield a temporary path beside the file ``target``; on success it replaces ``target`` in one rename.
 
     ``kind``: the output rules of :func:`check_output` (checked before the body runs and again before
-    the rename; ``is_own`` is ignored). ``kind=None`` for a file (or a folder the body creates) inside
+    the rename). ``kind=None`` for a file (or a folder the body creates) inside
     a folder oodeval owns: it is listed in that folder's marker, with its digest, before the rename.
     The result gets the umask's mode, whatever mode its writer gave it, unless ``private`` (a file
     holding secrets, which keeps the mode the body set).
     """
-    del is_own
     target = check_output(target, kind)
     with _staged(target) as work:
         yield work
@@ -354,14 +353,12 @@ def _record_payload(owner: Path, target: Path, work: Path) -> None:
 
 
 @contextmanager
-def atomic_folder(target: str | os.PathLike, kind: str, is_own: Recogniser | None = None) -> Iterator[Path]:
+def atomic_folder(target: str | os.PathLike, kind: str) -> Iterator[Path]:
     """Yield a not-yet-existing temporary folder path; on success it becomes ``target`` with its marker.
 
     The body creates the folder (``mkdir`` or a nested save). An existing ``target`` is replaced
-    only when it is oodeval's own ``kind`` output holding nothing but what its marker lists
-    (``is_own`` is ignored).
+    only when it is oodeval's own ``kind`` output holding nothing but what its marker lists.
     """
-    del is_own
     target = check_output(target, kind, folder=True, whole=True)
     with _staged(target) as work:
         yield work
@@ -482,8 +479,10 @@ def save_npy_atomic(target: str | os.PathLike, arr: np.ndarray) -> None:
         np.save(fh, np.ascontiguousarray(arr))
 
 
-def hash_arrays(arrays: dict[str, np.ndarray], chunk_rows: int = 65536) -> str:
-    """blake2b over names, dtypes, shapes and bytes of the arrays (chunked, works on memmaps)."""
+def hash_arrays(arrays: dict[str, np.ndarray], chunk_rows: int = 65536, chunk_bytes: int = 1 << 26) -> str:
+    """blake2b over names, dtypes, shapes and bytes of the arrays (chunked, works on memmaps): at most
+    ``chunk_rows`` rows and ``chunk_bytes`` bytes are copied at a time (wide rows, e.g. (N, P, E) patch
+    tokens, are not copied 65536 at once); the chunking does not change the hash."""
     h = hashlib.blake2b(digest_size=16)
     for name in sorted(arrays):
         a = arrays[name]
@@ -491,8 +490,10 @@ def hash_arrays(arrays: dict[str, np.ndarray], chunk_rows: int = 65536) -> str:
         if a.ndim == 0:
             h.update(np.ascontiguousarray(a).tobytes())
             continue
-        for start in range(0, a.shape[0], chunk_rows):
-            h.update(np.ascontiguousarray(a[start : start + chunk_rows]).tobytes())
+        row = max(1, a.itemsize * int(np.prod(a.shape[1:], dtype=np.int64)))
+        step = max(1, min(chunk_rows, chunk_bytes // row))
+        for start in range(0, a.shape[0], step):
+            h.update(np.ascontiguousarray(a[start : start + step]).tobytes())
     return h.hexdigest()
 
 

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .errors import InputError
 from .features import FeatureSet
 
 if TYPE_CHECKING:
@@ -46,9 +47,9 @@ def _features(data: object, what: str, model: object, store: str | os.PathLike |
     if isinstance(data, (str, os.PathLike)) and (Path(data) / "meta.json").is_file():
         return FeatureSet.load(data)
     if model is None:
-        raise ValueError(f"{what}: {data!r} is not a FeatureSet folder; pass model= to extract it")
+        raise InputError(f"{what}: {data!r} is not a FeatureSet folder; pass model= to extract it")
     if store is None:
-        raise ValueError(f"{what}: extracting {data!r} needs store= (the folder that caches features)")
+        raise InputError(f"{what}: extracting {data!r} needs store= (the folder that caches features)")
     return extract_features(model, data, store, **options)
 
 
@@ -91,11 +92,11 @@ def evaluate(
     from .scoring import evaluate_detectors, failures
 
     if not ood:
-        raise ValueError("evaluate needs at least one OOD set in ood={name: data}")
+        raise InputError("evaluate needs at least one OOD set in ood={name: data}")
     if draws < 0:
-        raise ValueError(f"draws must be >= 0, got {draws}")
+        raise InputError(f"draws must be >= 0, got {draws}")
     if errors not in ("raise", "row"):
-        raise ValueError(f"errors must be 'raise' or 'row', got {errors!r}")
+        raise InputError(f"errors must be 'raise' or 'row', got {errors!r}")
     options = dict(extract_options, transform=transform) if transform is not None else dict(extract_options)
     train_fs = _features(train, "train", model, store, options)
     id_fs = _features(id, "id", model, store, options)
@@ -104,7 +105,7 @@ def evaluate(
                               progress=progress, draws=draws, seed=seed, fixed_id=fixed_id)
     failed = failures(rows)
     if failed and errors == "raise":
-        raise ValueError(f"{len(failed)} of {len(rows)} (detector, OOD set) cells failed: " + "; ".join(failed)
+        raise InputError(f"{len(failed)} of {len(rows)} (detector, OOD set) cells failed: " + "; ".join(failed)
                          + " (errors='row' keeps them as rows with status 'error')")
     for line in failed:
         warnings.warn(f"oodeval.evaluate: {line}", stacklevel=2)

@@ -5,9 +5,10 @@ their heavy dependencies inside ``run`` so that ``oodeval --help`` stays fast.
 Each module also defines ``EXAMPLES`` (command lines shown in its ``--help``); the options
 several commands share are defined once in :mod:`oodeval.commands._options`.
 
-One error path for every command: an expected error (bad input, a refused output path, a
-missing file) prints ``oodeval CMD: error: ...`` and exits 2; any other exception prints one
-line and exits 1; ``-v`` (accepted before or after the sub-command) adds the traceback.
+One error path for every command: a user error (an :class:`oodeval.errors.OodevalError`: bad
+input, a refused output path; an OS error on the user's files; running out of memory) prints
+``oodeval CMD: error: ...`` and exits 2; any other exception is a bug in oodeval, printed as one
+line that says so, and exits 1; ``-v`` (accepted before or after the sub-command) adds the traceback.
 Log records and Python warnings, oodeval's and third-party ones, go through one handler that
 writes above the progress bars; third-party INFO chatter (open_clip, timm) shows only with ``-v``.
 """
@@ -24,9 +25,8 @@ import traceback
 from . import __version__, commands
 from ._extras import missing_extra
 from .commands._options import Formatter, add_command, examples
+from .errors import is_user_error
 
-#: errors that come from the user's input or environment, not from a bug in oodeval
-EXPECTED = (ValueError, OSError, KeyError, RuntimeError)
 _VERBOSE_HELP = "log debug messages and show tracebacks (accepted anywhere on the line)"
 
 
@@ -134,13 +134,13 @@ def main(argv: list[str] | None = None) -> int:
         if extra is not None:
             print(f"{prog}: error: {extra}", file=sys.stderr)
             return 2
-        expected = isinstance(exc, EXPECTED)
-        msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc) or type(exc).__name__
-        if expected:
+        msg = str(exc) or type(exc).__name__
+        if is_user_error(exc):
             print(f"{prog}: error: {msg}", file=sys.stderr)
             return 2
         hint = "" if args.verbose else "; rerun with -v for the traceback"
-        print(f"{prog}: error: unexpected {type(exc).__name__}: {msg}{hint}", file=sys.stderr)
+        print(f"{prog}: internal error {type(exc).__name__}: {msg}; this is a bug in oodeval, please report it{hint}",
+              file=sys.stderr)  # fmt: skip
         return 1
     finally:
         _unroute_logs(handler, before)

@@ -25,13 +25,14 @@ import urllib.request
 from pathlib import Path
 
 from ._io import hash_json, write_json_atomic
+from .errors import OodevalError
 
 __all__ = ["ChatClient", "LLMError"]
 
 log = logging.getLogger(__name__)
 
 
-class LLMError(RuntimeError):
+class LLMError(OodevalError, RuntimeError):
     """The endpoint failed or answered with something that is not a chat completion."""
 
 

@@ -1,4 +1,4 @@
-"""Exact OOD-detection metrics (conventions of DESIGN.md).
+"""Exact OOD-detection metrics (the conventions of docs/conventions.md).
 
 Every score is "higher = more in-distribution" and ID is the positive class unless a name says
 otherwise. All metrics are computed in float64 from one grouped representation of the two
@@ -14,6 +14,8 @@ import math
 from collections.abc import Iterable, Sequence
 
 import numpy as np
+
+from .errors import InputError
 
 __all__ = [
     "check_scores",
@@ -47,23 +49,23 @@ FPR95_CONVENTIONS = {
 def fpr95_columns(lead: str = "paper") -> list[tuple[str, str, str]]:
     """The two FPR@95 conventions of :data:`FPR95_CONVENTIONS`, ``lead`` first: (column, label, meaning)."""
     if lead not in FPR95_CONVENTIONS:
-        raise ValueError(f"convention must be one of {', '.join(FPR95_CONVENTIONS)}, got {lead!r}")
+        raise InputError(f"convention must be one of {', '.join(FPR95_CONVENTIONS)}, got {lead!r}")
     return [FPR95_CONVENTIONS[lead]] + [v for k, v in FPR95_CONVENTIONS.items() if k != lead]
 
 
 def check_scores(scores: object, name: str = "scores", ndim: int = 1) -> np.ndarray:
     """Return ``scores`` as a float64 array, raising ValueError for wrong shape, empty, complex or non-finite input."""
     if np.iscomplexobj(scores):
-        raise ValueError(f"{name} are complex numbers; scores must be real (higher = more in-distribution)")
+        raise InputError(f"{name} are complex numbers; scores must be real (higher = more in-distribution)")
     arr = np.asarray(scores, dtype=np.float64)
     if arr.ndim != ndim:
-        raise ValueError(f"{name} must be a {ndim}-d array, got shape {arr.shape}")
+        raise InputError(f"{name} must be a {ndim}-d array, got shape {arr.shape}")
     if arr.size == 0 or arr.shape[-1] == 0:
-        raise ValueError(f"{name} is empty (shape {arr.shape}); at least one score is needed")
+        raise InputError(f"{name} is empty (shape {arr.shape}); at least one score is needed")
     bad = ~np.isfinite(arr)
     if bad.any():
         n_nan = int(np.isnan(arr).sum())
-        raise ValueError(
+        raise InputError(
             f"{name} has {int(bad.sum())} non-finite values of {arr.size} "
             f"({n_nan} NaN, {int(bad.sum()) - n_nan} inf)"
         )
@@ -87,7 +89,7 @@ def grouped_counts(id_scores: object, ood_scores: object) -> tuple[np.ndarray, n
 def _k_for_tpr(n: int, tpr: float) -> int:
     """Smallest k with k / n >= tpr (the ROC rule, evaluated in floating point as the ROC does)."""
     if not 0.0 < tpr <= 1.0:
-        raise ValueError(f"tpr must lie in (0, 1], got {tpr}")
+        raise InputError(f"tpr must lie in (0, 1], got {tpr}")
     k = max(1, math.ceil(tpr * n))
     while k > 1 and (k - 1) / n >= tpr:
         k -= 1
@@ -219,31 +221,31 @@ def accuracy(
     if pred.ndim == 2:
         pred = check_scores(pred, "predictions", ndim=2).argmax(axis=1)
     elif pred.ndim != 1:
-        raise ValueError(f"predictions must be (N,) indices or (N, C) scores, got shape {pred.shape}")
+        raise InputError(f"predictions must be (N,) indices or (N, C) scores, got shape {pred.shape}")
     if pred.size == 0:
-        raise ValueError("predictions is empty")
+        raise InputError("predictions is empty")
     n = pred.shape[0]
     if isinstance(labels, np.ndarray) and labels.dtype == bool:
         if labels.shape[0] != n or labels.ndim != 2:
-            raise ValueError(f"label matrix must be ({n}, C), got {labels.shape}")
+            raise InputError(f"label matrix must be ({n}, C), got {labels.shape}")
         valid = labels.any(axis=1)
         if (pred[valid] >= labels.shape[1]).any():
-            raise ValueError("a prediction index exceeds the number of label columns")
+            raise InputError("a prediction index exceeds the number of label columns")
         correct = labels[np.arange(n), np.minimum(pred, labels.shape[1] - 1)]
     elif isinstance(labels, np.ndarray) or (
         isinstance(labels, Sequence) and len(labels) > 0 and np.isscalar(labels[0])
     ):
         lab = np.asarray(labels)
         if lab.shape != (n,):
-            raise ValueError(f"labels must have shape ({n},) to match predictions, got {lab.shape}")
+            raise InputError(f"labels must have shape ({n},) to match predictions, got {lab.shape}")
         valid = lab >= 0
         correct = pred == lab
     else:
         sets = [set(s) for s in labels]  # type: ignore[union-attr]
         if len(sets) != n:
-            raise ValueError(f"got {len(sets)} label sets for {n} predictions")
+            raise InputError(f"got {len(sets)} label sets for {n} predictions")
         valid = np.array([len(s) > 0 for s in sets])
         correct = np.array([int(p) in s for p, s in zip(pred, sets)])
     if not valid.any():
-        raise ValueError("no sample has a valid label")
+        raise InputError("no sample has a valid label")
     return float(correct[valid].mean())

@@ -9,17 +9,24 @@ registers its classes, so they work in every command (docs/extending.md). ``crea
 hyperparameters when given an unknown one, or a value of the wrong kind for a numeric or boolean default. Tags in use: "paper21" (the Fi-ImageNet-1k paper's 21
 post-hoc detectors), the paper's groups "logit", "activation", "feature", "hybrid", "cnc" (reads
 the outlier class of a K+1 model), "zeroshot" and "needs-vocabulary" (a negative vocabulary).
+Other tools' names can be registered as aliases (``alias(name, target, source)``): every lookup
+accepts them, :meth:`Registry.canonical` maps them to the registered name and logs that it did.
 """
 
 from __future__ import annotations
 
 import inspect
+import logging
 import math
 import numbers
 from collections.abc import Callable, Iterator, Mapping
 from importlib.metadata import entry_points
 
+from .errors import InputError, UnknownNameError
+
 __all__ = ["Registry"]
+
+log = logging.getLogger(__name__)
 
 
 class Registry(Mapping[str, type]):
@@ -35,13 +42,16 @@ class Registry(Mapping[str, type]):
         self._classes: dict[str, type] = {}
         self._tags: dict[str, frozenset[str]] = {}
         self._order: dict[str, float] = {}
+        self._aliases: dict[str, tuple[str, str]] = {}  # alias -> (registered name, whose name it is)
+        self._extra_tags: dict[str, set[str]] = {}
+        self._said: set[str] = set()
 
     def register(self, name: str, *, tags: tuple[str, ...] = (), order: int | None = None) -> Callable[[type], type]:
         """Class decorator: make ``name`` creatable; sets ``cls.name`` and ``cls.tags``."""
 
         def deco(cls: type) -> type:
             if name in self._classes and self._classes[name] is not cls:
-                raise ValueError(f"{self.kind} {name!r} registered twice")
+                raise InputError(f"{self.kind} {name!r} registered twice")
             self._classes[name] = cls
             self._tags[name] = frozenset(tags)
             self._order[name] = math.inf if order is None else order
@@ -49,6 +59,39 @@ class Registry(Mapping[str, type]):
             return cls
 
         return deco
+
+    def alias(self, name: str, target: str, source: str, *, tags: tuple[str, ...] = ()) -> None:
+        """Accept ``name`` (``source``'s name for it, e.g. "OpenOOD v1.5") for the registered
+        ``target``, and give ``target`` the extra ``tags``; ``name == target`` only adds the tags."""
+        if name != target:
+            if name in self._classes or self._aliases.get(name, (target,))[0] != target:
+                raise InputError(f"{self.kind} alias {name!r} is taken")
+            self._aliases[name] = (target, source)
+        self._extra_tags.setdefault(target, set()).update(tags)
+
+    def aliases(self) -> dict[str, tuple[str, str]]:
+        """alias -> (registered name, whose name it is)."""
+        self._ensure_loaded()
+        return dict(self._aliases)
+
+    def canonical(self, name: str) -> str:
+        """The registered name for ``name`` (itself, or the target of an alias, which is logged
+        once per process); an unknown name raises KeyError naming the known ones."""
+        self._ensure_loaded()
+        if name in self._classes:
+            return name
+        if name in self._aliases and self._aliases[name][0] in self._classes:
+            target, source = self._aliases[name]
+            if name not in self._said:
+                self._said.add(name)
+                log.info("%s %r is %s's name for oodeval's %r", self.kind, name, source, target)
+            return target
+        raise UnknownNameError(f"unknown {self.kind} {name!r}; known: {', '.join(self.names())}")
+
+    def tags_of(self, name: str) -> frozenset[str]:
+        """Every tag of the registered ``name`` (its own and those aliases gave it)."""
+        name = self.canonical(name)
+        return self._tags[name] | self._extra_tags.get(name, set())
 
     def _ensure_loaded(self) -> None:
         if not self._loaded:
@@ -59,10 +102,7 @@ class Registry(Mapping[str, type]):
                 plugin.load()
 
     def __getitem__(self, name: str) -> type:
-        self._ensure_loaded()
-        if name not in self._classes:
-            raise KeyError(f"unknown {self.kind} {name!r}; known: {', '.join(self.names())}")
-        return self._classes[name]
+        return self._classes[self.canonical(name)]
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())
@@ -73,21 +113,21 @@ class Registry(Mapping[str, type]):
 
     def __contains__(self, name: object) -> bool:
         self._ensure_loaded()
-        return name in self._classes
+        return name in self._classes or (name in self._aliases and self._aliases[name][0] in self._classes)
 
     def all_tags(self) -> list[str]:
         """Every tag in use, sorted."""
         self._ensure_loaded()
-        return sorted(set().union(*self._tags.values()))
+        return sorted(set().union(*self._tags.values(), *(self._extra_tags.get(n, set()) for n in self._classes)))
 
     def names(self, *tags: str) -> list[str]:
         """Names carrying every tag in ``tags`` (all names when none), in registry order."""
         self._ensure_loaded()
         unknown = sorted(set(tags) - set(self.all_tags()))
         if unknown:
-            raise ValueError(f"unknown {self.kind} tag(s) {', '.join(unknown)}; tags: {', '.join(self.all_tags())}")
+            raise InputError(f"unknown {self.kind} tag(s) {', '.join(unknown)}; tags: {', '.join(self.all_tags())}")
         index = {n: i for i, n in enumerate(self._classes)}
-        chosen = [n for n in self._classes if self._tags[n].issuperset(tags)]
+        chosen = [n for n in self._classes if (self._tags[n] | self._extra_tags.get(n, set())).issuperset(tags)]
         return sorted(chosen, key=lambda n: (self._order[n], index[n]))
 
     def create(self, name: str, **hyperparameters: object) -> object:
@@ -96,7 +136,7 @@ class Registry(Mapping[str, type]):
         params = inspect.signature(cls).parameters
         unknown = sorted(set(hyperparameters) - set(params))
         if unknown and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
-            raise ValueError(
+            raise InputError(
                 f"{self.kind} {name!r} has no hyperparameter(s) {', '.join(unknown)}; it takes: {', '.join(sorted(params)) or 'none'}"
             )
         for key, value in hyperparameters.items():
@@ -112,7 +152,7 @@ def _check_type(who: str, key: str, value: object, default: object) -> None:
     is_bool = type(value).__name__ in ("bool", "bool_")  # Python's or numpy's, without importing numpy
     if isinstance(default, bool):
         if not is_bool:
-            raise ValueError(f"{who}: {key}={value!r} must be true or false (default {default})")
+            raise InputError(f"{who}: {key}={value!r} must be true or false (default {default})")
     elif isinstance(default, numbers.Real):
         if value is not None and (is_bool or not isinstance(value, numbers.Real)):
-            raise ValueError(f"{who}: {key}={value!r} is not a number (default {default})")
+            raise InputError(f"{who}: {key}={value!r} is not a number (default {default})")

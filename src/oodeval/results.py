@@ -42,6 +42,7 @@ import pandas as pd
 
 from ._extras import needs
 from ._io import claim_folder, write_parquet_atomic
+from .errors import InputError, StateError
 
 __all__ = [
     "KEY",
@@ -148,11 +149,11 @@ def _read_table(path: Path) -> pd.DataFrame:
     except (FileNotFoundError, ImportError):
         raise
     except Exception as exc:  # noqa: BLE001 - pyarrow raises its own types for a damaged file
-        raise ValueError(f"results table {path} is damaged: it cannot be read as Parquet ({type(exc).__name__}: {exc}); "
+        raise InputError(f"results table {path} is damaged: it cannot be read as Parquet ({type(exc).__name__}: {exc}); "
                          "restore it from a copy, or move it away and rerun to recompute its cells") from exc
     missing = [k for k in KEY if k not in df.columns]
     if missing:
-        raise ValueError(f"{path} is not an oodeval results table: it lacks key column(s) {', '.join(missing)}")
+        raise InputError(f"{path} is not an oodeval results table: it lacks key column(s) {', '.join(missing)}")
     return _conform(df)
 
 
@@ -161,7 +162,7 @@ def load_results(path: str | Path) -> pd.DataFrame:
     exists yet). A part folded into the main file while being read triggers a re-read."""
     path = Path(path)
     if path.is_dir():
-        raise ValueError(f"results path {path} is a folder; expected a .parquet file")
+        raise InputError(f"results path {path} is a folder; expected a .parquet file")
     for _ in range(10):
         parts = _part_files(path)
         try:
@@ -170,7 +171,7 @@ def load_results(path: str | Path) -> pd.DataFrame:
         except FileNotFoundError:  # a concurrent compact_results folded a part in: read again
             continue
         return _merge_all(frames)
-    raise RuntimeError(f"{path}: parts kept disappearing while reading (10 attempts)")
+    raise StateError(f"{path}: parts kept disappearing while reading (10 attempts)")
 
 
 def write_part(df: pd.DataFrame, path: str | Path) -> Path | None:
@@ -252,7 +253,7 @@ def load_cell_scores(row: pd.Series | dict, results_path: str | Path, mmap: bool
     a missing, truncated or foreign score file is a ValueError naming it."""
     base = Path(results_path).parent
     if row.get("status") != "ok" or pd.isna(row.get("scores_id")) or pd.isna(row.get("scores_ood")):
-        raise ValueError(f"row {row.get('detector')}/{row.get('dataset')} has no stored scores")
+        raise InputError(f"row {row.get('detector')}/{row.get('dataset')} has no stored scores")
     return _score_file(base / row["scores_id"], mmap), _score_file(base / row["scores_ood"], mmap)
 
 
@@ -260,11 +261,11 @@ def _score_file(path: Path, mmap: bool) -> np.ndarray:
     try:
         arr = np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
     except FileNotFoundError as exc:
-        raise ValueError(f"score file {path} is missing") from exc
+        raise InputError(f"score file {path} is missing") from exc
     except (ValueError, OSError, EOFError) as exc:
-        raise ValueError(f"score file {path} is truncated or not a .npy array ({exc})") from exc
+        raise InputError(f"score file {path} is truncated or not a .npy array ({exc})") from exc
     if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.floating):
-        raise ValueError(f"score file {path} holds a {arr.dtype} array of shape {arr.shape}, not 1-d float scores")
+        raise InputError(f"score file {path} holds a {arr.dtype} array of shape {arr.shape}, not 1-d float scores")
     return arr
 
 

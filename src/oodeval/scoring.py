@@ -12,6 +12,7 @@ import json
 import time
 from collections.abc import Iterator, Mapping
 
+from .errors import InputError
 from .features import FeatureSet
 
 __all__ = ["check_request", "evaluate_detectors", "supported_names", "parse_hyperparameters", "format_table", "failures", "cell_metrics", "fit_score_evaluate"]
@@ -27,7 +28,7 @@ def parse_hyperparameters(items: list[str]) -> dict[str, dict[str, object]]:
         key, sep, value = item.partition("=")
         name, dot, param = key.partition(".")
         if not (sep and dot and name and param):
-            raise ValueError(f"hyperparameter {item!r} is not of the form DETECTOR.NAME=VALUE")
+            raise InputError(f"hyperparameter {item!r} is not of the form DETECTOR.NAME=VALUE")
         try:
             parsed: object = json.loads(value)
         except json.JSONDecodeError:
@@ -48,17 +49,25 @@ def supported_names(
 
 
 def check_request(names: list[str] | None, hyperparameters: Mapping[str, Mapping[str, object]] | None) -> None:
-    """ValueError for an unknown detector or hyperparameter name, or a value of the wrong kind, before anything runs."""
+    """InputError for an unknown detector or hyperparameter name, or a value of the wrong kind, before anything runs."""
     from . import detectors
 
     hyperparameters = dict(hyperparameters or {})
-    names = [detectors.resolve(n) for n in names or ()]
-    hyperparameters = {detectors.resolve(n): hp for n, hp in hyperparameters.items()}
+    names = [_canonical(detectors.resolve(n)) for n in names or ()]
+    hyperparameters = {_canonical(detectors.resolve(n)): hp for n, hp in hyperparameters.items()}
     unknown = sorted((set(names) | set(hyperparameters)) - set(detectors.names()))
     if unknown:
-        raise ValueError(f"unknown detectors {unknown}; known: {', '.join(detectors.names())}")
+        raise InputError(f"unknown detectors {unknown}; known: {', '.join(detectors.names())}")
     for name, hp in hyperparameters.items():
         detectors.create(name, **hp)
+
+
+def _canonical(name: str) -> str:
+    """A peer's detector name (``ebo``, ``EnergyBased``) as oodeval's; other names unchanged (an
+    unknown one is refused below, with the list of known ones)."""
+    from . import detectors
+
+    return detectors.canonical(name) if name in detectors.REGISTRY else name
 
 
 def evaluate_detectors(
@@ -98,9 +107,10 @@ def evaluate_detectors(
     from .results import hp_json
 
     if not oods:
-        raise ValueError("evaluate_detectors needs at least one OOD FeatureSet")
-    hyperparameters = dict(hyperparameters or {})
-    fit_sets = dict(fit_sets or {})
+        raise InputError("evaluate_detectors needs at least one OOD FeatureSet")
+    hyperparameters = {_canonical(k): v for k, v in (hyperparameters or {}).items()}
+    fit_sets = {_canonical(k): v for k, v in (fit_sets or {}).items()}
+    names = None if names is None else [_canonical(n) for n in names]
     if names is None:
         names = supported_names(train, test, oods, fit_sets)
     check_request(names, hyperparameters)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.stats import rankdata
 
+from .errors import InputError
 from .metrics import (
     _auroc_from_counts,
     _detection_error_from_counts,
@@ -42,14 +43,14 @@ __all__ = [
 def standard_error(p: float | np.ndarray, n: int, population: int | None = None) -> float | np.ndarray:
     """sqrt(p (1 - p) / n), times sqrt((N - n) / (N - 1)) when n of N are drawn without replacement."""
     if n <= 0:
-        raise ValueError(f"n must be positive, got {n}")
+        raise InputError(f"n must be positive, got {n}")
     p = np.asarray(p, dtype=np.float64)
     if ((p < 0) | (p > 1)).any():
-        raise ValueError("p must lie in [0, 1]")
+        raise InputError("p must lie in [0, 1]")
     var = p * (1.0 - p) / n
     if population is not None:
         if population < n:
-            raise ValueError(f"population {population} is smaller than the draw size {n}")
+            raise InputError(f"population {population} is smaller than the draw size {n}")
         var = var * ((population - n) / (population - 1) if population > 1 else 0.0)
     out = np.sqrt(var)
     return float(out) if out.ndim == 0 else out
@@ -66,7 +67,7 @@ def _check_pair(id_scores: object, ood_scores: object) -> tuple[np.ndarray, np.n
     x = _as_matrix(id_scores, "id_scores")
     y = _as_matrix(ood_scores, "ood_scores")
     if x.shape[0] != y.shape[0]:
-        raise ValueError(f"id_scores has {x.shape[0]} detectors but ood_scores has {y.shape[0]}")
+        raise InputError(f"id_scores has {x.shape[0]} detectors but ood_scores has {y.shape[0]}")
     return x, y
 
 
@@ -106,9 +107,9 @@ def subsample(
     x, y = _check_pair(id_scores, ood_scores)
     m = y.shape[1]
     if not 0 < n <= m:
-        raise ValueError(f"draw size n={n} must lie in 1..{m} (the number of OOD scores)")
+        raise InputError(f"draw size n={n} must lie in 1..{m} (the number of OOD scores)")
     if draws <= 0:
-        raise ValueError(f"draws must be positive, got {draws}")
+        raise InputError(f"draws must be positive, got {draws}")
     parts = [_fixed_id_parts(x[d], y[d], tpr) for d in range(x.shape[0])]
     accepted = np.stack([p[0] for p in parts])
     wins = np.stack([p[1] for p in parts])
@@ -136,9 +137,9 @@ def rank_stability(per_draw: np.ndarray, full: np.ndarray) -> float:
     per_draw = np.asarray(per_draw, dtype=np.float64)
     full = np.asarray(full, dtype=np.float64)
     if per_draw.ndim != 2 or full.shape != (per_draw.shape[0],):
-        raise ValueError(f"per_draw must be (K, B) and full (K,), got {per_draw.shape} and {full.shape}")
+        raise InputError(f"per_draw must be (K, B) and full (K,), got {per_draw.shape} and {full.shape}")
     if per_draw.shape[0] < 2:
-        raise ValueError("a ranking needs at least two detectors")
+        raise InputError("a ranking needs at least two detectors")
     r_draw = rankdata(per_draw, axis=0)
     r_full = rankdata(full)
     a = r_draw - r_draw.mean(axis=0)
@@ -146,7 +147,7 @@ def rank_stability(per_draw: np.ndarray, full: np.ndarray) -> float:
     denom = np.sqrt((a * a).sum(axis=0) * (b * b).sum())
     rho = np.divide((a * b).sum(axis=0), denom, out=np.full(denom.shape, np.nan), where=denom > 0)
     if np.isnan(rho).all():
-        raise ValueError("every draw ties all detectors; no ranking to compare")
+        raise InputError("every draw ties all detectors; no ranking to compare")
     return float(np.nanmean(rho))
 
 
@@ -210,7 +211,7 @@ def bootstrap(
     """
     x, y = _check_pair(id_scores, ood_scores)
     if draws <= 0:
-        raise ValueError(f"draws must be positive, got {draws}")
+        raise InputError(f"draws must be positive, got {draws}")
     rng = np.random.default_rng(seed)
     K, m = y.shape
     if fixed_id:
@@ -261,7 +262,7 @@ def bootstrap(
 def confidence_interval(draws: np.ndarray, level: float = 0.95, axis: int = -1) -> tuple[np.ndarray, np.ndarray]:
     """Percentile interval ((1 - level) / 2, (1 + level) / 2) of bootstrap draws along ``axis``."""
     if not 0 < level < 1:
-        raise ValueError(f"level must lie in (0, 1), got {level}")
+        raise InputError(f"level must lie in (0, 1), got {level}")
     lo, hi = np.quantile(np.asarray(draws, dtype=np.float64), [(1 - level) / 2, (1 + level) / 2], axis=axis)
     return lo, hi
 
@@ -274,7 +275,7 @@ def mean_std(values: object, ddof: int = 1, axis: int = 0) -> dict[str, object]:
     arr = np.asarray(values, dtype=np.float64)
     n = arr.shape[axis] if arr.ndim else 1
     if n == 0:
-        raise ValueError("no runs to average")
+        raise InputError("no runs to average")
     if n <= ddof:
-        raise ValueError(f"{n} run(s) cannot give a std with ddof={ddof}")
+        raise InputError(f"{n} run(s) cannot give a std with ddof={ddof}")
     return {"mean": arr.mean(axis=axis), "std": arr.std(axis=axis, ddof=ddof), "ddof": ddof, "n": n}

@@ -60,6 +60,8 @@ from PIL import Image
 from scipy import ndimage
 from skimage import color, draw, feature, filters, transform
 
+from ..errors import InputError
+
 __all__ = [
     "CORRUPTIONS", "RELEASE_POOL", "BENCHMARK_15", "POOLS", "DEFAULT_POOL", "PRESETS", "corrupt", "preset_for",
     "pool", "frost_layer", "frost_photos", "frost_source", "plasma_fractal", "motion_blur_kernel", "elastic_displacement",
@@ -203,7 +205,7 @@ def pool(name_or_names: str | tuple[str, ...] | list[str]) -> tuple[str, ...]:
         names = tuple(n for n in str(name_or_names).split(",") if n)
     bad = [n for n in names if n not in CORRUPTIONS]
     if bad or not names:
-        raise ValueError(f"unknown or empty corruption pool {name_or_names!r} (unknown: {bad}); "
+        raise InputError(f"unknown or empty corruption pool {name_or_names!r} (unknown: {bad}); "
                          f"use one of {', '.join(POOLS)} or names from: {', '.join(CORRUPTIONS)}")
     return names
 
@@ -267,7 +269,7 @@ def _motion_blur(x: np.ndarray, radius: float, sigma: float, angle: float) -> np
 def plasma_fractal(mapsize: int, wibbledecay: float, rng: np.random.Generator) -> np.ndarray:
     """Diamond-square height map (mapsize x mapsize, power of two) scaled to [0, 1] (fog's layer)."""
     if mapsize & (mapsize - 1):
-        raise ValueError(f"plasma_fractal needs a power-of-two size, got {mapsize}")
+        raise InputError(f"plasma_fractal needs a power-of-two size, got {mapsize}")
     m = np.zeros((mapsize, mapsize), dtype=np.float64)
     step = mapsize
     wibble = 100.0
@@ -653,19 +655,19 @@ def corrupt(
     """
     img = np.asarray(image)
     if img.dtype != np.uint8:
-        raise ValueError(f"corrupt expects a uint8 image, got dtype {img.dtype}")
+        raise InputError(f"corrupt expects a uint8 image, got dtype {img.dtype}")
     if img.ndim not in (2, 3) or (img.ndim == 3 and img.shape[2] not in (1, 3)):
-        raise ValueError(f"corrupt expects (H, W), (H, W, 1) or (H, W, 3), got shape {img.shape}")
+        raise InputError(f"corrupt expects (H, W), (H, W, 1) or (H, W, 3), got shape {img.shape}")
     if min(img.shape[:2]) < 4:
-        raise ValueError(f"image of {img.shape[0]}x{img.shape[1]} px is too small to corrupt (min 4)")
+        raise InputError(f"image of {img.shape[0]}x{img.shape[1]} px is too small to corrupt (min 4)")
     if name not in _OPS:
-        raise ValueError(f"unknown corruption {name!r}; known ({len(CORRUPTIONS)}): {', '.join(CORRUPTIONS)}")
+        raise InputError(f"unknown corruption {name!r}; known ({len(CORRUPTIONS)}): {', '.join(CORRUPTIONS)}")
     if int(severity) != severity or not 1 <= severity <= 5:
-        raise ValueError(f"severity must be an integer 1-5, got {severity!r}")
+        raise InputError(f"severity must be an integer 1-5, got {severity!r}")
     if preset == "auto":
         preset = preset_for(img.shape)
     if preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; use 'auto' or one of {', '.join(PRESETS)}")
+        raise InputError(f"unknown preset {preset!r}; use 'auto' or one of {', '.join(PRESETS)}")
     x = img.astype(np.float64) / 255.0
     if x.ndim == 2:
         x = x[..., None]

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import InputError
 from .corruptions import BENCHMARK_15, CORRUPTIONS, DEFAULT_POOL, corrupt
 
 __all__ = [
@@ -51,7 +52,7 @@ class Box:
 def cutmix_box(height: int, width: int, lam: float, rng: np.random.Generator, placement: str = "center") -> Box:
     """The CutMix box for mixing ratio ``lam``: sides int(H sqrt(1-lam)) x int(W sqrt(1-lam))."""
     if not 0.0 <= lam <= 1.0:
-        raise ValueError(f"lam must lie in [0, 1], got {lam}")
+        raise InputError(f"lam must lie in [0, 1], got {lam}")
     cut = np.sqrt(1.0 - lam)
     ch, cw = int(height * cut), int(width * cut)
     if placement == "center":
@@ -62,13 +63,13 @@ def cutmix_box(height: int, width: int, lam: float, rng: np.random.Generator, pl
     if placement == "inside":
         top, left = int(rng.integers(height - ch + 1)), int(rng.integers(width - cw + 1))
         return Box(top, left, top + ch, left + cw)
-    raise ValueError(f"unknown placement {placement!r}; use 'center' or 'inside'")
+    raise InputError(f"unknown placement {placement!r}; use 'center' or 'inside'")
 
 
 def cutmix(a: np.ndarray, b: np.ndarray, box: Box) -> np.ndarray:
     """A copy of ``a`` with ``b``'s pixels inside ``box`` (same shapes required)."""
     if a.shape != b.shape:
-        raise ValueError(f"cutmix needs images of one shape, got {a.shape} and {b.shape}")
+        raise InputError(f"cutmix needs images of one shape, got {a.shape} and {b.shape}")
     out = a.copy()
     out[box.top : box.bottom, box.left : box.right] = b[box.top : box.bottom, box.left : box.right]
     return out
@@ -80,7 +81,7 @@ def different_class_partners(labels: np.ndarray, index: np.ndarray, rng: np.rand
     index = np.asarray(index)
     classes, inverse = np.unique(labels, return_inverse=True)
     if len(classes) < 2:
-        raise ValueError(f"CnC needs at least 2 classes to pair images of different classes, got {len(classes)}")
+        raise InputError(f"CnC needs at least 2 classes to pair images of different classes, got {len(classes)}")
     order = np.argsort(inverse, kind="stable")
     counts = np.bincount(inverse, minlength=len(classes))
     starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
@@ -114,12 +115,12 @@ def compound(
     """
     images = np.asarray(images)
     if images.dtype != np.uint8:
-        raise ValueError(f"compound expects uint8 images, got {images.dtype}")
+        raise InputError(f"compound expects uint8 images, got {images.dtype}")
     if len(images) != len(labels):
-        raise ValueError(f"{len(images)} images but {len(labels)} labels")
+        raise InputError(f"{len(images)} images but {len(labels)} labels")
     unknown = [c for c in corruptions if c not in CORRUPTIONS]
     if unknown or not corruptions:
-        raise ValueError(f"unknown or empty corruption pool: {unknown or 'empty'}")
+        raise InputError(f"unknown or empty corruption pool: {unknown or 'empty'}")
     index = np.asarray(index, dtype=np.int64)
     second = different_class_partners(labels, index, rng)
     lam = rng.beta(beta, beta, size=len(index))

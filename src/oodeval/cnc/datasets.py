@@ -17,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import InputError
+
 __all__ = ["load_arrays", "resize_arrays"]
 
 
@@ -46,7 +48,7 @@ def _native_channels(m) -> int:
                 return 1 if im.mode in ("1", "L", "LA", "I", "I;16", "F") else 3
         except (OSError, ValueError):
             continue
-    raise ValueError(f"dataset {m.name!r}: none of its {len(m)} images is readable")
+    raise InputError(f"dataset {m.name!r}: none of its {len(m)} images is readable")
 
 
 def load_arrays(
@@ -65,7 +67,7 @@ def load_arrays(
     from tqdm.auto import tqdm
 
     if channels not in (None, 1, 3):
-        raise ValueError(f"channels must be 1 or 3, got {channels}")
+        raise InputError(f"channels must be 1 or 3, got {channels}")
     path = Path(spec)
     if path.suffix == ".npz" and path.is_file():
         try:
@@ -76,11 +78,11 @@ def load_arrays(
                 labels = np.asarray(z["labels"], dtype=np.int64) if "labels" in z else np.full(len(images), -1, np.int64)
         except (OSError, ValueError, KeyError, EOFError, TypeError) as exc:
             msg = exc.args[0] if isinstance(exc, KeyError) else f"{type(exc).__name__}: {exc}"
-            raise ValueError(f"{path}: not a readable .npz of images and labels ({msg})") from None
+            raise InputError(f"{path}: not a readable .npz of images and labels ({msg})") from None
         if images.dtype != np.uint8 or images.ndim not in (3, 4):
-            raise ValueError(f"{path}: images must be uint8 (N, H, W[, C]), got {images.dtype} {images.shape}")
+            raise InputError(f"{path}: images must be uint8 (N, H, W[, C]), got {images.dtype} {images.shape}")
         if labels.shape != (len(images),):
-            raise ValueError(f"{path}: {len(images)} images but labels of shape {labels.shape}")
+            raise InputError(f"{path}: {len(images)} images but labels of shape {labels.shape}")
         return images, labels, {"name": path.stem, "source": str(path), "format": "npz", "skipped": []}
 
     from PIL import Image
@@ -89,7 +91,7 @@ def load_arrays(
 
     m = resolve(spec, data_root, strict=strict)
     if len(m) == 0:
-        raise ValueError(f"dataset {spec!r} has no images")
+        raise InputError(f"dataset {spec!r} has no images")
     chans = channels or _native_channels(m)
     mode = "L" if chans == 1 else "RGB"
     out, kept, skipped = [], [], []
@@ -104,9 +106,9 @@ def load_arrays(
         out.append(np.asarray(im, dtype=np.uint8))
         kept.append(i)
     if not out:
-        raise ValueError(f"dataset {spec!r}: none of its {len(m)} images is readable (first: {skipped[0]['error']})")
+        raise InputError(f"dataset {spec!r}: none of its {len(m)} images is readable (first: {skipped[0]['error']})")
     shapes = {a.shape for a in out}
     if len(shapes) > 1:
-        raise ValueError(f"dataset {spec!r} has images of {len(shapes)} sizes ({sorted(shapes)[:3]} ...); pass size=")
+        raise InputError(f"dataset {spec!r} has images of {len(shapes)} sizes ({sorted(shapes)[:3]} ...); pass size=")
     info = {"name": m.name, "source": str(spec), "class_names": m.class_names, "format": "images", "skipped": skipped}
     return np.stack(out), np.asarray(m.labels, dtype=np.int64)[kept], info

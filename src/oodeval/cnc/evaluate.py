@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from ..errors import InputError
 from ..features import FeatureSet
 from ..metrics import accuracy, evaluate
 from ..stats import mean_std
@@ -40,7 +41,7 @@ def _num_id_classes(fs: FeatureSet) -> int:
     k = fs.meta.get("num_id_classes")
     if k is None:
         if fs.logits is None:
-            raise ValueError("FeatureSet has no logits and no meta['num_id_classes']")
+            raise InputError("FeatureSet has no logits and no meta['num_id_classes']")
         k = fs.logits.shape[1] - (1 if fs.meta.get("outlier_class") is not None else 0)
     return int(k)
 
@@ -55,11 +56,11 @@ def comparable(configs: Sequence, names: Sequence[str] | None = None, epochs_don
     precision included) and, when ``epochs_done`` is given, reached the same epoch; otherwise
     ValueError naming the runs and what differs."""
     if not configs:
-        raise ValueError("no checkpoints")
+        raise InputError("no checkpoints")
     names = list(names or [f"run {i + 1}" for i in range(len(configs))])
     if epochs_done is not None and len(set(epochs_done)) > 1:
         i = next(i for i, e in enumerate(epochs_done) if e != epochs_done[0])
-        raise ValueError(f"{names[i]} reached epoch {epochs_done[i]} and {names[0]} epoch {epochs_done[0]}; "
+        raise InputError(f"{names[i]} reached epoch {epochs_done[i]} and {names[0]} epoch {epochs_done[0]}; "
                          "a mean ± std needs runs trained equally long: evaluate them separately")
     first = configs[0].to_json()
     for name, cfg in zip(names[1:], configs[1:]):
@@ -67,7 +68,7 @@ def comparable(configs: Sequence, names: Sequence[str] | None = None, epochs_don
         diff = [k for k in first if k not in _RUN_FIELDS and first[k] != d.get(k)]
         if diff:
             what = "; ".join(f"{k}: {first[k]!r} vs {d.get(k)!r}" for k in diff)
-            raise ValueError(f"{name} and {names[0]} differ in more than the seed ({what}); "
+            raise InputError(f"{name} and {names[0]} differ in more than the seed ({what}); "
                              "a mean ± std needs runs of one configuration and one training set: evaluate them separately")
     return configs[0]
 
@@ -79,7 +80,7 @@ def check_finished(config, progress: Mapping, name: str, allow: bool = False) ->
     if done >= config.epochs:
         return True
     if not allow:
-        raise ValueError(f"{name} is unfinished: {done} of {config.epochs} epochs trained; finish it with "
+        raise InputError(f"{name} is unfinished: {done} of {config.epochs} epochs trained; finish it with "
                          "`oodeval cnc train` (same command) or pass --allow-unfinished to evaluate it marked as such")
     return False
 
@@ -89,10 +90,10 @@ def check_id_labels(labels: np.ndarray, num_classes: int, name: str = "the ID se
     labels = np.asarray(labels)
     known = labels[labels >= 0]
     if known.size == 0:
-        raise ValueError(f"{name} has no class labels; ID accuracy needs them")
+        raise InputError(f"{name} has no class labels; ID accuracy needs them")
     if known.max() >= num_classes:
         n = int((known >= num_classes).sum())
-        raise ValueError(f"{name} has {n} images labelled {num_classes}..{int(known.max())} but the model has "
+        raise InputError(f"{name} has {n} images labelled {num_classes}..{int(known.max())} but the model has "
                          f"K = {num_classes} ID classes; use the ID set it was trained on (and its class subset)")
 
 
@@ -115,7 +116,7 @@ def id_view(fs: FeatureSet) -> FeatureSet:
 def set_metrics(id_scores: np.ndarray, ood_scores: Mapping[str, np.ndarray]) -> dict[str, dict[str, float]]:
     """{set: {tnr95, auroc, detection_error}} plus ``"mean"``: the unweighted mean over the sets."""
     if not ood_scores:
-        raise ValueError("no OOD sets to evaluate")
+        raise InputError("no OOD sets to evaluate")
     out = {}
     for name, scores in ood_scores.items():
         m = evaluate(id_scores, scores)
@@ -146,9 +147,9 @@ def evaluate_run(
     from ..scoring import fit_score_evaluate
 
     if id_test.labels is None or not (np.asarray(id_test.labels) >= 0).any():
-        raise ValueError("the ID test FeatureSet needs class labels for ID accuracy")
+        raise InputError("the ID test FeatureSet needs class labels for ID accuracy")
     if id_test.logits is None:
-        raise ValueError("the ID test FeatureSet needs logits")
+        raise InputError("the ID test FeatureSet needs logits")
     specs = {d: {"name": d} for d in detectors} if not isinstance(detectors, Mapping) else dict(detectors)
     k = _num_id_classes(id_test)
     check_id_labels(id_test.labels, k, "the ID test FeatureSet")
@@ -165,7 +166,7 @@ def evaluate_run(
                                        {s: view(fs) for s, fs in ood.items()}, draws=draws, seed=seed))  # fmt: skip
         failed = [r["error"] for r in rows if r["status"] != "ok"]
         if failed:
-            raise ValueError(f"detector {label!r} failed: {failed[0]}")
+            raise InputError(f"detector {label!r} failed: {failed[0]}")
         per = {r["ood"]: {m: r[m] for m in METRICS} for r in rows}
         entry = {"sets": per, "mean": {m: float(np.mean([per[s][m] for s in ood])) for m in METRICS}}
         if groups:
@@ -186,7 +187,7 @@ def aggregate(runs: Sequence[dict], ddof: int = 1) -> dict:
     must have the same detectors and sets.
     """
     if not runs:
-        raise ValueError("no runs to aggregate")
+        raise InputError("no runs to aggregate")
 
     def walk(items: list):
         first = items[0]
@@ -194,13 +195,13 @@ def aggregate(runs: Sequence[dict], ddof: int = 1) -> dict:
             keys = list(first)
             for i, it in enumerate(items[1:], 2):
                 if list(it) != keys:
-                    raise ValueError(f"run {i} has keys {sorted(it)}, run 1 has {sorted(keys)}")
+                    raise InputError(f"run {i} has keys {sorted(it)}, run 1 has {sorted(keys)}")
             return {k: walk([it[k] for it in items]) for k in keys}
         s = mean_std(np.asarray(items, dtype=np.float64), ddof=ddof)
         return {"mean": float(s["mean"]), "std": float(s["std"]), "ddof": ddof, "n": s["n"]}
 
     if len(runs) <= ddof:
-        raise ValueError(f"{len(runs)} run(s) cannot give a std with ddof={ddof}; need at least {ddof + 1}")
+        raise InputError(f"{len(runs)} run(s) cannot give a std with ddof={ddof}; need at least {ddof + 1}")
     return walk(list(runs))
 
 

@@ -7,7 +7,7 @@
 - ``openood-cifar10`` / ``openood-cifar100``: OpenOOD v1.5's split (Zhang et al. 2023,
   arXiv:2306.09301; configs ``cifar10_ood.yml``): near-OOD = the other CIFAR and TinyImageNet;
   far-OOD = MNIST, SVHN, Textures, Places365. Averaged per group. Note: OpenOOD's own
-  FPR@95 is a different quantity (see DESIGN.md); here its *sets* are used with our metrics.
+  FPR@95 is a different quantity (docs/conventions.md); here its *sets* are used with our metrics.
 - ``demo-fmnist``: the offline demo benchmark (:mod:`oodeval.demo.data`): six Fashion-MNIST
   classes as ID against the four held-out classes (near) and digits, photos, noise (far).
 
@@ -20,6 +20,8 @@ not in the registry and are read as user datasets. This module only names what b
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from ..errors import UnknownNameError
 
 __all__ = ["Suite", "SUITES", "suite", "ood_sets"]
 
@@ -72,7 +74,7 @@ SUITES: dict[str, Suite] = {
 def suite(name: str) -> Suite:
     """The suite called ``name`` (KeyError listing the known ones)."""
     if name not in SUITES:
-        raise KeyError(f"unknown suite {name!r}; known: {', '.join(SUITES)}")
+        raise UnknownNameError(f"unknown suite {name!r}; known: {', '.join(SUITES)}")
     return SUITES[name]
 
 

@@ -47,6 +47,7 @@ from pathlib import Path
 import numpy as np
 
 from .._io import atomic_path, claim_folder, hash_arrays, write_json_atomic
+from ..errors import InputError
 from .corruptions import CORRUPTIONS, DEFAULT_POOL, PRESETS, RELEASE_POOL, frost_source
 
 __all__ = [
@@ -120,7 +121,7 @@ class TrainConfig:
         if self.class_ids is not None:
             self.class_ids = tuple(int(c) for c in self.class_ids)
             if len(self.class_ids) != self.num_classes:
-                raise ValueError(f"class_ids lists {len(self.class_ids)} classes but num_classes = {self.num_classes}")
+                raise InputError(f"class_ids lists {len(self.class_ids)} classes but num_classes = {self.num_classes}")
         self.milestones = tuple(float(m) for m in self.milestones)
         self.corruptions = tuple(self.corruptions)
         self.mean = tuple(float(m) for m in self.mean)
@@ -152,13 +153,13 @@ class TrainConfig:
             if getattr(self, name) not in allowed:
                 problems.append(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
         if problems:
-            raise ValueError("invalid TrainConfig: " + "; ".join(problems))
+            raise InputError("invalid TrainConfig: " + "; ".join(problems))
 
     @classmethod
     def recipe(cls, name: str, **overrides) -> TrainConfig:
         """The named recipe of :data:`RECIPES` with ``overrides`` (e.g. num_classes, in_chans, seed)."""
         if name not in RECIPES:
-            raise ValueError(f"unknown recipe {name!r}; known: {', '.join(RECIPES)}")
+            raise InputError(f"unknown recipe {name!r}; known: {', '.join(RECIPES)}")
         return cls(**{**RECIPES[name], **overrides})
 
     @property
@@ -177,7 +178,7 @@ class TrainConfig:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
-            raise ValueError(f"config.json has unknown fields: {', '.join(unknown)}")
+            raise InputError(f"config.json has unknown fields: {', '.join(unknown)}")
         return cls(**d)
 
 
@@ -189,7 +190,7 @@ def to_tensor(images: np.ndarray, mean: Sequence[float] = (0.5,), std: Sequence[
     if a.ndim == 3:
         a = a[..., None]
     if a.ndim != 4:
-        raise ValueError(f"images must be (N, H, W) or (N, H, W, C), got shape {a.shape}")
+        raise InputError(f"images must be (N, H, W) or (N, H, W, C), got shape {a.shape}")
     t = torch.from_numpy(np.ascontiguousarray(a)).permute(0, 3, 1, 2).float().div_(255.0)
     m = torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1)
     s = torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1)
@@ -202,7 +203,7 @@ def _cifar_stem(model, name: str) -> None:
 
     conv = getattr(model, "conv1", None)
     if not hasattr(model, "maxpool") or conv is None:
-        raise ValueError(f"cifar_stem needs a timm ResNet (conv1 + maxpool); {name} has none")
+        raise InputError(f"cifar_stem needs a timm ResNet (conv1 + maxpool); {name} has none")
     first = conv if isinstance(conv, nn.Conv2d) else next(m for m in conv.modules() if isinstance(m, nn.Conv2d))
     new = nn.Conv2d(first.in_channels, first.out_channels, 3, stride=1, padding=1, bias=False)
     if first is conv:
@@ -229,7 +230,7 @@ def id_predictions(logits: np.ndarray, num_classes: int) -> np.ndarray:
     """The ID class prediction: argmax over the first ``num_classes`` (K) logits."""
     logits = np.asarray(logits)
     if logits.ndim != 2 or logits.shape[1] < num_classes:
-        raise ValueError(f"logits must be (N, >= {num_classes}), got shape {logits.shape}")
+        raise InputError(f"logits must be (N, >= {num_classes}), got shape {logits.shape}")
     return logits[:, :num_classes].argmax(axis=1)
 
 
@@ -251,9 +252,9 @@ def resolve_device(device: str = "auto"):
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if not (device == "cpu" or device.startswith("cuda")):
-        raise ValueError(f"device must be auto, cpu or cuda[:N], got {device!r}")
+        raise InputError(f"device must be auto, cpu or cuda[:N], got {device!r}")
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError("device cuda was asked for but torch sees no CUDA device")
+        raise InputError("device cuda was asked for but torch sees no CUDA device")
     return torch.device(device)
 
 
@@ -276,14 +277,14 @@ def resolve_precision(dev, precision: str = "auto") -> str:
     on CPU. An explicit choice is checked: fp16 needs CUDA; bf16 on CUDA needs native support (an
     emulating GPU such as a V100 or T4 runs it many times slower); bf16 on CPU is allowed."""
     if precision not in ("auto",) + PRECISIONS:
-        raise ValueError(f"precision must be auto, {', '.join(PRECISIONS)}; got {precision!r}")
+        raise InputError(f"precision must be auto, {', '.join(PRECISIONS)}; got {precision!r}")
     cuda = dev.type == "cuda"
     if precision == "auto":
         return ("bf16" if _native_bf16(dev) else "fp16") if cuda else "fp32"
     if precision == "fp16" and not cuda:
-        raise ValueError("precision fp16 needs a CUDA device; use fp32 or bf16 on CPU")
+        raise InputError("precision fp16 needs a CUDA device; use fp32 or bf16 on CPU")
     if precision == "bf16" and cuda and not _native_bf16(dev):
-        raise ValueError(f"{dev} emulates bf16 (no native support); use --precision fp16 or fp32")
+        raise InputError(f"{dev} emulates bf16 (no native support); use --precision fp16 or fp32")
     return precision
 
 
@@ -309,7 +310,7 @@ def load_tensors(path: Path, device: str = "cpu") -> dict:
     try:
         return load_file(str(path), device=device)
     except (SafetensorError, OSError, ValueError) as exc:
-        raise ValueError(f"{path}: unreadable checkpoint file ({type(exc).__name__}: {exc}); "
+        raise InputError(f"{path}: unreadable checkpoint file ({type(exc).__name__}: {exc}); "
                          "retrain, or resume from a copy of the run folder") from None
 
 
@@ -317,9 +318,9 @@ def _read_json(path: Path, what: str) -> dict:
     try:
         d = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
-        raise ValueError(f"{path}: unreadable {what} ({type(exc).__name__}: {exc})") from None
+        raise InputError(f"{path}: unreadable {what} ({type(exc).__name__}: {exc})") from None
     if not isinstance(d, dict):
-        raise ValueError(f"{path}: {what} must hold a JSON object")
+        raise InputError(f"{path}: {what} must hold a JSON object")
     return d
 
 
@@ -368,7 +369,7 @@ def save_checkpoint(folder: str | Path, model, optimizer, config: TrainConfig, p
     (anything else is refused). Returns the epoch folder."""
     from safetensors.torch import save_file
 
-    folder = claim_folder(folder, CHECKPOINT_KIND, is_own=is_checkpoint_folder)
+    folder = claim_folder(folder, CHECKPOINT_KIND)
     if not (folder / "progress.json").is_file():
         write_json_atomic(folder / "config.json", config.to_json())
     name = f"epoch-{progress['epochs_done']:04d}"
@@ -390,21 +391,13 @@ def save_checkpoint(folder: str | Path, model, optimizer, config: TrainConfig, p
     return target
 
 
-def is_checkpoint_folder(folder: Path) -> bool:
-    """Whether ``folder`` is a checkpoint folder oodeval wrote (its progress.json names the format)."""
-    try:
-        return json.loads((Path(folder) / "progress.json").read_text()).get("format") == CHECKPOINT_FORMAT
-    except (OSError, ValueError, AttributeError):
-        return False
-
-
 def _read_progress(folder: Path) -> dict:
     path = folder / "progress.json"
     if not path.is_file():
         raise FileNotFoundError(f"{folder} is not a CnC checkpoint folder (no progress.json)")
     prog = _read_json(path, "progress record")
     if prog.get("format") != CHECKPOINT_FORMAT:
-        raise ValueError(f"{path}: format {prog.get('format')!r}, expected {CHECKPOINT_FORMAT!r} (retrain with this version)")
+        raise InputError(f"{path}: format {prog.get('format')!r}, expected {CHECKPOINT_FORMAT!r} (retrain with this version)")
     return prog
 
 
@@ -413,9 +406,9 @@ def _read_config(folder: Path) -> TrainConfig:
     try:
         return TrainConfig.from_json(_read_json(path, "training config"))
     except TypeError as exc:
-        raise ValueError(f"{path}: not a training config ({exc})") from None
+        raise InputError(f"{path}: not a training config ({exc})") from None
     except ValueError as exc:
-        raise ValueError(str(exc) if str(exc).startswith(str(path)) else f"{path}: {exc}") from None
+        raise InputError(str(exc) if str(exc).startswith(str(path)) else f"{path}: {exc}") from None
 
 
 def _recorded_device(config: TrainConfig, progress: dict) -> TrainConfig:
@@ -439,7 +432,7 @@ def _load_weights(model, path: Path) -> None:
     try:
         model.load_state_dict(load_tensors(path))
     except RuntimeError as exc:
-        raise ValueError(f"{path}: weights that do not fit the config's model ({str(exc).splitlines()[0]})") from None
+        raise InputError(f"{path}: weights that do not fit the config's model ({str(exc).splitlines()[0]})") from None
 
 
 def is_finished(config: TrainConfig, progress: dict) -> bool:
@@ -466,17 +459,17 @@ def _check_data(images: np.ndarray, labels: np.ndarray, config: TrainConfig) -> 
     images = np.asarray(images)
     labels = np.asarray(labels, dtype=np.int64)
     if images.dtype != np.uint8 or images.ndim not in (3, 4):
-        raise ValueError(f"images must be uint8 (N, H, W[, C]), got {images.dtype} {images.shape}")
+        raise InputError(f"images must be uint8 (N, H, W[, C]), got {images.dtype} {images.shape}")
     chans = 1 if images.ndim == 3 else images.shape[3]
     if chans != config.in_chans:
-        raise ValueError(f"images have {chans} channel(s) but config.in_chans = {config.in_chans}")
+        raise InputError(f"images have {chans} channel(s) but config.in_chans = {config.in_chans}")
     if labels.shape != (len(images),):
-        raise ValueError(f"{len(images)} images but labels of shape {labels.shape}")
+        raise InputError(f"{len(images)} images but labels of shape {labels.shape}")
     bad = (labels < 0) | (labels >= config.num_classes)
     if bad.any():
-        raise ValueError(f"{int(bad.sum())} labels outside 0..{config.num_classes - 1}")
+        raise InputError(f"{int(bad.sum())} labels outside 0..{config.num_classes - 1}")
     if len(images) < config.batch_size:
-        raise ValueError(f"{len(images)} training images, fewer than one batch of {config.batch_size}")
+        raise InputError(f"{len(images)} training images, fewer than one batch of {config.batch_size}")
     return images, labels
 
 
@@ -491,7 +484,7 @@ def _complete(config: TrainConfig, images: np.ndarray, labels: np.ndarray, dev, 
     }
     for k, v in found.items():
         if getattr(config, k) is not None and getattr(config, k) != v:
-            raise ValueError(f"config.{k} = {getattr(config, k)!r} but the training data and device give {v!r}")
+            raise InputError(f"config.{k} = {getattr(config, k)!r} but the training data and device give {v!r}")
     return replace(config, **found)
 
 
@@ -526,11 +519,11 @@ def _check_folder(out: Path, config: TrainConfig) -> dict | None:
         return None
     old = _read_config(out) if prev is None else _recorded_device(_read_config(out), prev)
     if old.data_hash != config.data_hash:
-        raise ValueError(f"{out} was trained on other data (hash {old.data_hash} != {config.data_hash}); use a new folder")
+        raise InputError(f"{out} was trained on other data (hash {old.data_hash} != {config.data_hash}); use a new folder")
     changed = _diff(old, config)
     if changed:
         state = "holds a run" if prev else "holds the config of a run killed before its first epoch ended"
-        raise ValueError(f"{out} {state} with other settings: {'; '.join(changed)}; use a new folder")
+        raise InputError(f"{out} {state} with other settings: {'; '.join(changed)}; use a new folder")
     return prev
 
 
@@ -576,7 +569,7 @@ def train(
     prec = resolve_precision(dev, precision)
     config = _complete(config, images, labels, dev, prec)
     cuda = dev.type == "cuda"
-    out = claim_folder(out, CHECKPOINT_KIND, is_own=is_checkpoint_folder)
+    out = claim_folder(out, CHECKPOINT_KIND)
     prev = _check_folder(out, config)
     gone = _remove_leftovers(out, prev)
     if gone and log:
@@ -598,7 +591,7 @@ def train(
         try:
             opt.load_state_dict(_optimizer_from_files(load_tensors(ck / "optimizer.safetensors", device=str(dev)), opt_meta))
         except (KeyError, ValueError, RuntimeError) as exc:
-            raise ValueError(f"{ck}: optimizer state that does not fit the model ({exc})") from None
+            raise InputError(f"{ck}: optimizer state that does not fit the model ({exc})") from None
         if scaler.is_enabled() and "scaler" in opt_meta:
             scaler.load_state_dict(opt_meta["scaler"])
         if log:

@@ -10,6 +10,8 @@ import argparse
 import textwrap
 from pathlib import Path
 
+from ..errors import InputError
+
 __all__ = ["Formatter", "add_command", "add_progress", "add_device", "add_pretrained", "with_pretrained", "add_out", "examples",
            "add_convention", "check_weights", "NameList", "add_detectors"]
 
@@ -98,7 +100,7 @@ def add_pretrained(p: argparse.ArgumentParser, absent: str) -> None:
 def check_weights(args: argparse.Namespace) -> None:
     """A model must be given weights or be declared random-init explicitly: no silent random weights."""
     if args.weights is None and args.pretrained is None:
-        raise ValueError(f"--model {args.model}: no weights chosen; give --weights FILE (a local checkpoint), --pretrained "
+        raise InputError(f"--model {args.model}: no weights chosen; give --weights FILE (a local checkpoint), --pretrained "
                          "(the hub weights the name names; --pretrained TAG for another tag), or --pretrained none "
                          "(random init, on purpose)")
 
@@ -115,12 +117,12 @@ def with_pretrained(model: str, value: str | None, kind: str) -> tuple[str, bool
     if value == FROM_MODEL_NAME:
         return model, True
     if kind not in ("open_clip", "timm"):
-        raise ValueError(f"--pretrained {value} names a hub tag, which only timm and open_clip models have; "
+        raise InputError(f"--pretrained {value} names a hub tag, which only timm and open_clip models have; "
                          "give --pretrained alone for the weights the model name names")
     sep = "@" if kind == "open_clip" else "."
     _, tagged, tag = model.removeprefix(f"{kind}:").partition(sep)
     if tagged and tag != value:
-        raise ValueError(f"--model {model} already names the weights {tag!r}; --pretrained {value} disagrees")
+        raise InputError(f"--model {model} already names the weights {tag!r}; --pretrained {value} disagrees")
     return (model if tagged else f"{model}{sep}{value}"), True
 
 

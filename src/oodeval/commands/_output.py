@@ -14,6 +14,8 @@ import json
 import sys
 from typing import TextIO
 
+from ..errors import InputError
+
 __all__ = ["FORMATS", "add_format", "info", "write_rows"]
 
 FORMATS = ("table", "csv", "json")
@@ -56,4 +58,4 @@ def write_rows(rows: list[dict], fmt: str, convention: str = "paper", stream: Te
         records = [{k: _plain(v) for k, v in r.items()} for r in pd.DataFrame(rows).to_dict("records")]
         stream.write(json.dumps(records, allow_nan=False) + "\n")
     else:
-        raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+        raise InputError(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")

@@ -10,6 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from ..errors import InputError
 from ._options import NameList, add_command, add_detectors, add_device, add_out, add_progress
 
 HELP = "CnC: train a K+1-class model on compounded-corruption outliers; evaluate it on a suite"
@@ -117,7 +118,7 @@ def _select(images, labels, class_ids):
     remap = {c: i for i, c in enumerate(class_ids)}
     keep = np.isin(labels, list(class_ids))
     if not keep.any():
-        raise ValueError(f"no sample has one of the classes {list(class_ids)}")
+        raise InputError(f"no sample has one of the classes {list(class_ids)}")
     return images[keep], np.array([remap[int(v)] for v in labels[keep]], dtype=np.int64)
 
 
@@ -146,12 +147,12 @@ def _load_for(args, spec: str, cfg):
     if chans != cfg.in_chans:
         fix = (f"write the .npz with {cfg.in_chans}-channel images (--channels converts image files, not .npz arrays)"
                if info.get("format") == "npz" else f"pass --channels {cfg.in_chans} to convert them")
-        raise ValueError(f"{spec} has {chans}-channel images but the model was trained on {cfg.in_chans}-channel "
+        raise InputError(f"{spec} has {chans}-channel images but the model was trained on {cfg.in_chans}-channel "
                          f"images; {fix}")
     size = tuple(images.shape[1:3])
     if size != tuple(cfg.image_size):
         if not args.resize:
-            raise ValueError(f"{spec} has {size[0]}x{size[1]} images but the model was trained on "
+            raise InputError(f"{spec} has {size[0]}x{size[1]} images but the model was trained on "
                              f"{cfg.image_size[0]}x{cfg.image_size[1]}; pass --resize to resize them (bilinear)")
         images = resize_arrays(images, cfg.image_size)
     return images, labels
@@ -177,7 +178,7 @@ def _train(args: argparse.Namespace) -> int:
     images, labels, info = _load(args, args.dataset, size=args.size)
     images, labels = _select(images, labels, args.classes)
     if (labels < 0).any():
-        raise ValueError(f"{int((labels < 0).sum())} training images of {args.dataset} have no class label (-1)")
+        raise InputError(f"{int((labels < 0).sum())} training images of {args.dataset} have no class label (-1)")
     k = len(args.classes) if args.classes else int(labels.max()) + 1
     chans = 1 if images.ndim == 3 else images.shape[3]
     given = {
@@ -187,7 +188,7 @@ def _train(args: argparse.Namespace) -> int:
     }  # fmt: skip
     base = dict(RECIPES[args.recipe]) if args.recipe in RECIPES else {}
     if args.recipe and not base:
-        raise ValueError(f"unknown recipe {args.recipe!r}; known: {', '.join(RECIPES)}")
+        raise InputError(f"unknown recipe {args.recipe!r}; known: {', '.join(RECIPES)}")
     if base and chans != len(base["mean"]):
         base["mean"], base["std"] = (sum(base["mean"]) / 3,), (sum(base["std"]) / 3,)  # grey: the channel average
     base.update({k: v for k, v in given.items() if v is not None})
@@ -213,14 +214,14 @@ def _evaluate(args: argparse.Namespace) -> int:
         check_output(args.json, "CnC evaluation")
     if args.results:
         if args.results.suffix != ".parquet" or args.draws < 1:
-            raise ValueError("--results takes a .parquet results table, with --draws at least 1 (it carries 95% intervals)")
+            raise InputError("--results takes a .parquet results table, with --draws at least 1 (it carries 95% intervals)")
         check_output(args.results, "results table")
     s = suite(args.suite) if args.suite else None
     id_test = args.id_test or (s.id_test if s else None)
     id_train = args.id_train or (s.id_train if s else None)
     ood = args.ood or (list(s.ood) if s else None)
     if not id_test or not ood:
-        raise ValueError("give --suite, or --id-test and --ood")
+        raise InputError("give --suite, or --id-test and --ood")
     # a single group holding every set would only repeat the mean row
     groups = s.groups if s and not args.ood and len(s.groups) > 1 else None
     names = [str(c) for c in args.checkpoint]
@@ -233,7 +234,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     scored_on = {"device": dev.type, "precision": prec}
     detectors = args.detectors or (["cnc", "msp", "energy"] if cfg0.cnc else ["msp", "energy"])
     if not cfg0.cnc and "cnc" in detectors:
-        raise ValueError("the cnc detector needs a CnC (K+1) checkpoint; these are plain models")
+        raise InputError("the cnc detector needs a CnC (K+1) checkpoint; these are plain models")
     needs_train = any(create(d).fit_needs for d in detectors)
     x_test, y_test = _load_for(args, id_test, cfg0)
     x_test, y_test = _select(x_test, y_test, cfg0.class_ids)
@@ -241,7 +242,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     x_train = y_train = None
     if needs_train:
         if not id_train:
-            raise ValueError(f"detectors {detectors} need an ID train set: pass --id-train")
+            raise InputError(f"detectors {detectors} need an ID train set: pass --id-train")
         x_train, y_train = _load_for(args, id_train, cfg0)
         x_train, y_train = _select(x_train, y_train, cfg0.class_ids)
         check_id_labels(y_train, cfg0.num_classes, id_train)

@@ -7,6 +7,7 @@ import os
 import sys
 from pathlib import Path
 
+from ..errors import InputError
 from ._options import add_command
 
 TOKEN_ENV = "OODEVAL_TOKEN"
@@ -130,7 +131,7 @@ def _evidence(args: argparse.Namespace) -> int:
     for item in args.search_template:
         name, sep, url = item.partition("=")
         if not sep or not name:
-            raise ValueError(f"--search-template wants NAME=URL, got {item!r}")
+            raise InputError(f"--search-template wants NAME=URL, got {item!r}")
         templates[name] = url
     check_templates(args.image_url_template, templates)
     check_not_initialised(args.work, "evidence")
@@ -140,7 +141,7 @@ def _evidence(args: argparse.Namespace) -> int:
     client = None
     if args.llm_base_url or args.llm_model:
         if not (args.llm_base_url and args.llm_model):
-            raise ValueError("evidence (A) needs both --llm-base-url and --llm-model")
+            raise InputError("evidence (A) needs both --llm-base-url and --llm-model")
         from ..llm import ChatClient
 
         client = ChatClient(args.llm_base_url, args.llm_model, api_key_env=args.llm_key_env,
@@ -164,7 +165,7 @@ def _init(args: argparse.Namespace) -> int:
         _, tokens = ProtocolStore.create(project.db_path, project.candidates, args.stage1, args.stage3, project.n_classes,
                                          class_names=project.class_names)
     except FileExistsError as exc:
-        raise ValueError(str(exc)) from None
+        raise InputError(str(exc)) from None
     pin_project(project)
     print(f"protocol store {project.db_path}: {len(project.candidates)} images")
     print("access tokens (shown once; give each annotator only their own):")
@@ -211,13 +212,13 @@ def _read_token(token_file: Path | None) -> str:
         try:
             token = token_file.read_text().strip()
         except OSError as exc:
-            raise ValueError(f"cannot read --token-file {token_file}: {exc.strerror}") from None
+            raise InputError(f"cannot read --token-file {token_file}: {exc.strerror}") from None
         if not token:
-            raise ValueError(f"--token-file {token_file} is empty")
+            raise InputError(f"--token-file {token_file} is empty")
         return token
     token = os.environ.get(TOKEN_ENV, "").strip()
     if not token:
-        raise ValueError(f"no access token: set {TOKEN_ENV} or pass --token-file FILE")
+        raise InputError(f"no access token: set {TOKEN_ENV} or pass --token-file FILE")
     return token
 
 
@@ -240,11 +241,11 @@ def _reopen(args: argparse.Namespace) -> int:
     store = open_store(load_project(args.work))
     o = store.outcome(args.image)
     if o.status != "final":
-        raise ValueError(f"image {args.image!r} is not decided (it is in {o.status}); there is nothing to reopen")
+        raise InputError(f"image {args.image!r} is not decided (it is in {o.status}); there is nothing to reopen")
     what = f"{o.verdict}{' ' + repr(o.ood_label) if o.ood_label else ''} (decided at Stage {o.stage})"
     if not args.yes:
         if not sys.stdin.isatty():
-            raise ValueError("reopening a decided image needs confirmation: run it in a terminal or pass --yes")
+            raise InputError("reopening a decided image needs confirmation: run it in a terminal or pass --yes")
         answer = input(f"Reopen {args.image}, now {what}? Its verdicts stop counting and both Stage-1 annotators judge it again. "
                        "Type 'reopen' to confirm: ")
         if answer.strip() != "reopen":

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 
+from ..errors import InputError
+
 HELP = "list the named datasets and what is found under the data root (--data-root or $OODEVAL_DATA)"
 EXAMPLES = [
     "oodeval datasets --data-root /data --layout",
@@ -33,9 +35,9 @@ def _convert(args: argparse.Namespace, root) -> int:
     from ..data.convert import FORMATS, convert
 
     if len(args.convert_args) != 2:
-        raise ValueError(f"usage: oodeval datasets convert FORMAT SOURCE --data-root DIR (FORMAT: {', '.join(FORMATS)})")
+        raise InputError(f"usage: oodeval datasets convert FORMAT SOURCE --data-root DIR (FORMAT: {', '.join(FORMATS)})")
     if root is None:
-        raise ValueError("convert needs a data root: pass --data-root DIR or set OODEVAL_DATA")
+        raise InputError("convert needs a data root: pass --data-root DIR or set OODEVAL_DATA")
     fmt, source = args.convert_args
     out = convert(fmt, source, root, name=args.as_name)
     from ..data import resolve
@@ -53,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     if args.name == "convert":
         return _convert(args, root)
     if args.convert_args:
-        raise ValueError(f"unexpected arguments {args.convert_args}; only 'convert' takes more than one")
+        raise InputError(f"unexpected arguments {args.convert_args}; only 'convert' takes more than one")
     if args.name:
         if args.name in REGISTRY:
             print(REGISTRY[args.name].describe())

@@ -11,6 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from ..errors import InputError
 from ._options import add_out, add_progress
 
 HELP = "run the embedded default benchmark end to end (Fashion-MNIST, offline)"
@@ -37,11 +38,11 @@ def run(args: argparse.Namespace) -> int:
     from ..demo.run import run_demo
 
     if args.threads < 0:
-        raise ValueError(f"--threads must be 0 (torch's default) or more, got {args.threads}")
+        raise InputError(f"--threads must be 0 (torch's default) or more, got {args.threads}")
     for name in ("epochs", "draws", "subsample_n"):
         value = getattr(args, name)
         if value is not None and value < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+            raise InputError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
     result = run_demo(
         args.out,
         quick=args.quick,

@@ -11,6 +11,7 @@ import argparse
 import json
 from pathlib import Path
 
+from ..errors import InputError
 from ._options import (
     NameList,
     add_convention,
@@ -67,9 +68,9 @@ def name_sets(items: list[str]) -> dict[str, str]:
             data = item
             name = Path(item).stem if ("/" in item or Path(item).exists()) else item
         if not name or not data:
-            raise ValueError(f"--ood {item!r} is not of the form [NAME=]DATA")
+            raise InputError(f"--ood {item!r} is not of the form [NAME=]DATA")
         if name in out:
-            raise ValueError(f"--ood name {name!r} given twice; name the sets NAME=DATA")
+            raise InputError(f"--ood name {name!r} given twice; name the sets NAME=DATA")
         out[name] = data
     return out
 
@@ -83,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
 
     check_weights(args)
     if args.draws < 0:
-        raise ValueError(f"--draws must be >= 0, got {args.draws}")
+        raise InputError(f"--draws must be >= 0, got {args.draws}")
     if args.out is not None:
         from .._io import check_output
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import InputError
 from ._options import add_convention
 from ._output import add_format
 
@@ -41,9 +42,9 @@ def load_scores(path: Path) -> np.ndarray:
         try:
             scores = np.loadtxt(sys.stdin, dtype=np.float64, ndmin=1)
         except ValueError as exc:
-            raise ValueError(f"scores on stdin: {exc}; expected one number per line") from exc
+            raise InputError(f"scores on stdin: {exc}; expected one number per line") from exc
         if scores.ndim != 1 or scores.size == 0:
-            raise ValueError(f"scores on stdin: expected one number per line, got shape {scores.shape}")
+            raise InputError(f"scores on stdin: expected one number per line, got shape {scores.shape}")
         return scores
     if not path.is_file():
         raise FileNotFoundError(f"score file {path} does not exist")
@@ -51,16 +52,16 @@ def load_scores(path: Path) -> np.ndarray:
         try:
             scores = np.load(path, allow_pickle=False)
         except (ValueError, EOFError, OSError) as exc:
-            raise ValueError(f"score file {path} is not a plain .npy array ({exc}); expected {expected}") from exc
+            raise InputError(f"score file {path} is not a plain .npy array ({exc}); expected {expected}") from exc
     elif path.suffix == ".npz":
-        raise ValueError(f"score file {path} is a .npz archive; expected {expected} (save one array with np.save)")
+        raise InputError(f"score file {path} is a .npz archive; expected {expected} (save one array with np.save)")
     else:
         try:
             scores = np.loadtxt(path, dtype=np.float64, ndmin=1)
         except (ValueError, UnicodeDecodeError) as exc:
-            raise ValueError(f"score file {path}: {exc}; expected {expected}") from exc
+            raise InputError(f"score file {path}: {exc}; expected {expected}") from exc
     if scores.ndim != 1 or not (np.issubdtype(scores.dtype, np.integer) or np.issubdtype(scores.dtype, np.floating)):
-        raise ValueError(f"score file {path} holds a {scores.dtype} array of shape {scores.shape}; expected {expected}")
+        raise InputError(f"score file {path} holds a {scores.dtype} array of shape {scores.shape}; expected {expected}")
     return scores
 
 
@@ -97,7 +98,7 @@ def format_metrics(id_scores: np.ndarray, ood_scores: np.ndarray, draws: int, se
 def check_draws(draws: int) -> None:
     """0 (no intervals) or at least :data:`MIN_DRAWS`."""
     if draws != 0 and draws < MIN_DRAWS:
-        raise ValueError(f"--draws {draws} is too few for a percentile 95% interval; give at least {MIN_DRAWS}, or 0 for none")
+        raise InputError(f"--draws {draws} is too few for a percentile 95% interval; give at least {MIN_DRAWS}, or 0 for none")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -105,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
     from ._output import write_rows
 
     if str(args.id_scores) == "-" == str(args.ood_scores):
-        raise ValueError("only one of the two score files can be - (stdin)")
+        raise InputError("only one of the two score files can be - (stdin)")
     scores = load_scores(args.id_scores), load_scores(args.ood_scores)
     if args.format == "table":
         print(format_metrics(*scores, args.draws, args.seed, args.resample_id, args.convention))

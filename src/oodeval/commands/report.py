@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ..errors import InputError
 from ._options import add_convention, add_out
 
 HELP = "write Markdown, LaTeX and one self-contained HTML report (tables with CIs + PNG/PDF/SVG figures) of a results table"
@@ -32,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     from ..report import write_report
 
     if args.draws < 2:
-        raise ValueError(f"--draws must be at least 2 (a std needs two draws), got {args.draws}")
+        raise InputError(f"--draws must be at least 2 (a std needs two draws), got {args.draws}")
     paths = write_report(
         args.results, args.out, primary=args.dataset, model=args.model, subsample_n=args.n,
         draws=args.draws, seed=args.seed, sweeps=args.sweeps, title=args.title,

@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from ..errors import InputError
 from ._options import add_convention, add_progress
 from ._output import FORMATS
 
@@ -54,7 +55,7 @@ def executor_options(pairs: list[str]) -> dict:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            raise ValueError(f"--executor-option expects KEY=VALUE, got {pair!r}")
+            raise InputError(f"--executor-option expects KEY=VALUE, got {pair!r}")
         try:
             out[key] = json.loads(value)
         except json.JSONDecodeError:
@@ -70,10 +71,10 @@ def run(args: argparse.Namespace) -> int:
     if args.check:
         return _check(cfg, args.names_only)
     if args.names_only:
-        raise ValueError("--names-only applies to --check")
+        raise InputError("--names-only applies to --check")
     options = executor_options(args.executor_option)
     if options and args.executor == "inprocess":
-        raise ValueError("--executor-option needs --executor local, slurm or ray")
+        raise InputError("--executor-option needs --executor local, slurm or ray")
     if args.report is not None:
         from .._io import check_output
 
@@ -150,7 +151,8 @@ def _check(cfg, names_only: bool = False) -> int:
     for m in cfg.models:
         dets = cfg.detectors_for(m)
         names = ", ".join(_listing(dets)) if dets else "every supported detector"
-        extras = [x for x, on in (("taps", m.taps), ("patch features", m.patch_features)) if on]
+        extras = [x for x, on in (("taps", m.taps), ("GL-MCM patch readouts", m.patch_features),
+                                  ("full patch features", m.full_patch_features)) if on]
         print(f"  {m.label} ({m.kind}{', ' + ', '.join(extras) if extras else ''}): {names}")
         print(f"    weights: {_weights_text(m)}")
         if m.kind == "supervised":  # the backbone-dependent defaults each detector will run with
@@ -166,9 +168,16 @@ def _check(cfg, names_only: bool = False) -> int:
     notes, prompt_problems = eoe_prompt_notes(cfg)
     for note in notes:
         print(f"  note: {note}")
-    problems = check_experiment(cfg, names_only) + prompt_problems
+    disk = None
+    if not names_only:
+        from ..experiment.disk import describe, estimate_disk
+
+        disk = estimate_disk(cfg)
+        for row in disk:
+            print(describe(row))
+    problems = check_experiment(cfg, names_only, disk) + prompt_problems
     if problems:
-        raise ValueError(f"{len(problems)} problem(s) before this experiment can run:\n" + "\n".join(f"  - {p}" for p in problems))
+        raise InputError(f"{len(problems)} problem(s) before this experiment can run:\n" + "\n".join(f"  - {p}" for p in problems))
     print("check passed: every model name resolves" if names_only else
           "check passed: datasets, weights, model names and vocabularies are all in place")
     random = [m.label for m in cfg.models if m.random_init]

@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from ..errors import InputError
 from ._options import NameList, add_convention, add_detectors, add_out, add_progress
 from ._output import add_format, info, write_rows
 
@@ -42,9 +43,9 @@ def parse_oods(items: list[str]) -> dict[str, Path]:
     for item in items:
         name, sep, folder = item.partition("=")
         if not sep or not name or not folder:
-            raise ValueError(f"--ood {item!r} is not of the form NAME=DIR")
+            raise InputError(f"--ood {item!r} is not of the form NAME=DIR")
         if name in out:
-            raise ValueError(f"--ood name {name!r} given twice")
+            raise InputError(f"--ood name {name!r} given twice")
         out[name] = Path(folder)
     return out
 
@@ -52,23 +53,23 @@ def parse_oods(items: list[str]) -> dict[str, Path]:
 def run(args: argparse.Namespace) -> int:
     from .._io import check_output
     from ..features import FeatureSet
-    from ..scoring import evaluate_detectors, parse_hyperparameters, supported_names
+    from ..scoring import _canonical, evaluate_detectors, parse_hyperparameters, supported_names
 
     if args.out is not None and str(args.out) == "-":
-        raise ValueError("--out - is not a file; give --format csv (or json) to write the rows to stdout")
+        raise InputError("--out - is not a file; give --format csv (or json) to write the rows to stdout")
     parquet = args.out is not None and args.out.suffix == ".parquet"
     if args.out is not None:
         check_output(args.out, "results table" if parquet else "score table")
         if args.out.suffix not in (".csv", ".parquet"):
-            raise ValueError(f"--out {args.out}: give a .csv (the score table) or a .parquet (a results table) path")
+            raise InputError(f"--out {args.out}: give a .csv (the score table) or a .parquet (a results table) path")
     names = parse_names(args.detectors)
-    hps = parse_hyperparameters(args.set)
+    hps = {_canonical(k): v for k, v in parse_hyperparameters(args.set).items()}
     train = FeatureSet.load(args.train)
     test = FeatureSet.load(args.test)
     oods = {name: FeatureSet.load(folder) for name, folder in parse_oods(args.ood).items()}
     if parquet:
         if args.nac_train is not None:
-            raise ValueError("--nac-train works with a .csv output; for a results table, name NAC's fit set in an experiment file")
+            raise InputError("--nac-train works with a .csv output; for a results table, name NAC's fit set in an experiment file")
         return _results_table(args, train, names or supported_names(train, test, oods), hps)
     fit_sets = {} if args.nac_train is None else {"nac": FeatureSet.load(args.nac_train)}
     rows = evaluate_detectors(train, test, oods, names, hps, progress=not args.no_progress, fit_sets=fit_sets,
@@ -94,7 +95,7 @@ def print_rows(rows: list[dict], args: argparse.Namespace, train, hps: dict, fit
     from ..scoring import failures
 
     if not rows:
-        raise ValueError("no detector is supported by these FeatureSets")
+        raise InputError("no detector is supported by these FeatureSets")
     log = info(args.format)
     if train.meta.get("random_init"):
         print(f"note: features of {train.meta.get('model')} with RANDOM-INIT weights (--pretrained none): a baseline", file=log)
@@ -122,12 +123,12 @@ def _results_table(args: argparse.Namespace, train, names: list[str], hps: dict)
     from ..results import ALL_SPLIT, load_results
 
     if args.draws < 1:
-        raise ValueError("a results table (.parquet) carries 95% intervals: --draws must be at least 1")
+        raise InputError("a results table (.parquet) carries 95% intervals: --draws must be at least 1")
     if not names:
-        raise ValueError("no detector is supported by these FeatureSets")
+        raise InputError("no detector is supported by these FeatureSets")
     unknown = sorted(set(hps) - set(names))
     if unknown:
-        raise ValueError(f"--set names detectors that are not scored: {', '.join(unknown)}")
+        raise InputError(f"--set names detectors that are not scored: {', '.join(unknown)}")
     oods = parse_oods(args.ood)
     label = str(train.meta.get("model") or "features")
     folders = {"id_train": args.train, "id_test": args.test, **oods}

@@ -6,6 +6,7 @@ import argparse
 import os
 from pathlib import Path
 
+from ..errors import InputError
 from ._options import add_command, add_device, add_out, add_pretrained, check_weights, resolve_device, with_pretrained
 
 HELP = "build negative vocabularies (WordNet+NegMining, LLM siblings, EOE, union, oracle) and size sweeps"
@@ -123,7 +124,7 @@ def _check_ranges(args) -> None:
     if pct is not None and not 0 <= pct <= 100:
         problems.append(f"--percentile must be in [0, 100], got {pct}")
     if problems:
-        raise ValueError("; ".join(problems))
+        raise InputError("; ".join(problems))
 
 
 def id_names_for(args, id_fs) -> list[str]:
@@ -136,7 +137,7 @@ def id_names_for(args, id_fs) -> list[str]:
         return names
     recorded = id_fs.meta.get("class_names")
     if not recorded:
-        raise ValueError(f"{args.id_features} records no class names: pass --id-names ('imagenet1k' or a file, one name per line)")
+        raise InputError(f"{args.id_features} records no class names: pass --id-names ('imagenet1k' or a file, one name per line)")
     names = prompt_names(recorded, f"{args.id_features} (override with --id-names)")
     print(f"ID names: {len(names)} recorded with {args.id_features}")
     return names
@@ -161,7 +162,7 @@ def _encoder(args):
     model, download = with_pretrained(args.model, args.pretrained, kind)
     tag = (model if kind == "hf" else model.partition("@")[2]) if download else None  # hf: any tag = from_pretrained
     if download and not tag:
-        raise ValueError(f"--pretrained: {args.model} names no weights; give --pretrained TAG or --model ARCH@TAG")
+        raise InputError(f"--pretrained: {args.model} names no weights; give --pretrained TAG or --model ARCH@TAG")
     device = resolve_device(args.device)
     model, tokenizer, name = load_clip(model, args.weights, tag, args.seed, device)
     weights = args.weights or tag or f"random-init(seed={args.seed})"
@@ -285,7 +286,7 @@ def _sweep(args) -> int:
     else:
         per_class = vocab.provenance.get("per_class")
         if not per_class:
-            raise ValueError(f"{args.vocab} has no per-class sibling lists (provenance.per_class); build it with `oodeval vocab llm`")
+            raise InputError(f"{args.vocab} has no per-class sibling lists (provenance.per_class); build it with `oodeval vocab llm`")
         curve = sweep_siblings(id_fs, ood_fs, id_text, per_class, lambda labels: enc.encode(labels, progress=False),
                                args.values, args.sample_seed, args.scorer, **hp)
     _print_stats(enc)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ..errors import InputError
 from ._options import add_out
 
 HELP = "score ID/OOD image embeddings with the zero-shot VLM scorers (MCM ... NegLabel, EOE) and print metrics"
@@ -40,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     chosen = logit if args.scorers == "logit" else names() if args.scorers == "all" else args.scorers.split(",")
     unknown = [n for n in chosen if n not in names()]
     if unknown:
-        raise ValueError(f"unknown zero-shot scorers {unknown}; known: {', '.join(names())}")
+        raise InputError(f"unknown zero-shot scorers {unknown}; known: {', '.join(names())}")
     id_fs, ood_fs = FeatureSet.load(args.id_features), FeatureSet.load(args.ood_features)
     omitted = {}
     if "gl_mcm" in chosen and args.scorers in ("logit", "all") and not all("patch_features" in f.extras for f in (id_fs, ood_fs)):
@@ -48,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
         omitted["gl_mcm"] = "omitted: no patch_features in the FeatureSets (extract with --patch-features)"
     needs_vocab = [n for n in chosen if REGISTRY[n].uses_negatives]
     if needs_vocab and args.vocab is None:
-        raise ValueError(f"{', '.join(needs_vocab)} need a negative vocabulary: pass --vocab V.json")
+        raise InputError(f"{', '.join(needs_vocab)} need a negative vocabulary: pass --vocab V.json")
     id_names = id_names_for(args, id_fs)
     enc = encoder_for(args, id_fs, ood_fs)
     id_text = enc.encode(id_names)

@@ -52,6 +52,7 @@ from pathlib import Path
 from threading import Lock
 from urllib.parse import parse_qs, quote, urlparse
 
+from ..errors import InputError
 from .candidates import Project, load_project
 from .evidence import NotAnImageError, image_bytes, load_evidence
 from .protocol import Annotator, AuthError, ProtocolError, open_store
@@ -189,13 +190,13 @@ def parse_json_object(text: str, max_depth: int = MAX_DEPTH) -> object:
         if ch in "[{":
             depth += 1
             if depth > max_depth:
-                raise ValueError(f"request body is nested deeper than {max_depth} level{'s' if max_depth > 1 else ''}")
+                raise InputError(f"request body is nested deeper than {max_depth} level{'s' if max_depth > 1 else ''}")
         elif ch in "]}":
             depth -= 1
     try:
         return json.loads(text)
     except ValueError as exc:  # JSONDecodeError, and integers too long to convert
-        raise ValueError(f"request body is not JSON: {exc}") from None
+        raise InputError(f"request body is not JSON: {exc}") from None
 
 
 def _is_loopback(name: str) -> bool:
@@ -551,5 +552,5 @@ def make_server(work: str | Path, host: str = "127.0.0.1", port: int = 8765, exa
         return server_class((host, port), handler)
     except OSError as exc:
         if exc.errno == errno.EADDRINUSE:
-            raise ValueError(f"port {port} on {host} is in use; pick another with --port (0 = any free port)") from None
-        raise ValueError(f"cannot serve on {host} port {port}: {exc.strerror or exc}") from None
+            raise InputError(f"port {port} on {host} is in use; pick another with --port (0 = any free port)") from None
+        raise InputError(f"cannot serve on {host} port {port}: {exc.strerror or exc}") from None

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .._io import check_output, claim_folder, write_json_atomic, write_text_atomic
+from ..errors import InputError
 from .tables import IDManifest, Reannotation, csv_text, read_class_names, read_manifest, read_reannotation
 
 __all__ = [
@@ -111,7 +112,7 @@ def _file_sha256(path: str | Path) -> str:
 def check_not_initialised(folder: str | Path, step: str) -> None:
     """ValueError when ``folder`` already has a protocol store: its pool and evidence are pinned."""
     if (Path(folder) / "protocol.sqlite").exists():
-        raise ValueError(
+        raise InputError(
             f"{folder} is initialised (protocol.sqlite holds the verdicts of its pool); re-running `construct {step}` "
             "would split the pool or evidence from the store. Make a new work folder for new inputs"
         )
@@ -142,11 +143,11 @@ def write_project(
     if names is not None:
         too_big = [label for label in man.labels if label >= len(names)]
         if too_big:
-            raise ValueError(f"{len(too_big)} manifest label(s) (e.g. {too_big[0]}) exceed the {len(names)} class names")
+            raise InputError(f"{len(too_big)} manifest label(s) (e.g. {too_big[0]}) exceed the {len(names)} class names")
     rows = read_reannotation(reannotation, man, names)
     cands = select_candidates(rows, names)
     if not cands:
-        raise ValueError(f"reannotation table {reannotation} assigns every one of its {len(rows)} images to a class: no candidates")
+        raise InputError(f"reannotation table {reannotation} assigns every one of its {len(rows)} images to a class: no candidates")
     rows_out = [[c.image, c.path, c.original_label, c.original_name, c.flag] for c in cands]
     claim_folder(folder, "construct project")
     write_text_atomic(folder / "candidates.csv", csv_text(CANDIDATE_COLUMNS, rows_out))
@@ -178,7 +179,7 @@ def load_project(folder: str | Path) -> Project:
     meta = json.loads(meta_file.read_text())
     for key, digest in meta.get("sha256", {}).items():
         if key != "pool" and digest is not None and _file_sha256(meta[key]) != digest:
-            raise ValueError(f"the {key.replace('_', ' ')} {meta[key]} changed since `construct candidates` made {folder}; make a new work folder")
+            raise InputError(f"the {key.replace('_', ' ')} {meta[key]} changed since `construct candidates` made {folder}; make a new work folder")
     man = read_manifest(meta["manifest"], meta.get("root"))
     names = read_class_names(meta["class_names"]) if meta.get("class_names") else None
     rows = read_reannotation(meta["reannotation"], man, names)
@@ -189,5 +190,5 @@ def load_project(folder: str | Path) -> Project:
         ]
     pinned = meta.get("sha256", {}).get("pool")
     if pinned is not None and pool_sha256(cands) != pinned:
-        raise ValueError(f"{folder / 'candidates.csv'} was changed after `construct candidates` wrote it; make a new work folder")
+        raise InputError(f"{folder / 'candidates.csv'} was changed after `construct candidates` wrote it; make a new work folder")
     return Project(folder, man, rows, names, cands, meta.get("pinned", {}))

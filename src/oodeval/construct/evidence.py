@@ -24,6 +24,7 @@ from urllib.parse import quote
 import numpy as np
 
 from .._io import write_json_atomic
+from ..errors import InputError
 from .candidates import check_not_initialised
 from .tables import confusion_counts
 
@@ -93,9 +94,9 @@ def load_embeddings(path: str | Path) -> np.ndarray:
     else:
         raise FileNotFoundError(f"embeddings {path} do not exist (want a .npy file or a FeatureSet folder)")
     if arr.ndim != 2 or arr.shape[0] == 0:
-        raise ValueError(f"embeddings {path} must be a non-empty (rows, E) array, got shape {arr.shape}")
+        raise InputError(f"embeddings {path} must be a non-empty (rows, E) array, got shape {arr.shape}")
     if not np.isfinite(arr).all():
-        raise ValueError(f"embeddings {path} hold {int((~np.isfinite(arr)).sum())} non-finite values")
+        raise InputError(f"embeddings {path} hold {int((~np.isfinite(arr)).sum())} non-finite values")
     return arr
 
 
@@ -111,17 +112,17 @@ def load_text_embeddings(path: str | Path, class_names: list[str] | None) -> np.
     if not shards:
         return load_embeddings(path)
     if not class_names:
-        raise ValueError(f"text embeddings {path} are keyed by label: give the class names (--classes at `construct candidates`)")
+        raise InputError(f"text embeddings {path} are keyed by label: give the class names (--classes at `construct candidates`)")
     table: dict[str, np.ndarray] = {}
     for shard in shards:
         with np.load(shard, allow_pickle=False) as z:
             if "labels" not in z or "embeddings" not in z:
-                raise ValueError(f"{shard} has no 'labels' and 'embeddings' arrays")
+                raise InputError(f"{shard} has no 'labels' and 'embeddings' arrays")
             for label, row in zip(z["labels"].tolist(), z["embeddings"]):
                 table.setdefault(label, row)
     missing = [n for n in class_names if n not in table]
     if missing:
-        raise ValueError(f"text embeddings {path} lack {len(missing)} of the {len(class_names)} class names, e.g. {missing[:3]}")
+        raise InputError(f"text embeddings {path} lack {len(missing)} of the {len(class_names)} class names, e.g. {missing[:3]}")
     return np.stack([table[n] for n in class_names])
 
 
@@ -132,10 +133,10 @@ def vlm_topk(image_emb: np.ndarray, text_emb: np.ndarray, k: int = 5) -> tuple[n
     ties keep the lower class index first.
     """
     if image_emb.ndim != 2 or text_emb.ndim != 2 or image_emb.shape[1] != text_emb.shape[1]:
-        raise ValueError(f"image embeddings {image_emb.shape} and text embeddings {text_emb.shape} must be (N, E) and (C, E)")
+        raise InputError(f"image embeddings {image_emb.shape} and text embeddings {text_emb.shape} must be (N, E) and (C, E)")
     k = min(int(k), text_emb.shape[0])
     if k < 1:
-        raise ValueError(f"top-k needs k >= 1, got {k}")
+        raise InputError(f"top-k needs k >= 1, got {k}")
     from ..detectors._common import l2_normalise  # here: the detectors package imports scikit-learn
 
     sims = l2_normalise(image_emb.astype(np.float64)) @ l2_normalise(text_emb.astype(np.float64)).T
@@ -154,16 +155,16 @@ def check_url_template(template: str, field: str, what: str) -> None:
     try:
         fields = {f for _, f, _, _ in string.Formatter().parse(template) if f is not None}
     except ValueError as exc:
-        raise ValueError(f"{what} {template!r} is not a valid template ({exc}); write literal braces as {{{{ and }}}}") from exc
+        raise InputError(f"{what} {template!r} is not a valid template ({exc}); write literal braces as {{{{ and }}}}") from exc
     if fields != {field}:
         found = ", ".join("{" + f + "}" for f in sorted(fields)) or "none"
-        raise ValueError(f"{what} {template!r} must use the placeholder {{{field}}} and no other (found {found})")
+        raise InputError(f"{what} {template!r} must use the placeholder {{{field}}} and no other (found {found})")
 
 
 def _check_search_templates(templates: dict[str, str] | None) -> None:
     for name, tpl in (templates or {}).items():
         if not tpl.startswith(("https://", "http://")):
-            raise ValueError(f"reverse-search template {name!r} must be an http(s) URL containing {{url}}, got {tpl!r}")
+            raise InputError(f"reverse-search template {name!r} must be an http(s) URL containing {{url}}, got {tpl!r}")
         check_url_template(tpl, "url", f"reverse-search template {name!r}")
 
 
@@ -187,7 +188,7 @@ SERVED_AS_IS = {"PNG": "image/png", "JPEG": "image/jpeg", "GIF": "image/gif", "W
 MAX_PIXELS = 40_000_000
 
 
-class NotAnImageError(ValueError):
+class NotAnImageError(InputError):
     """A pool or example file that is not a raster image (an SVG, an HTML page, a corrupt file)."""
 
 
@@ -315,23 +316,23 @@ def build_evidence(
     check_not_initialised(project.folder, "evidence")
     names = project.class_names
     if (image_embeddings is None) != (text_embeddings is None):
-        raise ValueError("evidence (D) needs both image embeddings and class text embeddings")
+        raise InputError("evidence (D) needs both image embeddings and class text embeddings")
     topk_rows: dict[str, list[dict]] = {}
     index = project.manifest.index()
     if image_embeddings is not None:
         if image_embeddings.shape[0] != len(project.manifest):
-            raise ValueError(
+            raise InputError(
                 f"image embeddings have {image_embeddings.shape[0]} rows but the ID manifest has {len(project.manifest)}; "
                 "they must be aligned row by row"
             )
         if names is not None and text_embeddings.shape[0] != len(names):
-            raise ValueError(f"text embeddings have {text_embeddings.shape[0]} rows but there are {len(names)} class names")
+            raise InputError(f"text embeddings have {text_embeddings.shape[0]} rows but there are {len(names)} class names")
         rows = np.array([index[c.image] for c in project.candidates])
         idx, sims = vlm_topk(image_embeddings[rows], text_embeddings, top_k)
         for c, ii, ss in zip(project.candidates, idx, sims):
             topk_rows[c.image] = [{"label": int(i), "name": project.class_name(int(i)), "cosine": float(s)} for i, s in zip(ii, ss)]
     if client is not None and names is None:
-        raise ValueError("evidence (A) needs the ID class names (--classes when running `construct candidates`)")
+        raise InputError("evidence (A) needs the ID class names (--classes when running `construct candidates`)")
     counts = confusion_counts(project.reannotation)
     done = dict.fromkeys(("written", "original", "vlm_topk", "confusions", "mllm", "reverse_search"), 0)
     project.evidence_dir.mkdir(parents=True, exist_ok=True)

@@ -26,6 +26,7 @@ import os
 from pathlib import Path
 
 from .._io import claim_folder, write_text_atomic
+from ..errors import InputError
 from .candidates import Project
 from .protocol import ProtocolStore
 from .rules import Outcome, concept
@@ -107,7 +108,7 @@ def export(project: Project, store: ProtocolStore, out: str | Path | None = None
     outcomes = store.outcomes()
     pending = [i for i, o in outcomes.items() if o.status != "final"]
     if pending and not allow_pending:
-        raise ValueError(f"{len(pending)} of {len(outcomes)} images are still pending (e.g. {pending[0]!r}); finish them or pass --allow-pending")
+        raise InputError(f"{len(pending)} of {len(outcomes)} images are still pending (e.g. {pending[0]!r}); finish them or pass --allow-pending")
     out = claim_folder(out or project.folder / "export", "construct export")
     images = {c.image: c for c in store.images()}
     man = project.manifest

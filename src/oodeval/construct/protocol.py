@@ -37,6 +37,7 @@ from pathlib import Path
 from threading import Lock
 
 from .._io import atomic_path
+from ..errors import InputError
 from .candidates import Candidate, Project, evidence_sha256, pool_sha256
 from .rules import Outcome, SenseLemmas, Verdict, check_verdict, differences, resolve
 
@@ -85,7 +86,7 @@ FORMAT = "oodeval.construct.protocol/3"  # /2 matched OOD labels across all Word
 ANY_BASE = object()  # submit(base=ANY_BASE): no check of the revised row (the CLI, scripts)
 
 
-class ProtocolError(ValueError):
+class ProtocolError(InputError):
     """A submission or query the protocol refuses (unknown image, closed stage, bad fields)."""
 
 
@@ -186,13 +187,13 @@ class ProtocolStore:
             with self._connect() as con:
                 meta = dict(con.execute("SELECT key, value FROM meta").fetchall())
         except sqlite3.OperationalError as exc:  # full disk, no permission, I/O error: the store itself may be fine
-            raise ValueError(f"protocol store {self.path} cannot be opened ({exc}); free disk space or fix the folder's "
+            raise InputError(f"protocol store {self.path} cannot be opened ({exc}); free disk space or fix the folder's "
                              "permissions, then retry (nothing was recorded)") from None
         except sqlite3.DatabaseError as exc:
-            raise ValueError(f"{self.path} is not an oodeval protocol store: {exc}") from None
+            raise InputError(f"{self.path} is not an oodeval protocol store: {exc}") from None
         if meta.get("format") != FORMAT:
             old = " (made by an earlier oodeval that matched OOD labels across all WordNet senses; finish it with that version)"
-            raise ValueError(f"{self.path} is not an oodeval protocol store of format {FORMAT} (format {meta.get('format')!r})"
+            raise InputError(f"{self.path} is not an oodeval protocol store of format {FORMAT} (format {meta.get('format')!r})"
                              + (old if meta.get("format") == "oodeval.construct.protocol/2" else ""))
         self.n_classes = int(meta["n_classes"])
         self.pool_sha256 = meta["pool_sha256"]
@@ -201,7 +202,7 @@ class ProtocolStore:
         if meta["senses"] == "wordnet":
             self.senses = wordnet_senses()
             if self.senses is None:
-                raise ValueError(f"{self.path} takes WordNet senses of OOD labels, but WordNet (Debian wordnet-base) is not installed")
+                raise InputError(f"{self.path} takes WordNet senses of OOD labels, but WordNet (Debian wordnet-base) is not installed")
         with self._connect() as con:
             people = con.execute("SELECT name, role, position FROM annotators ORDER BY position").fetchall()
             self._order = [p[0] for p in people]
@@ -235,20 +236,20 @@ class ProtocolStore:
         path = Path(path)
         names = [*stage1, stage3]
         if len(stage1) != 2:
-            raise ValueError(f"the protocol needs exactly two Stage-1 annotators, got {len(stage1)}")
+            raise InputError(f"the protocol needs exactly two Stage-1 annotators, got {len(stage1)}")
         if len(set(names)) != 3 or any(not n or not n.strip() for n in names):
-            raise ValueError(f"the three annotator names must be distinct and non-empty, got {names}")
+            raise InputError(f"the three annotator names must be distinct and non-empty, got {names}")
         if not candidates:
-            raise ValueError("no candidate images to annotate")
+            raise InputError("no candidate images to annotate")
         if isinstance(n_classes, bool) or not isinstance(n_classes, int) or n_classes < 1:
-            raise ValueError(f"n_classes must be a positive integer, got {n_classes!r}")
+            raise InputError(f"n_classes must be a positive integer, got {n_classes!r}")
         if senses is None:
             senses = wordnet_senses() is not None
         if class_names is not None and len(class_names) != n_classes:
-            raise ValueError(f"{len(class_names)} class names for {n_classes} ID classes")
+            raise InputError(f"{len(class_names)} class names for {n_classes} ID classes")
         ids = [c.image for c in candidates]
         if len(set(ids)) != len(ids):
-            raise ValueError(f"{len(ids) - len(set(ids))} duplicate image id(s) among the candidates")
+            raise InputError(f"{len(ids) - len(set(ids))} duplicate image id(s) among the candidates")
         if path.exists():
             raise FileExistsError(f"protocol store {path} already exists; it holds verdicts and is never overwritten")
         tokens = {n: _new_token() for n in names}
@@ -635,9 +636,9 @@ def open_store(project: Project, check_evidence: bool = False) -> ProtocolStore:
     """The project's store, after checking it was made for this pool (and, if asked, this evidence)."""
     store = ProtocolStore(project.db_path)
     if store.pool_sha256 != pool_sha256(project.candidates):
-        raise ValueError(f"{project.db_path} was made for another candidate pool than {project.folder / 'candidates.csv'}; "
+        raise InputError(f"{project.db_path} was made for another candidate pool than {project.folder / 'candidates.csv'}; "
                          "the pool changed after `construct init`")
     pinned = project.pinned.get("evidence")
     if check_evidence and pinned is not None and evidence_sha256(project.evidence_dir) != pinned:
-        raise ValueError(f"the evidence in {project.evidence_dir} changed after `construct init`")
+        raise InputError(f"the evidence in {project.evidence_dir} changed after `construct init`")
     return store

@@ -21,6 +21,8 @@ import unicodedata
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from ..errors import InputError
+
 __all__ = ["VERDICTS", "MAX_LABEL", "Verdict", "Outcome", "agree", "differences", "resolve", "check_verdict", "normalise_label",
            "concept", "SenseLemmas"]
 
@@ -75,21 +77,21 @@ def check_verdict(verdict: str, ood_label: str | None, fine_grained: bool, id_cl
     ``sense_lemmas`` (wnid -> lemmas) is None (the store compares labels without WordNet).
     """
     if verdict not in VERDICTS:
-        raise ValueError(f"verdict must be one of {', '.join(VERDICTS)}, got {verdict!r}")
+        raise InputError(f"verdict must be one of {', '.join(VERDICTS)}, got {verdict!r}")
     label = (ood_label or "").strip()
     if verdict == "ood" and not label:
-        raise ValueError("an 'ood' verdict needs a proposed OOD label")
+        raise InputError("an 'ood' verdict needs a proposed OOD label")
     if verdict != "ood" and (label or fine_grained or ood_sense):
-        raise ValueError(f"an '{verdict}' verdict takes no OOD label, sense or fine-grained flag")
+        raise InputError(f"an '{verdict}' verdict takes no OOD label, sense or fine-grained flag")
     if verdict == "ood":
         _check_label(label, ood_sense, class_names, sense_lemmas)
     if verdict == "id":
         if id_class is None or isinstance(id_class, bool) or not isinstance(id_class, int):
-            raise ValueError(f"an 'id' verdict needs an integer ID class, got {id_class!r}")
+            raise InputError(f"an 'id' verdict needs an integer ID class, got {id_class!r}")
         if id_class < 0 or (n_classes is not None and id_class >= n_classes):
-            raise ValueError(f"ID class {id_class} is outside 0..{(n_classes or 0) - 1}")
+            raise InputError(f"ID class {id_class} is outside 0..{(n_classes or 0) - 1}")
     elif id_class is not None:
-        raise ValueError(f"an '{verdict}' verdict takes no ID class")
+        raise InputError(f"an '{verdict}' verdict takes no ID class")
 
 
 def _id_names(class_names: Sequence[str]) -> dict[str, int]:
@@ -104,29 +106,29 @@ def _id_names(class_names: Sequence[str]) -> dict[str, int]:
 
 def _check_label(label: str, sense: str | None, class_names: Sequence[str] | None, sense_lemmas: SenseLemmas | None) -> None:
     if len(label) > MAX_LABEL:
-        raise ValueError(f"an OOD label has at most {MAX_LABEL} characters, got {len(label)}")
+        raise InputError(f"an OOD label has at most {MAX_LABEL} characters, got {len(label)}")
     norm = normalise_label(label)
     if not any(ch.isalnum() for ch in norm):
-        raise ValueError(f"OOD label {label!r} has no letter or digit once case, spacing, '_', '-' and invisible characters are removed")
+        raise InputError(f"OOD label {label!r} has no letter or digit once case, spacing, '_', '-' and invisible characters are removed")
     names = _id_names(class_names or ())
     if norm in names:
-        raise ValueError(f"OOD label {label!r} names ID class {names[norm]} ({class_names[names[norm]]!r}): "
+        raise InputError(f"OOD label {label!r} names ID class {names[norm]} ({class_names[names[norm]]!r}): "
                          "an image of an ID class gets an 'id' verdict")
     if sense is None:
         return
     if sense_lemmas is None:
-        raise ValueError("this store compares OOD labels without WordNet: give the label without a sense")
+        raise InputError("this store compares OOD labels without WordNet: give the label without a sense")
     if not isinstance(sense, str) or not WNID.fullmatch(sense):
-        raise ValueError(f"a sense is a WordNet noun synset id like n02451415, got {sense!r}")
+        raise InputError(f"a sense is a WordNet noun synset id like n02451415, got {sense!r}")
     lemmas = sense_lemmas(sense)
     if lemmas is None:
-        raise ValueError(f"WordNet has no noun synset {sense}")
+        raise InputError(f"WordNet has no noun synset {sense}")
     normed = [normalise_label(lemma) for lemma in lemmas]
     if norm not in normed:
-        raise ValueError(f"OOD label {label!r} is not a name of WordNet sense {sense} ({', '.join(lemmas)})")
+        raise InputError(f"OOD label {label!r} is not a name of WordNet sense {sense} ({', '.join(lemmas)})")
     hit = next((n for n in normed if n in names), None)
     if hit is not None:
-        raise ValueError(f"WordNet sense {sense} ({', '.join(lemmas)}) includes ID class {names[hit]} ({class_names[names[hit]]!r}): "
+        raise InputError(f"WordNet sense {sense} ({', '.join(lemmas)}) includes ID class {names[hit]} ({class_names[names[hit]]!r}): "
                          "an image of an ID class gets an 'id' verdict")
 
 
@@ -181,14 +183,14 @@ def resolve(stage1: list[Verdict], stage3: list[Verdict] | None = None) -> Outco
     stage3: the Stage-3 verdicts in annotator order; fewer than three = pending.
     """
     if len(stage1) > 2:
-        raise ValueError(f"Stage 1 has two annotators, got {len(stage1)} verdicts")
+        raise InputError(f"Stage 1 has two annotators, got {len(stage1)} verdicts")
     if len(stage1) < 2:
         return Outcome("stage1")
     if agree(*stage1):
         return _final(stage1, 2)
     stage3 = stage3 or []
     if len(stage3) > 3:
-        raise ValueError(f"Stage 3 has three annotators, got {len(stage3)} verdicts")
+        raise InputError(f"Stage 3 has three annotators, got {len(stage3)} verdicts")
     if len(stage3) < 3:
         return Outcome("stage3")
     if not differences(stage3):

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .._io import strip_csv_marker
+from ..errors import InputError
 
 __all__ = [
     "IDManifest", "Reannotation", "read_manifest", "read_class_names", "read_reannotation", "confusion_counts", "csv_text", "inert",
@@ -78,16 +79,16 @@ def _read_csv(path: Path, what: str) -> tuple[list[str], list[dict[str, str]]]:
     try:
         text = strip_csv_marker(path.read_text(encoding="utf-8-sig"))  # a Manifest.to_csv file starts with oodeval's marker
     except UnicodeDecodeError as exc:
-        raise ValueError(f"{what} {path} is not UTF-8 text (byte {exc.start}); save it as UTF-8 CSV") from exc
+        raise InputError(f"{what} {path} is not UTF-8 text (byte {exc.start}); save it as UTF-8 CSV") from exc
     with io.StringIO(text, newline="") as fh:
         reader = csv.DictReader(fh)
         if not reader.fieldnames:
-            raise ValueError(f"{what} {path} is empty (no header row)")
+            raise InputError(f"{what} {path} is empty (no header row)")
         header = [h.strip() for h in reader.fieldnames]
         rows = []
         for row in reader:
             if None in row:
-                raise ValueError(f"{what} {path} row {reader.line_num}: more fields than the {len(header)} header columns")
+                raise InputError(f"{what} {path} row {reader.line_num}: more fields than the {len(header)} header columns")
             rows.append({k.strip(): (v or "").strip() for k, v in row.items()})
     return header, rows
 
@@ -122,7 +123,7 @@ def _report(what: str, path: Path, problems: list[str]) -> None:
     if problems:
         shown = "; ".join(problems[:5])
         more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
-        raise ValueError(f"{what} {path}: {len(problems)} problem(s): {shown}{more}")
+        raise InputError(f"{what} {path}: {len(problems)} problem(s): {shown}{more}")
 
 
 def read_manifest(path: str | Path, root: str | Path | None = None) -> IDManifest:
@@ -131,7 +132,7 @@ def read_manifest(path: str | Path, root: str | Path | None = None) -> IDManifes
     header, rows = _read_csv(path, "ID manifest")
     missing = [c for c in ("path", "label") if c not in header]
     if missing:
-        raise ValueError(f"ID manifest {path} lacks column(s) {', '.join(missing)} (has {', '.join(header)})")
+        raise InputError(f"ID manifest {path} lacks column(s) {', '.join(missing)} (has {', '.join(header)})")
     problems, paths, labels, extra = [], [], [], []
     seen: dict[str, int] = {}
     for i, row in enumerate(rows, start=2):
@@ -160,21 +161,21 @@ def read_class_names(path: str | Path) -> list[str]:
     if path.suffix.lower() == ".csv":
         header, rows = _read_csv(path, "class-name table")
         if "label" not in header or "name" not in header:
-            raise ValueError(f"class-name table {path} needs columns label,name (has {', '.join(header)})")
+            raise InputError(f"class-name table {path} needs columns label,name (has {', '.join(header)})")
         by_label = {}
         for i, row in enumerate(rows, start=2):
             label = _parse_int(row["label"])
             if label is None or label < 0 or label in by_label:
-                raise ValueError(f"class-name table {path} row {i}: label {row['label']!r} is not a new index >= 0")
+                raise InputError(f"class-name table {path} row {i}: label {row['label']!r} is not a new index >= 0")
             by_label[label] = row["name"]
         if sorted(by_label) != list(range(len(by_label))):
-            raise ValueError(f"class-name table {path} must cover labels 0..{len(by_label) - 1} without gaps")
+            raise InputError(f"class-name table {path} must cover labels 0..{len(by_label) - 1} without gaps")
         return [by_label[i] for i in range(len(by_label))]
     names = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
     while names and not names[-1]:
         names.pop()
     if not names or any(not n for n in names):
-        raise ValueError(f"class-name file {path} must have one non-empty name per line")
+        raise InputError(f"class-name file {path} must have one non-empty name per line")
     return names
 
 
@@ -187,7 +188,7 @@ def read_reannotation(path: str | Path, manifest: IDManifest, class_names: list[
     if key is None:
         missing.insert(0, "path (or image)")
     if missing:
-        raise ValueError(f"reannotation table {path} lacks column(s) {', '.join(missing)} (has {', '.join(header)})")
+        raise InputError(f"reannotation table {path} lacks column(s) {', '.join(missing)} (has {', '.join(header)})")
     by_name = {n: i for i, n in enumerate(class_names)} if class_names else {}
     n_classes = len(class_names) if class_names else None
     index = manifest.index()

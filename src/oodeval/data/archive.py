@@ -16,6 +16,8 @@ import zipfile
 import zlib
 from pathlib import Path, PurePosixPath
 
+from ..errors import InputError
+
 __all__ = ["Source", "safe_component", "MiB"]
 
 MiB = 1 << 20
@@ -29,7 +31,7 @@ def safe_component(name: object, what: str, where: str) -> str:
     """``name`` when it is usable as one file or folder name inside an output folder, else
     ValueError naming ``where`` and ``what`` (empty, ``.``/``..``, a separator, NUL or not text)."""
     if not isinstance(name, str) or not name or name in (".", "..") or any(c in name for c in "/\\\0"):
-        raise ValueError(f"{where}: {what} {name!r} is not a plain file name (empty, '.', '..', a path "
+        raise InputError(f"{where}: {what} {name!r} is not a plain file name (empty, '.', '..', a path "
                          "separator or NUL); refusing it, nothing was written")
     return name
 
@@ -37,7 +39,7 @@ def safe_component(name: object, what: str, where: str) -> str:
 def _check_name(name: str, where: str) -> None:
     p = PurePosixPath(name)
     if name.startswith(("/", "\\")) or (len(name) > 1 and name[1] == ":") or "\\" in name or "\0" in name or ".." in p.parts:
-        raise ValueError(f"{where}: member {name!r} has an unsafe path (absolute, '..' or a backslash); "
+        raise InputError(f"{where}: member {name!r} has an unsafe path (absolute, '..' or a backslash); "
                          "refusing the archive, nothing was written")
 
 
@@ -57,12 +59,12 @@ class Source:
                 self.sizes = {path.name: path.stat().st_size}
                 self._read = lambda n: path.read_bytes()
             else:
-                raise ValueError(f"{path} is neither a folder, a .mat file nor a readable .zip / .tar(.gz) archive "
+                raise InputError(f"{path} is neither a folder, a .mat file nor a readable .zip / .tar(.gz) archive "
                                  "(truncated download?)")
         except _BROKEN as exc:
             if isinstance(exc, ValueError) and str(exc).startswith(str(path)):
                 raise
-            raise ValueError(f"{path}: truncated or corrupt archive ({type(exc).__name__}: {exc}); download it again") from None
+            raise InputError(f"{path}: truncated or corrupt archive ({type(exc).__name__}: {exc}); download it again") from None
         self.names = sorted(self.sizes)
 
     def _open_folder(self) -> None:
@@ -71,7 +73,7 @@ class Source:
         for p in self.path.rglob("*"):
             rel = p.relative_to(self.path).as_posix()
             if p.is_symlink() and not p.resolve().is_relative_to(top):
-                raise ValueError(f"{p}: a symbolic link leading outside {self.path}; refusing it, nothing was written")
+                raise InputError(f"{p}: a symbolic link leading outside {self.path}; refusing it, nothing was written")
             if p.is_file():
                 self.sizes[rel] = p.stat().st_size
         self._read = lambda n: (self.path / n).read_bytes()
@@ -83,7 +85,7 @@ class Source:
             _check_name(info.filename, f"{self.path}")
             kind = stat.S_IFMT(info.external_attr >> 16)
             if kind not in (0, stat.S_IFREG, stat.S_IFDIR):
-                raise ValueError(f"{self.path}: member {info.filename!r} is a link or special file; refusing the "
+                raise InputError(f"{self.path}: member {info.filename!r} is a link or special file; refusing the "
                                  "archive, nothing was written")
             if not info.is_dir():
                 self.sizes[info.filename] = info.file_size
@@ -95,7 +97,7 @@ class Source:
         for m in tf.getmembers():
             _check_name(m.name, f"{self.path}")
             if not (m.isfile() or m.isdir()):
-                raise ValueError(f"{self.path}: member {m.name!r} is a link or special file; refusing the archive, "
+                raise InputError(f"{self.path}: member {m.name!r} is a link or special file; refusing the archive, "
                                  "nothing was written")
             if m.isfile():
                 members[m.name] = m
@@ -127,15 +129,15 @@ class Source:
     def read(self, name: str, limit: int) -> bytes:
         """The bytes of member ``name``; ValueError naming it when larger than ``limit`` bytes or unreadable."""
         if self.sizes[name] > limit:
-            raise ValueError(f"{self.where(name)}: {self.sizes[name]:,} bytes, more than the {limit // MiB} MiB "
+            raise InputError(f"{self.where(name)}: {self.sizes[name]:,} bytes, more than the {limit // MiB} MiB "
                              "such a file can hold in this format; refusing it")
         try:
             data = self._read(name)
         except _BROKEN as exc:
-            raise ValueError(f"{self.where(name)}: truncated or corrupt ({type(exc).__name__}: {exc}); "
+            raise InputError(f"{self.where(name)}: truncated or corrupt ({type(exc).__name__}: {exc}); "
                              "download it again") from None
         if len(data) > limit:
-            raise ValueError(f"{self.where(name)}: more than {limit // MiB} MiB; refusing it")
+            raise InputError(f"{self.where(name)}: more than {limit // MiB} MiB; refusing it")
         return data
 
     def find(self, basename: str, required: bool = True) -> str | None:

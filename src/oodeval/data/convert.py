@@ -40,6 +40,7 @@ from pathlib import Path, PurePosixPath
 import numpy as np
 
 from .._io import atomic_folder
+from ..errors import InputError
 from .archive import MiB, Source, safe_component
 from .manifest import IMAGE_EXTENSIONS, Manifest
 
@@ -74,7 +75,7 @@ def load_cifar_pickle(data: bytes) -> dict:
     """One CIFAR batch / meta pickle as a dict with ``str`` keys (restricted unpickler, latin1 for Python 2 files)."""
     obj = _RestrictedUnpickler(io.BytesIO(data), encoding="bytes").load()
     if not isinstance(obj, dict):
-        raise ValueError(f"a CIFAR pickle holds a dict, got {type(obj).__name__}")
+        raise InputError(f"a CIFAR pickle holds a dict, got {type(obj).__name__}")
     return {(k.decode("latin1") if isinstance(k, bytes) else k): v for k, v in obj.items()}
 
 
@@ -84,13 +85,13 @@ def _pickle(src: Source, name: str) -> dict:
     try:
         return load_cifar_pickle(data)
     except Exception as exc:  # noqa: BLE001 - the unpickler raises many types on crafted or cut input
-        raise ValueError(f"{src.where(name)}: not a readable CIFAR pickle ({type(exc).__name__}: {exc}); "
+        raise InputError(f"{src.where(name)}: not a readable CIFAR pickle ({type(exc).__name__}: {exc}); "
                          "nothing was written") from None
 
 
 def _entry(d: dict, key: str, where: str):
     if key not in d:
-        raise ValueError(f"{where}: no {key!r} entry (found: {', '.join(map(str, d)) or 'none'})")
+        raise InputError(f"{where}: no {key!r} entry (found: {', '.join(map(str, d)) or 'none'})")
     return d[key]
 
 
@@ -101,7 +102,7 @@ def _integers(values, where: str, what: str) -> np.ndarray:
         return a.astype(np.int64).reshape(-1)
     if a.dtype.kind == "f" and np.isfinite(a).all() and (a == np.round(a)).all():
         return a.astype(np.int64).reshape(-1)
-    raise ValueError(f"{where}: {what} must be integers, got {a.dtype} values")
+    raise InputError(f"{where}: {what} must be integers, got {a.dtype} values")
 
 
 def _png(image: np.ndarray) -> bytes:
@@ -122,9 +123,9 @@ def _checked_image(src: Source, name: str, formats: tuple[str, ...] | None = Non
             fmt = im.format
             im.verify()
     except Exception as exc:  # noqa: BLE001 - PIL raises many types on non-image bytes
-        raise ValueError(f"{src.where(name)}: not a readable image ({type(exc).__name__}: {exc}); nothing was written") from None
+        raise InputError(f"{src.where(name)}: not a readable image ({type(exc).__name__}: {exc}); nothing was written") from None
     if formats and fmt not in formats:
-        raise ValueError(f"{src.where(name)}: a {fmt} image where the format has {' / '.join(formats)}; nothing was written")
+        raise InputError(f"{src.where(name)}: a {fmt} image where the format has {' / '.join(formats)}; nothing was written")
     return data
 
 
@@ -134,7 +135,7 @@ def _cifar(src: Source, fine: bool) -> Iterator[Row]:
     names = [n.decode("utf-8", "replace") if isinstance(n, bytes) else n for n in raw]
     k = _CIFAR_CLASSES[fine]
     if len(names) != k or len(set(names)) != k:
-        raise ValueError(f"{src.where(meta)}: expected {k} distinct class names, got {len(names)} ({len(set(names))} distinct)")
+        raise InputError(f"{src.where(meta)}: expected {k} distinct class names, got {len(names)} ({len(set(names))} distinct)")
     names = [safe_component(n, "class name", src.where(meta)) for n in names]
     if fine:
         batches, key = [("train", "train"), ("test", "test")], "fine_labels"
@@ -146,13 +147,13 @@ def _cifar(src: Source, fine: bool) -> Iterator[Row]:
         batch = _pickle(src, member)
         data = _entry(batch, "data", where)
         if not isinstance(data, np.ndarray) or data.dtype != np.uint8:
-            raise ValueError(f"{where}: 'data' must be a uint8 array, got {getattr(data, 'dtype', type(data).__name__)}")
+            raise InputError(f"{where}: 'data' must be a uint8 array, got {getattr(data, 'dtype', type(data).__name__)}")
         labels = _integers(_entry(batch, key, where), where, f"'{key}'")
         if data.ndim != 2 or data.shape[1] != 3072 or len(labels) != len(data):
-            raise ValueError(f"{where}: expected data (N, 3072) and N labels, got {data.shape} and {len(labels)}")
+            raise InputError(f"{where}: expected data (N, 3072) and N labels, got {data.shape} and {len(labels)}")
         bad = (labels < 0) | (labels >= k)
         if bad.any():
-            raise ValueError(f"{where}: {int(bad.sum())} labels outside 0..{k - 1} (e.g. {int(labels[bad][0])})")
+            raise InputError(f"{where}: {int(bad.sum())} labels outside 0..{k - 1} (e.g. {int(labels[bad][0])})")
         images = data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
         for i, (img, y) in enumerate(zip(images, labels)):
             yield f"{split}/{names[y]}/{file}-{i:05d}.png", int(y), split, _png(img), names, member
@@ -174,18 +175,18 @@ def _svhn(src: Source) -> Iterator[Row]:
         except ValueError as exc:
             if str(exc).startswith(where):
                 raise
-            raise ValueError(f"{where}: not a readable MATLAB file ({exc})") from None
+            raise InputError(f"{where}: not a readable MATLAB file ({exc})") from None
         except Exception as exc:  # noqa: BLE001 - scipy raises many types on cut files
-            raise ValueError(f"{where}: not a readable MATLAB file ({type(exc).__name__}: {exc})") from None
+            raise InputError(f"{where}: not a readable MATLAB file ({type(exc).__name__}: {exc})") from None
         x = np.asarray(_entry(mat, "X", where))
         y = _integers(_entry(mat, "y", where), where, "labels 'y'")
         if x.dtype != np.uint8:
-            raise ValueError(f"{where}: 'X' must be uint8 pixels, got {x.dtype}")
+            raise InputError(f"{where}: 'X' must be uint8 pixels, got {x.dtype}")
         if x.ndim != 4 or x.shape[:3] != (32, 32, 3) or x.shape[3] != len(y):
-            raise ValueError(f"{where}: expected X (32, 32, 3, N) and N labels, got {x.shape} and {len(y)}")
+            raise InputError(f"{where}: expected X (32, 32, 3, N) and N labels, got {x.shape} and {len(y)}")
         bad = (y < 1) | (y > 10)
         if bad.any():
-            raise ValueError(f"{where}: {int(bad.sum())} labels outside 1..10 (10 = digit 0; e.g. {int(y[bad][0])})")
+            raise InputError(f"{where}: {int(bad.sum())} labels outside 1..10 (10 = digit 0; e.g. {int(y[bad][0])})")
         y = y % 10
         for i in range(len(y)):
             yield f"{split}/{y[i]}/{i:06d}.png", int(y[i]), split, _png(x[..., i]), names, member
@@ -195,14 +196,14 @@ def _text(src: Source, name: str) -> str:
     try:
         return src.read(name, LIMITS["text"]).decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ValueError(f"{src.where(name)}: not UTF-8 text ({exc})") from None
+        raise InputError(f"{src.where(name)}: not UTF-8 text ({exc})") from None
 
 
 def _tinyimagenet(src: Source) -> Iterator[Row]:
     wn = src.find("wnids.txt")
     wnids = sorted(safe_component(w, "wnid", src.where(wn)) for w in _text(src, wn).split())
     if len(set(wnids)) != len(wnids) or not wnids:
-        raise ValueError(f"{src.where(wn)}: expected distinct wnids, got {len(wnids)} ({len(set(wnids))} distinct)")
+        raise InputError(f"{src.where(wn)}: expected distinct wnids, got {len(wnids)} ({len(set(wnids))} distinct)")
     index = {w: i for i, w in enumerate(wnids)}
     va = src.find("val_annotations.txt")
     ann = {}
@@ -210,7 +211,7 @@ def _tinyimagenet(src: Source) -> Iterator[Row]:
         parts = line.split("\t")
         if len(parts) >= 2:
             if parts[1] not in index:
-                raise ValueError(f"{src.where(va)}: line {n} names wnid {parts[1]!r}, which wnids.txt does not list")
+                raise InputError(f"{src.where(va)}: line {n} names wnid {parts[1]!r}, which wnids.txt does not list")
             ann[safe_component(parts[0], "image name", src.where(va))] = parts[1]
     for name in src.names:
         parts = name.split("/")
@@ -219,7 +220,7 @@ def _tinyimagenet(src: Source) -> Iterator[Row]:
             continue
         if parts[-4:-3] == ["train"]:
             if parts[-3] not in index:
-                raise ValueError(f"{src.where(name)}: train folder {parts[-3]!r} is not listed in wnids.txt")
+                raise InputError(f"{src.where(name)}: train folder {parts[-3]!r} is not listed in wnids.txt")
             wnid, split = parts[-3], "train"
         elif parts[-3] == "val" and base in ann:
             wnid, split = ann[base], "val"
@@ -232,7 +233,7 @@ def _odin_top(src: Source) -> str:
     tops = {n.split("/")[0] for n in src.names if "/" in n} & set(ODIN_SETS)
     if len(tops) != 1:
         found = sorted({n.split("/")[0] for n in src.names if "/" in n})
-        raise ValueError(f"{src.path}: expected one ODIN folder ({', '.join(ODIN_SETS)}), found {found or 'none'}")
+        raise InputError(f"{src.path}: expected one ODIN folder ({', '.join(ODIN_SETS)}), found {found or 'none'}")
     return tops.pop()
 
 
@@ -252,7 +253,7 @@ def _inside(folder: Path, rel: str, where: str) -> Path:
         safe_component(part, "output name part", where)
     out = folder / rel
     if not out.resolve().is_relative_to(folder.resolve()):
-        raise ValueError(f"{where}: output name {rel!r} resolves outside the output folder; refusing it")
+        raise InputError(f"{where}: output name {rel!r} resolves outside the output folder; refusing it")
     return out
 
 
@@ -264,7 +265,7 @@ def convert(fmt: str, source: str | os.PathLike, data_root: str | os.PathLike, n
     (or FileNotFoundError) naming the file or member, raised before the output appears.
     """
     if fmt not in FORMATS:
-        raise ValueError(f"unknown format {fmt!r}; known: {', '.join(FORMATS)}")
+        raise InputError(f"unknown format {fmt!r}; known: {', '.join(FORMATS)}")
     source = Path(source)
     if not source.exists():
         raise FileNotFoundError(f"{source} does not exist")
@@ -273,7 +274,7 @@ def convert(fmt: str, source: str | os.PathLike, data_root: str | os.PathLike, n
         safe_component(name, "dataset name (--as)", str(data_root))
     target = Path(data_root) / (name or (ODIN_SETS[_odin_top(src)] if fmt == "odin" else fmt))
     if target.exists():
-        raise ValueError(f"{target} already exists; remove it or pass another --as NAME (nothing was written)")
+        raise InputError(f"{target} already exists; remove it or pass another --as NAME (nothing was written)")
     rows = {"cifar10": lambda: _cifar(src, False), "cifar100": lambda: _cifar(src, True), "svhn": lambda: _svhn(src),
             "tinyimagenet": lambda: _tinyimagenet(src), "odin": lambda: _odin(src)}[fmt]()  # fmt: skip
     paths, labels, splits, class_names, seen = [], [], [], None, {}
@@ -282,7 +283,7 @@ def convert(fmt: str, source: str | os.PathLike, data_root: str | os.PathLike, n
         for rel, label, split, data, names, member in rows:
             where = src.where(member)
             if rel in seen:
-                raise ValueError(f"{where}: gives the output name {rel!r}, as {src.where(seen[rel])} does; "
+                raise InputError(f"{where}: gives the output name {rel!r}, as {src.where(seen[rel])} does; "
                                  "two images would share one file, nothing was written")
             seen[rel] = member
             out = _inside(tmp, rel, where)
@@ -293,7 +294,7 @@ def convert(fmt: str, source: str | os.PathLike, data_root: str | os.PathLike, n
             splits.append(split)
             class_names = names
         if not paths:
-            raise ValueError(f"{source} holds no images in the {fmt} format")
+            raise InputError(f"{source} holds no images in the {fmt} format")
         m = Manifest(paths, labels, split=None if splits[0] is None else splits, class_names=class_names,
                      root=tmp, name=target.name)  # fmt: skip
         (tmp / "manifest.csv").write_text(m.to_csv_text(relative_to=Path(os.path.abspath(tmp))))

@@ -14,12 +14,14 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from ..errors import InputError, OodevalError
+
 __all__ = ["ImageError", "open_image", "read_idx"]
 
 _IDX_DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
 
 
-class ImageError(Exception):
+class ImageError(OodevalError):
     """An image that cannot be read or decoded."""
 
 
@@ -30,12 +32,12 @@ def read_idx(path: str) -> np.ndarray:
     with opener(path, "rb") as fh:
         data = fh.read()
     if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] not in _IDX_DTYPES:
-        raise ValueError(f"{path} is not an IDX file (bad magic number)")
+        raise InputError(f"{path} is not an IDX file (bad magic number)")
     ndim = data[3]
     dims = tuple(int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim))
     arr = np.frombuffer(data, dtype=_IDX_DTYPES[data[2]], offset=4 + 4 * ndim)
     if arr.size != int(np.prod(dims)):
-        raise ValueError(f"{path}: header says {dims} = {int(np.prod(dims))} values, file holds {arr.size}")
+        raise InputError(f"{path}: header says {dims} = {int(np.prod(dims))} values, file holds {arr.size}")
     return arr.reshape(dims)
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from .._io import hash_json, strip_csv_marker, write_csv_atomic
+from ..errors import InputError
 
 __all__ = ["Manifest", "IMAGE_EXTENSIONS", "list_images", "parse_labels"]
 
@@ -80,7 +81,7 @@ class Manifest:
         if self.class_names is not None and n and self.labels.max(initial=-1) >= len(self.class_names):
             problems.append(f"label {int(self.labels.max())} but only {len(self.class_names)} class names")
         if problems:
-            raise ValueError(f"inconsistent manifest {self.name!r}: " + "; ".join(problems))
+            raise InputError(f"inconsistent manifest {self.name!r}: " + "; ".join(problems))
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -127,13 +128,13 @@ class Manifest:
             raise FileNotFoundError(f"image folder {folder} does not exist")
         files = list_images(folder)
         if not files:
-            raise ValueError(f"no images ({', '.join(IMAGE_EXTENSIONS)}) found under {folder}")
+            raise InputError(f"no images ({', '.join(IMAGE_EXTENSIONS)}) found under {folder}")
         rel = [f.relative_to(folder) for f in files]
         name = name or folder.name
         if labelled:
             loose = [str(r) for r in rel if len(r.parts) < 2]
             if loose:
-                raise ValueError(
+                raise InputError(
                     f"{folder} is not an ImageFolder tree (<class>/<image>): {len(loose)} images lie "
                     f"directly in it, e.g. {loose[0]}; use labelled=False for an unlabelled folder"
                 )
@@ -168,18 +169,18 @@ class Manifest:
         try:
             text = strip_csv_marker(path.read_text(encoding="utf-8-sig"))
         except UnicodeDecodeError as exc:
-            raise ValueError(f"manifest {path} is not UTF-8 text (byte {exc.start}); save it as UTF-8 CSV") from exc
+            raise InputError(f"manifest {path} is not UTF-8 text (byte {exc.start}); save it as UTF-8 CSV") from exc
         reader = csv.DictReader(io.StringIO(text, newline=""))
         cols = reader.fieldnames or []
         rows = list(reader)
         missing = [c for c in ("path", "label") if c not in cols]
         if missing:
-            raise ValueError(f"manifest {path} lacks column(s) {', '.join(missing)}; header is {cols}")
+            raise InputError(f"manifest {path} lacks column(s) {', '.join(missing)}; header is {cols}")
         if not rows:
-            raise ValueError(f"manifest {path} has no rows")
+            raise InputError(f"manifest {path} has no rows")
         ragged = [i + 2 for i, r in enumerate(rows) if None in r or any(v is None for v in r.values())]
         if ragged:
-            raise ValueError(f"manifest {path}: {len(ragged)} row(s) have more or fewer cells than the {len(cols)} header columns "
+            raise InputError(f"manifest {path}: {len(ragged)} row(s) have more or fewer cells than the {len(cols)} header columns "
                              f"(lines {_lines(ragged)}); quote cells that hold commas")
         labels, parsed_names = parse_labels([r["label"] for r in rows], class_names, where=f"manifest {path}")
         class_names = parsed_names
@@ -188,7 +189,7 @@ class Manifest:
             for lab, r in zip(labels, rows):
                 if lab >= 0 and r["class_name"]:
                     if names.setdefault(int(lab), r["class_name"]) != r["class_name"]:
-                        raise ValueError(f"manifest {path}: label {lab} has two class names "
+                        raise InputError(f"manifest {path}: label {lab} has two class names "
                                          f"{names[int(lab)]!r} and {r['class_name']!r}")
             if names:
                 c = max(names) + 1
@@ -197,7 +198,7 @@ class Manifest:
         if "fine_grained" in cols:
             bad = [r["fine_grained"] for r in rows if r["fine_grained"].strip().lower() not in _TRUE | _FALSE]
             if bad:
-                raise ValueError(f"manifest {path}: {len(bad)} fine_grained values are not booleans, e.g. {bad[0]!r}")
+                raise InputError(f"manifest {path}: {len(bad)} fine_grained values are not booleans, e.g. {bad[0]!r}")
             fine = np.array([r["fine_grained"].strip().lower() in _TRUE for r in rows])
         return cls(
             [r["path"] for r in rows],
@@ -315,16 +316,16 @@ class Manifest:
         if split is not None:
             wanted = {split} if isinstance(split, str) else set(split)
             if self.split is None:
-                raise ValueError(f"manifest {self.name!r} has no split column; cannot select split {sorted(wanted)}")
+                raise InputError(f"manifest {self.name!r} has no split column; cannot select split {sorted(wanted)}")
             have = sorted(set(self.split))
             unknown = sorted(wanted - set(have))
             if unknown:
-                raise ValueError(f"manifest {self.name!r} has no split {unknown}; its splits are {have}")
+                raise InputError(f"manifest {self.name!r} has no split {unknown}; its splits are {have}")
             keep &= np.array([s in wanted for s in self.split])
             name = f"{self.name}:{'+'.join(sorted(wanted))}"
         if fine_grained is not None:
             if self.fine_grained is None:
-                raise ValueError(f"manifest {self.name!r} has no fine_grained column")
+                raise InputError(f"manifest {self.name!r} has no fine_grained column")
             keep &= self.fine_grained == fine_grained
         return self.subset(np.flatnonzero(keep), name=name)
 
@@ -371,7 +372,7 @@ def parse_labels(raw: Sequence[str], class_names: Sequence[str] | None = None, w
     ints = [_as_int(c) for c in cells]
     big = [i for i, v in enumerate(ints) if v is not None and not _INT64[0] <= v <= _INT64[1]]
     if big:
-        raise ValueError(f"{where}: label {cells[big[0]]!r} does not fit a 64-bit integer (line {lines(big)})")
+        raise InputError(f"{where}: label {cells[big[0]]!r} does not fit a 64-bit integer (line {lines(big)})")
     if class_names is not None:
         index = {str(c): i for i, c in enumerate(class_names)}
         out, bad = [], []
@@ -383,18 +384,18 @@ def parse_labels(raw: Sequence[str], class_names: Sequence[str] | None = None, w
             else:
                 bad.append(i)
         if bad:
-            raise ValueError(f"{where}: label {cells[bad[0]]!r} is neither an integer nor one of the {len(index)} class names (lines {lines(bad)})")
+            raise InputError(f"{where}: label {cells[bad[0]]!r} is neither an integer nor one of the {len(index)} class names (lines {lines(bad)})")
         return np.array(out, dtype=np.int64), [str(c) for c in class_names]
     named = [i for i, (c, v) in enumerate(zip(cells, ints)) if c != "" and v is None]
     if not named:
         return np.array([-1 if c == "" else v for c, v in zip(cells, ints)], dtype=np.int64), None
     numeric = [i for i in named if _is_number(cells[i])]
     if numeric:
-        raise ValueError(f"{where}: label {cells[numeric[0]]!r} is not an integer (lines {lines(numeric)}); "
+        raise InputError(f"{where}: label {cells[numeric[0]]!r} is not an integer (lines {lines(numeric)}); "
                          "write integer labels, or give the class list to read labels as names")
     integers = [i for i, v in enumerate(ints) if v is not None and v != -1]
     if integers:
-        raise ValueError(f"{where}: labels mix class names (e.g. {cells[named[0]]!r}, line {named[0] + 2}) with integers "
+        raise InputError(f"{where}: labels mix class names (e.g. {cells[named[0]]!r}, line {named[0] + 2}) with integers "
                          f"(e.g. {cells[integers[0]]!r}, lines {lines(integers)}); use one or the other, or give the class list")
     names = sorted({cells[i] for i in named})
     index = {c: i for i, c in enumerate(names)}

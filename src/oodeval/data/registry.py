@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import InputError
 from .images import read_idx
 from .manifest import IMAGE_EXTENSIONS, Manifest, list_images
 
@@ -62,7 +63,7 @@ REGISTRY: dict[str, DatasetSpec] = {}
 def register_dataset(spec: DatasetSpec) -> DatasetSpec:
     """Add ``spec`` to :data:`REGISTRY` (names are unique)."""
     if spec.name in REGISTRY:
-        raise ValueError(f"dataset {spec.name!r} is already registered")
+        raise InputError(f"dataset {spec.name!r} is already registered")
     REGISTRY[spec.name] = spec
     return spec
 
@@ -93,10 +94,10 @@ def _split_folders(labelled: bool, classes: int | None = None) -> Callable[[Path
             m = Manifest.from_image_folder(sub, name=spec.name, labelled=labelled)
             if labelled:
                 if classes is not None and len(m.class_names or []) != classes:
-                    raise ValueError(f"{sub} has {len(m.class_names or [])} class folders, expected {classes}")
+                    raise InputError(f"{sub} has {len(m.class_names or [])} class folders, expected {classes}")
                 if names is not None and m.class_names != names:
                     odd = sorted(set(m.class_names or []) ^ set(names))
-                    raise ValueError(f"{folder}: the splits have different class folders "
+                    raise InputError(f"{folder}: the splits have different class folders "
                                      f"({len(odd)} class folders lie in only one split, e.g. {odd[:3]})")
                 names = m.class_names
             m.paths = [f"{split}/{p}" for p in m.paths]
@@ -127,7 +128,7 @@ def _imagenet_synsets() -> list[str]:
         raise FileNotFoundError("timm is not installed; its imagenet_synsets.txt gives the ImageNet-1k label order")
     wnids = (Path(spec.submodule_search_locations[0]) / "data" / "_info" / "imagenet_synsets.txt").read_text().split()
     if len(wnids) != 1000:
-        raise ValueError(f"timm's imagenet_synsets.txt lists {len(wnids)} wnids, expected 1000")
+        raise InputError(f"timm's imagenet_synsets.txt lists {len(wnids)} wnids, expected 1000")
     return wnids
 
 
@@ -289,7 +290,7 @@ def _load_spec(spec: DatasetSpec, root: Path | None, strict: bool) -> Manifest:
         raise type(exc)(f"dataset {spec.name!r} in {folder} is not laid out as expected: {exc}\n{spec.describe()}") from exc
     expected = _expected_count(spec, m)
     if strict and expected is not None and len(m) != expected:
-        raise ValueError(
+        raise InputError(
             f"dataset {spec.name!r} in {folder}: found {len(m):,} images, expected {expected:,} "
             f"(pass strict=False / --no-strict to use it anyway).\n{spec.describe()}"
         )
@@ -300,7 +301,7 @@ def _load_spec(spec: DatasetSpec, root: Path | None, strict: bool) -> Manifest:
 def resolve(name_or_path: str | os.PathLike, data_root: str | os.PathLike | None = None, *, strict: bool = True) -> Manifest:
     """A Manifest for a registry name, a user dataset name, an image folder or a CSV manifest.
 
-    Order: an existing CSV file; an existing folder (its ``manifest.csv`` if present, else an
+    Order: an existing CSV file (or OpenOOD ``.txt`` image list, :mod:`oodeval.data.openood`); an existing folder (its ``manifest.csv`` if present, else an
     ImageFolder tree, else an unlabelled image folder); ``NAME:SPLIT`` selects a split; a registry
     name; ``<data_root>/NAME/manifest.csv``. A registry dataset whose image count differs from the
     expected one raises ValueError unless ``strict=False``.
@@ -309,8 +310,12 @@ def resolve(name_or_path: str | os.PathLike, data_root: str | os.PathLike | None
     text = str(name_or_path)
     path = Path(text).expanduser()
     if path.is_file():
+        if path.suffix.lower() == ".txt":  # an OpenOOD image list (benchmark_imglist/<benchmark>/*.txt)
+            from .openood import read_imglist
+
+            return read_imglist(path)
         if path.suffix.lower() != ".csv":
-            raise ValueError(f"{path} is a file but not a .csv manifest")
+            raise InputError(f"{path} is a file but neither a .csv manifest nor an OpenOOD .txt image list")
         return Manifest.from_csv(path)
     if path.is_dir():
         if (path / "manifest.csv").is_file():

@@ -26,6 +26,7 @@ import numpy as np
 
 from .._io import atomic_folder, hash_arrays, hash_json
 from ..data import Manifest, open_image, read_idx
+from ..errors import InputError
 
 __all__ = [
     "FASHION_MNIST_DIR",
@@ -105,7 +106,7 @@ class DemoSizes:
     def __post_init__(self) -> None:
         bad = {k: v for k, v in asdict(self).items() if not isinstance(v, int) or v < 1}
         if bad:
-            raise ValueError(f"every demo set needs at least 1 image; got {bad}")
+            raise InputError(f"every demo set needs at least 1 image; got {bad}")
 
 
 def _fmnist_files(root: Path) -> dict[str, Path]:
@@ -132,7 +133,7 @@ def load_fashion_mnist(root: str | Path | None = None) -> dict[str, tuple[np.nda
         images = read_idx(str(files[f"{split}_images"]))
         labels = read_idx(str(files[f"{split}_labels"])).astype(np.int64)
         if images.shape[0] != labels.shape[0] or images.shape[1:] != (SIZE, SIZE):
-            raise ValueError(f"Fashion-MNIST {split}: {images.shape} images for {labels.shape} labels")
+            raise InputError(f"Fashion-MNIST {split}: {images.shape} images for {labels.shape} labels")
         out[split] = (images.astype(np.uint8), labels)
     return out
 
@@ -150,11 +151,11 @@ def _stratified(labels: np.ndarray, classes: tuple[int, ...], n: int, rng: np.ra
     pools = [np.flatnonzero(labels == c) for c in classes]
     total = sum(len(p) for p in pools)
     if n > total:
-        raise ValueError(f"asked for {n} images of classes {classes} but only {total} exist")
+        raise InputError(f"asked for {n} images of classes {classes} but only {total} exist")
     share = np.full(len(classes), n // len(classes))
     share[: n % len(classes)] += 1
     if any(s > len(p) for s, p in zip(share, pools)):
-        raise ValueError(f"class-stratified draw of {n} exceeds a class's {min(map(len, pools))} images")
+        raise InputError(f"class-stratified draw of {n} exceeds a class's {min(map(len, pools))} images")
     idx = [rng.choice(p, size=s, replace=False) for p, s in zip(pools, share)]
     return np.sort(np.concatenate(idx))
 
@@ -167,7 +168,7 @@ def _digits(n: int, rng: np.random.Generator) -> tuple[np.ndarray, list[str]]:
 
     d = load_digits()
     if n > len(d.images):
-        raise ValueError(f"asked for {n} digits but scikit-learn bundles {len(d.images)}")
+        raise InputError(f"asked for {n} digits but scikit-learn bundles {len(d.images)}")
     idx = np.sort(rng.choice(len(d.images), size=n, replace=False))
     out = np.zeros((n, SIZE, SIZE), dtype=np.uint8)
     for i, j in enumerate(idx):
@@ -332,6 +333,6 @@ def read_set(folder: str | Path) -> tuple[np.ndarray, np.ndarray, dict]:
     build = json.loads(build_file.read_text())
     manifest = Manifest.from_csv(folder / "manifest.csv")
     if len(manifest) != build["n"]:
-        raise ValueError(f"{folder}: manifest has {len(manifest)} rows but build.json records {build['n']}")
+        raise InputError(f"{folder}: manifest has {len(manifest)} rows but build.json records {build['n']}")
     images = np.stack([np.asarray(open_image(manifest.resolve_path(i), "L")) for i in range(len(manifest))])
     return images, manifest.labels, build

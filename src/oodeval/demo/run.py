@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TextIO
 
+from ..errors import InputError
 from .data import OOD_SETS, SET_NAMES, DemoSizes, build_benchmark
 from .train import TrainConfig, TrainedModel, train_model
 
@@ -185,7 +186,7 @@ def run_demo(
     previous = torch.get_num_threads()
     if threads is not None:
         if threads < 1:
-            raise ValueError(f"threads must be at least 1, got {threads}")
+            raise InputError(f"threads must be at least 1, got {threads}")
         torch.set_num_threads(threads)
     try:
         return _run(out, quick, seed, epochs, draws, subsample_n, data_root, batch_size, progress, stream or sys.stdout)

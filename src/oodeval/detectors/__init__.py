@@ -1,4 +1,4 @@
-"""Registry of the post-hoc detectors: the paper's 21 (Sec. 2.1 / 4.1; DESIGN.md table) and CnC's.
+"""Registry of the post-hoc detectors: the paper's 21 (Sec. 2.1 / 4.1; the table in docs/detectors.md) and CnC's.
 
 Each detector class registers itself with ``@register(name, tags=..., order=...)``
 (:class:`oodeval.registry.Registry`); ``names()`` lists every registered detector in the paper's
@@ -13,11 +13,12 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
+from ..errors import InputError
 from ..features import FeatureSet
 from ..registry import Registry
 from .base import Detector
 
-__all__ = ["Detector", "names", "create", "register", "supported", "REGISTRY"]
+__all__ = ["Detector", "names", "create", "canonical", "register", "supported", "REGISTRY"]
 
 
 def _load() -> None:
@@ -42,6 +43,12 @@ def default_names() -> list[str]:
     return [n for n in REGISTRY.names() if "plugin" not in REGISTRY[n].tags]
 
 
+def canonical(name: str) -> str:
+    """The registered name for ``name``: itself, or the detector a peer's name (OpenOOD's ``ebo``,
+    pytorch-ood's ``EnergyBased``, :mod:`.peer_names`) stands for, which is logged."""
+    return REGISTRY.canonical(name)
+
+
 def create(name: str, **hyperparameters) -> Detector:
     """A new detector ``name`` (a registered one, or ``module:Class``, :func:`resolve`) with its
     defaults, overridden by ``hyperparameters``."""
@@ -59,12 +66,12 @@ def resolve(name: str) -> str:
     try:
         cls = getattr(importlib.import_module(module), attr)
     except ImportError as exc:
-        raise ValueError(f"detector {name!r}: cannot import {module!r} ({exc}); put its folder on PYTHONPATH "
+        raise InputError(f"detector {name!r}: cannot import {module!r} ({exc}); put its folder on PYTHONPATH "
                          "(an experiment file's own folder is on it)") from exc
     except AttributeError:
-        raise ValueError(f"detector {name!r}: module {module!r} has no {attr!r}") from None
+        raise InputError(f"detector {name!r}: module {module!r} has no {attr!r}") from None
     if not (isinstance(cls, type) and issubclass(cls, Detector)):
-        raise ValueError(f"detector {name!r} is not a subclass of oodeval.detectors.base.Detector")
+        raise InputError(f"detector {name!r} is not a subclass of oodeval.detectors.base.Detector")
     known = next((n for n in REGISTRY.names() if REGISTRY[n] is cls), None)
     if known is not None:
         return known

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import InputError
+
 __all__ = ["Compute", "compute_of", "one_blas_thread", "PRECISIONS", "TORCH_CHUNK_ELEMENTS"]
 
 PRECISIONS = ("float32", "float64")
@@ -45,15 +47,15 @@ class Compute:
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
+            raise InputError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
         if self.device is not None:
             import torch
 
             dev = torch.device(self.device)  # raises on a malformed name
             if dev.type == "cuda" and not torch.cuda.is_available():
-                raise ValueError(f"device {self.device!r} requested but torch sees no CUDA device")
+                raise InputError(f"device {self.device!r} requested but torch sees no CUDA device")
             if dev.type not in ("cpu", "cuda"):
-                raise ValueError(f"device must be None, 'cpu' or 'cuda[:N]', got {self.device!r}")
+                raise InputError(f"device must be None, 'cpu' or 'cuda[:N]', got {self.device!r}")
 
     @property
     def dtype(self):

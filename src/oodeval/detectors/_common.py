@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from ..errors import InputError
 from ._backend import Compute
 
 __all__ = [
@@ -72,7 +73,7 @@ def labelled(labels: np.ndarray, who: str) -> tuple[np.ndarray, np.ndarray]:
     labels = np.asarray(labels)
     idx = np.flatnonzero(labels >= 0)
     if idx.size == 0:
-        raise ValueError(f"{who} needs class labels, but all {labels.size} labels are -1")
+        raise InputError(f"{who} needs class labels, but all {labels.size} labels are -1")
     return idx, np.unique(labels[idx])
 
 
@@ -110,7 +111,7 @@ def class_means(
         sums += comp.groupsum(z, group, classes.size)
         counts += np.bincount(group, minlength=classes.size)
     if (counts == 0).any():
-        raise ValueError(f"{int((counts == 0).sum())} of {classes.size} classes have no training rows")
+        raise InputError(f"{int((counts == 0).sum())} of {classes.size} classes have no training rows")
     return comp.get(sums) / counts[:, None], counts
 
 
@@ -192,10 +193,10 @@ def chunked_percentile(values: np.ndarray, q: float, bins: int = 1 << 16, sample
     kept values are sorted and interpolated in float64. NaN/inf raise ValueError.
     """
     if not 0 <= q <= 100:
-        raise ValueError(f"percentile must be in [0, 100], got {q}")
+        raise InputError(f"percentile must be in [0, 100], got {q}")
     flat_n = values.size
     if flat_n == 0:
-        raise ValueError("cannot take a percentile of 0 values")
+        raise InputError("cannot take a percentile of 0 values")
     width = values.shape[1] if values.ndim == 2 else 1
     rows = values.reshape(len(values), -1) if values.ndim >= 1 else values.reshape(1, 1)
     dtype = rows.dtype if rows.dtype in (np.float32, np.float64) else np.dtype(np.float64)
@@ -219,7 +220,7 @@ def _bracketed(rows: np.ndarray, width: int, dtype, k0: int, k1: int, sample_row
     for sl in chunks(len(rows), width):
         c = np.asarray(rows[sl], dtype=dtype).ravel()
         if not np.isfinite(c.sum()) and not np.isfinite(c).all():  # NaN/inf propagate through the sum
-            raise ValueError("cannot take a percentile of non-finite values")
+            raise InputError("cannot take a percentile of non-finite values")
         below += int(np.count_nonzero(c < lo))
         kept.append(c[(c >= lo) & (c <= hi)])
     sel = np.sort(np.concatenate(kept).astype(np.float64))
@@ -235,7 +236,7 @@ def _histogram(rows: np.ndarray, width: int, dtype, k0: int, k1: int, bins: int)
         c = np.asarray(rows[sl], dtype=dtype)
         lo, hi = min(lo, float(c.min())), max(hi, float(c.max()))
     if not (np.isfinite(lo) and np.isfinite(hi)):
-        raise ValueError("cannot take a percentile of non-finite values")
+        raise InputError("cannot take a percentile of non-finite values")
     if lo == hi:
         return lo, lo
     lo_t, scale = dtype.type(lo), dtype.type(bins / (hi - lo))

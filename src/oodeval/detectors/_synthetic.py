@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.special import softmax
 
+from ..errors import InputError
 from ..features import FeatureSet
 
 __all__ = ["synthetic_problem"]
@@ -95,7 +96,7 @@ def conditioned_problem(
     W z + b; everything float32, same seed same bytes.
     """
     if kind not in CONDITIONED:
-        raise ValueError(f"conditioned problem must be one of {CONDITIONED}, got {kind!r}")
+        raise InputError(f"conditioned problem must be one of {CONDITIONED}, got {kind!r}")
     rng = np.random.default_rng(seed)
     d = dim
     basis = np.linalg.qr(rng.standard_normal((d, d)))[0]

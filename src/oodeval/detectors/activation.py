@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import InputError
 from ..features import FeatureSet
 from . import register
 from ._backend import Compute, compute_of
@@ -41,14 +42,14 @@ def _energy_of(comp: Compute, x: FeatureSet, shape, weight: np.ndarray, bias: np
 
 def _check_percentile(p: float, who: str) -> None:
     if not 0 <= p < 100:
-        raise ValueError(f"{who} percentile must be in [0, 100), got {p}")
+        raise InputError(f"{who} percentile must be in [0, 100), got {p}")
 
 
 def _keep(d: int, percentile: float) -> int:
     """k = D - round(D * percentile / 100) entries kept (the releases' rounding)."""
     k = d - int(np.round(d * percentile / 100.0))
     if k < 1:
-        raise ValueError(f"percentile {percentile} keeps no entries of a {d}-dimensional feature")
+        raise InputError(f"percentile {percentile} keeps no entries of a {d}-dimensional feature")
     return k
 
 
@@ -113,7 +114,7 @@ class ReAct(Detector):
 
     def _fit(self, train: FeatureSet) -> None:
         if not 0 <= self.percentile <= 100:
-            raise ValueError(f"react percentile must be in [0, 100], got {self.percentile}")
+            raise InputError(f"react percentile must be in [0, 100], got {self.percentile}")
         self.threshold_ = chunked_percentile(train.features, self.percentile)
 
     def _score(self, x: FeatureSet) -> np.ndarray:
@@ -168,30 +169,30 @@ class SCALE(Detector):
 class DICE(Detector):
     """DICE: energy with the head masked to its most contributing weights (Sun & Li, ECCV 2022).
 
-    V = zbar * W (C, D) with zbar the mean ID-train feature; keep W where V > its p-th
-    percentile (over all C D entries), zero elsewhere; s = logsumexp(z W_masked^T + b).
-    Default p = 70: the paper's ImageNet setting (sparsity 0.7; the release runs
-    ``--p 70`` for ImageNet, 90 for CIFAR).
+    V = zbar * W (C, D) with zbar the mean ID-train feature; keep W where V > its
+    ``percentile``-th percentile (over all C D entries), zero elsewhere; s = logsumexp(z W_masked^T + b).
+    Default ``percentile`` = 70: the paper's ImageNet setting (sparsity 0.7; the release runs
+    ``--p 70`` for ImageNet, 90 for CIFAR), named like ReAct's and ASH's ``percentile``.
     """
 
     needs = ("features", "head")
     fit_needs = ("features", "head")
 
-    def __init__(self, p: float = 70.0, precision: str = "float32", device: str | None = None) -> None:
-        self.p = p
+    def __init__(self, percentile: float = 70.0, precision: str = "float32", device: str | None = None) -> None:
+        self.percentile = percentile
         self.precision = precision
         self.device = device
 
     def _fit(self, train: FeatureSet) -> None:
-        if not 0 <= self.p < 100:
-            raise ValueError(f"dice p must be in [0, 100), got {self.p}")
+        if not 0 <= self.percentile < 100:
+            raise InputError(f"dice percentile must be in [0, 100), got {self.percentile}")
         self.mean_feature_ = mean_rows(train.features, comp=compute_of(self))
         contrib = self.mean_feature_[None, :] * as64(train.weight)
-        self.threshold_ = float(np.percentile(contrib, self.p))
+        self.threshold_ = float(np.percentile(contrib, self.percentile))
         self.masked_weight_ = as64(train.weight) * (contrib > self.threshold_)
         self.bias_ = as64(train.bias)
 
     def _score(self, x: FeatureSet) -> np.ndarray:
         if x.weight.shape != self.masked_weight_.shape:
-            raise ValueError(f"dice was fitted with a {self.masked_weight_.shape} head, got {x.weight.shape}")
+            raise InputError(f"dice was fitted with a {self.masked_weight_.shape} head, got {x.weight.shape}")
         return _energy_of(compute_of(self), x, lambda z: z, self.masked_weight_, self.bias_)

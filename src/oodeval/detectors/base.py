@@ -18,6 +18,7 @@ from typing import ClassVar
 import numpy as np
 from sklearn.base import BaseEstimator
 
+from ..errors import InputError, StateError
 from ..features import FeatureSet
 
 __all__ = ["Detector", "check_fitted", "as_scores"]
@@ -53,7 +54,7 @@ class Detector(BaseEstimator):
         who = type(self).__name__ + ".fit"
         if self.fit_needs:
             if train is None:
-                raise ValueError(f"{type(self).__name__} needs an ID-train FeatureSet to fit")
+                raise InputError(f"{type(self).__name__} needs an ID-train FeatureSet to fit")
             train.require(self.fit_needs, who)
             train.check_finite(self.fit_needs, who)
             self._fit(self._view(train))
@@ -88,15 +89,15 @@ class Detector(BaseEstimator):
 def check_fitted(det: Detector) -> None:
     """Raise a clear error when ``score`` is called before ``fit``."""
     if not getattr(det, "fitted_", False):
-        raise RuntimeError(f"{type(det).__name__} is not fitted; call fit(train) first")
+        raise StateError(f"{type(det).__name__} is not fitted; call fit(train) first")
 
 
 def as_scores(scores: object, n: int, who: str) -> np.ndarray:
     """Cast to float64 (n,) and reject non-finite output with a message naming the detector."""
     out = np.asarray(scores, dtype=np.float64).reshape(-1)
     if out.shape != (n,):
-        raise ValueError(f"{who} produced {out.shape[0]} scores for {n} samples")
+        raise InputError(f"{who} produced {out.shape[0]} scores for {n} samples")
     bad = ~np.isfinite(out)
     if bad.any():
-        raise ValueError(f"{who} produced {int(bad.sum())} non-finite scores of {n}")
+        raise InputError(f"{who} produced {int(bad.sum())} non-finite scores of {n}")
     return out

@@ -25,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.special import logsumexp
 
+from ..errors import InputError
 from ..features import FeatureSet
 from . import register
 from .base import Detector
@@ -49,15 +50,15 @@ class CnC(Detector):
 
     def _score(self, x: FeatureSet) -> np.ndarray:
         if self.form not in ("prob", "logodds"):
-            raise ValueError(f"cnc form must be 'prob' or 'logodds', got {self.form!r}")
+            raise InputError(f"cnc form must be 'prob' or 'logodds', got {self.form!r}")
         if x.meta.get("cnc") is False:
-            raise ValueError("cnc needs logits of a K+1 (CnC) model; this FeatureSet comes from a plain K-way model")
+            raise InputError("cnc needs logits of a K+1 (CnC) model; this FeatureSet comes from a plain K-way model")
         f = np.asarray(x.logits, dtype=np.float64)
         c = f.shape[1]
         if c < 2:
-            raise ValueError(f"cnc needs K+1 >= 2 logit columns, got {c}")
+            raise InputError(f"cnc needs K+1 >= 2 logit columns, got {c}")
         if not -c <= self.outlier_class < c:
-            raise ValueError(f"outlier_class {self.outlier_class} is outside the {c} logit columns")
+            raise InputError(f"outlier_class {self.outlier_class} is outside the {c} logit columns")
         k = self.outlier_class % c
         rest = np.delete(f, k, axis=1)
         logodds = logsumexp(rest, axis=1) - f[:, k]

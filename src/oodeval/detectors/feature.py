@@ -13,6 +13,7 @@ one sgemm (error about sqrt(D) eps |w_c| |z|) and its ||z - zbar|| is float64.
 from __future__ import annotations
 
 import numpy as np
+from ..errors import InputError
 from ..features import FeatureSet
 from . import register
 from ._backend import compute_of, one_blas_thread
@@ -74,7 +75,7 @@ class MCM(_CentroidBase):
 
     Ming et al., "Delving into OOD detection with vision-language representations" (MCM),
     NeurIPS 2022, applied to ID-train class-mean features instead of text embeddings
-    (Fi-ImageNet-1k paper Sec. 2.1). Default ``tau`` = 1 (DESIGN.md); the zero-shot MCM names
+    (Fi-ImageNet-1k paper Sec. 2.1). Default ``tau`` = 1 (docs/detectors.md); the zero-shot MCM names
     its temperature ``tau`` too (default 0.01 there, on text embeddings).
     """
 
@@ -85,7 +86,7 @@ class MCM(_CentroidBase):
 
     def _score(self, x: FeatureSet) -> np.ndarray:
         if not self.tau > 0:
-            raise ValueError(f"mcm temperature tau must be > 0, got {self.tau}")
+            raise InputError(f"mcm temperature tau must be > 0, got {self.tau}")
         # max softmax of cos / T (Compute.max_softmax): exp in the product dtype, sum in float64
 
         def readout(comp, p, inv):
@@ -121,14 +122,14 @@ class FDBD(Detector):
         dist = np.sqrt(np.maximum(sq[:, None] + sq[None, :] - 2.0 * gram, 0.0))
         np.fill_diagonal(dist, np.inf)
         if not (dist > 0).all():
-            raise ValueError("fdbd: two classes of the head have identical weight vectors")
+            raise InputError("fdbd: two classes of the head have identical weight vectors")
         self.inv_boundary_norm_ = 1.0 / dist
 
     def _score(self, x: FeatureSet) -> np.ndarray:
         z = x.features
         c = x.weight.shape[0]
         if self.inv_boundary_norm_.shape != (c, c):
-            raise ValueError(f"fdbd was fitted with {len(self.inv_boundary_norm_)} classes, got {c}")
+            raise InputError(f"fdbd was fitted with {len(self.inv_boundary_norm_)} classes, got {c}")
         comp = compute_of(self)
         w, b = comp.put(x.weight).T, comp.put(x.bias)
         inv, mean = comp.put(self.inv_boundary_norm_), comp.put(self.train_mean_, "float64")
@@ -194,11 +195,11 @@ class NECO(Detector):
         self.explained_variance_ratio_ = evals / evals.sum()
         if self.dim is not None:
             if not 1 <= int(self.dim) <= z.shape[1]:
-                raise ValueError(f"neco dim must be in [1, {z.shape[1]}], got {self.dim}")
+                raise InputError(f"neco dim must be in [1, {z.shape[1]}], got {self.dim}")
             d = int(self.dim)
         else:
             if not 0 < self.variance <= 1:
-                raise ValueError(f"neco variance must be in (0, 1], got {self.variance}")
+                raise InputError(f"neco variance must be in (0, 1], got {self.variance}")
             cum = np.cumsum(self.explained_variance_ratio_)
             d = int(min(np.searchsorted(cum, self.variance - 1e-12) + 1, z.shape[1]))
         self.n_components_ = d

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.linalg
 
+from ..errors import InputError
 from ..features import FeatureSet
 from . import register
 from ._backend import compute_of, one_blas_thread
@@ -97,7 +98,7 @@ class ViM(Detector):
         d = z.shape[1]
         k = vim_dim(d) if self.dim is None else int(self.dim)
         if not 0 < k < d:
-            raise ValueError(f"vim dim must be in [1, {d - 1}] for {d}-d features, got {k}")
+            raise InputError(f"vim dim must be in [1, {d - 1}] for {d}-d features, got {k}")
         self.principal_dim_ = k
         self.origin_ = logit_origin(train.weight, train.bias)
         comp = compute_of(self)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import InputError
 from ..features import FeatureSet
 from . import register
 from ._backend import Compute, compute_of
@@ -27,7 +28,7 @@ def _over_rows(x: FeatureSet, fn, comp: Compute) -> np.ndarray:
 
 def _temperature(t: float, who: str) -> float:
     if not (np.isfinite(t) and t > 0):
-        raise ValueError(f"{who} temperature must be a finite number > 0, got {t}")
+        raise InputError(f"{who} temperature must be a finite number > 0, got {t}")
     return float(t)
 
 
@@ -107,7 +108,7 @@ class GEN(Detector):
 
     def _score(self, x: FeatureSet) -> np.ndarray:
         if self.top_m < 1:
-            raise ValueError(f"gen needs top_m >= 1, got {self.top_m}")
+            raise InputError(f"gen needs top_m >= 1, got {self.top_m}")
         g = self.gamma
         comp = compute_of(self)
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import InputError
 from ..features import FeatureSet
 from . import register
 from ._backend import Compute, compute_of
@@ -80,7 +81,7 @@ class _MahalanobisBase(Detector):
         then cast to the product precision."""
         z = x.features
         if z.shape[1] != self.means_.shape[1]:
-            raise ValueError(f"{type(self).__name__} was fitted on {self.means_.shape[1]}-d features, got {z.shape[1]}")
+            raise InputError(f"{type(self).__name__} was fitted on {self.means_.shape[1]}-d features, got {z.shape[1]}")
         comp = Compute(self.resolved_params()["precision"], self.device)
         white, nu = comp.put(self.whitening_), comp.put(self.whitened_means_).T
         const, center = comp.put(self.whitened_mean_norms_), comp.put(self.center_, "float64")

@@ -24,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.special import expit
 
+from ..errors import InputError
 from ..features import FeatureSet
 from . import register
 from ._common import chunks
@@ -55,7 +56,7 @@ def nac_grid(m: int) -> np.ndarray:
     towards 1, mirrored), then 1.2 appended. The release builds m // 2 points per side, so an
     odd M would silently become M - 1: it is refused."""
     if m < 4 or m % 2:
-        raise ValueError(f"nac needs an even M >= 4 (bins per neuron), got {m}")
+        raise InputError(f"nac needs an even M >= 4 (bins per neuron), got {m}")
     half = m // 2
     x = np.linspace(1.0, np.sqrt(1e3), half)
     left = np.log(x) / np.log(1e3)
@@ -83,13 +84,13 @@ def fit_rows(labels: np.ndarray, n_fit: int | None, seed: int) -> np.ndarray:
     if n_fit is None or n_fit >= n:
         return np.arange(n)
     if n_fit < 1:
-        raise ValueError(f"nac n_fit must be >= 1 (or None for all rows), got {n_fit}")
+        raise InputError(f"nac n_fit must be >= 1 (or None for all rows), got {n_fit}")
     rng = np.random.default_rng(seed)
     classes = np.unique(labels[labels >= 0])
     if classes.size == 0:
         return np.sort(rng.choice(n, size=int(n_fit), replace=False))
     if n_fit < classes.size:
-        raise ValueError(
+        raise InputError(
             f"nac n_fit={n_fit} is below the {classes.size} classes of the train set: a class-balanced "
             f"subset needs at least one row per class (use n_fit >= {classes.size}, or None for all rows)"
         )
@@ -132,7 +133,7 @@ class NAC(Detector):
         layers = list(self.layers) if self.layers is not None else found
         missing = [name for name in layers if name not in found]
         if missing or not layers:
-            raise ValueError(
+            raise InputError(
                 f"nac: the train set lacks NAC states {[PREFIX + n for n in missing or layers]}; "
                 f"it has {[PREFIX + n for n in found]}"
             )
@@ -155,13 +156,13 @@ class NAC(Detector):
     def _score(self, x: FeatureSet) -> np.ndarray:
         missing = [name for name in self.layers_ if PREFIX + name not in x.extras]
         if missing:
-            raise ValueError(f"nac: this FeatureSet lacks NAC states {[PREFIX + n for n in missing]}")
+            raise InputError(f"nac: this FeatureSet lacks NAC states {[PREFIX + n for n in missing]}")
         total = np.zeros(len(x))
         for name in self.layers_:
             state = x.extras[PREFIX + name]
             cov, grid, alpha = self.coverage_[name], self.grids_[name], self.params_[name]["alpha"]
             if state.shape[1] != cov.shape[0]:
-                raise ValueError(f"nac layer {name}: fitted on {cov.shape[0]} neurons, got {state.shape[1]}")
+                raise InputError(f"nac layer {name}: fitted on {cov.shape[0]} neurons, got {state.shape[1]}")
             for sl in chunks(len(x), state.shape[1]):
                 s = expit(alpha * np.asarray(state[sl], dtype=np.float64))
                 idx = _interval(s, grid)

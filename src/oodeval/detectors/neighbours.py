@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ..errors import InputError
 from ..features import FeatureSet
 from . import register
 from ._backend import Compute, compute_of
@@ -125,12 +126,12 @@ class KNN(Detector):
 def _bank_rows(n: int, fraction: float, seed: int, k: int, who: str) -> np.ndarray | None:
     """Sorted seeded random subset of ceil(fraction n) rows (None = all rows); checks k."""
     if not 0 < fraction <= 1:
-        raise ValueError(f"{who} bank_fraction must be in (0, 1], got {fraction}")
+        raise InputError(f"{who} bank_fraction must be in (0, 1], got {fraction}")
     if k < 1:
-        raise ValueError(f"{who} needs k >= 1, got {k}")
+        raise InputError(f"{who} needs k >= 1, got {k}")
     size = n if fraction == 1 else max(k, int(np.ceil(fraction * n)))
     if k > size:
-        raise ValueError(
+        raise InputError(
             f"{who} k={k} exceeds the {size}-sample bank ({n} train rows, bank_fraction={fraction}); "
             "use a smaller k (e.g. k=50 as for CIFAR-10)"
         )

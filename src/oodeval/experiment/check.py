@@ -5,9 +5,10 @@ manifest; a model's precomputed FeatureSet folder stands in for it), every weigh
 loads safely (safetensors, or ``torch.load(weights_only=True)``), every model name exists in timm's or
 open_clip's registry (and an open_clip tag in its pretrained table), every vocabulary file and the ID
 class-name file exist (unless a zero-shot model brings their text embeddings, ``text:<name>``), and so do a
-model's probe head file and the ``[selection]`` validation sets. Nothing is extracted or computed.
-``names_only`` checks the model names alone. :func:`eoe_prompt_notes` says which prompts the EOE
-vocabularies come from (EOE's released prompts, ``eoe_prompts``, or oodeval's own wording).
+model's probe head file and the ``[selection]`` validation sets, and the store has the disk the zero-shot
+models' extraction needs (``experiment.disk``). Nothing is extracted or computed. ``names_only`` checks the
+model names alone. :func:`eoe_prompt_notes` says which prompts the EOE vocabularies come from (EOE's
+released prompts, ``eoe_prompts``, or oodeval's own wording).
 """
 
 from __future__ import annotations
@@ -79,11 +80,12 @@ def _dataset_problem(role: str, ds: DatasetSpec, cfg: ExperimentConfig, models: 
     return out
 
 
-def check_experiment(cfg: ExperimentConfig, names_only: bool = False) -> list[str]:
+def check_experiment(cfg: ExperimentConfig, names_only: bool = False, disk: list | None = None) -> list[str]:
     """Every problem found in ``cfg`` offline (an empty list when the experiment can run as written).
 
     ``names_only``: only what needs no inputs in place (model names in their registries), for a file
-    such as the paper preset checked before its checkpoints and data are downloaded.
+    such as the paper preset checked before its checkpoints and data are downloaded. ``disk``: the
+    ``experiment.disk.estimate_disk`` rows when already computed.
     """
     problems: list[str] = [p for m in cfg.models for p in [_model_problem(m)] if p]
     if names_only:
@@ -113,6 +115,9 @@ def check_experiment(cfg: ExperimentConfig, names_only: bool = False) -> list[st
     needs_names = [m for m in zeroshot if "text:id" not in m.features]
     if needs_names and cfg.id_classes is not None and str(cfg.id_classes) != "imagenet1k" and not cfg.id_classes.is_file():
         problems.append(f"[datasets] id_classes: {cfg.id_classes} is neither 'imagenet1k' nor an existing file")
+    from .disk import disk_problem, estimate_disk
+
+    problems += [p for p in [disk_problem(cfg, estimate_disk(cfg) if disk is None else disk)] if p]
     return problems
 
 

@@ -32,6 +32,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from ..errors import InputError
+
 __all__ = ["ExperimentConfig", "ModelSpec", "DetectorSpec", "DatasetSpec", "SweepSpec", "SelectionSpec", "load_config", "KINDS"]
 
 KINDS = ("supervised", "zero-shot")
@@ -45,7 +47,8 @@ _TOP = {
 _DATASETS = {"id_train", "id_test", "ood", "split_column", "id_classes"}
 _OOD = {"name", "label", "split_column", "group"}
 _MODEL = {
-    "name", "label", "weights", "pretrained", "head", "kind", "model_kwargs", "taps", "patch_features", "features", "detectors",
+    "name", "label", "weights", "pretrained", "head", "kind", "model_kwargs", "taps", "patch_features", "full_patch_features", "features",
+    "detectors",
 }  # fmt: skip
 _DETECTOR = {"name", "label", "hyperparameters", "vocabulary", "search", "generations"}
 _SELECTION = {"validation_id", "validation_ood"}
@@ -133,7 +136,10 @@ class ModelSpec:
     head: str | None = None
     model_kwargs: dict = field(default_factory=dict)
     taps: bool | None = False
+    #: GL-MCM: store its patch readouts (``features.patchreadout``) for the ID names and each gl_mcm tau
     patch_features: bool = False
+    #: also store the full (N, P, E) value-path patch tokens (float16)
+    full_patch_features: bool = False
     features: dict = field(default_factory=dict)
     detectors: tuple[DetectorSpec, ...] | None = None
     #: True: the hub weights the name names; False: random init, chosen; None: not said (then
@@ -185,8 +191,8 @@ class ExperimentConfig:
         return model.detectors or (self.detectors if model.kind == "supervised" else self.zeroshot)
 
 
-def _fail(where: str, msg: str) -> ValueError:
-    return ValueError(f"experiment file: {where}: {msg}")
+def _fail(where: str, msg: str) -> InputError:
+    return InputError(f"experiment file: {where}: {msg}")
 
 
 def _check_keys(table: Any, allowed: set[str], where: str) -> dict:
@@ -259,6 +265,8 @@ def _detector(entry: Any, where: str, known: set[str], base: Path, zeroshot: boo
         entry = {"name": entry}
     t = _check_keys(entry, _DETECTOR, where)
     name = _typed(t, "name", str, where, required=True)
+    if not zeroshot and name in _registry(False):
+        name = _registry(False).canonical(name)  # a peer's name (ebo, EnergyBased) as oodeval's
     if not zeroshot and ":" in name and name not in known:
         from ..detectors import resolve
 
@@ -379,6 +387,7 @@ def _model(entry: Any, i: int, base: Path, n_seeds: int) -> ModelSpec:
         model_kwargs=dict(_typed(t, "model_kwargs", dict, where, {})),
         taps=_typed(t, "taps", bool, where, None),
         patch_features=_typed(t, "patch_features", bool, where, False),
+        full_patch_features=_typed(t, "full_patch_features", bool, where, False),
         features={k: str(_path(v, base)) for k, v in feats.items()},
         detectors=_detectors(t.get("detectors"), f"{where} detectors", base, zeroshot=kind == "zero-shot"),
     )
@@ -468,23 +477,23 @@ def _read(path: Path) -> dict:
     try:
         text = path.read_text(encoding="utf-8-sig")  # a BOM (Windows editors) is not part of the TOML
     except UnicodeDecodeError as exc:
-        raise ValueError(f"experiment file {path} is not UTF-8 text (byte {exc.start}); save it as UTF-8") from exc
+        raise InputError(f"experiment file {path} is not UTF-8 text (byte {exc.start}); save it as UTF-8") from exc
     if path.suffix.lower() in (".yaml", ".yml"):
         import yaml
 
         try:
             data = yaml.safe_load(text)
         except yaml.YAMLError as exc:
-            raise ValueError(f"experiment file {path} is not valid YAML: {exc}") from exc
+            raise InputError(f"experiment file {path} is not valid YAML: {exc}") from exc
     elif path.suffix.lower() == ".toml":
         try:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
-            raise ValueError(f"experiment file {path} is not valid TOML: {exc}") from exc
+            raise InputError(f"experiment file {path} is not valid TOML: {exc}") from exc
     else:
-        raise ValueError(f"experiment file {path} must end in .toml, .yaml or .yml")
+        raise InputError(f"experiment file {path} must end in .toml, .yaml or .yml")
     if not isinstance(data, dict):
-        raise ValueError(f"experiment file {path} must hold a table at the top level")
+        raise InputError(f"experiment file {path} must hold a table at the top level")
     return data
 
 

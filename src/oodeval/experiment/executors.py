@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from types import SimpleNamespace
 
+from ..errors import InputError
 from ..results import compact_results, load_results
 from .config import ExperimentConfig
 from .runner import RunSummary, Unit, _failed_kept, pending_units, run_units
@@ -119,7 +120,7 @@ def _ray_executor(options: dict, cpus: int):
     try:
         ray.remote(_extract_job).options(**task)  # an unknown or malformed option raises here
     except (TypeError, ValueError) as exc:
-        raise ValueError(f"--executor ray: {exc}") from None
+        raise InputError(f"--executor ray: {exc}") from None
     started = not ray.is_initialized()
     if started:
         kw = {} if address or "RAY_ADDRESS" in os.environ else {"num_cpus": cpus, "include_dashboard": False}

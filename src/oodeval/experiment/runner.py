@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 
 from .._io import check_output, claim_folder, hash_json, save_npy_atomic
+from ..errors import InputError
 from ..features import FeatureSet
 from ..results import (
     ALL_SPLIT,
@@ -120,7 +121,9 @@ def extract_features(model: ModelSpec, weights: str | None, ds: DatasetSpec, rol
     """The FeatureSet of ``ds`` under ``model``: a precomputed folder named in the model's
     ``features`` table (by role ``id_train`` / ``id_test`` or OOD label), else the store.
     NAC taps (``model.taps``) are extracted for the test and OOD sets here; on ID train only
-    for NAC's fitting rows (:func:`nac_fit_features`). A supervised model's precomputed FeatureSet
+    for NAC's fitting rows (:func:`nac_fit_features`). A zero-shot model with ``patch_features`` gets
+    GL-MCM's patch readouts for the ID names at each gl_mcm tau (``zeroshot.patch_readouts``); the full
+    patch tensor (float16) only with ``full_patch_features``. A supervised model's precomputed FeatureSet
     that records no model is taken to come from its ``name`` (which picks the backbone defaults)."""
     if role in model.features:
         fs = FeatureSet.load(model.features[role])
@@ -130,7 +133,13 @@ def extract_features(model: ModelSpec, weights: str | None, ds: DatasetSpec, rol
     from ..features.extract import extract
 
     taps = bool(model.taps) and role != "id_train"
-    path = extract(model.name, ds.name, cfg.store, taps=taps, patch_features=model.patch_features,
+    readouts = ()
+    if model.patch_features and model.kind == "zero-shot":
+        from .zeroshot import patch_readouts
+
+        readouts = patch_readouts(model, weights, cfg)
+    path = extract(model.name, ds.name, cfg.store, taps=taps, patch_features=model.full_patch_features or
+                   (model.patch_features and model.kind != "zero-shot"), patch_readouts=readouts,
                    **_extract_options(model, weights, cfg))  # fmt: skip
     return FeatureSet.load(path)
 
@@ -164,10 +173,10 @@ def split_values(fs: FeatureSet, ds: DatasetSpec, cfg: ExperimentConfig) -> np.n
         manifest = resolve(ds.name, cfg.data_root)
         raw = getattr(manifest, col, None)
         if raw is None:
-            raise ValueError(f"dataset {ds.label!r} has no split column {col!r} (neither a FeatureSet extra nor a manifest column)")
+            raise InputError(f"dataset {ds.label!r} has no split column {col!r} (neither a FeatureSet extra nor a manifest column)")
         values = np.asarray(raw)
     if values.shape[0] != len(fs):
-        raise ValueError(f"split column {col!r} of {ds.label!r} has {values.shape[0]} values for {len(fs)} samples")
+        raise InputError(f"split column {col!r} of {ds.label!r} has {values.shape[0]} values for {len(fs)} samples")
     return values
 
 
@@ -198,7 +207,7 @@ class _Scorer:
             try:
                 self.det = detectors.create(spec.name, **resolve_defaults(spec.name, source, hp))
             except TypeError as exc:
-                raise ValueError(f"detector {spec.name!r} rejects hyperparameters {hp}: {exc}") from exc
+                raise InputError(f"detector {spec.name!r} rejects hyperparameters {hp}: {exc}") from exc
             self.fit_needs = self.det.fit_needs
             self.resolved = hp_json(self.det.get_params())
 
@@ -331,6 +340,9 @@ def _recorded_hash(model: ModelSpec, role: str) -> str | None:
 
 
 def _plan_run(run: _Run, cfg: ExperimentConfig, features: FeatureFn) -> None:
+    from .zeroshot import reset_text
+
+    reset_text()  # label embeddings are computed anew for each run (from the text cache), shared within it
     roles = _feature_roles(run.model, cfg)
     if cfg.selection is not None and any(s.search for s in cfg.detectors_for(run.model) or ()):
         roles += [("validation_id", cfg.selection.validation_id), ("validation_ood", cfg.selection.validation_ood)]
@@ -426,10 +438,10 @@ def run_experiment(
     cfg = replace(load_config(config), progress=progress)
     features = features or extract_features
     if executor not in EXECUTORS:
-        raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
+        raise InputError(f"executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
     check_output(cfg.results, "results table")  # refused before any work
     if cfg.results.suffix != ".parquet":
-        raise ValueError(f"results = {str(cfg.results)!r}: the results table is Parquet, so its path must end in .parquet")
+        raise InputError(f"results = {str(cfg.results)!r}: the results table is Parquet, so its path must end in .parquet")
     claim_folder(scores_dir(cfg.results), "run scores")
     claim_folder(parts_dir(cfg.results), PARTS_KIND)
     if executor != "inprocess":

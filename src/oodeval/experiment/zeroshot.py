@@ -17,13 +17,23 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import InputError
 from ..features import FeatureSet
 from .config import DetectorSpec, ExperimentConfig, ModelSpec
 
 __all__ = ["run_sweeps", "build_context", "zeroshot_scores", "zeroshot_logits", "default_zeroshot_specs", "vocabulary_label",
-           "vocabulary_generation", "vocabulary_source", "compact_generations"]
+           "vocabulary_generation", "vocabulary_source", "compact_generations",
+           "patch_readouts", "gl_mcm_taus", "reset_text"]
 
 _GENERATION = re.compile(r"^(?P<base>.+?)[-_.]gen(?P<gen>\d+)$")
+
+#: the text side of the current zero-shot model run (emptied when a run starts, ``reset_text``)
+_TEXT: dict[tuple, dict] = {}
+
+
+def reset_text() -> None:
+    """Forget the text side of the previous model run (its encoder and ID label embeddings)."""
+    _TEXT.clear()
 
 
 def _unit(x: np.ndarray) -> np.ndarray:
@@ -41,7 +51,7 @@ def _class_names(cfg: ExperimentConfig) -> list[str]:
 
     names = list(resolve(cfg.id_test.name, cfg.data_root).class_names or [])
     if not names:
-        raise ValueError("zero-shot models need the ID class names: set [datasets] id_classes to a text file (one per line) or 'imagenet1k'")
+        raise InputError("zero-shot models need the ID class names: set [datasets] id_classes to a text file (one per line) or 'imagenet1k'")
     return prompt_names(names, f"the class names of {cfg.id_test.name!r} (set [datasets] id_classes to override)")
 
 
@@ -133,6 +143,61 @@ def _source(path: str, _mtime: int | None) -> str:
     return json.dumps(out, sort_keys=True, separators=(",", ":"))
 
 
+def _text_state(model: ModelSpec, weights: str | None, cfg: ExperimentConfig) -> dict:
+    """The text side of one model run, shared by its extraction (patch readouts) and its scoring:
+    ``{"encoder": TextEncoder or None (loaded on first use), "id_text": float64 unit (C, E) or None}``.
+    Kept from the first call of a run (the runner calls :func:`reset_text` when one starts) to the next run."""
+    key = (model.name, model.features.get("text:id"), weights, str(cfg.store), str(cfg.id_classes), str(cfg.id_test.name))
+    if key not in _TEXT:
+        _TEXT.clear()
+        _TEXT[key] = {"encoder": None, "id_text": None}
+    return _TEXT[key]
+
+
+def _loader(state: dict, model: ModelSpec, weights: str | None, cfg: ExperimentConfig, check=None):
+    """A callable returning the run's TextEncoder, loading it (then calling ``check(encoder)``) on first use."""
+    def get():
+        if state["encoder"] is None:
+            enc = _encoder(model, weights, cfg)
+            if check is not None:
+                check(enc)
+            state["encoder"] = enc
+        return state["encoder"]
+
+    return get
+
+
+def _id_text(state: dict, model: ModelSpec, cfg: ExperimentConfig, encoder) -> np.ndarray:
+    """The float64 unit ID label embeddings: the model's ``text:id`` file, else its text tower on the ID names."""
+    if state["id_text"] is None:
+        raw = np.load(model.features["text:id"]) if "text:id" in model.features else encoder().encode(_class_names(cfg), progress=True)
+        state["id_text"] = _unit(raw)
+    return state["id_text"]
+
+
+def gl_mcm_taus(model: ModelSpec, cfg: ExperimentConfig) -> list[float]:
+    """The temperatures of the model's gl_mcm scorers (its detector list, else the default scorers)."""
+    from ..zeroshot.scorers import create
+
+    specs = cfg.detectors_for(model)
+    specs = default_zeroshot_specs() if specs is None else specs
+    return sorted({float(create("gl_mcm", **s.hyperparameters).tau) for s in specs if s.name == "gl_mcm"})
+
+
+def patch_readouts(model: ModelSpec, weights: str | None, cfg: ExperimentConfig) -> list:
+    """The ``features.patchreadout.PatchReadout`` list a zero-shot model's extraction computes: the ID
+    label embeddings (exactly those :func:`build_context` gives the scorers) at each gl_mcm tau."""
+    from ..features.patchreadout import PatchReadout
+
+    taus = gl_mcm_taus(model, cfg)
+    if not taus:
+        return []
+    state = _text_state(model, weights, cfg)
+    id_text = _id_text(state, model, cfg, _loader(state, model, weights, cfg))
+    tower = None if state["encoder"] is None else state["encoder"].key["text_tower"]
+    return [PatchReadout(id_text, tau, "id", tower) for tau in taus]
+
+
 def build_context(model: ModelSpec, weights: str | None, cfg: ExperimentConfig, images: dict[str, FeatureSet] | None = None) -> dict:
     """``{"id_text": (C, E), "vocab": callable(name) -> (M, E) | None}`` for a zero-shot model run.
 
@@ -140,21 +205,17 @@ def build_context(model: ModelSpec, weights: str | None, cfg: ExperimentConfig, 
     (``text:id``; ``text:<vocabulary>``), else from the model's text tower (cached under the store),
     after checking that it is the model that made the image features ``images`` (``check_same_model``).
     """
-    state: dict = {}
+    from ..zeroshot.text import check_same_model
+
+    state = _text_state(model, weights, cfg)
+    if state["encoder"] is not None:  # loaded for the patch readouts, before these images existed
+        check_same_model(state["encoder"].key["text_tower"], images or {})
+    encoder = _loader(state, model, weights, cfg, lambda enc: check_same_model(enc.key["text_tower"], images or {}))
 
     def encode(labels: list[str]) -> np.ndarray:
-        if "encoder" not in state:
-            from ..zeroshot.text import check_same_model
+        return encoder().encode(labels, progress=True)
 
-            enc = _encoder(model, weights, cfg)
-            check_same_model(enc.key["text_tower"], images or {})
-            state["encoder"] = enc
-        return state["encoder"].encode(labels, progress=True)
-
-    if "text:id" in model.features:
-        id_text = np.load(model.features["text:id"])
-    else:
-        id_text = encode(_class_names(cfg))
+    id_text = _id_text(state, model, cfg, encoder)
     cache: dict[str, np.ndarray] = {}
 
     def vocab(name: str | None) -> np.ndarray | None:
@@ -168,7 +229,7 @@ def build_context(model: ModelSpec, weights: str | None, cfg: ExperimentConfig, 
                 cache[name] = _unit(encode(_vocab_labels(name)))
         return cache[name]
 
-    return {"id_text": _unit(id_text), "vocab": vocab}
+    return {"id_text": id_text, "vocab": vocab}
 
 
 def zeroshot_scores(spec: DetectorSpec, hp: dict, fs: FeatureSet, context: dict) -> np.ndarray:
@@ -180,7 +241,7 @@ def zeroshot_scores(spec: DetectorSpec, hp: dict, fs: FeatureSet, context: dict)
     fs.check_finite(list(scorer.needs), spec.name)
     negatives = context["vocab"](spec.vocabulary) if scorer.uses_negatives else None
     if scorer.uses_negatives and negatives is None:
-        raise ValueError(f"zero-shot scorer {spec.name!r} needs a vocabulary (set `vocabulary` in its table)")
+        raise InputError(f"zero-shot scorer {spec.name!r} needs a vocabulary (set `vocabulary` in its table)")
     return scorer.score(fs, context["id_text"], negatives, normalize=True)
 
 
@@ -218,12 +279,12 @@ def _siblings_curve(sweep, id_fs: FeatureSet, ood_fs: FeatureSet, context: dict)
     vocab = Vocabulary.load(sweep.vocabulary)
     per_class = vocab.provenance.get("per_class")
     if not per_class:
-        raise ValueError(f"{sweep.vocabulary} has no per-class sibling lists (provenance.per_class); build it with `oodeval vocab llm`")
+        raise InputError(f"{sweep.vocabulary} has no per-class sibling lists (provenance.per_class); build it with `oodeval vocab llm`")
     rows = context["vocab"](sweep.vocabulary)
     index = {label: i for i, label in enumerate(vocab.labels)}
     missing = sorted({s for sibs in per_class.values() for s in sibs} - set(index))
     if missing:
-        raise ValueError(f"{sweep.vocabulary}: {len(missing)} per-class siblings are not among its labels, e.g. {missing[:3]}")
+        raise InputError(f"{sweep.vocabulary}: {len(missing)} per-class siblings are not among its labels, e.g. {missing[:3]}")
     embed = lambda labels: rows[[index[label] for label in labels]]  # noqa: E731
     return sweep_siblings(id_fs, ood_fs, context["id_text"], per_class, embed, sweep.sizes, sweep.seed, sweep.scorer,
                           **sweep.hyperparameters)
@@ -265,7 +326,7 @@ def run_sweeps(model: ModelSpec, feats: dict[str, FeatureSet], context: dict, er
                     negatives = context["vocab"](sweep.vocabulary)
                     sizes = [m for m in sweep.sizes if m <= len(negatives)]
                     if not sizes:
-                        raise ValueError(f"every size of {sweep.sizes} exceeds the vocabulary's {len(negatives)} labels")
+                        raise InputError(f"every size of {sweep.sizes} exceeds the vocabulary's {len(negatives)} labels")
                     curve = sweep_prefix(*unit_fs, context["id_text"], negatives, sizes, scorer=sweep.scorer, **sweep.hyperparameters)
                 save_sweep(cfg.results, sweep.name, model.label, ds.label, curve, key=key)
             except Exception as exc:  # noqa: BLE001 - recorded, the rest goes on

@@ -29,12 +29,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from .names import parse_model_name
+from ..errors import InputError
+from .names import MODEL_PREFIXES, parse_model_name, unknown_prefix_hint
 
 log = logging.getLogger(__name__)
 
 __all__ = ["Backbone", "full_precision", "load_backbone", "load_open_clip", "load_state_dict_file", "load_head", "save_head", "file_hash",
-           "parse_model_name", "text_tower_fingerprint"]
+           "parse_model_name", "text_tower_fingerprint", "MODEL_PREFIXES", "unknown_prefix_hint"]
 
 #: state-dict name prefixes of image-tower parameters (open_clip ``visual.``; transformers
 #: ``vision_model.`` / ``visual_projection.``, also under oodeval's ``hf.`` wrapper)
@@ -72,18 +73,18 @@ def load_state_dict_file(path: str | Path) -> dict[str, torch.Tensor]:
         try:
             sd: Any = load_file(str(path), device="cpu")
         except (SafetensorError, OSError) as exc:
-            raise ValueError(f"{path} is not a readable safetensors file: {exc}") from exc
+            raise InputError(f"{path} is not a readable safetensors file: {exc}") from exc
     else:
         try:
             sd = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as exc:  # pickle errors come in many types
-            raise ValueError(f"{path} cannot be loaded safely (torch.load weights_only=True): {exc}") from exc
+            raise InputError(f"{path} cannot be loaded safely (torch.load weights_only=True): {exc}") from exc
     for key in ("state_dict_ema", "state_dict", "model"):
         if isinstance(sd, dict) and isinstance(sd.get(key), dict):
             sd = sd[key]
             break
     if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
-        raise ValueError(f"{path} does not hold a state dict of tensors")
+        raise InputError(f"{path} does not hold a state dict of tensors")
     if sd and all(k.startswith("module.") for k in sd):
         sd = {k[len("module.") :]: v for k, v in sd.items()}
     return sd
@@ -93,7 +94,7 @@ def _load_into(model: nn.Module, path: str | Path) -> None:
     sd = load_state_dict_file(path)
     result = model.load_state_dict(sd, strict=False)
     if result.missing_keys or result.unexpected_keys:
-        raise ValueError(
+        raise InputError(
             f"weights {path} do not fit the model: {len(result.missing_keys)} missing keys "
             f"(e.g. {result.missing_keys[:3]}), {len(result.unexpected_keys)} unexpected keys "
             f"(e.g. {result.unexpected_keys[:3]})"
@@ -119,7 +120,7 @@ def load_head(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
     w = sd.get("weight", sd.get("fc.weight"))
     b = sd.get("bias", sd.get("fc.bias"))
     if w is None or b is None or w.ndim != 2 or b.shape != (w.shape[0],):
-        raise ValueError(f"{path} is not a linear head: need 'weight' (C, D) and 'bias' (C,), found {sorted(sd)}")
+        raise InputError(f"{path} is not a linear head: need 'weight' (C, D) and 'bias' (C,), found {sorted(sd)}")
     return w.float().numpy(), b.float().numpy()
 
 
@@ -168,7 +169,7 @@ class Backbone:
             if self.info.get("linear_head"):
                 return self.model.get_classifier()(feats)
         if self.info.get("classifier"):
-            raise ValueError(f"{self.name}: logits from features need a Linear classifier; use forward()")
+            raise InputError(f"{self.name}: logits from features need a Linear classifier; use forward()")
         return None
 
     def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor | None]:
@@ -205,7 +206,7 @@ class Backbone:
         w, b = load_head(path)
         dim = self.info.get("feature_dim")
         if dim is not None and w.shape[1] != dim:
-            raise ValueError(f"head {path} expects {w.shape[1]}-d features but {self.name} gives {dim}-d")
+            raise InputError(f"head {path} expects {w.shape[1]}-d features but {self.name} gives {dim}-d")
         self.weight, self.bias = w, b
         dev = next(self.model.parameters()).device
         self._probe = (torch.from_numpy(w).to(dev), torch.from_numpy(b).to(dev))
@@ -232,7 +233,9 @@ def _load_timm(name: str, weights: str | None, pretrained: bool, model_kwargs: d
     from timm.data import create_transform, resolve_data_config
 
     if "checkpoint_path" in model_kwargs:
-        raise ValueError("pass local weights as weights=PATH (loaded safely), not model_kwargs['checkpoint_path']")
+        raise InputError("pass local weights as weights=PATH (loaded safely), not model_kwargs['checkpoint_path']")
+    if ":" not in name and not timm.is_model(name):  # timm's own hub prefixes (hf-hub:, local-dir:) are timm's to check
+        raise InputError(f"timm has no model {name!r} (see timm.list_models())")
     model = timm.create_model(name, pretrained=pretrained, **model_kwargs)
     if weights is not None:
         _load_into(model, weights)
@@ -267,13 +270,13 @@ def load_open_clip(model: str, weights: str | Path | None = None, pretrained: st
     if tag is not None:
         cfg = open_clip.get_pretrained_cfg(arch, tag)
         if not cfg:
-            raise ValueError(f"open_clip has no pretrained tag {tag!r} for {arch!r}; see open_clip.list_pretrained()")
+            raise InputError(f"open_clip has no pretrained tag {tag!r} for {arch!r}; see open_clip.list_pretrained()")
         kwargs.update(image_mean=cfg.get("mean"), image_std=cfg.get("std"), image_interpolation=cfg.get("interpolation"),
                       image_resize_mode=cfg.get("resize_mode"), force_quick_gelu=bool(cfg.get("quick_gelu", False)))
         if weights is None and pretrained:
             hub = tag
     elif pretrained and weights is None:
-        raise ValueError(f"pretrained=True needs a tag: open_clip:{arch}@<tag>")
+        raise InputError(f"pretrained=True needs a tag: open_clip:{arch}@<tag>")
     kwargs = {k: v for k, v in kwargs.items() if v is not None}
     net, _, preprocess = open_clip.create_model_and_transforms(arch, pretrained=hub, **kwargs)
     if weights is not None:
@@ -284,7 +287,7 @@ def load_open_clip(model: str, weights: str | Path | None = None, pretrained: st
         try:
             open_clip.load_checkpoint(net, str(weights), strict=True, weights_only=True)
         except (SafetensorError, pickle.UnpicklingError, EOFError, OSError) as exc:
-            raise ValueError(f"weights file {weights} cannot be read: {type(exc).__name__}: {exc}") from exc
+            raise InputError(f"weights file {weights} cannot be read: {type(exc).__name__}: {exc}") from exc
     net.eval()
     return net, preprocess, open_clip.get_tokenizer(arch)
 
@@ -313,7 +316,7 @@ def load_backbone(
 def _load(model: str, kind: str, name: str, tag: str | None, weights, pretrained: bool, model_kwargs, head) -> Backbone:
     if kind == "open_clip":
         if model_kwargs:
-            raise ValueError("model_kwargs apply to timm models only")
+            raise InputError("model_kwargs apply to timm models only")
         net, preprocess, tokenizer = load_open_clip(model, weights, pretrained=tag if pretrained else None)
         visual = net.visual
         size = getattr(visual, "image_size", None)
@@ -332,7 +335,7 @@ def _load(model: str, kind: str, name: str, tag: str | None, weights, pretrained
         bb = module_backbone(net, transform, name=model)
     elif kind == "hf":
         if model_kwargs:
-            raise ValueError("model_kwargs apply to timm models only")
+            raise InputError("model_kwargs apply to timm models only")
         from .hf import load_hf
 
         net, transform, tokenizer, prep = load_hf(name, weights, pretrained)

@@ -26,8 +26,10 @@ import torch
 from .. import __version__
 from .._io import hash_json
 from ..data import ImageError, Manifest, open_image, resolve
+from ..errors import InputError, StateError
 from . import store as st
-from .backbones import Backbone, file_hash, load_backbone, parse_model_name
+from .backbones import Backbone, file_hash, full_precision, load_backbone, parse_model_name
+from .patchreadout import PatchReadout, local_mcm
 from .preprocess import SplitTransform, split_transform
 
 __all__ = ["extract", "extract_nac_fit", "entry_key", "ManifestDataset"]
@@ -80,13 +82,16 @@ def _versions() -> dict[str, str]:
 
 def entry_key(model: str, manifest: Manifest, *, weights_hash: str | None, head_hash: str | None, pretrained: bool,
               model_kwargs: dict | None, taps: bool, nac_layers: Sequence[str] | None, patch_features: bool,
-              precision: str, module: dict | None = None, full_image_hash: bool = False) -> str:
+              precision: str, module: dict | None = None, full_image_hash: bool = False,
+              patch_readouts: Sequence[PatchReadout] = ()) -> str:
     """Cache key: hash of everything that determines the stored numbers (not batch size or workers).
 
     ``module``: for an ``nn.Module``, how features and logits are read from it (head, feature layer,
     transform); its parameters enter through ``weights_hash``. The images enter by content
     (:meth:`Manifest.images_digest`: size, mtime and sampled bytes, or every byte with
-    ``full_image_hash``), so an image replaced in place is extracted again.
+    ``full_image_hash``), so an image replaced in place is extracted again. ``patch_readouts``: each
+    one's label-set fingerprint and tau (``PatchReadout.describe``), so other labels or another tau make
+    a new entry.
     """
     key = {
         "format": FORMAT, "model": model, "weights": weights_hash, "head": head_hash, "pretrained": pretrained,
@@ -99,6 +104,8 @@ def entry_key(model: str, manifest: Manifest, *, weights_hash: str | None, head_
         key["nac_readout"] = NAC_READOUT
     if module is not None:
         key["module"] = module
+    if patch_readouts:
+        key["patch_readouts"] = [r.describe() for r in patch_readouts]
     return hash_json(key)
 
 
@@ -129,11 +136,13 @@ def _init_dist(world: int, dev: torch.device) -> bool:
 
 
 class _Runner:
-    """Per-batch computation: features, logits, and optionally NAC states or patch features."""
+    """Per-batch computation: features, logits, and optionally NAC states, patch readouts or patch features
+    (the full tensor, float16)."""
 
     def __init__(self, bb: Backbone, dev: torch.device, amp: bool, layers: list[str] | None, patch_features: bool,
-                 split: SplitTransform | None) -> None:
+                 split: SplitTransform | None, readouts: Sequence[PatchReadout] = ()) -> None:
         self.bb, self.dev, self.layers, self.patch, self.split = bb, dev, layers, patch_features, split
+        self.readouts = [(r.name, torch.from_numpy(r.labels).to(dev), r.tau) for r in readouts]
         self.amp = torch.autocast(device_type=dev.type, dtype=torch.bfloat16) if amp else nullcontext()
         self.channels_last = bb.kind == "timm"
         if self.channels_last:
@@ -149,14 +158,19 @@ class _Runner:
             out = self._with_taps(x)
         else:
             with torch.inference_mode(), self.amp:
-                if self.patch:
+                if self.patch or self.readouts:
                     from .valuepath import image_and_patch_features
 
                     feats, patches = image_and_patch_features(self.bb.model, x)
-                    out = {"features": feats.float(), "logits": self.bb.logits_from(feats.float()), "patch_features": patches.float()}
+                    out = {"features": feats.float(), "logits": self.bb.logits_from(feats.float())}
+                    with full_precision(patches):
+                        patches = patches.float()
+                        out |= {name: local_mcm(patches, labels, tau) for name, labels, tau in self.readouts}
+                    if self.patch:
+                        out["patch_features"] = patches.half()
                 else:
                     out = dict(self.bb.forward(x))
-        return {k: v.detach().float().cpu().numpy() for k, v in out.items() if v is not None}
+        return {k: _host(k, v) for k, v in out.items() if v is not None}
 
     def _classifier(self) -> torch.nn.Module | None:
         """NAC's head: a module backbone's own, the probe as a Linear (its gradient flows from the
@@ -178,6 +192,13 @@ class _Runner:
         out = {"features": res.features, "logits": res.logits}
         out.update({f"nac/{k}": v for k, v in res.states.items()})
         return out
+
+
+def _host(name: str, v: torch.Tensor) -> np.ndarray:
+    """A batch output on the host: float32, except readouts (float64) and full patch features (float16)."""
+    if name.startswith("patch_readout/") or name == "patch_features":
+        return v.detach().cpu().numpy()
+    return v.detach().float().cpu().numpy()
 
 
 def extract(
@@ -206,13 +227,17 @@ def extract(
     image_mode: str = "RGB",
     skip_missing: bool = False,
     full_image_hash: bool = False,
+    patch_readouts: Sequence[PatchReadout] = (),
 ) -> Path:
     """Extract ``model`` on ``dataset`` into ``store`` and return the FeatureSet folder (cached).
 
     ``dataset``: a Manifest, registry name, ``NAME:SPLIT``, image folder or CSV (see
     :func:`oodeval.data.resolve`). ``taps``: record NAC states (``extras['nac/<layer>']``, layers
-    from :func:`oodeval.features.taps.default_nac_layers` unless ``nac_layers``). ``patch_features``:
-    VLM value-path patch features (GL-MCM; ``features.valuepath``) (``extras['patch_features']``). ``head``: a probe head
+    from :func:`oodeval.features.taps.default_nac_layers` unless ``nac_layers``). ``patch_readouts``:
+    GL-MCM's local score per image for each given (label set, tau), from the VLM value-path patch tokens
+    (``features.patchreadout``; float64 (N,) extras, in the cache key). ``patch_features``: also the full
+    value-path patch tokens (``extras['patch_features']`` (N, P, E), float16, error bound in
+    ``features.patchreadout``; only when asked: P x E x 2 bytes per image). ``head``: a probe head
     file whose logits/weight/bias replace the model's own. ``amp``: bf16 autocast, default on CUDA only.
     ``shard_size``: rows per shard for a new entry (a resumed entry keeps its own). A manifest row
     whose file does not exist is a FileNotFoundError unless ``skip_missing`` (then it is skipped and
@@ -225,27 +250,30 @@ def extract(
     feature, ``image_mode`` is "RGB" or "L"; the cache key holds a hash of its parameters.
     """
     if batch_size < 1 or shard_size < 1:
-        raise ValueError(f"batch_size and shard_size must be >= 1, got {batch_size} and {shard_size}")
+        raise InputError(f"batch_size and shard_size must be >= 1, got {batch_size} and {shard_size}")
     backbone = module = None
     if isinstance(model, torch.nn.Module):
         from .module import module_backbone, module_fingerprint
 
         if weights is not None or pretrained or model_kwargs:
-            raise ValueError("weights, pretrained and model_kwargs apply to model names; load weights into the module yourself")
+            raise InputError("weights, pretrained and model_kwargs apply to model names; load weights into the module yourself")
         backbone = module_backbone(model, transform, head=classifier, feature_layer=feature_layer, image_mode=image_mode)
         module = {k: backbone.preprocessing[k] for k in ("class", "head", "feature_layer", "transform")} | {"image_mode": image_mode}
         model, kind = backbone.name, "module"
     elif transform is not None or classifier is not None or feature_layer is not None:
-        raise ValueError("transform, classifier and feature_layer apply to an nn.Module model, not to a model name")
+        raise InputError("transform, classifier and feature_layer apply to an nn.Module model, not to a model name")
     else:
         kind, _, _ = parse_model_name(model)
-    if patch_features and kind not in ("open_clip", "hf"):
-        raise ValueError("patch_features apply to VLM image towers only (open_clip:..., hf:...)")
+    patch_readouts = sorted(patch_readouts, key=lambda r: r.name)
+    if (patch_features or patch_readouts) and kind not in ("open_clip", "hf"):
+        raise InputError("patch_features and patch_readouts apply to VLM image towers only (open_clip:..., hf:...)")
+    if len({r.name for r in patch_readouts}) != len(patch_readouts):
+        raise InputError("patch_readouts: the same label set and tau are given twice")
     if taps and (kind in ("open_clip", "hf") or (head is not None and kind != "timm")):
-        raise ValueError("taps (NAC states) need a timm classifier or a timm backbone with a probe head (no VLM)")
+        raise InputError("taps (NAC states) need a timm classifier or a timm backbone with a probe head (no VLM)")
     manifest = dataset if isinstance(dataset, Manifest) else resolve(dataset, data_root, strict=strict)
     if len(manifest) == 0:
-        raise ValueError(f"dataset {manifest.name!r} has no images")
+        raise InputError(f"dataset {manifest.name!r} has no images")
     rank, world, local_rank = _dist_info()
     dev = _resolve_device(device, local_rank, world)
     use_amp = (dev.type == "cuda") if amp is None else bool(amp)
@@ -256,7 +284,8 @@ def extract(
     cache_name = model if kind != "timm" or model.startswith("timm:") else f"timm:{model}"  # 'x' and 'timm:x': one entry
     key = entry_key(cache_name, manifest, weights_hash=weights_hash, head_hash=head_hash, pretrained=pretrained,
                     model_kwargs=model_kwargs, taps=taps, nac_layers=nac_layers, patch_features=patch_features,
-                    precision="bf16" if use_amp else "fp32", module=module, full_image_hash=full_image_hash)
+                    precision="bf16" if use_amp else "fp32", module=module, full_image_hash=full_image_hash,
+                    patch_readouts=patch_readouts)
     entry = st.entry_path(store, cache_name, manifest.name, key)
     if (entry / "meta.json").is_file():
         log.info("cached: %s", entry)
@@ -273,7 +302,7 @@ def extract(
                head=head, pretrained=pretrained, model_kwargs=model_kwargs, taps=taps, nac_layers=nac_layers,
                patch_features=patch_features, batch_size=batch_size, num_workers=num_workers, device=dev, amp=use_amp,
                progress=progress, shard_size=shard_size, rank=rank, world=world, backbone=backbone,
-               random_init=_random_init(kind, weights, pretrained))
+               patch_readouts=patch_readouts, random_init=_random_init(kind, weights, pretrained))
     created = _init_dist(world, dev)
     try:
         path = _run(job)
@@ -354,9 +383,19 @@ class _Job:
     rank: int
     world: int
     backbone: Backbone | None = None
+    patch_readouts: Sequence[PatchReadout] = ()
     #: meta ``random_init``: True for a timm / open_clip / hf name with neither weights nor pretrained,
     #: None for a ``module:factory`` (its own business), False otherwise
     random_init: bool | None = False
+
+
+def _check_text_tower(readouts: Sequence[PatchReadout], bb: Backbone) -> None:
+    """Refuse readout labels encoded by another model than the one extracted (text-tower fingerprints)."""
+    mine = bb.info.get("text_tower")
+    for r in readouts:
+        if r.text_tower is not None and mine is not None and r.text_tower != mine:
+            raise InputError(f"patch readout {r.label_set!r}: its labels were encoded by a text tower ({r.text_tower[:12]}) "
+                             f"other than {bb.name!r}'s ({mine[:12]}); encode them with the model being extracted")
 
 
 def _run(job: _Job) -> Path:
@@ -373,6 +412,7 @@ def _run(job: _Job) -> Path:
     timing = {"images": 0, "seconds": 0.0}
 
     bb = job.backbone or load_backbone(job.model, job.weights, pretrained=job.pretrained, model_kwargs=job.model_kwargs, head=job.head)
+    _check_text_tower(job.patch_readouts, bb)
     bb.to(dev)
     split = split_transform(bb.transform)
     layers = None
@@ -387,7 +427,7 @@ def _run(job: _Job) -> Path:
     if mine:
         if done:
             log.info("resuming %s: %d of %d shards already written", job.entry.name, len(done), n_shards)
-        run = _Runner(bb, dev, job.amp, layers, job.patch_features, split)
+        run = _Runner(bb, dev, job.amp, layers, job.patch_features, split, job.patch_readouts)
         batches = [list(range(s, min(s + job.batch_size, stop)))
                    for i in mine for stop in [min((i + 1) * size, n)] for s in range(i * size, stop, job.batch_size)]
         loader = torch.utils.data.DataLoader(
@@ -437,6 +477,7 @@ def _run(job: _Job) -> Path:
             "image_mode": bb.image_mode, "dataset": manifest.name,
             "manifest_hash": manifest.content_hash(), "class_names": manifest.class_names, "key": job.key,
             "taps": layers, "nac_roles": roles, "nac_readout": readout, "depth": depth, "patch_features": job.patch_features, "precision": "bf16" if job.amp else "fp32",
+            "patch_readouts": {r.name: r.describe() for r in job.patch_readouts},
             "device": dev.type, "world_size": world, "role": manifest.meta.get("role"),
             "timing_rank0": timing, "text_tower": bb.info.get("text_tower"),
         }
@@ -453,5 +494,5 @@ def _run(job: _Job) -> Path:
         dist.broadcast_object_list(box, src=0)
         error = box[0]
     if error:
-        raise RuntimeError(error)
+        raise StateError(error)
     return job.entry

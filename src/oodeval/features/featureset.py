@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from .._io import atomic_folder, hash_arrays
+from ..errors import InputError
 from .stream import iter_chunks
 
 __all__ = ["FeatureSet", "FIELDS"]
@@ -156,7 +157,7 @@ class FeatureSet:
         if not problems:
             problems = _nonfinite(self._arrays() if finite else {k: v for k, v in self._arrays().items() if k in ("weight", "bias")})
         if problems:
-            raise ValueError(f"inconsistent FeatureSet {self.name!r}: " + "; ".join(problems))
+            raise InputError(f"inconsistent FeatureSet {self.name!r}: " + "; ".join(problems))
 
     def check_finite(self, needs: tuple[str, ...] | list[str], who: str) -> None:
         """Raise ValueError naming the set, each array among ``needs`` (as in :meth:`require`) with
@@ -179,7 +180,7 @@ class FeatureSet:
         todo = {k: arrays[k] for k in dict.fromkeys(names) if k in arrays and not checked(k)}
         problems = _nonfinite(todo)
         if problems:
-            raise ValueError(f"{who}: FeatureSet {self.name!r} has non-finite values: " + "; ".join(problems))
+            raise InputError(f"{who}: FeatureSet {self.name!r} has non-finite values: " + "; ".join(problems))
         self._finite.update({k: weakref.ref(a) for k, a in todo.items()})
 
     def signature(self) -> dict[str, object]:
@@ -211,7 +212,7 @@ class FeatureSet:
         mine = self.signature()
         diff = [f"{k} {mine[k]} vs {reference[k]}" for k in mine if k in reference and mine[k] != reference[k]]
         if diff:
-            raise ValueError(f"{who}: FeatureSet {self.name!r} does not match the ID-train set {reference_name!r} it was fitted on: " + "; ".join(diff))
+            raise InputError(f"{who}: FeatureSet {self.name!r} does not match the ID-train set {reference_name!r} it was fitted on: " + "; ".join(diff))
 
     def require(self, needs: tuple[str, ...] | list[str], who: str = "this detector") -> None:
         """Raise ValueError listing every requirement in ``needs`` this FeatureSet lacks."""
@@ -231,10 +232,10 @@ class FeatureSet:
                 elif key not in self.extras:
                     missing.append(f"extra array '{key}'")
             elif need not in FIELDS:
-                raise ValueError(f"unknown requirement {need!r}")
+                raise InputError(f"unknown requirement {need!r}")
         if missing:
             src = self.meta.get("dataset", "this FeatureSet")
-            raise ValueError(f"{who} needs {', '.join(missing)}, which {src} does not have")
+            raise InputError(f"{who} needs {', '.join(missing)}, which {src} does not have")
 
     def extras_with_prefix(self, prefix: str) -> dict[str, np.ndarray]:
         """Extra arrays whose names start with ``prefix``, in sorted name order."""
@@ -309,9 +310,9 @@ class FeatureSet:
         try:
             meta = json.loads(meta_file.read_text(encoding="utf-8"))
         except (UnicodeDecodeError, ValueError) as exc:
-            raise ValueError(f"{meta_file} is not valid JSON ({exc}); the FeatureSet is damaged: extract it again") from exc
+            raise InputError(f"{meta_file} is not valid JSON ({exc}); the FeatureSet is damaged: extract it again") from exc
         if not isinstance(meta, dict) or not isinstance(meta.get("shapes", {}), dict):
-            raise ValueError(f"{meta_file} is not a FeatureSet meta.json (no shapes table); extract it again")
+            raise InputError(f"{meta_file} is not a FeatureSet meta.json (no shapes table); extract it again")
         mode = "r" if mmap else None
         arrays: dict[str, np.ndarray] = {}
         missing = []
@@ -322,14 +323,14 @@ class FeatureSet:
                 continue
             arr = _load_array(f, mode)
             if list(arr.shape) != shape:
-                raise ValueError(f"{f} has shape {arr.shape} but meta.json records {tuple(shape)}")
+                raise InputError(f"{f} has shape {arr.shape} but meta.json records {tuple(shape)}")
             arrays[name] = arr
         if missing:
-            raise ValueError(f"FeatureSet {path} is missing {', '.join(missing)}")
+            raise InputError(f"FeatureSet {path} is missing {', '.join(missing)}")
         if "features" not in arrays:
-            raise ValueError(f"FeatureSet {path} records no features array")
+            raise InputError(f"FeatureSet {path} records no features array")
         if verify and meta.get("content_hash") and hash_arrays(arrays) != meta["content_hash"]:
-            raise ValueError(f"FeatureSet {path}: its arrays do not match the content hash meta.json recorded when they were "
+            raise InputError(f"FeatureSet {path}: its arrays do not match the content hash meta.json recorded when they were "
                              "written (a file was changed or damaged); extract or copy it again")
         return cls(
             features=arrays["features"],
@@ -348,4 +349,4 @@ def _load_array(f: Path, mode: str | None) -> np.ndarray:
         return np.load(f, mmap_mode=mode, allow_pickle=False)
     except (ValueError, OSError, EOFError) as exc:
         why = "holds Python objects (pickled data), not numbers" if "pickle" in str(exc) or "Python objects" in str(exc) else f"is not a readable .npy array ({exc})"
-        raise ValueError(f"{f} {why}; the FeatureSet is damaged: extract it again") from exc
+        raise InputError(f"{f} {why}; the FeatureSet is damaged: extract it again") from exc

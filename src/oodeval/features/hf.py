@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import InputError
+
 __all__ = ["HFCLIP", "HFTokenizer", "load_hf"]
 
 
@@ -68,7 +70,7 @@ def _transform(processor) -> tuple[Callable, dict]:
     crop_hw = (crop["height"], crop["width"]) if crop else (short, short)
     interp = T.InterpolationMode(getattr(processor.resample, "name", "BICUBIC").lower())
     if not short:
-        raise ValueError(f"image processor {type(processor).__name__} gives no resize size ({size})")
+        raise InputError(f"image processor {type(processor).__name__} gives no resize size ({size})")
     steps = [T.Resize(short, interpolation=interp), T.CenterCrop(crop_hw), T.ToTensor(),
              T.Normalize(mean=list(processor.image_mean), std=list(processor.image_std))]
     prep = {"library": "transformers", "resize_shortest_edge": short, "center_crop": list(crop_hw),
@@ -81,7 +83,7 @@ def load_hf(name: str, weights: str | Path | None = None, pretrained: bool = Fal
     from transformers import AutoConfig, AutoImageProcessor, AutoModel, AutoTokenizer
 
     if pretrained and weights is not None:
-        raise ValueError("give either weights (a local file) or pretrained (from_pretrained), not both")
+        raise InputError("give either weights (a local file) or pretrained (from_pretrained), not both")
     if pretrained:
         net = AutoModel.from_pretrained(name)
     else:
@@ -91,11 +93,11 @@ def load_hf(name: str, weights: str | Path | None = None, pretrained: bool = Fal
 
             _load_into(net, weights)
     if not (hasattr(net, "get_image_features") and hasattr(net, "get_text_features")):
-        raise ValueError(f"hf:{name} is a {type(net).__name__}, not an image-text dual encoder "
+        raise InputError(f"hf:{name} is a {type(net).__name__}, not an image-text dual encoder "
                          "(needs get_image_features and get_text_features)")
     tokenizer = AutoTokenizer.from_pretrained(name)
     if tokenizer.pad_token_id is None:
-        raise ValueError(f"hf:{name}: the tokenizer has no padding token")
+        raise InputError(f"hf:{name}: the tokenizer has no padding token")
     transform, prep = _transform(AutoImageProcessor.from_pretrained(name))
     context = net.config.text_config.max_position_embeddings
     model = HFCLIP(net, tokenizer.pad_token_id).eval()

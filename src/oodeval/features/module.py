@@ -28,7 +28,8 @@ import torch
 from torch import nn
 
 from .._io import hash_arrays
-from .backbones import Backbone, full_precision
+from ..errors import InputError
+from .backbones import Backbone, full_precision, unknown_prefix_hint
 
 log = logging.getLogger(__name__)
 
@@ -38,14 +39,14 @@ __all__ = ["ModuleBackbone", "module_backbone", "module_fingerprint", "load_fact
 def _named(model: nn.Module, name: str, what: str) -> nn.Module:
     modules = dict(model.named_modules())
     if name not in modules:
-        raise ValueError(f"{what} {name!r} is not a module of {type(model).__name__}; it has e.g. {list(modules)[1:8]}")
+        raise InputError(f"{what} {name!r} is not a module of {type(model).__name__}; it has e.g. {list(modules)[1:8]}")
     return modules[name]
 
 
 def _last_linear(model: nn.Module) -> str:
     names = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
     if not names:
-        raise ValueError(f"{type(model).__name__} has no nn.Linear head; name the feature layer with feature_layer=")
+        raise InputError(f"{type(model).__name__} has no nn.Linear head; name the feature layer with feature_layer=")
     return names[-1]
 
 
@@ -78,13 +79,13 @@ class ModuleBackbone(Backbone):
                 h.remove()
         logits = out[0] if isinstance(out, (tuple, list)) else out
         if "features" not in box:
-            raise ValueError(f"{self.name}: the feature layer was not reached in the forward pass")
+            raise InputError(f"{self.name}: the feature layer was not reached in the forward pass")
         feats = box["features"]
         feats = feats.mean(dim=(2, 3)) if feats.ndim == 4 else feats.flatten(1)
         if self._probe is not None:
             logits = self.logits_from(feats)
         elif not isinstance(logits, torch.Tensor) or logits.ndim != 2:
-            raise ValueError(f"{self.name}: the model must return logits (B, C), got {type(logits).__name__}")
+            raise InputError(f"{self.name}: the model must return logits (B, C), got {type(logits).__name__}")
         elif self.info.get("linear_head"):
             logits = self._head_logits(feats, logits)
         return {"features": feats.float(), "logits": logits.float()}
@@ -142,9 +143,9 @@ def module_backbone(
     if not isinstance(model, nn.Module):
         raise TypeError(f"expected a torch.nn.Module, got {type(model).__name__}")
     if not callable(transform):
-        raise ValueError("a transform (PIL image -> tensor) is required for an nn.Module")
+        raise InputError("a transform (PIL image -> tensor) is required for an nn.Module")
     if image_mode not in ("RGB", "L"):
-        raise ValueError(f"image_mode must be 'RGB' or 'L', got {image_mode!r}")
+        raise InputError(f"image_mode must be 'RGB' or 'L', got {image_mode!r}")
     model.eval()
     head_name = head if head is not None else (None if feature_layer is not None else _last_linear(model))
     w = b = None
@@ -167,18 +168,19 @@ def load_factory(spec: str, model_kwargs: dict | None = None) -> tuple[nn.Module
     """Import ``package.module:factory``, call it with ``model_kwargs`` and return ``(model, transform)``."""
     mod_name, _, attr = spec.partition(":")
     if not mod_name or not attr:
-        raise ValueError(f"model {spec!r} is not of the form package.module:factory")
+        raise InputError(f"model {spec!r} is not of the form package.module:factory")
     try:
         mod = importlib.import_module(mod_name)
     except ImportError as exc:
-        raise ValueError(f"model {spec!r}: cannot import {mod_name!r} ({exc}); is it on PYTHONPATH? (PYTHONPATH=. from its folder; an experiment file beside it puts that folder on the path itself)") from exc
+        where = "is it on PYTHONPATH?" if "." in mod_name else f"is it on PYTHONPATH? If not a module: {unknown_prefix_hint(mod_name)}"
+        raise InputError(f"model {spec!r}: cannot import {mod_name!r} ({exc}); {where} (PYTHONPATH=. from its folder; an experiment file beside it puts that folder on the path itself)") from exc
     factory = getattr(mod, attr, None)
     if not callable(factory):
-        raise ValueError(f"model {spec!r}: {mod_name} has no callable {attr!r}")
+        raise InputError(f"model {spec!r}: {mod_name} has no callable {attr!r}")
     made = factory(**(model_kwargs or {}))
     model, transform = made if isinstance(made, tuple) else (made, getattr(made, "transform", None))
     if not isinstance(model, nn.Module):
-        raise ValueError(f"model {spec!r}: the factory returned {type(model).__name__}, not an nn.Module")
+        raise InputError(f"model {spec!r}: the factory returned {type(model).__name__}, not an nn.Module")
     if not callable(transform):
-        raise ValueError(f"model {spec!r}: the factory must return (model, transform); the transform maps a PIL image to a tensor")
+        raise InputError(f"model {spec!r}: the factory must return (model, transform); the transform maps a PIL image to a tensor")
     return model, transform

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..errors import InputError
 from ..metrics import accuracy
 from .featureset import FeatureSet
 
@@ -35,12 +36,12 @@ def train_probe(
 
     train.require(("features", "labels"), "a linear probe")
     if epochs < 1 or batch_size < 1 or lr <= 0:
-        raise ValueError(f"epochs, batch_size and lr must be positive, got {epochs}, {batch_size}, {lr}")
+        raise InputError(f"epochs, batch_size and lr must be positive, got {epochs}, {batch_size}, {lr}")
     idx = np.flatnonzero(np.asarray(train.labels) >= 0)
     y_all = np.asarray(train.labels)[idx]
     c = int(num_classes if num_classes is not None else y_all.max() + 1)
     if y_all.max() >= c:
-        raise ValueError(f"label {int(y_all.max())} does not fit num_classes={c}")
+        raise InputError(f"label {int(y_all.max())} does not fit num_classes={c}")
     d = train.features.shape[1]
     gen = torch.Generator().manual_seed(seed)
     layer = torch.nn.Linear(d, c)
@@ -70,7 +71,7 @@ def probe_accuracy(fs: FeatureSet, weight: np.ndarray, bias: np.ndarray, chunk: 
     """Top-1 accuracy of the head on the labelled rows of ``fs``."""
     idx = np.flatnonzero(np.asarray(fs.labels) >= 0)
     if idx.size == 0:
-        raise ValueError("no labelled rows to measure accuracy on")
+        raise InputError("no labelled rows to measure accuracy on")
     pred = np.concatenate([(np.asarray(fs.features[idx[s : s + chunk]], dtype=np.float32) @ weight.T + bias).argmax(1)
                            for s in range(0, idx.size, chunk)])
     return accuracy(pred, np.asarray(fs.labels)[idx])

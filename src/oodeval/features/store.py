@@ -24,6 +24,7 @@ import numpy as np
 
 from .._io import atomic_folder, atomic_path, write_json_atomic
 from ..data.manifest import Manifest
+from ..errors import InputError, StateError
 from .featureset import FeatureSet
 
 __all__ = ["entry_path", "partial_path", "shard_path", "write_shard", "done_shards", "assemble", "weights_digest", "plan"]
@@ -98,7 +99,7 @@ def assemble(partial: Path, n_shards: int, entry: Path, manifest: Manifest, meta
     n_rows = len(manifest)
     missing = [i for i in range(n_shards) if not shard_path(partial, i).is_file()]
     if missing:
-        raise RuntimeError(f"entry {entry.name} is incomplete: {len(missing)} of {n_shards} shards missing "
+        raise StateError(f"entry {entry.name} is incomplete: {len(missing)} of {n_shards} shards missing "
                            f"(first {missing[:5]}); rerun the same command to resume")
     kept_parts, failed_parts, errors = [], [], []
     shapes: dict[str, tuple] = {}
@@ -115,10 +116,10 @@ def assemble(partial: Path, n_shards: int, entry: Path, manifest: Manifest, meta
     np.add.at(seen, kept, 1)
     np.add.at(seen, failed, 1)
     if (seen != 1).any() or not (np.diff(kept) > 0).all():
-        raise RuntimeError(f"shards of {entry.name} do not cover the {n_rows} rows exactly once "
+        raise StateError(f"shards of {entry.name} do not cover the {n_rows} rows exactly once "
                            f"({int((seen == 0).sum())} missing, {int((seen > 1).sum())} repeated)")
     if kept.size == 0:
-        raise ValueError(f"none of the {n_rows} images could be read; first errors: {errors[:3]}")
+        raise InputError(f"none of the {n_rows} images could be read; first errors: {errors[:3]}")
     work = partial / "assembled"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -130,7 +131,7 @@ def assemble(partial: Path, n_shards: int, entry: Path, manifest: Manifest, meta
             m = z["rows"].size
             for k, mm in joined.items():
                 if z[k].shape[0] != m:
-                    raise RuntimeError(f"shard {i}: array {k} has {z[k].shape[0]} rows for {m} kept images")
+                    raise StateError(f"shard {i}: array {k} has {z[k].shape[0]} rows for {m} kept images")
                 mm[at : at + m] = z[k]
             at += m
     arrays = {k[2:].replace("|", "/"): mm for k, mm in joined.items()}

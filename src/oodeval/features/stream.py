@@ -13,6 +13,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from ..errors import InputError
+
 __all__ = ["read_rows", "iter_chunks"]
 
 
@@ -49,7 +51,7 @@ def iter_chunks(arrays: dict[str, np.ndarray], rows: int) -> Iterator[tuple[slic
     """``(row slice, {name: rows of that array})`` over consecutive chunks of ``rows`` rows (same first axis)."""
     n = {a.shape[0] for a in arrays.values()}
     if len(n) != 1:
-        raise ValueError(f"arrays have different numbers of rows: {sorted(n)}")
+        raise InputError(f"arrays have different numbers of rows: {sorted(n)}")
     total = n.pop()
     offsets = {name: _npy_data_offset(a) for name, a in arrays.items()}
     step = max(1, int(rows))

@@ -37,6 +37,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from ..errors import InputError
+
 __all__ = ["PRE_LOGITS", "NacPass", "default_nac_layers", "vit_blocks", "vit_depth", "nac_roles", "final_norm_readout",
            "forward_with_nac", "nac_states", "nac_plan", "describe_readout", "pool_state"]
 
@@ -115,7 +117,7 @@ def final_norm_readout(model: nn.Module) -> tuple[str, str, int] | None:
         return None
     pool = getattr(model, "global_pool", "token")
     if getattr(model, "attn_pool", None) is not None or pool not in ("token", "avg"):
-        raise ValueError(f"{type(model).__name__} pools its tokens with {pool!r}: NAC's final-norm readout "
+        raise InputError(f"{type(model).__name__} pools its tokens with {pool!r}: NAC's final-norm readout "
                          f"knows the CLS token and the token mean only; pass nac_layers without 'norm'")
     return "norm", pool, int(getattr(model, "num_prefix_tokens", 1))
 
@@ -139,7 +141,7 @@ def pool_state(t: Tensor, channels: int | None = None) -> Tensor:
         if channels is not None and t.shape[1] != channels and t.shape[-1] == channels:
             return t.sum(dim=(1, 2))
         return t.flatten(2).sum(dim=2)
-    raise ValueError(f"cannot pool a layer output of shape {tuple(t.shape)}")
+    raise InputError(f"cannot pool a layer output of shape {tuple(t.shape)}")
 
 
 @dataclass
@@ -163,18 +165,18 @@ def forward_with_nac(model: nn.Module, images: Tensor, layers: list[str], classi
     pre-logits): the logits the gradient flows from are then ``classifier(model(x))``.
     """
     if model.training:
-        raise ValueError("forward_with_nac needs model.eval(): train-mode BatchNorm mixes samples")
+        raise InputError("forward_with_nac needs model.eval(): train-mode BatchNorm mixes samples")
     if not layers:
-        raise ValueError("forward_with_nac needs at least one layer name")
+        raise InputError("forward_with_nac needs at least one layer name")
     modules = dict(model.named_modules())
     if classifier is None and hasattr(model, "get_classifier"):
         classifier = model.get_classifier()
     if not isinstance(classifier, nn.Module):
-        raise ValueError(f"{type(model).__name__} has no get_classifier() module, so pre_logits is undefined")
+        raise InputError(f"{type(model).__name__} has no get_classifier() module, so pre_logits is undefined")
     probe = all(classifier is not m for m in modules.values())
     unknown = [n for n in layers if n != PRE_LOGITS and n not in modules]
     if unknown:
-        raise ValueError(f"unknown layer names {unknown}; the model has e.g. {list(modules)[1:8]}")
+        raise InputError(f"unknown layer names {unknown}; the model has e.g. {list(modules)[1:8]}")
     captured: dict[str, Tensor] = {}
     hooks = []
 
@@ -199,7 +201,7 @@ def forward_with_nac(model: nn.Module, images: Tensor, layers: list[str], classi
                 logits = classifier(logits)
             missing = [n for n in [*layers, PRE_LOGITS] if n not in captured]
             if missing:
-                raise ValueError(f"layers {missing} were not reached in the forward pass")
+                raise InputError(f"layers {missing} were not reached in the forward pass")
             loss = -torch.log_softmax(logits.float(), dim=-1).mean(dim=-1).sum()
             grads = torch.autograd.grad(loss, [captured[n] for n in layers])
     finally:

@@ -30,6 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import InputError
+
 __all__ = ["image_and_patch_features", "self_only_mask", "check_supported"]
 
 
@@ -52,7 +54,7 @@ def _tower(model: nn.Module) -> tuple[str, nn.Module]:
         return "open_clip_vit", visual
     if isinstance(visual, TimmModel):
         return "timm", visual
-    raise ValueError(f"GL-MCM patch features: no value path for an image tower of type {type(visual).__name__} "
+    raise InputError(f"GL-MCM patch features: no value path for an image tower of type {type(visual).__name__} "
                      "(supported: open_clip ViT, open_clip timm ViT/EVA towers, Hugging Face AIMv2)")
 
 
@@ -61,20 +63,20 @@ def check_supported(model: nn.Module) -> None:
     kind, tower = _tower(model)
     if kind == "open_clip_vit":
         if tower.attn_pool is not None or tower.pool_type != "tok" or tower.final_ln_after_pool:
-            raise ValueError("GL-MCM patch features need an open_clip ViT with CLS-token pooling and ln_post before "
+            raise InputError("GL-MCM patch features need an open_clip ViT with CLS-token pooling and ln_post before "
                              f"pooling (this one: pool_type={tower.pool_type!r}, attn_pool={tower.attn_pool is not None}, "
                              f"final_ln_after_pool={tower.final_ln_after_pool})")
     elif kind == "timm":
         trunk = tower.trunk
         if not hasattr(trunk, "blocks") or not hasattr(trunk, "fc_norm"):
-            raise ValueError(f"GL-MCM patch features need a timm ViT/EVA trunk, not {type(trunk).__name__}")
+            raise InputError(f"GL-MCM patch features need a timm ViT/EVA trunk, not {type(trunk).__name__}")
         pool = getattr(trunk, "attn_pool", None)
         if pool is not None and (getattr(pool, "pos_embed", None) is not None or getattr(pool, "latent_len", 1) != 1):
-            raise ValueError("GL-MCM patch features: the trunk's attention pool has a position embedding or several latents")
+            raise InputError("GL-MCM patch features: the trunk's attention pool has a position embedding or several latents")
         if pool is None and getattr(trunk, "global_pool", "") not in ("token", "avg"):
-            raise ValueError(f"GL-MCM patch features: unsupported timm pooling {getattr(trunk, 'global_pool', None)!r}")
+            raise InputError(f"GL-MCM patch features: unsupported timm pooling {getattr(trunk, 'global_pool', None)!r}")
     elif not tower.vision_model.use_head:
-        raise ValueError("GL-MCM patch features: this AIMv2 vision tower has no pooling head (use_head=False)")
+        raise InputError("GL-MCM patch features: this AIMv2 vision tower has no pooling head (use_head=False)")
 
 
 def _open_clip_vit(visual: nn.Module, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from .._io import check_output, claim_folder, remove_own, write_parquet_atomic, write_text_atomic
+from ..errors import InputError
 from ..results import ALL_SPLIT, METRICS, load_cell_scores, load_results, missing_cell_scores, parts_dir
 from . import figures as figs
 from .paper_views import CLEAN_SUFFIX, gallery_items
@@ -49,7 +50,7 @@ def save_sweep(results: str | Path, sweep: str, model: str, dataset: str, sizes,
     sizes = np.asarray(sizes, dtype=np.int64)
     fpr95 = np.asarray(fpr95, dtype=np.float64)
     if sizes.shape != fpr95.shape or sizes.ndim != 1 or sizes.size == 0:
-        raise ValueError(f"sizes and fpr95 must be equal-length 1-d arrays, got {sizes.shape} and {fpr95.shape}")
+        raise InputError(f"sizes and fpr95 must be equal-length 1-d arrays, got {sizes.shape} and {fpr95.shape}")
     path = check_output(sweeps_path(results), "sweeps table")
     new = pd.DataFrame({"sweep": sweep, "param": param, "model": model, "dataset": dataset, "size": sizes, "fpr95": fpr95, "key": key})
     if path.exists():
@@ -67,7 +68,7 @@ def _check_values(df: pd.DataFrame, results: Path) -> None:
         bad = v.notna() & ((v < 0) | (v > 1))
         if bad.any():
             r = df[bad].iloc[0]
-            raise ValueError(f"results table {results}: {int(bad.sum())} value(s) of {m} lie outside [0, 1] "
+            raise InputError(f"results table {results}: {int(bad.sum())} value(s) of {m} lie outside [0, 1] "
                              f"(e.g. {float(v[bad].iloc[0])!r} for {r['detector']}/{r['dataset']}); metrics are fractions, "
                              "so the table was changed outside oodeval: recompute it with `oodeval run`")
 
@@ -126,10 +127,10 @@ def build_views(
     if primary is None and datasets:
         primary = datasets[0]
     if primary is not None and datasets and primary not in datasets:
-        raise ValueError(f"primary OOD set {primary!r} is not in the results; they hold: {', '.join(datasets)}")
+        raise InputError(f"primary OOD set {primary!r} is not in the results; they hold: {', '.join(datasets)}")
     models = list(dict.fromkeys(frame["model"]))
     if model is not None and model not in models:
-        raise ValueError(f"model {model!r} is not in the results; they hold: {', '.join(models)}")
+        raise InputError(f"model {model!r} is not in the results; they hold: {', '.join(models)}")
     model = model or _pick_model(frame)
     scores = model_scores(df, results_path, model) if model else {}
     if subsample_n is None and primary in scores:
@@ -263,17 +264,17 @@ def write_report(
     rewritten when it is an earlier report; any other existing file or folder there is refused.
     """
     if convention not in CONVENTIONS:
-        raise ValueError(f"convention must be one of {', '.join(CONVENTIONS)}, got {convention!r}")
+        raise InputError(f"convention must be one of {', '.join(CONVENTIONS)}, got {convention!r}")
     results = Path(getattr(results, "results", results))
     if not results.is_file() and not parts_dir(results).is_dir():
         raise FileNotFoundError(f"results table {results} does not exist (run `oodeval run` first)")
     df = load_results(results)
     if len(df) == 0:
-        raise ValueError(f"results table {results} has no rows")
+        raise InputError(f"results table {results} has no rows")
     _check_values(df, results)
     damaged = missing_cell_scores(df, results)
     if damaged:
-        raise ValueError(f"{len(damaged)} score file(s) of {results} are missing or damaged ({damaged[0]}); "
+        raise InputError(f"{len(damaged)} score file(s) of {results} are missing or damaged ({damaged[0]}); "
                          "the figures and tables drawn from them would be wrong: rerun `oodeval run` (with retry) to recompute them")
     if experiment is not None:
         from ..experiment import load_config
@@ -282,7 +283,7 @@ def write_report(
     selection = select_configurations(df, experiment)
     df = selection.rows
     if len(df) == 0:
-        raise ValueError(f"results table {results} holds no cell of a configuration declared by experiment {experiment.name!r}")
+        raise InputError(f"results table {results} holds no cell of a configuration declared by experiment {experiment.name!r}")
     df = _with_ood_positive(df, results)
     groups = {d.label: d.group for d in experiment.ood if d.group} if experiment is not None else None
     out_dir = claim_folder(out_dir, "report")

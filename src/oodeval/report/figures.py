@@ -22,6 +22,7 @@ import pandas as pd
 
 from .._extras import needs
 from .._io import atomic_path
+from ..errors import InputError
 
 with needs():  # matplotlib is the report extra
     from matplotlib.figure import Figure
@@ -37,7 +38,7 @@ def save_figure(fig: Figure, path: Path, formats: tuple[str, ...] = FORMATS) -> 
     each atomically; returns the PNG path."""
     unknown = sorted(set(formats) - set(FORMATS))
     if unknown:
-        raise ValueError(f"figure format(s) {', '.join(unknown)} unknown; use {', '.join(FORMATS)}")
+        raise InputError(f"figure format(s) {', '.join(unknown)} unknown; use {', '.join(FORMATS)}")
     path = Path(path).with_suffix(".png")
     for fmt in ("png", *[f for f in FORMATS[1:] if f in formats]):
         with atomic_path(path.with_suffix(f".{fmt}")) as tmp:

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ..errors import InputError
 from .views import Cell, View, best_row, full_split, pct, register_view, row_ci
 
 __all__ = ["benchmarks", "clean_subsamples", "eoe_prompts", "supervised_models", "gallery_items", "CLEAN_SUFFIX"]
@@ -175,6 +176,6 @@ def gallery_items(export: str | Path | None, count: int, skip: int = 0, seed: in
     ood = pd.read_csv(table)
     missing = [c for c in ("path", "ood_label", "original_name") if c not in ood.columns]
     if missing:
-        raise ValueError(f"{table} lacks column(s) {', '.join(missing)}")
+        raise InputError(f"{table} lacks column(s) {', '.join(missing)}")
     order = np.random.default_rng(seed).permutation(len(ood))[skip : skip + count]
     return [(Path(export) / ood["path"].iloc[i], str(ood["ood_label"].iloc[i]), str(ood["original_name"].iloc[i])) for i in order]

@@ -15,6 +15,7 @@ from importlib import resources
 import numpy as np
 import pandas as pd
 
+from ..errors import InputError
 from .views import View, best_row, full_split, register_view, row_ci
 
 __all__ = ["TABLES", "load_reference", "comparison_view"]
@@ -26,7 +27,7 @@ _ROUNDING = 0.05  # the paper prints one decimal (points)
 def load_reference(table: str) -> pd.DataFrame:
     """The paper's ``table`` (one of :data:`TABLES`) as a DataFrame, values in %."""
     if table not in TABLES:
-        raise ValueError(f"no reference table {table!r}; there are: {', '.join(TABLES)}")
+        raise InputError(f"no reference table {table!r}; there are: {', '.join(TABLES)}")
     with resources.files(__package__).joinpath("reference", f"{table}.csv").open() as f:
         return pd.read_csv(f, keep_default_na=False, na_values=[""])
 

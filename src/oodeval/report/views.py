@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from ..errors import InputError
 from ..registry import Registry
 from ..results import ALL_SPLIT
 
@@ -78,7 +79,7 @@ def register_view(key: str, *, order: int | None = None, needs: tuple[str, ...] 
     places it among the others (the paper's tables use 10, 20, ...; none: after them)."""
     unknown = sorted(set(needs) - set(VIEW_INPUTS))
     if unknown:
-        raise ValueError(f"view {key!r} needs unknown input(s) {', '.join(unknown)}; inputs: {', '.join(VIEW_INPUTS)}")
+        raise InputError(f"view {key!r} needs unknown input(s) {', '.join(unknown)}; inputs: {', '.join(VIEW_INPUTS)}")
 
     def deco(fn: Callable[..., View]) -> Callable[..., View]:
         fn.needs = tuple(needs)
@@ -122,7 +123,7 @@ def _detector_rank() -> dict[str, int]:
 
 
 def _label_key(label: str, rank: dict[str, int]) -> tuple:
-    base = label.split(" ", 1)[0].split("[", 1)[0]
+    base = label.split(" ", 1)[0].split("[", 1)[0].removeprefix(ZS_PREFIX)
     return (rank.get(base, len(rank)), label)
 
 
@@ -138,7 +139,7 @@ def best_row(rows: pd.DataFrame, metric: str = "fpr95") -> pd.Series:
     lowest FPR@95 (``metric="fpr95"``) or highest AUROC (``metric="auroc"``); ties go to the better
     other metric, then to the detector earlier in the paper's order, then to the label."""
     if len(rows) == 0:
-        raise ValueError("best_row of no rows")
+        raise InputError("best_row of no rows")
     rank = _detector_rank()
     other = "auroc" if metric == "fpr95" else "fpr95"
     sign = {"fpr95": 1.0, "auroc": -1.0}
@@ -159,15 +160,25 @@ def hp_text(hp_json_text: str) -> str:
     return ", ".join(parts) or "defaults"
 
 
+#: display prefix of a zero-shot scorer whose name a post-hoc detector of the same table also
+#: shows (mcm, maxlogit, energy, gen: different methods under one registry name); stored names stay
+ZS_PREFIX = "zs:"
+
+
 def add_det(rows: pd.DataFrame) -> pd.DataFrame:
     """``rows`` with a display column ``det``: the detector label, ``[vocabulary]`` for vocabulary
-    scorers, and the hyperparameters where one model ran a label with several settings."""
+    scorers, ``zs:`` before a zero-shot scorer's label that post-hoc rows of ``rows`` show too
+    (column ``kind``), and the hyperparameters where one model ran a label with several settings."""
     rows = rows.copy()
     if len(rows) == 0:
         return rows.assign(det=pd.Series(dtype="string"))
     label = rows["label"].fillna(rows["detector"]).astype(str)
     vocab = rows["vocabulary"].astype("string")
     rows["det"] = np.where(vocab.isna(), label, label + "[" + vocab.fillna("") + "]")
+    if "kind" in rows:
+        zero_shot = rows["kind"].eq("zero-shot").fillna(False).astype(bool)
+        shared = rows["det"].isin(set(rows.loc[zero_shot, "det"])) & rows["det"].isin(set(rows.loc[~zero_shot, "det"]))
+        rows.loc[shared & zero_shot, "det"] = ZS_PREFIX + rows.loc[shared & zero_shot, "det"]
     clash = rows.groupby(["model", "det"])["hyperparameters"].transform("nunique") > 1
     rows.loc[clash, "det"] = rows.loc[clash, "det"] + " " + rows.loc[clash, "hyperparameters"].astype(str).map(hp_text)
     return rows

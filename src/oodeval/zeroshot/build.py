@@ -7,6 +7,7 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..errors import InputError
 from .negmining import rank_candidates
 from .text import TextEncoder
 from .vocabulary import Vocabulary
@@ -25,14 +26,14 @@ def prompt_names(names: Sequence[str], source: str) -> list[str]:
     if not wn:
         return names
     if len(wn) != len(names):
-        raise ValueError(f"ID names from {source} mix {len(wn)} WordNet ids (e.g. {wn[0]!r}) with names; "
+        raise InputError(f"ID names from {source} mix {len(wn)} WordNet ids (e.g. {wn[0]!r}) with names; "
                          "give names only (a file, one per line, or 'imagenet1k')")
     from .imagenet import class_names, wnids
 
     index = {w: i for i, w in enumerate(wnids())}
     unknown = [w for w in names if w not in index]
     if unknown:
-        raise ValueError(f"ID names from {source} are WordNet ids, {len(unknown)} not in ImageNet-1k (e.g. {unknown[:3]}): "
+        raise InputError(f"ID names from {source} are WordNet ids, {len(unknown)} not in ImageNet-1k (e.g. {unknown[:3]}): "
                          "wnids are never used as prompt text; give the class names in a file (one per line)")
     curated = class_names()
     return [curated[index[w]] for w in names]
@@ -51,11 +52,11 @@ def read_id_names(spec: str) -> tuple[list[str], list[str] | None]:
         raise FileNotFoundError(f"ID names: {spec!r} is neither 'imagenet1k' nor an existing file")
     names = [line.strip() for line in path.read_text().splitlines() if line.strip()]
     if not names:
-        raise ValueError(f"ID names file {path} has no names")
+        raise InputError(f"ID names file {path} has no names")
     dup = len(names) - len(set(names))
     if dup:
         repeated = [n for n, count in Counter(names).items() if count > 1]
-        raise ValueError(f"ID names file {path} repeats {dup} names, e.g. {repeated[:3]}")
+        raise InputError(f"ID names file {path} repeats {dup} names, e.g. {repeated[:3]}")
     return prompt_names(names, str(path)), None
 
 

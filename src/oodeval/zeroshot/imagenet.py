@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from ..errors import InputError
+
 __all__ = ["class_names", "wnids", "synset_lemmas"]
 
 
@@ -51,7 +53,7 @@ def class_names(unique: bool = True) -> tuple[str, ...]:
         if name in seen:
             options = [lemma for lemma in lemmas[i] if lemma not in taken]
             if not options:
-                raise ValueError(f"class {i} ({wnids()[i]}) repeats {name!r} and has no unused synset lemma")
+                raise InputError(f"class {i} ({wnids()[i]}) repeats {name!r} and has no unused synset lemma")
             names[i] = options[0]
             taken.add(options[0])
         seen.add(names[i])

@@ -25,6 +25,7 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..errors import InputError
 from ..llm import ChatClient
 from .prompts import load_prompts, prompts_provenance
 from .vocabulary import Vocabulary
@@ -87,7 +88,7 @@ def generate_siblings(
     banned = {_key(n) for n in id_names}
     if synonyms is not None:
         if len(synonyms) != len(id_names):
-            raise ValueError(f"{len(synonyms)} synonym sets for {len(id_names)} ID names")
+            raise InputError(f"{len(synonyms)} synonym sets for {len(id_names)} ID names")
         banned |= {_key(s) for group in synonyms for s in group}
     prompt = load_prompts(prompts, needed=("siblings",))["siblings"]
     out: dict[str, list[str]] = {}
@@ -131,7 +132,7 @@ def generate_eoe(
 ) -> Vocabulary:
     """EOE's envisioned outlier classes for one prompt style (far, near, fine_grained), as released."""
     if style not in ("far", "near", "fine_grained"):
-        raise ValueError(f"unknown EOE prompt style {style!r}; known: far, near, fine_grained")
+        raise InputError(f"unknown EOE prompt style {style!r}; known: far, near, fine_grained")
     keys = ("eoe.near.first",) if style == "near" else (f"eoe.{style}.first", f"eoe.{style}.again")
     texts = load_prompts(prompts, needed=keys)
     names: list[str] = []

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..errors import InputError
+
 __all__ = ["load_clip"]
 
 
@@ -41,10 +43,10 @@ def load_clip(model: str, weights: str | None = None, pretrained: str | None = N
         name = path.stem
     arch = name.removeprefix("open_clip:").partition("@")[0]
     if arch not in open_clip.list_models():
-        raise ValueError(f"unknown open_clip model {arch!r} (give an open_clip architecture or a model-config .json)")
+        raise InputError(f"unknown open_clip model {arch!r} (give an open_clip architecture or a model-config .json)")
     tag = None if pretrained in (None, "none") else pretrained
     if weights is not None and tag is not None:
-        raise ValueError("give either weights (a local file) or pretrained (a hub tag), not both")
+        raise InputError("give either weights (a local file) or pretrained (a hub tag), not both")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         net, _, tokenizer = load_open_clip(name, weights, pretrained=tag)

@@ -12,6 +12,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ..errors import InputError
+
 __all__ = ["percentile_similarity", "rank_candidates", "negmine"]
 
 
@@ -20,9 +22,9 @@ def percentile_similarity(candidates: np.ndarray, id_text: np.ndarray, percentil
     candidates = np.asarray(candidates)
     id_text = np.asarray(id_text, dtype=np.float64)
     if candidates.ndim != 2 or id_text.ndim != 2 or candidates.shape[1] != id_text.shape[1]:
-        raise ValueError(f"need candidates (K, E) and ID embeddings (C, E); got {candidates.shape} and {id_text.shape}")
+        raise InputError(f"need candidates (K, E) and ID embeddings (C, E); got {candidates.shape} and {id_text.shape}")
     if not 0 <= percentile <= 100:
-        raise ValueError(f"percentile must be in [0, 100], got {percentile}")
+        raise InputError(f"percentile must be in [0, 100], got {percentile}")
     out = np.empty(len(candidates))
     for start in range(0, len(candidates), chunk):
         sims = np.asarray(candidates[start : start + chunk], dtype=np.float64) @ id_text.T
@@ -33,7 +35,7 @@ def percentile_similarity(candidates: np.ndarray, id_text: np.ndarray, percentil
 def rank_candidates(labels: Sequence[str], candidates: np.ndarray, id_text: np.ndarray, percentile: float = 95.0) -> tuple[list[str], np.ndarray]:
     """All candidates ordered least ID-like first (by d_j, then label); returns (labels, d sorted)."""
     if len(labels) != len(candidates):
-        raise ValueError(f"{len(labels)} labels but {len(candidates)} candidate embeddings")
+        raise InputError(f"{len(labels)} labels but {len(candidates)} candidate embeddings")
     d = percentile_similarity(candidates, id_text, percentile)
     order = np.lexsort((np.asarray(labels, dtype=str), d))
     return [labels[i] for i in order], d[order]
@@ -42,6 +44,6 @@ def rank_candidates(labels: Sequence[str], candidates: np.ndarray, id_text: np.n
 def negmine(labels: Sequence[str], candidates: np.ndarray, id_text: np.ndarray, m: int = 5000, percentile: float = 95.0) -> list[str]:
     """The ``m`` candidate labels least similar to the ID names (all of them when fewer)."""
     if m < 0:
-        raise ValueError(f"M must be >= 0, got {m}")
+        raise InputError(f"M must be >= 0, got {m}")
     ranked, _ = rank_candidates(labels, candidates, id_text, percentile)
     return ranked[:m]

@@ -13,6 +13,8 @@ import string
 import tomllib
 from pathlib import Path
 
+from ..errors import InputError
+
 __all__ = ["DEFAULT_PROMPTS", "DEFAULT_NAME", "PLACEHOLDERS", "load_prompts", "prompts_provenance"]
 
 DEFAULT_PROMPTS = Path(__file__).with_name("prompts") / "default.toml"
@@ -45,23 +47,23 @@ def load_prompts(path: str | Path | None = None, needed: tuple[str, ...] = ()) -
     try:
         flat = _flatten(tomllib.loads(path.read_text()))
     except tomllib.TOMLDecodeError as exc:
-        raise ValueError(f"prompt file {path} is not valid TOML: {exc}") from exc
+        raise InputError(f"prompt file {path} is not valid TOML: {exc}") from exc
     unknown = sorted(set(flat) - set(PLACEHOLDERS))
     if unknown:
-        raise ValueError(f"prompt file {path}: unknown prompt keys {unknown}; known: {sorted(PLACEHOLDERS)}")
+        raise InputError(f"prompt file {path}: unknown prompt keys {unknown}; known: {sorted(PLACEHOLDERS)}")
     missing = [k for k in needed if k not in flat]
     if missing:
-        raise ValueError(f"prompt file {path} has no {', '.join(missing)}")
+        raise InputError(f"prompt file {path} has no {', '.join(missing)}")
     for key, text in flat.items():
         if not isinstance(text, str) or not text.strip():
-            raise ValueError(f"prompt file {path}: {key} must be a non-empty string")
+            raise InputError(f"prompt file {path}: {key} must be a non-empty string")
         try:
             fields = {f for _, f, _, _ in string.Formatter().parse(text) if f is not None}
         except ValueError as exc:
-            raise ValueError(f"prompt file {path}: {key} has a malformed placeholder ({exc}); write {{{{ and }}}} for literal braces") from exc
+            raise InputError(f"prompt file {path}: {key} has a malformed placeholder ({exc}); write {{{{ and }}}} for literal braces") from exc
         bad = sorted(fields - set(PLACEHOLDERS[key]))
         if bad:
-            raise ValueError(f"prompt file {path}: {key} uses placeholders {bad}; allowed: {list(PLACEHOLDERS[key])}")
+            raise InputError(f"prompt file {path}: {key} uses placeholders {bad}; allowed: {list(PLACEHOLDERS[key])}")
     return {k: str(v) for k, v in flat.items()}
 
 

@@ -1,4 +1,4 @@
-"""Zero-shot VLM OOD scorers on cached embeddings (paper Sec. 4.1, App. F; DESIGN.md).
+"""Zero-shot VLM OOD scorers on cached embeddings (paper Sec. 4.1, App. F; docs/zeroshot.md).
 
 Every score starts from the similarity logits l_c(x) = h(x)' t_c / tau of the l2-normalised image
 embedding h(x) and label embeddings t_c, tau = 0.01 (NegLabel), so a(x, t) = exp(l). All maths is
@@ -10,7 +10,8 @@ energy = logsumexp_c l_c (Liu et al. 2020, T = 1 on the tau-scaled logits); gen 
 of p^g (1 - p)^g (GEN, Liu et al. 2023; g = 0.1, M = 100); entropy = sum_c p log p (negative
 entropy); margin = l_(1) - l_(2) (gap between the two largest logits; ``space="prob"`` uses
 p_(1) - p_(2)); gl_mcm = mcm + lambda * max over patches of max_c softmax of the patch logits
-(GL-MCM, Miyai et al. 2025; lambda = 1; patch features from the value-path pass).
+(GL-MCM, Miyai et al. 2025; lambda = 1; patch features from the value-path pass, or the local term as the
+readout stored at extraction, ``features.patchreadout``).
 
 Vocabulary based (ID names + M negatives t^_m): neglabel = Eq. 3,
 s = sum_c a(x,t_c) / (sum_c a(x,t_c) + sum_m a(x,t^_m)), with NegLabel's grouping (Jiang et al. 2024,
@@ -29,6 +30,7 @@ from scipy.special import log_softmax, logsumexp
 from sklearn.base import BaseEstimator
 
 from ..detectors.base import as_scores
+from ..errors import InputError
 from ..features import FeatureSet
 from ..registry import Registry
 
@@ -55,27 +57,27 @@ def register(name: str, order: int | None = None, vocabulary: bool = False):
 def _check_unit(name: str, x: np.ndarray, ndim: int) -> np.ndarray:
     x = np.asarray(x, dtype=np.float64)
     if x.ndim != ndim:
-        raise ValueError(f"{name} must have {ndim} dimensions, got shape {x.shape}")
+        raise InputError(f"{name} must have {ndim} dimensions, got shape {x.shape}")
     bad = ~np.isfinite(x)
     if bad.any():
-        raise ValueError(f"{name} has {int(bad.sum())} non-finite values")
+        raise InputError(f"{name} has {int(bad.sum())} non-finite values")
     norms = np.linalg.norm(x, axis=-1)
     off = np.abs(norms - 1.0) > 1e-3
     if off.any():
-        raise ValueError(f"{name}: {int(off.sum())} of {norms.size} rows are not l2-normalised (norm != 1)")
+        raise InputError(f"{name}: {int(off.sum())} of {norms.size} rows are not l2-normalised (norm != 1)")
     return x
 
 
 def similarity_logits(image: np.ndarray, text: np.ndarray, tau: float = 0.01) -> np.ndarray:
     """l = image @ text.T / tau in float64. image (..., E) and text (C, E) must be l2-normalised."""
     if not tau > 0:
-        raise ValueError(f"tau must be > 0, got {tau}")
+        raise InputError(f"tau must be > 0, got {tau}")
     image = _check_unit("image embeddings", image, np.ndim(image))
     text = _check_unit("text embeddings", text, 2)
     if image.shape[-1] != text.shape[1]:
-        raise ValueError(f"image embeddings have dim {image.shape[-1]}, text embeddings {text.shape[1]}")
+        raise InputError(f"image embeddings have dim {image.shape[-1]}, text embeddings {text.shape[1]}")
     if text.shape[0] == 0:
-        raise ValueError("no text embeddings (0 labels)")
+        raise InputError("no text embeddings (0 labels)")
     return image @ text.T / tau
 
 
@@ -90,10 +92,10 @@ def _prepare(name: str, x: np.ndarray, normalize: bool) -> np.ndarray:
     if normalize:
         bad = ~np.isfinite(x)
         if bad.any():
-            raise ValueError(f"{name} has {int(bad.sum())} non-finite values")
+            raise InputError(f"{name} has {int(bad.sum())} non-finite values")
         norms = np.linalg.norm(x, axis=-1, keepdims=True)
         if (norms == 0).any():
-            raise ValueError(f"{name}: {int((norms == 0).sum())} rows have norm 0 and cannot be normalised")
+            raise InputError(f"{name}: {int((norms == 0).sum())} rows have norm 0 and cannot be normalised")
         x = x / norms
     return _check_unit(name, x, x.ndim)
 
@@ -129,22 +131,22 @@ class ZeroShotScorer(BaseEstimator):
             image.require(self.needs, who)
         else:
             if self.needs != ("features",):
-                raise ValueError(f"{who} needs {self.needs}: pass a FeatureSet, not an array")
+                raise InputError(f"{who} needs {self.needs}: pass a FeatureSet, not an array")
             image = FeatureSet(features=np.asarray(image))
         if negatives is not None and not self.uses_negatives:
-            raise ValueError(f"{who} uses the ID names only; negatives were given ({len(negatives)})")
+            raise InputError(f"{who} uses the ID names only; negatives were given ({len(negatives)})")
         if not self.tau > 0:
-            raise ValueError(f"tau must be > 0, got {self.tau}")
+            raise InputError(f"tau must be > 0, got {self.tau}")
         id_text = _check_unit("text embeddings", id_text, 2)
         if id_text.shape[0] == 0:
-            raise ValueError("no text embeddings (0 labels)")
+            raise InputError("no text embeddings (0 labels)")
         if negatives is not None:
             negatives = np.asarray(negatives, dtype=np.float64)
             negatives = (negatives.reshape(0, image.features.shape[1]) if negatives.size == 0
                          else _check_unit("negative text embeddings", negatives, 2))
         for name, t in (("text", id_text), ("negative text", negatives)):
             if t is not None and len(t) and t.shape[1] != image.features.shape[1]:
-                raise ValueError(f"image embeddings have dim {image.features.shape[1]}, {name} embeddings {t.shape[1]}")
+                raise InputError(f"image embeddings have dim {image.features.shape[1]}, {name} embeddings {t.shape[1]}")
         n = len(image)
         extras = [need[len("extra:") :] for need in self.needs if need.startswith("extra:")]
         arrays = {"features": image.features, **{k: image.extras[k] for k in extras}}
@@ -215,7 +217,7 @@ class GEN(ZeroShotScorer):
         logits = _logits(image.features, id_text, self.tau)
         m = min(int(self.top_m), logits.shape[1])
         if m < 1:
-            raise ValueError(f"GEN top_m must be >= 1, got {self.top_m}")
+            raise InputError(f"GEN top_m must be >= 1, got {self.top_m}")
         lse = logsumexp(logits, axis=1, keepdims=True)
         top = np.exp(-np.sort(-logits, axis=1)[:, :m] - lse)
         rest = 1.0 - top
@@ -249,11 +251,11 @@ class Margin(ZeroShotScorer):
     def _score(self, image, id_text, negatives):
         logits = _logits(image.features, id_text, self.tau)
         if logits.shape[1] < 2:
-            raise ValueError("margin needs at least 2 ID labels")
+            raise InputError("margin needs at least 2 ID labels")
         if self.space == "prob":
             logits = np.exp(log_softmax(logits, axis=1))
         elif self.space != "logit":
-            raise ValueError(f"margin space must be 'logit' or 'prob', got {self.space!r}")
+            raise InputError(f"margin space must be 'logit' or 'prob', got {self.space!r}")
         top2 = -np.partition(-logits, 1, axis=1)[:, :2]
         return top2[:, 0] - top2[:, 1]
 
@@ -262,7 +264,10 @@ class Margin(ZeroShotScorer):
 class GLMCM(ZeroShotScorer):
     """MCM + lambda * max_patches max_c softmax(patch logits) (GL-MCM; lambda = 1).
 
-    Reads ``extras["patch_features"]`` (N, P, E), l2-normalised, from the value-path pass.
+    The local term comes from the readout stored at extraction for these label embeddings and tau
+    (``extras["patch_readout/..."]``, ``features.patchreadout``; computed on float64-renormalised tokens,
+    as ``normalize=True`` does), else from ``extras["patch_features"]`` (N, P, E), l2-normalised, from the
+    value-path pass. Readouts for other labels or another tau only are refused (ValueError).
     """
 
     needs = ("features", "extra:patch_features")
@@ -276,17 +281,30 @@ class GLMCM(ZeroShotScorer):
         return (p + 1) * (e + n_labels)
 
     def score(self, image, id_text, negatives=None, normalize=False):
-        if isinstance(image, FeatureSet) and "patch_features" not in image.extras:
-            src = image.meta.get("dataset", "this FeatureSet")
-            raise ValueError(f"gl_mcm needs patch features, which {src} does not have: extract the VLM with "
-                             "patch_features (`oodeval extract --patch-features`, `patch_features = true` in a grid)")
+        from ..features.patchreadout import has_patch_data, stored_readout
+
+        if isinstance(image, FeatureSet):
+            if not has_patch_data(image):
+                src = image.meta.get("dataset", "this FeatureSet")
+                raise InputError(f"gl_mcm needs patch features, which {src} does not have: extract the VLM with "
+                                 "patch_features (`oodeval extract --patch-features`, `patch_features = true` in a grid)")
+            if not self.tau > 0:
+                raise InputError(f"tau must be > 0, got {self.tau}")
+            local = stored_readout(image, _check_unit("text embeddings", id_text, 2), self.tau)
+            if local is not None:
+                if negatives is not None:
+                    raise InputError(f"GLMCM uses the ID names only; negatives were given ({len(negatives)})")
+                mcm = MCM(self.tau)
+                mcm.chunk_rows = self.chunk_rows
+                glob = mcm.score(FeatureSet(features=image.features), id_text, normalize=normalize)
+                return as_scores(glob + self.lam * local, len(image), type(self).__name__)
         return super().score(image, id_text, negatives, normalize)
 
     def _score(self, image, id_text, negatives):
         glob = _max_softmax(_logits(image.features, id_text, self.tau))
         patches = image.extras["patch_features"]
         if patches.ndim != 3 or patches.shape[0] != len(image):
-            raise ValueError(f"patch_features must be (N, P, E) with N={len(image)}, got {patches.shape}")
+            raise InputError(f"patch_features must be (N, P, E) with N={len(image)}, got {patches.shape}")
         local = _max_softmax(_logits(patches, id_text, self.tau)).max(axis=1)
         return glob + self.lam * local
 
@@ -315,7 +333,7 @@ class NegLabel(ZeroShotScorer):
         if negatives is None or len(negatives) == 0:
             return np.ones(len(id_logits))
         if int(self.n_groups) < 1:
-            raise ValueError(f"n_groups must be >= 1, got {self.n_groups}")
+            raise InputError(f"n_groups must be >= 1, got {self.n_groups}")
         lse_id = logsumexp(id_logits, axis=1)
         neg_logits = _logits(image.features, negatives, self.tau)
         m = neg_logits.shape[1]

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from ..errors import InputError
 from ..features import FeatureSet
 from ..metrics import evaluate
 from .llm_vocab import siblings_vocabulary
@@ -40,7 +41,7 @@ def sweep_prefix(
     curve = {"param": "M", "x": [], "vocab_size": [], "fpr95": [], "auroc": []}
     for m in sizes:
         if not 0 <= m <= len(ranked_negatives):
-            raise ValueError(f"prefix size {m} outside [0, {len(ranked_negatives)}]")
+            raise InputError(f"prefix size {m} outside [0, {len(ranked_negatives)}]")
         point = _point(det, id_image, ood_image, id_text, ranked_negatives[:m])
         curve["x"].append(int(m))
         curve["vocab_size"].append(int(m))
@@ -65,7 +66,7 @@ def sweep_siblings(
     curve = {"param": "k", "x": [], "vocab_size": [], "fpr95": [], "auroc": []}
     for k in ks:
         if k < 0:
-            raise ValueError(f"k must be >= 0, got {k}")
+            raise InputError(f"k must be >= 0, got {k}")
         vocab = siblings_vocabulary(per_class, k=k, seed=seed)
         neg = embed(vocab.labels) if len(vocab) else None
         point = _point(det, id_image, ood_image, id_text, neg)

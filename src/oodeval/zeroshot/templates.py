@@ -12,6 +12,7 @@ is part of every text-embedding cache key.
 from __future__ import annotations
 
 from .._io import hash_json
+from ..errors import InputError
 
 __all__ = ["PAPER", "template_set", "templates_id"]
 
@@ -37,11 +38,11 @@ def template_set(name: str = "paper") -> tuple[str, ...]:
         from open_clip.zero_shot_metadata import OPENAI_IMAGENET_TEMPLATES
 
         return tuple(t("{}") for t in OPENAI_IMAGENET_TEMPLATES)
-    raise ValueError(f"unknown template set {name!r}; known: paper, openai, name")
+    raise InputError(f"unknown template set {name!r}; known: paper, openai, name")
 
 
 def templates_id(templates: tuple[str, ...] | list[str]) -> str:
     """Stable identifier of a template list (order matters: it fixes the averaging order)."""
     if not templates or any("{}" not in t for t in templates):
-        raise ValueError(f"every template must contain '{{}}'; got {list(templates)!r}")
+        raise InputError(f"every template must contain '{{}}'; got {list(templates)!r}")
     return hash_json(list(templates))

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import InputError
 from .templates import PAPER, templates_id
 from .text_cache import TextEmbeddingCache
 
@@ -44,7 +45,7 @@ def check_same_model(text_tower: str, featuresets: dict) -> None:
             log.warning("%s: no text-tower fingerprint recorded with the image features; cannot check that the "
                         "labels are encoded by the same model and weights", name)
         elif recorded != text_tower:
-            raise ValueError(f"{name}: the image features were extracted with {fs.meta.get('model', 'another model')!r} "
+            raise InputError(f"{name}: the image features were extracted with {fs.meta.get('model', 'another model')!r} "
                              f"(weights {fs.meta.get('weights') or fs.meta.get('pretrained')}) whose text tower differs from the one "
                              f"given for the labels (fingerprint {recorded[:12]} != {text_tower[:12]}); give the same model and weights")
 
@@ -245,7 +246,7 @@ def encode_labels(
     The loaded model and encoder are kept for the next call with the same arguments.
     """
     if model_kwargs:
-        raise ValueError(f"model_kwargs apply to timm models only, not open_clip text towers: {sorted(model_kwargs)}")
+        raise InputError(f"model_kwargs apply to timm models only, not open_clip text towers: {sorted(model_kwargs)}")
     enc = _encoder_for(str(model), None if weights is None else str(weights), pretrained,
                        None if cache_dir is None else str(cache_dir), tuple(templates), batch_size, truncate, device)
     return enc.encode(labels, progress=progress)

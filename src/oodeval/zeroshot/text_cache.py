@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from .._io import atomic_path, hash_json, write_json_atomic
+from ..errors import InputError
 
 __all__ = ["TextEmbeddingCache"]
 
@@ -31,7 +32,7 @@ class TextEmbeddingCache:
     def _load(self) -> None:
         meta = self.folder / "meta.json"
         if meta.is_file() and json.loads(meta.read_text())["key"] != json.loads(json.dumps(self.key)):
-            raise ValueError(f"cache folder {self.folder} belongs to another key (hash collision?)")
+            raise InputError(f"cache folder {self.folder} belongs to another key (hash collision?)")
         for path in sorted(self.folder.glob("shard-*.npz")):
             with np.load(path, allow_pickle=False) as z:
                 labels, emb = z["labels"], z["embeddings"]
@@ -60,7 +61,7 @@ class TextEmbeddingCache:
         """Append one shard (atomically) with new labels and their embeddings."""
         embeddings = np.asarray(embeddings, dtype=np.float32)
         if embeddings.shape[0] != len(labels):
-            raise ValueError(f"{len(labels)} labels but {embeddings.shape[0]} embeddings")
+            raise InputError(f"{len(labels)} labels but {embeddings.shape[0]} embeddings")
         fresh = [i for i, label in enumerate(labels) if label not in self._index]
         if not fresh:
             return

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from ..errors import InputError
+
 __all__ = ["DEFAULT_WORDNET", "Synset", "NounSense", "synsets", "head_lemmas", "synonyms", "normalise", "noun_senses", "noun_sense"]
 
 DEFAULT_WORDNET = Path("/usr/share/wordnet")
@@ -47,7 +49,7 @@ class Synset(tuple):
 def synsets(pos: str, folder: str | Path = DEFAULT_WORDNET) -> Iterator[Synset]:
     """Synsets of ``pos`` (noun, adj, verb, adv) in file order, lemmas as written in the file."""
     if pos not in _POS_FILES:
-        raise ValueError(f"unknown part of speech {pos!r}; known: {', '.join(_POS_FILES)}")
+        raise InputError(f"unknown part of speech {pos!r}; known: {', '.join(_POS_FILES)}")
     path = Path(folder) / _POS_FILES[pos]
     if not path.is_file():
         raise FileNotFoundError(f"WordNet data file {path} not found (install Debian's wordnet-base or pass a WNDB folder)")
@@ -94,7 +96,7 @@ def synonyms(name: str, wnid: str | None = None, folder: str | Path = DEFAULT_WO
     out = {normalise(name)}
     if wnid is not None:
         if not (wnid.startswith("n") and wnid[1:].isdigit()):
-            raise ValueError(f"not a noun wnid: {wnid!r}")
+            raise InputError(f"not a noun wnid: {wnid!r}")
         out |= by_offset.get(int(wnid[1:]), frozenset())
     else:
         out |= by_lemma.get(normalise(name), frozenset())

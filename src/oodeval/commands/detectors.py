@@ -1,0 +1,53 @@
+"""``oodeval detectors``: the registered post-hoc detectors with tags, hyperparameters and peer names."""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+
+HELP = "list the post-hoc detectors: tags, hyperparameters with defaults, OpenOOD / pytorch-ood names"
+EXAMPLES = ["oodeval detectors", "oodeval detectors --tag openood", "oodeval detectors --tag pytorch-ood --tag feature --json"]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tag", action="append", default=[], metavar="T",
+                   help="only detectors carrying tag T (repeat: every tag given), e.g. paper21, openood, pytorch-ood, logit")  # fmt: skip
+    p.add_argument("--json", action="store_true", help="one JSON list instead of the table")
+
+
+def describe(tags: list[str]) -> list[dict]:
+    """One entry per detector carrying every tag in ``tags``: name, tags, hyperparameters (name ->
+    default), the peers' names for it (alias -> whose), and whether the default selection picks it."""
+    from ..detectors import REGISTRY
+    from ..detectors._peers import PeerMethod
+
+    aliases: dict[str, dict[str, str]] = {}
+    for alias, (target, source) in REGISTRY.aliases().items():
+        aliases.setdefault(target, {})[alias] = source
+    out = []
+    for name in REGISTRY.names(*tags):
+        cls = REGISTRY[name]
+        params = {p.name: p.default for p in inspect.signature(cls).parameters.values() if p.default is not inspect.Parameter.empty}
+        out.append({
+            "name": name, "tags": sorted(REGISTRY.tags_of(name)), "hyperparameters": params,
+            "aliases": aliases.get(name, {}), "default_selection": not issubclass(cls, PeerMethod),
+        })  # fmt: skip
+    return out
+
+
+def _line(entry: dict) -> str:
+    hp = ", ".join(f"{k}={v!r}" for k, v in entry["hyperparameters"].items()) or "-"
+    names = ", ".join(f"{a} ({s})" for a, s in entry["aliases"].items())
+    opt = "" if entry["default_selection"] else "  [when named]"
+    return f"{entry['name']:<24}{','.join(entry['tags'])}{opt}\n    {hp}" + (f"\n    also: {names}" if names else "")
+
+
+def run(args: argparse.Namespace) -> int:
+    entries = describe(args.tag)
+    if args.json:
+        print(json.dumps(entries, indent=1, default=str))
+    else:
+        print("\n".join(_line(e) for e in entries))
+        print(f"{len(entries)} detectors" + (f" tagged {' and '.join(args.tag)}" if args.tag else ""))
+    return 0
