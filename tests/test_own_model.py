@@ -195,6 +195,6 @@ def test_a_misspelt_model_prefix_is_refused_naming_the_known_ones(data, tmp_path
     assert cli.main(["extract", "--model", "openclip:ViT-B-16", "--dataset", str(data / "val"), "--store", str(tmp_path / "s")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("oodeval extract: error: model 'openclip:ViT-B-16': unknown model prefix 'openclip:'") and err.count("\n") == 1
-    assert cli.main(["extract", "--model", "no_such_timm_model_xyz", "--dataset", str(data / "val"), "--store", str(tmp_path / "s"),
+    assert cli.main(["extract", "--model", "no_such_timm_model_xyz", "--pretrained", "none", "--dataset", str(data / "val"), "--store", str(tmp_path / "s"),
                      "--no-progress"]) == 2
     assert "timm has no model 'no_such_timm_model_xyz'" in capsys.readouterr().err

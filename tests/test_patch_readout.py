@@ -124,7 +124,7 @@ def test_grid_stores_readouts_not_patch_tokens_and_scores_gl_mcm(tiny_clip: str,
     np.save(tmp_path / "id_text.npy", text.astype(np.float32))
     cfg = {"seeds": [0], "bootstrap_draws": 10, "results": str(tmp_path / "r.parquet"), "store": str(tmp_path / "store"),
            "datasets": {"id_test": str(tmp_path / "id"), "ood": [{"name": str(tmp_path / "ood"), "label": "novel"}]},
-           "models": [{"name": f"open_clip:{tiny_clip}", "label": "clip", "kind": "zero-shot", "patch_features": True,
+           "models": [{"name": f"open_clip:{tiny_clip}", "label": "clip", "kind": "zero-shot", "pretrained": False, "patch_features": True,
                        "features": {"text:id": str(tmp_path / "id_text.npy")}}],
            "zeroshot": ["mcm", "gl_mcm", {"name": "gl_mcm", "hyperparameters": {"tau": 0.05}}]}
     results = run_experiment(load_config(cfg, base_dir=tmp_path), progress=False).results
@@ -161,6 +161,7 @@ ood = [{{ name = "ood", label = "novel" }}]
 name = "open_clip:{tiny_clip}"
 label = "tiny"
 kind = "zero-shot"
+pretrained = false
 patch_features = true
 full_patch_features = true
 """)

@@ -82,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
     from ..scoring import check_request, evaluate_detectors, parse_hyperparameters
     from .score import parse_names, print_rows
 
+    parse_model_name(args.model)  # a misspelt name first, then the weights choice
     check_weights(args)
     if args.draws < 0:
         raise InputError(f"--draws must be >= 0, got {args.draws}")

@@ -48,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
     from ..features.backbones import parse_model_name
     from ..features.extract import extract, extract_nac_fit
 
+    parse_model_name(args.model)  # a misspelt name first, then the weights choice
     check_weights(args)
     model, pretrained = with_pretrained(args.model, args.pretrained, parse_model_name(args.model)[0])
     options = dict(
