@@ -270,8 +270,9 @@ def test_gradnorm_and_grad_uncertainty_are_the_peers_last_layer_gradients(proble
 # ---- names -------------------------------------------------------------------------------------
 
 
-def test_peer_names_resolve_to_ours_and_say_so(problem, caplog):
+def test_peer_names_resolve_to_ours_and_say_so(problem, caplog, monkeypatch):
     train, x = problem
+    monkeypatch.setattr(detectors.REGISTRY, "_said", set())  # said once per process: earlier tests may have
     caplog.set_level(logging.INFO, logger="oodeval.registry")
     assert type(detectors.create("ebo")).name == "energy"
     assert "'ebo' is OpenOOD v1.5's name for oodeval's 'energy'" in caplog.text
@@ -349,7 +350,7 @@ def test_every_peer_method_runs_in_score_and_the_grid_under_its_peer_name(folder
             "--ood", f"far={folders / 'far'}", "--detectors", ",".join(PEER_NAMES), "--set", "ash.percentile=80",
             "--no-progress"]  # fmt: skip
     assert main([*base, "--out", str(tmp_path / "t.csv")]) == 0
-    table = pd.read_csv(tmp_path / "t.csv")
+    table = pd.read_csv(tmp_path / "t.csv", comment="#")
     canonical = [detectors.canonical(n) for n in PEER_NAMES]
     assert list(table.detector) == canonical and (table.status == "ok").all()
     assert json.loads(table.set_index("detector").loc["ash_b", "hyperparameters"])["percentile"] == 80

@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     from ..features import FeatureSet
     from ..features.backbones import parse_model_name
     from ..features.extract import extract
-    from ..scoring import check_request, evaluate_detectors, parse_hyperparameters
+    from ..scoring import _canonical, check_request, evaluate_detectors, parse_hyperparameters
     from .score import parse_names, print_rows
 
     parse_model_name(args.model)  # a misspelt name first, then the weights choice
@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
 
         check_output(args.out, "score table")
     oods = name_sets(args.ood)
-    names, hps = parse_names(args.detectors), parse_hyperparameters(args.set)
+    names, hps = parse_names(args.detectors), {_canonical(k): v for k, v in parse_hyperparameters(args.set).items()}
     check_request(names, hps)  # before any extraction
     model, pretrained = with_pretrained(args.model, args.pretrained, parse_model_name(args.model)[0])
     options = dict(weights=args.weights, pretrained=pretrained, data_root=args.data_root, batch_size=args.batch_size,
