@@ -16,7 +16,7 @@ from ._backend import Compute
 
 __all__ = [
     "chunk_rows", "chunks", "as64", "l2_normalise", "energy", "logsumexp_rows",
-    "class_means", "scatter", "mean_rows", "pinv_sym", "whitening", "chunked_percentile", "labelled",
+    "class_means", "scatter", "mean_rows", "pinv_sym", "float32_centre", "centre_parts", "whitening", "chunked_percentile", "labelled",
 ]  # fmt: skip
 
 #: float64 elements per chunk (~32 MB); rows per chunk = this / row width.
@@ -169,6 +169,21 @@ def mean_rows(features: np.ndarray, normalise: bool = False, comp: Compute | Non
 def pinv_sym(a: np.ndarray) -> np.ndarray:
     """Pseudo-inverse of a symmetric positive semi-definite matrix (eigh-based)."""
     return np.linalg.pinv(a, hermitian=True)
+
+
+def float32_centre(m: np.ndarray) -> np.ndarray:
+    """``m`` rounded to float32 (returned as float64): a centre that float32 rows subtract with an
+    error relative to z - m (one correctly rounded subtraction of two float32 values), never to
+    |m|; the identities built on it (m mu_c, (m - u) R) use this same value, so they stay exact."""
+    return np.asarray(m, dtype=np.float32).astype(np.float64)
+
+
+def centre_parts(m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(m32, rest): m rounded to float32 and m - m32, so that z - m = (z - m32) - rest is two
+    subtractions each rounded relative to its own result (for a centre that is not only a
+    reference point, e.g. the mean a norm is taken about)."""
+    m32 = float32_centre(m)
+    return m32, np.asarray(m, dtype=np.float64) - m32
 
 
 def whitening(a: np.ndarray) -> np.ndarray:

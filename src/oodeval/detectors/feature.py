@@ -3,11 +3,12 @@
 (The Mahalanobis family and kNN, also feature-based, live in mahalanobis.py and neighbours.py;
 NAC in nac.py.) Each takes ``precision`` ("float32" products with float64 sums, the default, or
 "float64") and ``device`` (None = numpy, or a torch device); see ``_backend``. float32 guarantees
-(eps = 2^-24): cosine and MCM multiply rows centred in float64 (z - m, m the ID-train mean) and
-add m mu_c in float64, so a cosine is off by about sqrt(D) eps |z - m| / |z| plus one rounding,
-not by the size of an offset all features share; NECO standardises in float64 and projects in
-float32 (relative error about sqrt(D) eps, independent of offset and scale); fDBD's logits are
-one sgemm (error about sqrt(D) eps |w_c| |z|) and its ||z - zbar|| is float64.
+(eps = 2^-24): cosine and MCM multiply z - m (m the ID-train mean rounded to float32, so the
+difference is rounded relative to itself) and add m mu_c computed in float64, so a cosine is off by about sqrt(D) eps |z - m| / |z| plus one rounding,
+not by the size of an offset all features share; NECO standardises as ((z - m32) - rest) / s
+(:func:`~oodeval.detectors._common.centre_parts`: each step rounded relative to its result) and
+projects in float32 (relative error about sqrt(D) eps, independent of offset and scale); fDBD's
+logits are one sgemm (error about sqrt(D) eps |w_c| |z|), its ||z - zbar|| centred the same way.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from ..errors import InputError
 from ..features import FeatureSet
 from . import register
 from ._backend import compute_of, one_blas_thread
-from ._common import as64, class_means, l2_normalise, labelled, mean_rows, scatter
+from ._common import as64, centre_parts, class_means, float32_centre, l2_normalise, labelled, mean_rows, scatter
 from .base import Detector
 
 __all__ = ["Cosine", "MCM", "FDBD", "NECO"]
@@ -35,25 +36,26 @@ class _CentroidBase(Detector):
         _, self.classes_ = labelled(train.labels, type(self).__name__)
         means, counts = class_means(train.features, train.labels, self.classes_)
         self.centroids_ = l2_normalise(means)
-        self.center_ = counts @ means / counts.sum()
+        self.center_ = float32_centre(counts @ means / counts.sum())
         self.center_products_ = self.centroids_ @ self.center_
 
     def _scores(self, x: FeatureSet, readout) -> np.ndarray:
         """readout(comp, z mu_c products, 1 / ||z||) per block of rows (:meth:`Compute.by_rows`),
         concatenated as float64: the cosines are the products times 1 / ||z|| (the rows of z are
-        not normalised first). The products are (z - m) mu_c + m mu_c, m the ID-train mean: rows
-        centred in float64, m mu_c one float64 value per class, so their float32 error is that of
-        z - m, not of an offset shared by all features (LayerNorm-like features)."""
+        not normalised first). The products are (z - m) mu_c + m mu_c, m the ID-train mean rounded
+        to float32: z - m is rounded relative to itself, m mu_c is one float64 value per class, so
+        the product's float32 error is that of z - m, not of an offset shared by all features
+        (LayerNorm-like features)."""
         comp = compute_of(self)
         cent, offsets = comp.put(self.centroids_).T, comp.put(self.center_products_)
-        center = comp.put(self.center_, "float64")
+        center = comp.put(self.center_)
 
-        def block(zb):  # zb: a float64 block
-            p = comp.put(comp.subtract(zb, center)) @ cent
+        def block(zb):
+            p = comp.centred(zb, center) @ cent
             p += offsets
             return readout(comp, p, comp.inverse_norm(zb))
 
-        return comp.map_rows(block, x.features, max(x.features.shape[1], cent.shape[1]), dtype="float64")
+        return comp.map_rows(block, x.features, max(x.features.shape[1], cent.shape[1]))
 
 
 @register("cosine", tags=("paper21", "feature"), order=15)
@@ -132,20 +134,23 @@ class FDBD(Detector):
             raise InputError(f"fdbd was fitted with {len(self.inv_boundary_norm_)} classes, got {c}")
         comp = compute_of(self)
         w, b = comp.put(x.weight).T, comp.put(x.bias)
-        inv, mean = comp.put(self.inv_boundary_norm_), comp.put(self.train_mean_, "float64")
+        inv = comp.put(self.inv_boundary_norm_)
+        mean, rest = (comp.put(a) for a in centre_parts(self.train_mean_))
         inv_sum = comp.rowsum(inv)  # of the inverse norms as the products see them (1 / inf = 0 on the diagonal)
 
         # sum_c |f_y - f_c| / ||w_y - w_c|| = f_y sum_c inv_yc - sum_c f_c inv_yc, y = argmax f: both
         # sums in float64 of exact products of float32 values, so no float32 difference f_y - f_c;
-        # the regulariser ||z - zbar|| from the float64 block
-        def block(c64):
-            f = comp.put(c64) @ w
+        # ||z - zbar|| as ||(z - m32) - rest|| (centre_parts), summed in float64
+        def block(zb):
+            f = zb @ w
             f += b
             y = comp.argmax(f)
             dist = (comp.pick(f, y) * inv_sum[y] - comp.rowdot(f, inv[y])) / (c - 1)
-            return dist / comp.rownorm(comp.subtract(c64, mean))
+            r = comp.centred(zb, mean)
+            r -= rest
+            return dist / comp.rownorm(r)
 
-        return comp.map_rows(block, z, max(z.shape[1], c), dtype="float64")
+        return comp.map_rows(block, z, max(z.shape[1], c))
 
 
 @register("neco", tags=("paper21", "feature"), order=18)
@@ -210,12 +215,13 @@ class NECO(Detector):
             x.require(("logits",), "neco(maxlogit=True)")
         z = x.features
         comp = compute_of(self)
-        mean, scale, comps = comp.put(self.mean_, "float64"), comp.put(self.scale_, "float64"), comp.put(self.components_)
+        (mean, rest), scale, comps = (comp.put(a) for a in centre_parts(self.mean_)), comp.put(self.scale_), comp.put(self.components_)
 
-        def block(c64):  # standardised in float64, then the projection in the product precision
-            s = comp.subtract(c64, mean)
+        def block(zb):  # standardised as ((z - m32) - rest) / scale (centre_parts), then projected
+            s = comp.centred(zb, mean)
+            s -= rest
             s /= scale
-            return comp.rownorm(comp.put(s) @ comps) / comp.rownorm(s)
+            return comp.rownorm(s @ comps) / comp.rownorm(s)
 
-        ratio = comp.map_rows(block, z, z.shape[1], dtype="float64")
+        ratio = comp.map_rows(block, z, z.shape[1])
         return ratio * np.asarray(x.logits).max(axis=1) if self.maxlogit else ratio

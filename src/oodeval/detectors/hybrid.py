@@ -9,7 +9,7 @@ from ..errors import InputError
 from ..features import FeatureSet
 from . import register
 from ._backend import compute_of, one_blas_thread
-from ._common import as64, mean_rows, scatter
+from ._common import as64, float32_centre, mean_rows, scatter
 from .base import Detector
 
 __all__ = ["ViM", "vim_dim", "logit_origin"]
@@ -80,7 +80,7 @@ class ViM(Detector):
     (None = numpy, or a torch device): see ``_backend``. The fit (scatter about u, eigh) is
     float64: the residual space is the covariance's smallest eigenvalues, which a float32 scatter
     cannot resolve. float32 guarantees: the residual is (z - m) R + (m - u) R, m the ID-train
-    mean, the rows centred in float64 and (m - u) R a float64 vector, so its error is about
+    mean (rounded to float32, so z - m is rounded relative to itself) and (m - u) R a float64 vector, so its error is about
     sqrt(D) eps |z - m| (eps = 2^-24) whatever |u| (a near-singular head puts u far away) or the
     features' offset; the energy is as in the logit detectors, of an sgemm of the head.
     """
@@ -106,7 +106,7 @@ class ViM(Detector):
         evals, evecs = np.linalg.eigh(s / n)
         order = np.argsort(evals)[::-1]
         self.residual_basis_ = np.ascontiguousarray(evecs[:, order[k:]])
-        self.train_mean_ = mean_rows(z)
+        self.train_mean_ = float32_centre(mean_rows(z))
         self.mean_residual_ = (self.train_mean_ - self.origin_) @ self.residual_basis_
         max_logit, residual = self._parts(comp, train.features, train.weight, train.bias, energy=False)
         self.alpha_ = float(max_logit.sum() / residual.sum()) if residual.sum() > 0 else 0.0
@@ -118,21 +118,21 @@ class ViM(Detector):
     def _parts(self, comp, z: np.ndarray, weight: np.ndarray, bias: np.ndarray, energy: bool):
         """(logsumexp f if ``energy`` else max f, ||(z - u) R||) per row as float64, f = W z + b:
         both products and their readouts block by block (:meth:`Compute.by_rows`). The residual
-        is (z - m) R + (m - u) R, m the ID-train mean: the product reads rows centred in float64
-        and the far origin's part is one float64 vector, so its float32 error does not grow with
+        is (z - m) R + (m - u) R, m the ID-train mean rounded to float32: z - m is rounded relative
+        to itself and the far origin's part is one float64 vector, so its float32 error does not grow with
         |u| (a near-singular head puts u far from the features) or with the features' offset."""
         w, b = comp.put(weight).T, comp.put(bias)
-        mean, basis = comp.put(self.train_mean_, "float64"), comp.put(self.residual_basis_)
+        mean, basis = comp.put(self.train_mean_), comp.put(self.residual_basis_)
         shift = comp.put(self.mean_residual_, "float64")
 
-        def block(c):  # c: a float64 block
-            f = comp.put(c) @ w
+        def block(c):
+            part = comp.put(comp.centred(c, mean) @ basis, "float64")
+            f = c @ w
             f += b
             logit = comp.logsumexp(f, overwrite=True) if energy else comp.rowmax(f)
-            part = comp.put(comp.put(comp.subtract(c, mean)) @ basis, "float64")
             return logit, comp.rownorm(part + shift)
 
-        return comp.map_rows(block, z, max(z.shape[1], w.shape[1]), dtype="float64")
+        return comp.map_rows(block, z, max(z.shape[1], w.shape[1]))
 
     def _score(self, x: FeatureSet) -> np.ndarray:
         comp = compute_of(self)

@@ -9,7 +9,7 @@ largest), so every distance is a squared norm in whitened, centred coordinates:
 
     (z - mu_c)' S^+ (z - mu_c) = ||u - nu_c||^2,  u = (z - m) W,  nu_c = (mu_c - m) W,
 
-m the ID-train mean (subtracted in float64 before the product). ``precision="float32"`` (default)
+m the ID-train mean rounded to float32 (z - m is then rounded relative to itself, not to |m|). ``precision="float32"`` (default)
 runs u = (z - m) W and the (N, C) cross term u nu^T as sgemm and sums ||u||^2 in float64; its
 error is a few float32 ulps of ||u||^2 + ||nu_c||^2, in units where the ID distances are about
 the rank k: it does not grow with the features' offset or scale (both removed before any float32
@@ -28,7 +28,7 @@ from ..errors import InputError
 from ..features import FeatureSet
 from . import register
 from ._backend import Compute, compute_of
-from ._common import class_means, labelled, scatter, whitening
+from ._common import class_means, float32_centre, labelled, scatter, whitening
 from .base import Detector
 
 #: largest expected norm of the float32 rounding of z - m read through the whitening W (eps32
@@ -60,16 +60,20 @@ class _MahalanobisBase(Detector):
         s, n = scatter(train.features, self.means_, train.labels, classes, self.normalise, stats)
         self.covariance_ = s / n
         self.whitening_ = whitening(self.covariance_)
-        # the ID-train mean (count-weighted class means): the centre of every whitened coordinate
-        self.center_ = self.counts_ @ self.means_ / n
+        # the ID-train mean (count-weighted class means) rounded to float32: the centre of every
+        # whitened coordinate
+        mean = self.counts_ @ self.means_ / n
+        self.center_ = float32_centre(mean)
         self.whitened_means_ = (self.means_ - self.center_) @ self.whitening_
         self.whitened_mean_norms_ = np.einsum("ck,ck->c", self.whitened_means_, self.whitened_means_)
         if self.relative:
-            # one Gaussian on all labelled rows, centred at center_: scatter = within-class scatter
-            # + between-class scatter (exact identity, no third pass)
-            between = (self.means_ - self.center_) * np.sqrt(self.counts_)[:, None]
+            # one Gaussian on all labelled rows, centred at their mean: scatter = within-class
+            # scatter + between-class scatter (exact identity, no third pass); its whitened
+            # coordinates are (z - center_) W_0 - background_offset_
+            between = (self.means_ - mean) * np.sqrt(self.counts_)[:, None]
             self.background_covariance_ = (s + between.T @ between) / n
             self.background_whitening_ = whitening(self.background_covariance_)
+            self.background_offset_ = (mean - self.center_) @ self.background_whitening_
         widths = [self.whitening_] + ([self.background_whitening_] if self.relative else [])
         self.whitened_rounding_ = _whitened_rounding(self.covariance_, self.means_ - self.center_, self.counts_, widths)
         if self.precision == "float32" and self.whitened_rounding_ > WHITENED_ROUNDING_LIMIT:
@@ -77,21 +81,21 @@ class _MahalanobisBase(Detector):
 
     def _score(self, x: FeatureSet) -> np.ndarray:
         """-min_c ||u - nu_c||^2 = -(||u||^2 + min_c (||nu_c||^2 - 2 u nu_c)), u = (z - m) W; the
-        relative forms add ||(z - m) W_0||^2. z is normalised and centred in float64 per block,
-        then cast to the product precision."""
+        relative forms add ||(z - m) W_0||^2. z - m is one subtraction in the product precision
+        (m float32-representable: an error relative to z - m); the ++ forms normalise and centre
+        each block in float64 first (a normalised row's rounding would be relative to |z / |z||)."""
         z = x.features
         if z.shape[1] != self.means_.shape[1]:
             raise InputError(f"{type(self).__name__} was fitted on {self.means_.shape[1]}-d features, got {z.shape[1]}")
         comp = Compute(self.resolved_params()["precision"], self.device)
         white, nu = comp.put(self.whitening_), comp.put(self.whitened_means_).T
-        const, center = comp.put(self.whitened_mean_norms_), comp.put(self.center_, "float64")
+        block_dtype = "float64" if self.normalise else None
+        const, center = comp.put(self.whitened_mean_norms_), comp.put(self.center_, block_dtype)
         if self.relative:
-            bg_white = comp.put(self.background_whitening_)
+            bg_white, bg_offset = comp.put(self.background_whitening_), comp.put(self.background_offset_)
 
-        def block(c):  # c: a float64 block
-            if self.normalise:
-                c = comp.normalise(c)
-            r = comp.put(comp.subtract(c, center))
+        def block(c):
+            r = comp.put(comp.subtract(comp.normalise(c), center)) if self.normalise else comp.centred(c, center)
             u = r @ white
             t = u @ nu
             t *= -2.0
@@ -100,10 +104,11 @@ class _MahalanobisBase(Detector):
             d = d * (d > 0)
             if self.relative:
                 u0 = r @ bg_white
+                u0 -= bg_offset
                 d = d - comp.rowdot(u0, u0)
             return -d
 
-        return comp.map_rows(block, z, max(z.shape[1], len(self.means_)), dtype="float64")
+        return comp.map_rows(block, z, max(z.shape[1], len(self.means_)), dtype=block_dtype)
 
 
 def _whitened_rounding(covariance: np.ndarray, centred_means: np.ndarray, counts: np.ndarray, whitenings: list) -> float:

@@ -6,9 +6,9 @@ with numpy), the inner products with a block of bank rows (one sgemm in float32,
 are reduced to their k largest, merged with the running k largest of the earlier blocks, so
 memory is the bank plus one (queries x bank block) matrix per core. On a torch device the bank is moved to the device once per ``score`` call
 (N D 4 bytes in float32); queries and blocks stream through it. float32 guarantees (eps =
-2^-24): kNN's products are (z - m) b + m b with z - m centred in float64 and m b one float64 value
-per bank row, so a similarity is off by about sqrt(D) eps |z - m| / |z| plus one rounding, not by a
-shared offset of the features; NNGuide's are products of unit rows times energies (about
+2^-24): kNN's products are (z - m) b + m b, m the train mean rounded to float32 (so z - m is
+rounded relative to itself) and m b one float64 value per bank row: a similarity is off by about
+sqrt(D) eps |z - m| / |z| plus one rounding, not by a shared offset of the features; NNGuide's are products of unit rows times energies (about
 sqrt(D) eps relative each).
 """
 
@@ -22,7 +22,7 @@ from ..errors import InputError
 from ..features import FeatureSet
 from . import register
 from ._backend import Compute, compute_of
-from ._common import energy, mean_rows
+from ._common import energy, float32_centre, mean_rows
 from .base import Detector
 
 __all__ = ["KNN", "NNGuide", "top_similarities"]
@@ -49,9 +49,9 @@ def top_similarities(
     k) unordered top similarities of a block of raw rows to one value per row, and must commute
     with a positive scale (a min, a mean), as the rows of z are not normalised first: a row's top
     k are those of its raw products, whose reduction is then scaled by 1 / ||z|| (norm
-    accumulated in float64). With ``center`` m, the products are (z - m) b + m b: the rows are
-    centred in float64 and m b is one float64 value per bank row, so the product's float32 error
-    is that of z - m, not of a large shared offset of the features. Exact; memory is the bank
+    accumulated in float64). With ``center`` m (float32-representable), the products are
+    (z - m) b + m b: z - m is rounded relative to itself and m b is one float64 value per bank
+    row, so the product's float32 error is that of z - m, not of a large shared offset. Exact; memory is the bank
     plus one (queries x bank block) matrix per core. With numpy every block of queries is
     searched on one core (:meth:`Compute.map_rows`); on torch a chunk meets a whole bank block at
     once, so chunks are sized by the block."""
@@ -60,10 +60,10 @@ def top_similarities(
     if center is not None:
         host = Compute("float64")
         offsets = comp.put(np.concatenate([host.put(bank[sl]) @ center for sl in host.chunks(len(bank), bank.shape[1])]))
-        center = comp.put(center, "float64")
+        center = comp.put(center)
 
-    def search(q):  # q: a float64 block
-        qc = comp.put(q if center is None else comp.subtract(q, center))
+    def search(q):
+        qc = q if center is None else comp.centred(q, center)
         best = None
         for start in range(0, len(bank), block):
             sims = qc @ dev_bank[start : start + block].T
@@ -73,7 +73,7 @@ def top_similarities(
             best = top if best is None else comp.topk(comp.concat([best, top]), k)
         return reduce(best) * comp.inverse_norm(q)
 
-    return comp.map_rows(search, z, block if comp.device is not None else z.shape[1], dtype="float64")
+    return comp.map_rows(search, z, block if comp.device is not None else z.shape[1])
 
 
 @register("knn", tags=("paper21", "feature"), order=14)
@@ -115,7 +115,7 @@ class KNN(Detector):
         subset = _bank_rows(len(z), self.bank_fraction, self.seed, int(self.k), "knn")
         self.bank_index_ = np.arange(len(z)) if subset is None else subset
         self.bank_ = _bank(compute_of(self), z, subset)
-        self.center_ = mean_rows(z)
+        self.center_ = float32_centre(mean_rows(z))
 
     def _score(self, x: FeatureSet) -> np.ndarray:
         comp = compute_of(self)
