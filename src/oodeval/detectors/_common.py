@@ -123,15 +123,16 @@ def scatter(
     normalise: bool = False,
     comp: Compute | None = None,
 ) -> tuple[np.ndarray, int]:
-    """Sum of outer products (z - c)(z - c)^T in float64, and the row count.
+    """Sum of outer products (z - c)(z - c)^T, accumulated in float64, and the row count.
 
     ``center`` is one vector (D,), or per-class means (K, D) indexed by ``labels`` (rows with
-    label -1 skipped). Divide by the count for the maximum-likelihood covariance. Always float64
-    (on ``comp``'s device), rows normalised and centred before the product (no E[zz^T] - mu mu^T
-    cancellation): in float32 the products' rounding, eps times the largest entries, would swamp
-    every eigenvalue below ~1e-6 of the largest, which pseudo-inverses and residual spaces read.
+    label -1 skipped). Divide by the count for the maximum-likelihood covariance. Rows are
+    normalised and centred before the product (no E[zz^T] - mu mu^T cancellation); with ``comp``
+    in float32 each chunk's product is an sgemm added to the float64 sum, whose rounding (eps
+    times the largest entries) swamps every eigenvalue below ~1e-6 of the largest: pseudo-inverses
+    and residual spaces, which read those, pass a float64 ``comp``.
     """
-    comp = Compute("float64", None if comp is None else comp.device)
+    comp = _stat_compute(comp)
     d = features.shape[1]
     out = comp.zeros((d, d))
     center = comp.put(center)

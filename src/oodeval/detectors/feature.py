@@ -34,7 +34,7 @@ class _CentroidBase(Detector):
 
     def _fit(self, train: FeatureSet) -> None:
         _, self.classes_ = labelled(train.labels, type(self).__name__)
-        means, counts = class_means(train.features, train.labels, self.classes_)
+        means, counts = class_means(train.features, train.labels, self.classes_, comp=compute_of(self))
         self.centroids_ = l2_normalise(means)
         self.center_ = float32_centre(counts @ means / counts.sum())
         self.center_products_ = self.centroids_ @ self.center_
@@ -165,7 +165,8 @@ class NECO(Detector):
     multiplies by max_c f_c, which the release does for every non-ResNet backbone (ViT, DeiT,
     Swin); needs logits then. The class default is off (the paper's formula);
     :func:`oodeval.detectors.defaults.resolve_defaults` turns it on for non-ResNet backbones.
-    The release's denominator for DeiT/Swin uses the raw feature norm; we keep the standardised
+    The scatter is in the product precision (float32 products, float64 sums): the principal
+    space reads the largest eigenvalues, which it resolves. The release's denominator for DeiT/Swin uses the raw feature norm; we keep the standardised
     norm for every backbone (the paper's formula).
     """
 

@@ -8,7 +8,7 @@ import scipy.linalg
 from ..errors import InputError
 from ..features import FeatureSet
 from . import register
-from ._backend import compute_of, one_blas_thread
+from ._backend import Compute, compute_of, one_blas_thread
 from ._common import as64, float32_centre, mean_rows, scatter
 from .base import Detector
 
@@ -102,7 +102,8 @@ class ViM(Detector):
         self.principal_dim_ = k
         self.origin_ = logit_origin(train.weight, train.bias)
         comp = compute_of(self)
-        s, n = scatter(z, self.origin_, comp=comp)  # float64: the residual space is its smallest eigenvalues'
+        # float64: the residual space is the smallest eigenvalues', which a float32 scatter cannot resolve
+        s, n = scatter(z, self.origin_, comp=Compute("float64", comp.device))
         evals, evecs = np.linalg.eigh(s / n)
         order = np.argsort(evals)[::-1]
         self.residual_basis_ = np.ascontiguousarray(evecs[:, order[k:]])

@@ -57,7 +57,7 @@ class _MahalanobisBase(Detector):
         _, classes = labelled(train.labels, who)
         self.classes_ = classes
         self.means_, self.counts_ = class_means(train.features, train.labels, classes, self.normalise, stats)
-        s, n = scatter(train.features, self.means_, train.labels, classes, self.normalise, stats)
+        s, n = scatter(train.features, self.means_, train.labels, classes, self.normalise, stats)  # float64
         self.covariance_ = s / n
         self.whitening_ = whitening(self.covariance_)
         # the ID-train mean (count-weighted class means) rounded to float32: the centre of every
