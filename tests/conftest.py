@@ -60,3 +60,18 @@ def tiny_clip(tmp_path_factory) -> str:
     path.write_text(json.dumps(TINY_CLIP_CONFIG))
     open_clip.add_model_config(path)
     return TINY_CLIP
+
+
+@pytest.fixture(scope="module")
+def scored_together():
+    """(ID train, ID test + OOD in one FeatureSet) of an 8-class, 32-d synthetic problem: the peer
+    comparisons score both sets together, so a ranking spans ID and OOD."""
+    import numpy as np
+
+    from oodeval.detectors._synthetic import synthetic_problem
+    from oodeval.features import FeatureSet
+
+    train, test, ood = synthetic_problem(n_classes=8, dim=32, n_train=800, n_test=150, n_ood=150, seed=4)
+    both = FeatureSet(np.concatenate([test.features, ood.features]), logits=np.concatenate([test.logits, ood.logits]),
+                      weight=test.weight, bias=test.bias)
+    return train, both

@@ -25,15 +25,8 @@ from oodeval.features import FeatureSet
 
 
 @pytest.fixture(scope="module")
-def problem():
-    train, test, ood = synthetic_problem(n_classes=8, dim=32, n_train=800, n_test=150, n_ood=150, seed=4, nac=False)
-    both = FeatureSet(
-        np.concatenate([test.features, ood.features]),
-        logits=np.concatenate([test.logits, ood.logits]),
-        weight=test.weight,
-        bias=test.bias,
-    )
-    return train, both
+def problem(scored_together):
+    return scored_together
 
 
 def t(a, dtype=torch.float32):

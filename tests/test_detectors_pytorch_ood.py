@@ -12,22 +12,11 @@ import torch
 from scipy.stats import spearmanr
 
 from oodeval import detectors
-from oodeval.detectors._synthetic import synthetic_problem
 
 
 @pytest.fixture(scope="module")
-def problem():
-    train, test, ood = synthetic_problem(n_classes=8, dim=32, n_train=800, n_test=150, n_ood=150, seed=4)
-    # score ID and OOD together, so the ranking spans both
-    from oodeval.features import FeatureSet
-
-    both = FeatureSet(
-        np.concatenate([test.features, ood.features]),
-        logits=np.concatenate([test.logits, ood.logits]),
-        weight=test.weight,
-        bias=test.bias,
-    )
-    return train, both
+def problem(scored_together):
+    return scored_together
 
 
 def t(a):
