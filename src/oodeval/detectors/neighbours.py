@@ -25,7 +25,7 @@ from ._backend import Compute, compute_of
 from ._common import energy, float32_centre, mean_rows
 from .base import Detector
 
-__all__ = ["KNN", "NNGuide", "top_similarities"]
+__all__ = ["KNN", "NNGuide", "top_similarities", "bank_offsets"]
 
 #: bank rows per block of the search (numpy, torch)
 BLOCK_ROWS = {False: 16384, True: 131072}
@@ -43,24 +43,24 @@ def _bank(comp: Compute, z: np.ndarray, rows: np.ndarray | None, weight=None) ->
 
 
 def top_similarities(
-    comp: Compute, bank: np.ndarray, z: np.ndarray, k: int, reduce: Callable, center: np.ndarray | None = None
+    comp: Compute, bank: np.ndarray, z: np.ndarray, k: int, reduce: Callable,
+    center: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> np.ndarray:
     """reduce(k largest inner products) / ||z|| per row of z, float64: ``reduce`` maps the (rows,
     k) unordered top similarities of a block of raw rows to one value per row, and must commute
     with a positive scale (a min, a mean), as the rows of z are not normalised first: a row's top
     k are those of its raw products, whose reduction is then scaled by 1 / ||z|| (norm
-    accumulated in float64). With ``center`` m (float32-representable), the products are
-    (z - m) b + m b: z - m is rounded relative to itself and m b is one float64 value per bank
-    row, so the product's float32 error is that of z - m, not of a large shared offset. Exact; memory is the bank
-    plus one (queries x bank block) matrix per core. With numpy every block of queries is
+    accumulated in float64). With ``center`` = (m, m b per bank row; :func:`bank_offsets`), m
+    float32-representable, the products are (z - m) b + m b: z - m is rounded relative to itself
+    and m b is one float64 value per bank row, so the product's float32 error is that of z - m,
+    not of a large shared offset. Exact; memory is the bank plus one (queries x bank block) matrix
+    per core. With numpy every block of queries is
     searched on one core (:meth:`Compute.map_rows`); on torch a chunk meets a whole bank block at
     once, so chunks are sized by the block."""
     block = min(len(bank), BLOCK_ROWS[comp.device is not None])
     dev_bank = comp.put(bank)
     if center is not None:
-        host = Compute("float64")
-        offsets = comp.put(np.concatenate([host.put(bank[sl]) @ center for sl in host.chunks(len(bank), bank.shape[1])]))
-        center = comp.put(center)
+        center, offsets = comp.put(center[0]), comp.put(center[1])
 
     def search(q):
         qc = q if center is None else comp.centred(q, center)
@@ -74,6 +74,12 @@ def top_similarities(
         return reduce(best) * comp.inverse_norm(q)
 
     return comp.map_rows(search, z, block if comp.device is not None else z.shape[1])
+
+
+def bank_offsets(bank: np.ndarray, center: np.ndarray) -> np.ndarray:
+    """m b for every bank row b, in float64, chunk by chunk (no float64 copy of the bank)."""
+    host = Compute("float64")
+    return np.concatenate([host.put(bank[sl]) @ center for sl in host.chunks(len(bank), bank.shape[1])])
 
 
 @register("knn", tags=("paper21", "feature"), order=14)
@@ -116,10 +122,11 @@ class KNN(Detector):
         self.bank_index_ = np.arange(len(z)) if subset is None else subset
         self.bank_ = _bank(compute_of(self), z, subset)
         self.center_ = float32_centre(mean_rows(z))
+        self.bank_offsets_ = bank_offsets(self.bank_, self.center_)
 
     def _score(self, x: FeatureSet) -> np.ndarray:
         comp = compute_of(self)
-        sims = top_similarities(comp, self.bank_, x.features, int(self.k), comp.rowmin, self.center_)
+        sims = top_similarities(comp, self.bank_, x.features, int(self.k), comp.rowmin, (self.center_, self.bank_offsets_))
         return -np.sqrt(np.maximum(2.0 - 2.0 * sims, 0.0))
 
 
