@@ -1,24 +1,56 @@
 """`oodeval demo --quick` end to end: tables printed, report written, trained model beats chance,
 a repeat run reuses every cached step."""
 
+import hashlib
 import io
 import re
 
+import numpy as np
 import pytest
+from threadpoolctl import threadpool_limits
 
 from oodeval import detectors
 from oodeval.cli import main
 from oodeval.demo.run import OOD_LABELS, run_demo
-from oodeval.results import load_results
+from oodeval.results import load_cell_scores, load_results
 
+# sha256 of the quick demo's results table (every cell's metrics, CIs and score arrays, in key order),
+# recorded on commit 31d1135, before the grid's middle was redesigned (issue 28). The demo's numbers
+# must stay bit-identical through refactors; a change that moves any score or metric by one bit
+# changes it. The fixture runs under one BLAS/OpenMP thread: a threaded reduction's order follows
+# the thread count, which the environment (OMP_NUM_THREADS, the machine's cores) would otherwise set.
+DEMO_DIGEST = "3f2d84d26015300283d92539d988125b96a830a06ab36f83d44ae14c6b9a92da"
+METRICS = ("fpr95", "fpr95_ood_positive", "tnr95", "auroc", "aupr_in", "aupr_out", "detection_error")
+CI_COLUMNS = tuple(f"{m}_{end}" for m in METRICS if m not in ("aupr_in", "aupr_out") for end in ("lo", "hi"))
 
 
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory):
     out = tmp_path_factory.mktemp("demo")
     buf = io.StringIO()
-    result = run_demo(out, quick=True, progress=False, stream=buf)
+    with threadpool_limits(limits=1):
+        result = run_demo(out, quick=True, progress=False, stream=buf)
     return out, result, buf.getvalue()
+
+
+def results_digest(path) -> str:
+    table = load_results(path).sort_values(["model", "detector", "dataset", "split"])
+    h = hashlib.sha256()
+    for _, row in table.iterrows():
+        h.update(f"{row['model']}|{row['detector']}|{row['dataset']}|{row['split']}|{row['status']}".encode())
+        for column in METRICS + CI_COLUMNS:
+            h.update(np.float64(row[column]).tobytes())
+        if row["status"] == "ok":
+            for scores in load_cell_scores(row, path):
+                h.update(np.ascontiguousarray(scores).tobytes())
+    return h.hexdigest()
+
+
+@pytest.mark.needs("fashion-mnist")
+def test_results_bit_identical_to_the_stored_digest(quick):
+    _, result, _ = quick
+    assert len(load_results(result.results)) == len(detectors.names("paper21")) * len(OOD_LABELS)
+    assert results_digest(result.results) == DEMO_DIGEST
 
 
 @pytest.mark.needs("fashion-mnist")
