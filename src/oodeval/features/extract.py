@@ -29,6 +29,7 @@ from ..data import ImageError, Manifest, open_image, resolve
 from ..errors import InputError, StateError
 from . import store as st
 from .backbones import Backbone, file_hash, full_precision, load_backbone, parse_model_name
+from .pass_options import PassSpec
 from .patchreadout import PatchReadout, local_mcm
 from .preprocess import SplitTransform, split_transform
 
@@ -83,7 +84,7 @@ def _versions() -> dict[str, str]:
 def entry_key(model: str, manifest: Manifest, *, weights_hash: str | None, head_hash: str | None, pretrained: bool,
               model_kwargs: dict | None, taps: bool, nac_layers: Sequence[str] | None, patch_features: bool,
               precision: str, module: dict | None = None, full_image_hash: bool = False,
-              patch_readouts: Sequence[PatchReadout] = ()) -> str:
+              patch_readouts: Sequence[PatchReadout] = (), passes: Sequence[dict] = ()) -> str:
     """Cache key: hash of everything that determines the stored numbers (not batch size or workers).
 
     ``module``: for an ``nn.Module``, how features and logits are read from it (head, feature layer,
@@ -91,7 +92,7 @@ def entry_key(model: str, manifest: Manifest, *, weights_hash: str | None, head_
     (:meth:`Manifest.images_digest`: size, mtime and sampled bytes, or every byte with
     ``full_image_hash``), so an image replaced in place is extracted again. ``patch_readouts``: each
     one's label-set fingerprint and tau (``PatchReadout.describe``), so other labels or another tau make
-    a new entry.
+    a new entry. ``passes``: the network passes' settings (``features.passes.key_entries``).
     """
     key = {
         "format": FORMAT, "model": model, "weights": weights_hash, "head": head_hash, "pretrained": pretrained,
@@ -106,6 +107,8 @@ def entry_key(model: str, manifest: Manifest, *, weights_hash: str | None, head_
         key["module"] = module
     if patch_readouts:
         key["patch_readouts"] = [r.describe() for r in patch_readouts]
+    if passes:
+        key["passes"] = list(passes)
     return hash_json(key)
 
 
@@ -140,15 +143,17 @@ class _Runner:
     (the full tensor, float16)."""
 
     def __init__(self, bb: Backbone, dev: torch.device, amp: bool, layers: list[str] | None, patch_features: bool,
-                 split: SplitTransform | None, readouts: Sequence[PatchReadout] = ()) -> None:
+                 split: SplitTransform | None, readouts: Sequence[PatchReadout] = (), passes: Sequence = (),
+                 pass_context=None) -> None:
         self.bb, self.dev, self.layers, self.patch, self.split = bb, dev, layers, patch_features, split
+        self.passes, self.ctx = list(passes), pass_context
         self.readouts = [(r.name, torch.from_numpy(r.labels).to(dev), r.tau) for r in readouts]
         self.amp = torch.autocast(device_type=dev.type, dtype=torch.bfloat16) if amp else nullcontext()
         self.channels_last = bb.kind == "timm"
         if self.channels_last:
             bb.model.to(memory_format=torch.channels_last)
 
-    def __call__(self, x: torch.Tensor) -> dict[str, np.ndarray]:
+    def __call__(self, x: torch.Tensor, first_row: int = 0) -> dict[str, np.ndarray]:
         x = x.to(self.dev, non_blocking=True)
         if self.split is not None:
             x = self.split.finish(x, self.channels_last)
@@ -170,7 +175,17 @@ class _Runner:
                         out["patch_features"] = patches.half()
                 else:
                     out = dict(self.bb.forward(x))
+        if self.passes:
+            out |= self._passes(x, first_row)
         return {k: _host(k, v) for k, v in out.items() if v is not None}
+
+    def _passes(self, x: torch.Tensor, first_row: int) -> dict[str, torch.Tensor]:
+        """The network passes (``features.passes``) on this batch, float32 with autocast off."""
+        out: dict[str, torch.Tensor] = {}
+        with torch.autocast(device_type=self.dev.type, enabled=False):
+            for p in self.passes:
+                out |= p(self.ctx, x.float(), first_row)
+        return out
 
     def _classifier(self) -> torch.nn.Module | None:
         """NAC's head: a module backbone's own, the probe as a Linear (its gradient flows from the
@@ -228,6 +243,7 @@ def extract(
     skip_missing: bool = False,
     full_image_hash: bool = False,
     patch_readouts: Sequence[PatchReadout] = (),
+    passes: Sequence[PassSpec] = (),
 ) -> Path:
     """Extract ``model`` on ``dataset`` into ``store`` and return the FeatureSet folder (cached).
 
@@ -248,6 +264,10 @@ def extract(
     ``transform`` (PIL image -> tensor) is required, ``classifier`` names the head module (default:
     the last ``nn.Linear``), ``feature_layer`` optionally names the module whose output is the
     feature, ``image_mode`` is "RGB" or "L"; the cache key holds a hash of its parameters.
+
+    ``passes``: the network passes of ODIN, Mahalanobis with preprocessing, Gram, RankFeat and MC
+    dropout (:mod:`oodeval.features.passes`, settings from :func:`~oodeval.features.pass_options.parse_pass`);
+    their settings enter the cache key and ``meta["passes"]``, their arrays the extras.
     """
     if batch_size < 1 or shard_size < 1:
         raise InputError(f"batch_size and shard_size must be >= 1, got {batch_size} and {shard_size}")
@@ -282,10 +302,13 @@ def extract(
         None if weights is None else st.weights_digest(weights, store))
     head_hash = None if head is None else file_hash(head)
     cache_name = model if kind != "timm" or model.startswith("timm:") else f"timm:{model}"  # 'x' and 'timm:x': one entry
+    from .passes import build_passes, key_entries
+
+    keyed = [key_entries(p) | ({"batch_size": batch_size, "shard_size": shard_size} if p.kind == "mcd" else {}) for p in passes]
     key = entry_key(cache_name, manifest, weights_hash=weights_hash, head_hash=head_hash, pretrained=pretrained,
                     model_kwargs=model_kwargs, taps=taps, nac_layers=nac_layers, patch_features=patch_features,
                     precision="bf16" if use_amp else "fp32", module=module, full_image_hash=full_image_hash,
-                    patch_readouts=patch_readouts)
+                    patch_readouts=patch_readouts, passes=keyed)
     entry = st.entry_path(store, cache_name, manifest.name, key)
     if (entry / "meta.json").is_file():
         log.info("cached: %s", entry)
@@ -298,11 +321,14 @@ def extract(
             "(then listed in meta.json like unreadable images)"
         )
 
+    built = build_passes(passes)
+    for p, k in zip(built, keyed):
+        p.keyed = k
     job = _Job(model=model, manifest=manifest, store=store, entry=entry, key=key, weights=weights, weights_hash=weights_hash,
                head=head, pretrained=pretrained, model_kwargs=model_kwargs, taps=taps, nac_layers=nac_layers,
                patch_features=patch_features, batch_size=batch_size, num_workers=num_workers, device=dev, amp=use_amp,
                progress=progress, shard_size=shard_size, rank=rank, world=world, backbone=backbone,
-               patch_readouts=patch_readouts, random_init=_random_init(kind, weights, pretrained))
+               patch_readouts=patch_readouts, random_init=_random_init(kind, weights, pretrained), passes=built)
     created = _init_dist(world, dev)
     try:
         path = _run(job)
@@ -387,6 +413,8 @@ class _Job:
     #: meta ``random_init``: True for a timm / open_clip / hf name with neither weights nor pretrained,
     #: None for a ``module:factory`` (its own business), False otherwise
     random_init: bool | None = False
+    #: the network passes (``features.passes.NetPass``)
+    passes: Sequence = ()
 
 
 def _check_text_tower(readouts: Sequence[PatchReadout], bb: Backbone) -> None:
@@ -424,10 +452,17 @@ def _run(job: _Job) -> Path:
         layers = list(job.nac_layers) if job.nac_layers else list(default_nac_layers(bb.model))
         roles = nac_roles(bb.model, layers) if bb.kind == "timm" else {}
         readout = describe_readout(bb.model, layers) if bb.kind == "timm" else {}
+    pass_ctx = None
+    if job.passes:
+        from .passes import context_of
+
+        pass_ctx = context_of(bb)
+        for p in job.passes:
+            p.resolve(pass_ctx)
     if mine:
         if done:
             log.info("resuming %s: %d of %d shards already written", job.entry.name, len(done), n_shards)
-        run = _Runner(bb, dev, job.amp, layers, job.patch_features, split, job.patch_readouts)
+        run = _Runner(bb, dev, job.amp, layers, job.patch_features, split, job.patch_readouts, job.passes, pass_ctx)
         batches = [list(range(s, min(s + job.batch_size, stop)))
                    for i in mine for stop in [min((i + 1) * size, n)] for s in range(i * size, stop, job.batch_size)]
         loader = torch.utils.data.DataLoader(
@@ -441,7 +476,7 @@ def _run(job: _Job) -> Path:
         skipped = 0
         for x, rows, failed, errors in loader:
             if x is not None:
-                for k, v in run(x).items():
+                for k, v in run(x, min(rows + failed)).items():
                     outs.setdefault(k, []).append(v)
             acc["rows"] += rows
             acc["failed"] += failed
@@ -481,6 +516,8 @@ def _run(job: _Job) -> Path:
             "device": dev.type, "world_size": world, "role": manifest.meta.get("role"),
             "timing_rank0": timing, "text_tower": bb.info.get("text_tower"),
         }
+        if job.passes:
+            meta["passes"] = {p.kind: p.recorded() for p in job.passes}
         try:
             st.assemble(partial, n_shards, job.entry, manifest, meta, head=(bb.weight, bb.bias) if bb.weight is not None else None)
         except (RuntimeError, ValueError) as exc:

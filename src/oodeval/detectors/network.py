@@ -1,0 +1,315 @@
+"""The methods that need the network: ODIN, Mahalanobis with input preprocessing and its layer
+ensemble, Gram, RankFeat and Monte-Carlo dropout, scoring what their extraction pass stored.
+
+Each reads the extras of one network pass (:mod:`oodeval.features.passes`, settings in
+:mod:`oodeval.features.pass_options`) and refuses a FeatureSet without it, naming the extraction
+option that provides it. A hyperparameter that shaped the pass (ODIN's T and eps, the mds noise)
+defaults to None = the pass's recorded setting; an explicit value must match it. All are opt-in
+(:class:`~oodeval.detectors._peers.PeerMethod`), float64, higher = more in-distribution; where they
+differ from the peers' releases, docs/detectors.md ("Methods that need the network") says how.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from ..errors import InputError
+from ..features import FeatureSet
+from ..features.pass_options import require_pass
+from . import REGISTRY, register
+from ._backend import Compute
+from ._common import as64, energy, labelled
+from ._peers import PeerMethod
+from .mahalanobis import Mahalanobis
+
+__all__ = ["ODIN", "MahalanobisEnsemble", "Gram", "RankFeat", "MCDropout", "fit_layer_gaussians", "fit_layer_weights",
+           "gram_deviations"]
+
+
+class NetworkMethod(PeerMethod):
+    """A method scoring the extras of the network pass ``pass_kind``; checks the pass is there first."""
+
+    pass_kind = ""
+
+    def _settings(self, x: FeatureSet) -> dict:
+        return require_pass(x.meta, self.pass_kind, type(self).__name__)
+
+    def fit(self, train: FeatureSet | None = None) -> NetworkMethod:
+        if self.fit_needs and train is not None:
+            self._settings(train)
+        return super().fit(train)
+
+    def score(self, x: FeatureSet) -> np.ndarray:
+        self._settings(x)
+        return super().score(x)
+
+    def _matching(self, x: FeatureSet, name: str, setting: str) -> float:
+        """The pass's recorded ``setting``, refused when the hyperparameter ``name`` says otherwise."""
+        recorded = float(self._settings(x)[setting])
+        mine = getattr(self, name)
+        if mine is not None and float(mine) != recorded:
+            raise InputError(f"{type(self).__name__}({name}={mine}): {x.meta.get('dataset')!r} holds the {self.pass_kind} pass with "
+                             f"{setting}={recorded}; extract with that setting, or leave {name} unset (the pass's own)")
+        return recorded
+
+
+def _view(x: FeatureSet, logits: np.ndarray | None = None, features: np.ndarray | None = None) -> FeatureSet:
+    """``x`` with other logits or features (a stored pass's arrays), labels and meta kept."""
+    return FeatureSet(features=x.features if features is None else features, labels=x.labels,
+                      logits=x.logits if logits is None else logits, meta=dict(x.meta))  # fmt: skip
+
+
+@register("odin", tags=("logit", "network"))
+class ODIN(NetworkMethod):
+    """s = max_c softmax(f(x~) / T)_c, x~ = x - eps sign(grad_x CE(f(x) / T, argmax f(x))) / std.
+
+    Liang, Li & Srikant, "Enhancing the reliability of out-of-distribution image detection in
+    neural networks", ICLR 2018. f(x~) is the ``odin`` pass's ``odin/logits``; ``temperature`` (T)
+    and ``noise`` (eps) are the pass's (OpenOOD v1.5 defaults T = 1000, eps = 0.0014, extract with
+    ``--odin``). The softmax is float64 (:meth:`Compute.max_softmax`).
+    """
+
+    needs = ("extra:odin/logits",)
+    pass_kind = "odin"
+
+    def __init__(self, temperature: float | None = None, noise: float | None = None) -> None:
+        self.temperature = temperature
+        self.noise = noise
+
+    def _score(self, x: FeatureSet) -> np.ndarray:
+        t = self._matching(x, "temperature", "temperature")
+        self._matching(x, "noise", "noise")
+        self.resolved_ = {"temperature": t, "noise": float(self._settings(x)["noise"])}
+        comp = Compute("float64")
+        f = x.extras["odin/logits"]
+        return comp.map_rows(lambda a: comp.max_softmax(a / t), f, f.shape[1])
+
+
+def fit_layer_gaussians(train: FeatureSet, layers: Sequence[str] | None = None) -> dict[str, Mahalanobis]:
+    """Per stored ``mds/<layer>`` of ``train``: the ``mahalanobis`` detector (class means, tied
+    covariance, pseudo-inverse; float64 fit) fitted on that layer's features with the true labels."""
+    stored = [k[len("mds/") :] for k in sorted(train.extras) if k.startswith("mds/")]
+    layers = list(layers) if layers is not None else stored
+    missing = [n for n in layers if n not in stored]
+    if missing:
+        raise InputError(f"layers {missing} are not in {train.meta.get('dataset')!r}'s mds pass, which holds {stored}")
+    return {n: Mahalanobis().fit(_view(train, features=np.asarray(train.extras[f"mds/{n}"]))) for n in layers}
+
+
+@register("mahalanobis_ensemble", tags=("feature", "network"))
+class MahalanobisEnsemble(NetworkMethod):
+    """s = sum_l w_l M_l(x~_l), M_l = -min_c (h_l - mu_{l,c})' S_l^+ (h_l - mu_{l,c}).
+
+    Lee, Lee, Lee & Shin, "A simple unified framework for detecting out-of-distribution samples and
+    adversarial attacks", NeurIPS 2018: per layer l, class-conditional Gaussians with a tied
+    covariance on the spatial means h_l of its feature maps (fitted on ID train with true labels,
+    :func:`fit_layer_gaussians`), scored on the input x~_l perturbed towards the closest Gaussian
+    with step ``noise`` (the ``mds`` pass, extract with ``--mds``; noise 0: the layer ensemble without
+    preprocessing). ``layers``: which stored layers (default all: the model's stages); ``weights``
+    w_l (default 1 each). The paper fits w by logistic regression on validation ID and OOD (or
+    adversarial) data: :func:`fit_layer_weights`, then pass them as ``weights``. OpenOOD's scores
+    are -1/2 of these distances (the same ranking for the same weights).
+    """
+
+    needs = ("extra:mds/*",)
+    fit_needs = ("labels", "extra:mds/*")
+    pass_kind = "mds"
+
+    def __init__(self, layers: Sequence[str] | None = None, weights: Sequence[float] | None = None, noise: float | None = None) -> None:
+        self.layers = layers
+        self.weights = weights
+        self.noise = noise
+
+    def _fit(self, train: FeatureSet) -> None:
+        if float(self._settings(train)["noise"]) != 0:
+            raise InputError("mahalanobis_ensemble fits on the clean ID-train features: extract ID train with --mds noise=0")
+        self.gaussians_ = fit_layer_gaussians(train, self.layers)
+        if self.weights is not None and len(self.weights) != len(self.gaussians_):
+            raise InputError(f"mahalanobis_ensemble: {len(self.weights)} weights for {len(self.gaussians_)} layers {list(self.gaussians_)}")
+        self.fit_hash_ = str(train.meta.get("content_hash") or train.content_hash())
+
+    def layer_scores(self, x: FeatureSet) -> np.ndarray:
+        """(N, L): M_l of each layer, in the order of ``gaussians_``."""
+        settings = self._settings(x)
+        self._matching(x, "noise", "noise")
+        if float(settings["noise"]) > 0 and settings.get("fit") != self.fit_hash_:
+            raise InputError(f"{x.meta.get('dataset')!r} was perturbed along the Gaussians of another ID-train set "
+                             f"(content hash {settings.get('fit')}, fitted here on {self.fit_hash_}): extract it with fit= this ID-train set")
+        missing = [n for n in self.gaussians_ if f"mds/{n}" not in x.extras]
+        if missing:
+            raise InputError(f"{x.meta.get('dataset')!r} lacks the mds layers {missing}; extract it with the same layers as ID train")
+        return np.stack([g.score(_view(x, features=np.asarray(x.extras[f"mds/{n}"]))) for n, g in self.gaussians_.items()], axis=1)
+
+    def _score(self, x: FeatureSet) -> np.ndarray:
+        w = np.ones(len(self.gaussians_)) if self.weights is None else np.asarray(self.weights, dtype=np.float64)
+        return self.layer_scores(x) @ w
+
+
+def fit_layer_weights(id_scores: np.ndarray, ood_scores: np.ndarray) -> list[float]:
+    """Layer weights w (one per column) by logistic regression of ID (1) vs OOD (0) on the layer
+    scores of validation sets (``MahalanobisEnsemble.layer_scores``), as the paper (and OpenOOD's
+    ``alpha_selector``, scikit-learn's ``LogisticRegressionCV``) does."""
+    from sklearn.linear_model import LogisticRegressionCV
+
+    data = np.concatenate([as64(id_scores), as64(ood_scores)])
+    target = np.concatenate([np.ones(len(id_scores)), np.zeros(len(ood_scores))])
+    return LogisticRegressionCV().fit(data, target).coef_.reshape(-1).tolist()
+
+
+def gram_deviations(g: np.ndarray, mins: np.ndarray, maxs: np.ndarray) -> np.ndarray:
+    """Per row of g (N, P, C): sum over p and c of relu(min - g) / |min + 1e-6| + relu(g - max) / |max + 1e-6|,
+    the bounds (N, P, C) of each row's class (the releases' 1e-6)."""
+    lo = np.maximum(mins - g, 0) / np.abs(mins + 1e-6)
+    hi = np.maximum(g - maxs, 0) / np.abs(maxs + 1e-6)
+    return (lo + hi).sum(axis=(1, 2))
+
+
+@register("gram", tags=("feature", "network"))
+class Gram(NetworkMethod):
+    """s = -(sum_l delta_l(x) / E_l) / c(x), delta_l the deviation of the Gram rows from the class bounds.
+
+    Sastry & Oore, "Detecting out-of-distribution examples with Gram matrices", ICML 2020. Per
+    layer l and order p the ``gram`` pass (extract with ``--gram``) stores g = sign(G) |G|^(1/p), G
+    the row sums of the p-th order Gram matrix. Fit: per class, the min and max of each entry over
+    the ID-train rows assigned to it (``assign="prediction"``: by the argmax of the logits, as the
+    paper and OpenOOD; ``"label"``: true labels, as pytorch-ood), less a seeded ``val_fraction`` of
+    each class held out; E_l = the mean deviation of the held-out rows (1 when none or 0). Score:
+    each row against the bounds of its predicted class (:func:`gram_deviations`), divided by its
+    maximum softmax probability c(x) when ``by_confidence`` (the paper's code and OpenOOD; pytorch-ood
+    does not). A row predicted into a class no ID-train row was assigned to is refused.
+    """
+
+    needs = ("logits", "extra:gram/*")
+    fit_needs = ("logits", "extra:gram/*")
+    pass_kind = "gram"
+
+    def __init__(self, val_fraction: float = 0.1, seed: int = 0, assign: str = "prediction", by_confidence: bool = True) -> None:
+        self.val_fraction = val_fraction
+        self.seed = seed
+        self.assign = assign
+        self.by_confidence = by_confidence
+
+    def _fit(self, train: FeatureSet) -> None:
+        if self.assign not in ("prediction", "label"):
+            raise InputError(f"gram assign must be 'prediction' or 'label', got {self.assign!r}")
+        if not 0 <= self.val_fraction < 1:
+            raise InputError(f"gram val_fraction must be in [0, 1), got {self.val_fraction}")
+        self.layers_ = [k[len("gram/") :] for k in sorted(train.extras) if k.startswith("gram/")]
+        if self.assign == "label":
+            idx, _ = labelled(train.labels, "gram")
+            cls = np.asarray(train.labels)
+        else:
+            idx, cls = np.arange(len(train)), np.asarray(train.logits).argmax(axis=1)
+        rng = np.random.default_rng(self.seed)
+        fit_rows, val_rows = {}, {}
+        for c in np.unique(cls[idx]):
+            rows = idx[cls[idx] == c]
+            perm = rng.permutation(rows.size)
+            n_val = int(self.val_fraction * rows.size)
+            fit_rows[int(c)], val_rows[int(c)] = np.sort(rows[perm[n_val:]]), np.sort(rows[perm[:n_val]])
+        n_classes = np.asarray(train.logits).shape[1]
+        self.classes_ = np.array(sorted(fit_rows))
+        self.mins_, self.maxs_ = {}, {}
+        for name in self.layers_:
+            g = as64(train.extras[f"gram/{name}"])
+            mins = np.full((n_classes, *g.shape[1:]), np.nan)
+            maxs = np.full_like(mins, np.nan)
+            for c, rows in fit_rows.items():
+                mins[c], maxs[c] = g[rows].min(axis=0), g[rows].max(axis=0)
+            self.mins_[name], self.maxs_[name] = mins, maxs
+        self.norms_ = np.ones(len(self.layers_))
+        val = np.concatenate([val_rows[c] for c in sorted(val_rows)]).astype(int)
+        if val.size:
+            val_cls = cls[val]
+            conf = self._confidence(np.asarray(train.logits)[val])
+            for i, name in enumerate(self.layers_):
+                d = gram_deviations(as64(train.extras[f"gram/{name}"])[val], self.mins_[name][val_cls], self.maxs_[name][val_cls]) / conf
+                if d.mean() > 0:
+                    self.norms_[i] = d.mean()
+
+    def _confidence(self, logits: np.ndarray) -> np.ndarray:
+        return Compute("float64").max_softmax(as64(logits)) if self.by_confidence else np.ones(len(logits))
+
+    def _score(self, x: FeatureSet) -> np.ndarray:
+        missing = [n for n in self.layers_ if f"gram/{n}" not in x.extras]
+        if missing:
+            raise InputError(f"{x.meta.get('dataset')!r} lacks the gram layers {missing}; extract it with the same layers as ID train")
+        logits = np.asarray(x.logits)
+        pred = logits.argmax(axis=1)
+        unbounded = ~np.isin(pred, self.classes_)
+        if unbounded.any():
+            raise InputError(f"gram: {int(unbounded.sum())} of {len(x)} rows of {x.meta.get('dataset')!r} are predicted into classes "
+                             f"{sorted(set(pred[unbounded].tolist()))} that no ID-train row was assigned to; use assign='label'")
+        total = np.zeros(len(x))
+        for i, name in enumerate(self.layers_):
+            total += gram_deviations(as64(x.extras[f"gram/{name}"]), self.mins_[name][pred], self.maxs_[name][pred]) / self.norms_[i]
+        return -total / self._confidence(logits)
+
+
+@register("rankfeat", tags=("logit", "network"))
+class RankFeat(NetworkMethod):
+    """s = T logsumexp(mean_b f_b / T), f_b the logits with the rank-1 part of block b's features removed.
+
+    Song, Sebe & Wang, "RankFeat: Rank-1 feature removal for out-of-distribution detection",
+    NeurIPS 2022. The ``rankfeat`` pass (``--rankfeat``) stores f_b for each block (default the
+    model's last two stages, the paper's block 3 + block 4); the logits of the blocks in ``blocks``
+    (default all stored) are averaged, then the energy is taken, as OpenOOD v1.5's fusion
+    (T = ``temperature`` = 1). One block is the paper's single-block RankFeat.
+    """
+
+    needs = ("extra:rankfeat/*",)
+    pass_kind = "rankfeat"
+
+    def __init__(self, blocks: Sequence[str] | None = None, temperature: float = 1.0) -> None:
+        self.blocks = blocks
+        self.temperature = temperature
+
+    def _score(self, x: FeatureSet) -> np.ndarray:
+        stored = [k[len("rankfeat/") :] for k in sorted(x.extras) if k.startswith("rankfeat/")]
+        blocks = list(self.blocks) if self.blocks is not None else stored
+        missing = [b for b in blocks if b not in stored]
+        if missing or not blocks:
+            raise InputError(f"rankfeat blocks {missing or blocks} are not in {x.meta.get('dataset')!r}, which holds {stored}")
+        fused = sum(as64(x.extras[f"rankfeat/{b}"]) for b in blocks) / len(blocks)
+        return energy(fused, float(self.temperature))
+
+
+@register("mc_dropout", tags=("logit", "network"))
+class MCDropout(NetworkMethod):
+    """Monte-Carlo dropout (Gal & Ghahramani, ICML 2016) over the ``mcd`` pass's T stochastic forwards.
+
+    ``mode="mean"``: s = max_c (1/T) sum_t softmax(f_t)_c, the predictive distribution's maximum
+    (the paper; pytorch-ood's ``MCD(mode="mean")``); ``"var"``: s = -(1/C) sum_c var_t softmax(f_t)_c
+    (pytorch-ood's default ``mode="var"``); ``"logits"``: s = max_c softmax((1/T) sum_t f_t)_c (OpenOOD
+    v1.5's ``dropout``). Extract with ``--mcd`` (OpenOOD's T = 5, p = 0.5 on the classifier's input).
+    """
+
+    needs = ("extra:mcd/*",)
+    pass_kind = "mcd"
+
+    def __init__(self, mode: str = "mean") -> None:
+        self.mode = mode
+
+    def _score(self, x: FeatureSet) -> np.ndarray:
+        if self.mode == "mean":
+            return as64(x.extras["mcd/probs"]).max(axis=1)
+        if self.mode == "var":
+            return -as64(x.extras["mcd/var"])
+        if self.mode == "logits":
+            comp = Compute("float64")
+            return comp.max_softmax(as64(x.extras["mcd/logits"]))
+        raise InputError(f"mc_dropout mode must be 'mean', 'var' or 'logits', got {self.mode!r}")
+
+
+#: the peers' names (OpenOOD v1.5's postprocessor keys, pytorch-ood 0.4's classes). OpenOOD's
+#: ``mcd`` is another method (maximum classifier discrepancy, a trained two-head network): not aliased.
+for _name, _target, _source in (
+    ("odin", "odin", "OpenOOD v1.5"), ("mds_ensemble", "mahalanobis_ensemble", "OpenOOD v1.5"), ("gram", "gram", "OpenOOD v1.5"),
+    ("rankfeat", "rankfeat", "OpenOOD v1.5"), ("dropout", "mc_dropout", "OpenOOD v1.5"),
+):  # fmt: skip
+    REGISTRY.alias(_name, _target, _source, tags=("openood",))
+for _name, _target in (("ODIN", "odin"), ("MahalanobisODIN", "mahalanobis_ensemble"), ("Gram", "gram"), ("RankFeat", "rankfeat"),
+                       ("MCD", "mc_dropout")):  # fmt: skip
+    REGISTRY.alias(_name, _target, "pytorch-ood", tags=("pytorch-ood",))
