@@ -11,6 +11,7 @@ HELP = "extract features, logits and head of a model (timm, open_clip or your ow
 EXAMPLES = [
     "oodeval extract --model resnet50 --pretrained --dataset imagenet1k-val --store feats/",
     "oodeval extract --model open_clip:ViT-B-16 --pretrained openai --dataset ninco --store feats/ --patch-features",
+    "oodeval extract --model resnet50 --pretrained --dataset ninco --store feats/ --odin T=1000,eps=0.0014 --rankfeat",
     "PYTHONPATH=. oodeval extract --model my_models:cifar_resnet18 --weights ckpt.safetensors --dataset data/cifar10/test --store feats/",
 ]
 
@@ -30,6 +31,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nac-fit", type=int, default=None, metavar="N",
                    help="ID train: tap only the N class-balanced rows NAC fits on (its n_fit; implies --taps)")  # fmt: skip
     p.add_argument("--seed", type=int, default=0, help="seed of the --nac-fit rows (NAC's seed; default 0)")
+    for kind, what in (("odin", "ODIN's perturbed logits: T=1000,eps=0.0014 (default), std=R,G,B"),
+                       ("mds", "Mahalanobis layer features: noise=0 on ID train; noise=0.0014,fit=ID_TRAIN_FEATURESET on scored sets; layers=a+b"),
+                       ("gram", "Gram matrix rows: powers=10 (default), layers=a+b"),
+                       ("rankfeat", "logits with the rank-1 part of blocks removed: blocks=layer3+layer4 (default: the last two stages)"),
+                       ("mcd", "Monte-Carlo dropout: samples=5,p=0.5,where=head|model,seed=0 (default)")):
+        p.add_argument(f"--{kind}", nargs="?", const=True, default=None, metavar="K=V,...",
+                       help=f"also run the {kind} network pass ({what}; see docs/detectors.md)")
     p.add_argument("--patch-features", action="store_true", help="VLMs (open_clip:, hf:): value-path patch features for GL-MCM")
     p.add_argument("--batch-size", type=int, default=64, help="images per forward pass (default 64)")
     p.add_argument("--workers", type=int, default=0, help="DataLoader worker processes (default 0)")
@@ -47,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
     from ..features import FeatureSet
     from ..features.backbones import parse_model_name
     from ..features.extract import extract, extract_nac_fit
+    from ..features.pass_options import KINDS, parse_pass
 
     parse_model_name(args.model)  # a misspelt name first, then the weights choice
     check_weights(args)
@@ -57,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
         head=args.head, pretrained=pretrained, amp=args.amp, strict=not args.no_strict, shard_size=args.shard_size,
         skip_missing=args.skip_missing, full_image_hash=args.full_image_hash,
         nac_layers=args.nac_layers.split(",") if args.nac_layers else None,
+        passes=[spec for kind in KINDS if (spec := parse_pass(kind, getattr(args, kind))) is not None],
     )
     if args.nac_fit is not None:
         path = extract_nac_fit(model, args.dataset, args.store, n_fit=args.nac_fit, seed=args.seed, **options)

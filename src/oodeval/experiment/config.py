@@ -33,6 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
+from ..features.pass_options import KINDS as PASS_KINDS
+from ..features.pass_options import PassSpec, parse_pass
 
 __all__ = ["ExperimentConfig", "ModelSpec", "DetectorSpec", "DatasetSpec", "SweepSpec", "SelectionSpec", "load_config", "KINDS"]
 
@@ -48,7 +50,7 @@ _DATASETS = {"id_train", "id_test", "ood", "split_column", "id_classes"}
 _OOD = {"name", "label", "split_column", "group"}
 _MODEL = {
     "name", "label", "weights", "pretrained", "head", "kind", "model_kwargs", "taps", "patch_features", "full_patch_features", "features",
-    "detectors",
+    "detectors", *PASS_KINDS,
 }  # fmt: skip
 _DETECTOR = {"name", "label", "hyperparameters", "vocabulary", "search", "generations"}
 _SELECTION = {"validation_id", "validation_ood"}
@@ -145,6 +147,8 @@ class ModelSpec:
     #: True: the hub weights the name names; False: random init, chosen; None: not said (then
     #: ``weights`` or precomputed ``features`` must cover every extraction)
     pretrained: bool | None = None
+    #: the network passes to extract (``features.pass_options``; ``odin = {...}`` in the model table)
+    passes: tuple[PassSpec, ...] = ()
 
     @property
     def random_init(self) -> bool:
@@ -390,7 +394,26 @@ def _model(entry: Any, i: int, base: Path, n_seeds: int) -> ModelSpec:
         full_patch_features=_typed(t, "full_patch_features", bool, where, False),
         features={k: str(_path(v, base)) for k, v in feats.items()},
         detectors=_detectors(t.get("detectors"), f"{where} detectors", base, zeroshot=kind == "zero-shot"),
+        passes=_passes(t, where, kind),
     )
+
+
+def _passes(t: dict, where: str, kind: str) -> tuple[PassSpec, ...]:
+    """The model table's network passes (``odin = {temperature = 1000}``, ``rankfeat = true``, ...)."""
+    out = []
+    for name in PASS_KINDS:
+        try:
+            spec = parse_pass(name, t.get(name))
+        except InputError as exc:
+            raise _fail(where, str(exc)) from None
+        if spec is None:
+            continue
+        if kind != "supervised":
+            raise _fail(where, f"{name}: the network passes apply to supervised classifiers")
+        if name == "mds" and spec.get("fit") is not None:
+            raise _fail(where, "mds: fit is the experiment's id_train set (oodeval run extracts and fits it); leave fit out")
+        out.append(spec)
+    return tuple(out)
 
 
 def _names_code(t: dict) -> bool:

@@ -140,8 +140,34 @@ def extract_features(model: ModelSpec, weights: str | None, ds: DatasetSpec, rol
         readouts = patch_readouts(model, weights, cfg)
     path = extract(model.name, ds.name, cfg.store, taps=taps, patch_features=model.full_patch_features or
                    (model.patch_features and model.kind != "zero-shot"), patch_readouts=readouts,
-                   **_extract_options(model, weights, cfg))  # fmt: skip
+                   passes=_role_passes(model, weights, role, cfg), **_extract_options(model, weights, cfg))  # fmt: skip
     return FeatureSet.load(path)
+
+
+def _role_passes(model: ModelSpec, weights: str | None, role: str, cfg: ExperimentConfig) -> list:
+    """The model's network passes for one role: on ID train only what a fit reads (gram as given,
+    mds clean, i.e. noise 0); elsewhere all, mds with noise > 0 perturbed along the Gaussians of the
+    ID-train set's clean mds pass (extracted, or read from the cache, here)."""
+    def clean(spec):
+        return replace(spec, settings=tuple((k, 0.0 if k == "noise" else v) for k, v in spec.settings))
+
+    if role == "id_train":
+        return [s if s.kind == "gram" else clean(s) for s in model.passes if s.kind in ("gram", "mds")]
+    out = []
+    for spec in model.passes:
+        if spec.kind == "mds" and float(spec.get("noise")) > 0:
+            if "id_train" in model.features:
+                fit = model.features["id_train"]
+            elif cfg.id_train is not None:
+                from ..features.extract import extract
+
+                fit = str(extract(model.name, cfg.id_train.name, cfg.store, passes=_role_passes(model, weights, "id_train", cfg),
+                                  **_extract_options(model, weights, cfg)))  # fmt: skip
+            else:
+                raise InputError("mds with noise > 0 needs the experiment's id_train set (its Gaussians guide the perturbation)")
+            spec = replace(spec, settings=tuple((k, fit if k == "fit" else v) for k, v in spec.settings))
+        out.append(spec)
+    return out
 
 
 def nac_fit_features(run: _Run, cfg: ExperimentConfig, n_fit: int | None, seed: int) -> FeatureSet:
