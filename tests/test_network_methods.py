@@ -23,7 +23,8 @@ from oodeval.features.backbones import load_backbone
 from oodeval.features.extract import extract
 from oodeval.features.pass_options import parse_pass
 
-KW = {"num_classes": 3, "pretrained_cfg_overlay": {"input_size": (3, 32, 32)}}
+SIZE = 48  # block 4 of test_resnet is then 2 x 2 (1 x 1 at 32 px: its own rank-1 part)
+KW = {"num_classes": 3, "pretrained_cfg_overlay": {"input_size": (3, SIZE, SIZE)}}
 EPS32 = float(np.finfo(np.float32).eps)
 ALL = ("odin", "gram", "rankfeat", "mcd")
 
@@ -33,11 +34,30 @@ def _folder(root: Path, classes: tuple[str, ...], n: int, seed: int, smooth: boo
     for c in classes:
         (root / c).mkdir(parents=True)
         for i in range(n):
-            img = rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)
+            img = rng.integers(0, 256, (SIZE, SIZE, 3), dtype=np.uint8)
             if smooth:  # OOD: blocky images, another input distribution
-                img = np.kron(rng.integers(0, 256, (4, 4, 3)), np.ones((8, 8, 1))).astype(np.uint8)
+                img = np.kron(rng.integers(0, 256, (4, 4, 3)), np.ones((SIZE // 4, SIZE // 4, 1))).astype(np.uint8)
             Image.fromarray(img).save(root / c / f"{i}.png")
     return root
+
+
+def _lively_weights(path: Path) -> Path:
+    """timm's random init of test_resnet zero-initialises each block's last BatchNorm and gives a
+    small head, so its logits barely move with the input; seeded random BatchNorm affines (positive
+    scales and shifts: no channel dead after its ReLU, so each layer's covariance is full rank) and
+    a head 20x larger make every method's scores spread (a weights file, so extraction reads the same)."""
+    from safetensors.torch import save_file
+
+    net = load_backbone("test_resnet", model_kwargs=KW).model
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for mod in net.modules():
+            if isinstance(mod, torch.nn.BatchNorm2d):
+                mod.weight.copy_(1 + 0.3 * torch.randn(mod.weight.shape, generator=gen).abs())
+                mod.bias.copy_(0.5 + 0.2 * torch.randn(mod.bias.shape, generator=gen))  # no channel dead after its ReLU
+        net.fc.weight.mul_(20)
+    save_file({k: v.contiguous() for k, v in net.state_dict().items()}, str(path))
+    return path
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +71,8 @@ def sets(tmp_path_factory: pytest.TempPathFactory) -> dict:
     _folder(root / "ood", ("x",), 12, 2, smooth=True)
     store = root / "store"
     layers = "layers=act1+layer1"
-    opts = dict(model_kwargs=KW, progress=False, batch_size=64)
+    weights = _lively_weights(root / "weights.safetensors")
+    opts = dict(model_kwargs=KW, weights=weights, progress=False, batch_size=64)
     train = extract("test_resnet", root / "train", store, passes=[parse_pass("mds", f"noise=0,{layers}"), parse_pass("gram", True)], **opts)
     scored = [parse_pass(k, True) for k in ALL] + [parse_pass("mds", f"noise=0.0014,{layers},fit={train}")]
     out = {"root": root, "store": store, "train": FeatureSet.load(train), "scored": scored, "opts": opts, "paths": {"train": train}}
@@ -64,23 +85,29 @@ def sets(tmp_path_factory: pytest.TempPathFactory) -> dict:
 @pytest.fixture(scope="module")
 def test_inputs(sets: dict) -> tuple[torch.nn.Module, torch.Tensor]:
     """The extracted model (the same random init) and the ID-test rows as its input tensor, as the extraction feeds them."""
-    bb = load_backbone("test_resnet", model_kwargs=KW)
+    bb = load_backbone("test_resnet", sets["opts"]["weights"], model_kwargs=KW)
     model = bb.model.to(memory_format=torch.channels_last)
     paths = Manifest.from_csv(sets["paths"]["test"] / "manifest.csv").paths
     x = torch.stack([bb.transform(Image.open(p).convert("RGB")) for p in paths]).contiguous(memory_format=torch.channels_last)
     return model, x
 
 
-def test_each_pass_is_extracted_once_and_a_changed_setting_recomputes(sets: dict, monkeypatch: pytest.MonkeyPatch) -> None:
-    calls: dict[str, int] = {}
+@pytest.fixture
+def calls(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """Counts the batches each network pass runs on."""
+    seen: dict[str, int] = {}
     for cls in (passes_mod.OdinPass, passes_mod.GramPass, passes_mod.RankFeatPass, passes_mod.McdPass, passes_mod.MdsPass):
         real = cls.__call__
 
         def counting(self, ctx, x, first_row, real=real):
-            calls[self.kind] = calls.get(self.kind, 0) + 1
+            seen[self.kind] = seen.get(self.kind, 0) + 1
             return real(self, ctx, x, first_row)
 
         monkeypatch.setattr(cls, "__call__", counting)
+    return seen
+
+
+def test_each_pass_is_extracted_once_and_a_changed_setting_recomputes(sets: dict, calls: dict) -> None:
     test = sets["test"]
     assert set(test.meta["passes"]) == {"odin", "gram", "rankfeat", "mcd", "mds"}
     assert test.meta["passes"]["odin"] == {"kind": "odin", "temperature": 1000.0, "noise": 0.0014, "std": [0.5, 0.5, 0.5]}
@@ -191,7 +218,7 @@ def test_network_detectors_refuse_a_set_without_their_pass(sets: dict) -> None:
         extract("test_resnet", sets["root"] / "ood", sets["store"], passes=[parse_pass("mcd", "where=model")], **sets["opts"])
 
 
-def test_score_and_run_take_the_network_methods(sets: dict, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_score_and_run_take_the_network_methods(sets: dict, tmp_path: Path, calls: dict) -> None:
     store, dirs = sets["store"], {k: str(v) for k, v in sets["paths"].items()}
     names = "odin,mds_ensemble,gram,rankfeat,MCD"
     out = tmp_path / "scores.csv"
@@ -207,14 +234,15 @@ def test_score_and_run_take_the_network_methods(sets: dict, tmp_path: Path, caps
 store = "{store}"
 results = "{tmp_path / 'r.parquet'}"
 bootstrap_draws = 10
+batch_size = 64
 [datasets]
 id_train = "{sets['root'] / 'train'}"
 id_test = "{sets['root'] / 'test'}"
 ood = [{{name = "{sets['root'] / 'ood'}", label = "ood"}}]
 [[models]]
 name = "test_resnet"
-pretrained = false
-model_kwargs = {{num_classes = 3, pretrained_cfg_overlay = {{input_size = [3, 32, 32]}}}}
+weights = "{sets['opts']['weights']}"
+model_kwargs = {{num_classes = 3, pretrained_cfg_overlay = {{input_size = [3, 48, 48]}}}}
 odin = true
 mds = {{noise = 0.0014, layers = ["act1", "layer1"]}}
 gram = true
@@ -226,8 +254,120 @@ detectors = [{', '.join(f'"{n}"' for n in names.split(','))}]
     from oodeval.results import load_results
 
     run_experiment(load_config(exp), progress=False)
+    assert calls == {}  # every set came from the store: the entries extracted above
     rows = load_results(tmp_path / "r.parquet")
     assert rows["status"].eq("ok").all(), rows[["detector", "error"]]
     # the experiment read the very entries extracted above (same keys): its AUROCs are the CLI's
     merged = rows.set_index("detector")["auroc"].sort_index()
     np.testing.assert_allclose(merged.to_numpy(), table.set_index("detector")["auroc"].sort_index().to_numpy(), rtol=1e-12)
+
+
+# ---------------------------------------------------------------- against pytorch-ood 0.4 (outlier scores: negated)
+def _pood():
+    import pytorch_ood.detector as pood
+
+    return pood
+
+
+def _report(name: str, ours: np.ndarray, theirs) -> float:
+    rho = spearmanr(ours, -np.asarray(theirs, dtype=np.float64)).statistic
+    print(f"{name}: Spearman {rho:.6f}")
+    return rho
+
+
+def test_odin_equals_pytorch_ood(sets: dict, test_inputs: tuple) -> None:
+    model, x = test_inputs
+    theirs = _pood().ODIN(model, eps=0.0014, temperature=1000.0, norm_std=[0.5, 0.5, 0.5]).predict(x).double().numpy()
+    ours = detectors.create("ODIN").fit().score(sets["test"])
+    assert _report("ODIN", ours, theirs) == pytest.approx(1.0)
+    # the same formula on the same perturbed logits; theirs is a float32 softmax (values <= 1: a few ulps of 1)
+    np.testing.assert_allclose(ours, -theirs, rtol=0, atol=8 * EPS32)
+
+
+def test_mc_dropout_equals_pytorch_ood_and_openood(sets: dict, test_inputs: tuple) -> None:
+    model, x = test_inputs
+    # OpenOOD's dropout (p on the classifier's input): the pass's masks, drawn after manual_seed(seed + first row)
+    with torch.no_grad():
+        z = model.forward_head(model.forward_features(x), pre_logits=True)
+        torch.manual_seed(0)
+        draws = [model.get_classifier()(F.dropout(z, 0.5, training=True)) for _ in range(5)]
+    probs = torch.stack([d.softmax(1) for d in draws]).mean(0).double().numpy()
+    mean_logits = torch.stack(draws).mean(0).double()
+    test = sets["test"]
+    np.testing.assert_allclose(test.extras["mcd/probs"], probs, rtol=0, atol=8 * EPS32)
+    np.testing.assert_allclose(detectors.create("mc_dropout").fit().score(test), probs.max(1), rtol=0, atol=8 * EPS32)
+    openood = mean_logits.softmax(1).max(1).values.numpy()
+    np.testing.assert_allclose(detectors.create("dropout", mode="logits").fit().score(test), openood, rtol=0, atol=8 * EPS32)
+    # pytorch-ood's MCD: the model's own dropout (timm drop_rate) in train mode, BatchNorm in eval mode
+    kw = {**KW, "drop_rate": 0.5}
+    path = extract("test_resnet", sets["root"] / "test", sets["store"], passes=[parse_pass("mcd", "where=model,samples=4,seed=3")],
+                   **{**sets["opts"], "model_kwargs": kw})  # fmt: skip
+    fs = FeatureSet.load(path)
+    net = load_backbone("test_resnet", sets["opts"]["weights"], model_kwargs=kw).model.to(memory_format=torch.channels_last)
+    torch.manual_seed(3)
+    mean, var = _pood().MCD.run(net, x, 4)
+    assert not net.training  # put back in eval mode
+    ours_mean = detectors.create("MCD", mode="mean").fit().score(fs)
+    ours_var = detectors.create("MCD", mode="var").fit().score(fs)
+    assert _report("MCD mean", ours_mean, -mean.numpy()) == pytest.approx(1.0)
+    assert _report("MCD var", ours_var, var.numpy()) == pytest.approx(1.0)
+    np.testing.assert_allclose(ours_mean, mean.double().numpy(), rtol=0, atol=8 * EPS32)
+    np.testing.assert_allclose(-ours_var, var.double().numpy(), rtol=16 * EPS32, atol=0)
+
+
+def test_mahalanobis_preprocessing_agrees_with_pytorch_ood(sets: dict, test_inputs: tuple) -> None:
+    model, x = test_inputs
+
+    def encoder(t: torch.Tensor) -> torch.Tensor:  # the spatial mean of act1, the pass's first layer
+        return model.act1(model.bn1(model.conv1(t))).mean(dim=(2, 3))
+
+    train, test = sets["train"], sets["test"]
+    peer = _pood().MahalanobisODIN(encoder, eps=0.0014, norm_std=[0.5, 0.5, 0.5])
+    peer.fit_features(torch.from_numpy(np.array(train.extras["mds/act1"])), torch.from_numpy(np.array(train.labels)))
+    det = detectors.create("mds_ensemble", layers=["act1"]).fit(train)
+    ridged = peer.predict(x).double().numpy()
+    # pytorch-ood inverts the unnormalised scatter plus a ridge of 1e-6 (docs/detectors.md); with
+    # the scatter's exact inverse it computes our formula: half the squared distance, times 1 / N
+    n = len(train)
+    peer._base.precision = torch.from_numpy(np.linalg.inv(n * det.gaussians_["act1"].covariance_)).float()
+    theirs = peer.predict(x).double().numpy()
+    ours = det.score(test)
+    assert _report("MahalanobisODIN (act1, their ridge)", ours, ridged) > 0.99
+    assert _report("MahalanobisODIN (act1)", ours, theirs) == pytest.approx(1.0)
+    # float32 distances of a covariance of condition ~5e3 against our float64 whitened ones
+    np.testing.assert_allclose(ours, -2 * n * theirs, rtol=1e-4)
+
+
+def test_gram_agrees_with_pytorch_ood(sets: dict, test_inputs: tuple) -> None:
+    model, x = test_inputs
+    nn = torch.nn
+    stages = [nn.Sequential(model.conv1, model.bn1, model.act1), nn.Sequential(model.maxpool, model.layer1), model.layer2,
+              model.layer3, model.layer4]  # fmt: skip
+    peer = _pood().Gram(head=nn.Sequential(model.global_pool, model.fc), feature_layers=stages, num_classes=3,
+                        num_poles_list=list(range(1, 11)))  # fmt: skip
+    peer.validation_fraction = 0.0  # both then bound by every ID-train row of a class, normalised by 1
+    bb = load_backbone("test_resnet", sets["opts"]["weights"], model_kwargs=KW)
+    train = sets["train"]
+    paths = Manifest.from_csv(sets["paths"]["train"] / "manifest.csv").paths
+    xt = torch.stack([bb.transform(Image.open(p).convert("RGB")) for p in paths]).contiguous(memory_format=torch.channels_last)
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(xt, torch.from_numpy(np.asarray(train.labels))), batch_size=64)
+    peer.fit(data)
+    both = torch.cat([x, _inputs(sets, "ood", bb)])
+    theirs = peer.predict(both).double().numpy()
+    det = detectors.create("Gram", val_fraction=0.0, assign="label", by_confidence=False).fit(train)
+    ours = np.concatenate([det.score(sets["test"]), det.score(sets["ood"])])
+    assert _report("Gram", ours, theirs) > 0.999
+
+
+def _inputs(sets: dict, name: str, bb) -> torch.Tensor:
+    paths = Manifest.from_csv(sets["paths"][name] / "manifest.csv").paths
+    return torch.stack([bb.transform(Image.open(p).convert("RGB")) for p in paths]).contiguous(memory_format=torch.channels_last)
+
+
+def test_rankfeat_agrees_with_pytorch_ood(sets: dict, test_inputs: tuple) -> None:
+    model, x = test_inputs
+    theirs = _pood().RankFeat(backbone=model.forward_features, head=model.forward_head).predict(x).double().numpy()
+    ours = detectors.create("RankFeat", blocks=["layer4"]).fit().score(sets["test"])
+    assert _report("RankFeat (block 4)", ours, theirs) > 0.999
+    # theirs removes the rank-1 part by a float32 SVD, ours by a float64 one
+    np.testing.assert_allclose(ours, -theirs, rtol=1e-4)

@@ -29,6 +29,7 @@ from ..data import ImageError, Manifest, open_image, resolve
 from ..errors import InputError, StateError
 from . import store as st
 from .backbones import Backbone, file_hash, full_precision, load_backbone, parse_model_name
+from .pass_options import KINDS as PASS_KINDS
 from .pass_options import PassSpec
 from .patchreadout import PatchReadout, local_mcm
 from .preprocess import SplitTransform, split_transform
@@ -304,6 +305,7 @@ def extract(
     cache_name = model if kind != "timm" or model.startswith("timm:") else f"timm:{model}"  # 'x' and 'timm:x': one entry
     from .passes import build_passes, key_entries
 
+    passes = sorted(passes, key=lambda p: PASS_KINDS.index(p.kind))  # one entry whatever order they are given in
     keyed = [key_entries(p) | ({"batch_size": batch_size, "shard_size": shard_size} if p.kind == "mcd" else {}) for p in passes]
     key = entry_key(cache_name, manifest, weights_hash=weights_hash, head_hash=head_hash, pretrained=pretrained,
                     model_kwargs=model_kwargs, taps=taps, nac_layers=nac_layers, patch_features=patch_features,

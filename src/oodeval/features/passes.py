@@ -150,6 +150,9 @@ def remove_rank1(t: Tensor) -> Tensor:
     if t.ndim != 4:
         raise InputError(f"rankfeat needs a feature map (B, C, H, W), got {tuple(t.shape)}")
     b, c, h, w = t.shape
+    if h * w == 1:
+        raise InputError(f"rankfeat: a {c} x 1 x 1 feature map is its own rank-1 part (nothing would be left); "
+                         "give a larger input or other blocks (blocks=...)")
     m = t.reshape(b, c, h * w).double()
     u, s, vh = torch.linalg.svd(m, full_matrices=False)
     rank1 = s[:, :1, None] * (u[:, :, :1] @ vh[:, :1, :])
