@@ -295,15 +295,40 @@ class McdPass(NetPass):
         samples, seed = int(self.spec.get("samples")), int(self.spec.get("seed"))
         devices = [x.device] if x.device.type == "cuda" else []
         probs, logits = [], None
-        with torch.no_grad(), torch.random.fork_rng(devices=devices), _stochastic(ctx, self.spec):
+        draw = self._head_draw(ctx, x) if self.spec.get("where") == "head" else None
+        with torch.no_grad(), torch.random.fork_rng(devices=devices), _stochastic(ctx, self.spec, draw is None):
             torch.manual_seed(seed + first_row)
             for _ in range(samples):
-                f = model_logits(ctx, x)
+                f = model_logits(ctx, x) if draw is None else draw()
                 probs.append(f.softmax(dim=1))
                 logits = f if logits is None else logits + f
         stacked = torch.stack(probs)
         var = stacked.var(dim=0).mean(dim=1) if samples > 1 else torch.zeros(x.shape[0], device=x.device)
         return {"mcd/probs": stacked.mean(dim=0), "mcd/logits": logits / samples, "mcd/var": var}
+
+
+    def _head_draw(self, ctx: Context, x: Tensor) -> Callable[[], Tensor] | None:
+        """With dropout on the classifier's input only, the trunk runs once: a function drawing
+        head(dropout(z)) from the captured input z, when the logits are exactly head(z) (else None:
+        every sample runs the whole model)."""
+        box: dict[str, Tensor] = {}
+
+        def keep(_m, inp):
+            box["z"] = inp[0]
+
+        handle = ctx.head.register_forward_pre_hook(keep)
+        try:
+            with torch.no_grad():
+                f = model_logits(ctx, x)
+        finally:
+            handle.remove()
+        if "z" not in box:
+            return None
+        z, p = box["z"], float(self.spec.get("p"))
+        with torch.no_grad():
+            if not torch.equal(ctx.head(z).float(), f):
+                return None
+        return lambda: ctx.head(F.dropout(z, p, training=True)).float()
 
 
 def _has_dropout(model: nn.Module) -> bool:
@@ -312,9 +337,13 @@ def _has_dropout(model: nn.Module) -> bool:
 
 
 @contextmanager
-def _stochastic(ctx: Context, spec: PassSpec):
-    """Dropout on: on the head's input (``where="head"``), or the model in train mode with its
-    BatchNorm layers in eval mode (``where="model"``); the model is back in eval mode afterwards."""
+def _stochastic(ctx: Context, spec: PassSpec, whole_model: bool = True):
+    """Dropout on: on the head's input (``where="head"``; nothing to do when the head is called
+    directly, ``whole_model`` False), or the model in train mode with its BatchNorm layers in eval
+    mode (``where="model"``); the model is back in eval mode afterwards."""
+    if spec.get("where") == "head" and not whole_model:
+        yield
+        return
     if spec.get("where") == "head":
         p = float(spec.get("p"))
         handle = ctx.head.register_forward_pre_hook(lambda _m, inp: (F.dropout(inp[0], p, training=True), *inp[1:]))
