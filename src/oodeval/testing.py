@@ -19,13 +19,44 @@ from .detectors.base import Detector
 from .errors import InputError, StateError
 from .features import FeatureSet
 
-__all__ = ["check_detector", "small_problem"]
+__all__ = ["check_detector", "small_problem", "network_problem"]
 
 
 def small_problem(seed: int = 0) -> tuple[FeatureSet, FeatureSet, FeatureSet]:
     """(ID train, ID test, OOD) of :func:`~oodeval.detectors._synthetic.synthetic_problem`: 5 classes,
     16-d features, 200 / 40 / 40 rows, with a head, logits and NAC states; fits in milliseconds."""
     return synthetic_problem(n_classes=5, dim=16, n_train=200, n_test=40, n_ood=40, seed=seed)
+
+
+def network_problem(seed: int = 0) -> tuple[FeatureSet, FeatureSet, FeatureSet]:
+    """:func:`small_problem` with synthetic arrays of every network pass (``features.passes``) and
+    their settings in ``meta["passes"]``, for the detectors tagged ``network``: ODIN logits and the
+    RankFeat blocks' logits near the logits, mds layers and Gram rows from slices of the features
+    (Gram rows non-negative), MC-dropout means and variances from noisy softmaxes. ID train's mds
+    pass is clean (noise 0) as an ID-train fit set's is; so are the others' (no perturbation to check)."""
+    rng = np.random.default_rng(seed + 1)
+    settings = {"odin": {"temperature": 1000.0, "noise": 0.0014}, "mds": {"noise": 0.0, "layers": ["a", "b"]},
+                "gram": {"powers": 3, "layers": ["a", "b"]}, "rankfeat": {"blocks": ["b3", "b4"]},
+                "mcd": {"samples": 4, "p": 0.5, "where": "head", "seed": 0}}  # fmt: skip
+
+    def add(fs: FeatureSet) -> FeatureSet:
+        f, z = np.asarray(fs.logits, np.float64), np.asarray(fs.features, np.float64)
+
+        def near(a: np.ndarray) -> np.ndarray:
+            return (a + 0.1 * rng.standard_normal(a.shape)).astype(np.float32)
+
+        draws = np.stack([near(f) for _ in range(4)])
+        p = np.exp(draws - draws.max(axis=2, keepdims=True))
+        p /= p.sum(axis=2, keepdims=True)
+        extras = {"odin/logits": near(f), "rankfeat/b3": near(f), "rankfeat/b4": near(f),
+                  "mds/a": near(z[:, :6]), "mds/b": near(z[:, 6:]),
+                  "gram/a": np.abs(near(np.stack([z[:, :6] ** 2] * 3, axis=1))), "gram/b": np.abs(near(np.stack([z[:, 6:]] * 3, axis=1))),
+                  "mcd/probs": p.mean(axis=0).astype(np.float32), "mcd/logits": draws.mean(axis=0).astype(np.float32),
+                  "mcd/var": p.var(axis=0, ddof=1).mean(axis=1).astype(np.float32)}  # fmt: skip
+        passes = {k: {"kind": k, **v} for k, v in settings.items()}
+        return replace(fs, extras={**fs.extras, **extras}, meta={**fs.meta, "passes": passes})
+
+    return tuple(add(fs) for fs in small_problem(seed))
 
 
 def _with_outlier_class(fs: FeatureSet) -> FeatureSet:

@@ -24,8 +24,8 @@ from ._common import as64, energy, labelled
 from ._peers import PeerMethod
 from .mahalanobis import Mahalanobis
 
-__all__ = ["ODIN", "MahalanobisEnsemble", "Gram", "RankFeat", "MCDropout", "fit_layer_gaussians", "fit_layer_weights",
-           "gram_deviations"]
+__all__ = ["ODIN", "MahalanobisEnsemble", "Gram", "RankFeat", "MCDropout", "fit_layer_gaussians", "gaussians_digest",
+           "fit_layer_weights", "gram_deviations"]
 
 
 class NetworkMethod(PeerMethod):
@@ -98,6 +98,14 @@ def fit_layer_gaussians(train: FeatureSet, layers: Sequence[str] | None = None) 
     return {n: Mahalanobis().fit(_view(train, features=np.asarray(train.extras[f"mds/{n}"]))) for n in layers}
 
 
+def gaussians_digest(gaussians: dict[str, Mahalanobis]) -> dict[str, str]:
+    """Per layer, a hash of its fitted Gaussians (class means and covariance): recorded by the mds
+    pass that perturbs along them, checked by the detector that scores with them."""
+    from .._io import hash_arrays
+
+    return {n: hash_arrays({"means": g.means_, "covariance": g.covariance_}) for n, g in gaussians.items()}
+
+
 @register("mahalanobis_ensemble", tags=("feature", "network"))
 class MahalanobisEnsemble(NetworkMethod):
     """s = sum_l w_l M_l(x~_l), M_l = -min_c (h_l - mu_{l,c})' S_l^+ (h_l - mu_{l,c}).
@@ -128,15 +136,16 @@ class MahalanobisEnsemble(NetworkMethod):
         self.gaussians_ = fit_layer_gaussians(train, self.layers)
         if self.weights is not None and len(self.weights) != len(self.gaussians_):
             raise InputError(f"mahalanobis_ensemble: {len(self.weights)} weights for {len(self.gaussians_)} layers {list(self.gaussians_)}")
-        self.fit_hash_ = str(train.meta.get("content_hash") or train.content_hash())
+        self.digest_ = gaussians_digest(self.gaussians_)
 
     def layer_scores(self, x: FeatureSet) -> np.ndarray:
         """(N, L): M_l of each layer, in the order of ``gaussians_``."""
         settings = self._settings(x)
         self._matching(x, "noise", "noise")
-        if float(settings["noise"]) > 0 and settings.get("fit") != self.fit_hash_:
-            raise InputError(f"{x.meta.get('dataset')!r} was perturbed along the Gaussians of another ID-train set "
-                             f"(content hash {settings.get('fit')}, fitted here on {self.fit_hash_}): extract it with fit= this ID-train set")
+        recorded = settings.get("gaussians") or {}
+        if float(settings["noise"]) > 0 and any(recorded.get(n) != d for n, d in self.digest_.items()):
+            raise InputError(f"{x.meta.get('dataset')!r} was perturbed along the Gaussians of another ID-train set or layers "
+                             f"(fit {settings.get('fit')}): extract it with fit= the ID-train set this detector fits on")
         missing = [n for n in self.gaussians_ if f"mds/{n}" not in x.extras]
         if missing:
             raise InputError(f"{x.meta.get('dataset')!r} lacks the mds layers {missing}; extract it with the same layers as ID train")

@@ -225,15 +225,18 @@ class OdinPass(NetPass):
 class MdsPass(NetPass):
     """``fit``: per layer (center m, whitening W, whitened class means nu) of the fitted Gaussians."""
 
-    def __init__(self, spec: PassSpec, fit: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None) -> None:
+    def __init__(self, spec: PassSpec, fit: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None,
+                 digest: str | None = None) -> None:
         super().__init__(spec)
-        self.fit = fit
+        self.fit, self.digest = fit, digest
 
     def resolve(self, ctx: Context) -> None:
         layers = self._layers(ctx)
         if self.fit is not None and sorted(self.fit) != sorted(layers):
             raise InputError(f"mds: the fit set holds layers {sorted(self.fit)}, this pass taps {sorted(layers)}; give the same layers")
         self.resolved = {"layers": layers, "std": None if self._std(ctx) is None else list(self._std(ctx))}
+        if self.digest is not None:
+            self.resolved["gaussians"] = self.digest
 
     def __call__(self, ctx: Context, x: Tensor, first_row: int) -> dict[str, Tensor]:
         layers, eps = self.resolved["layers"], float(self.spec.get("noise"))
@@ -381,20 +384,22 @@ def _fit_hash(path: str) -> str:
         raise InputError(f"mds fit={path}: not a FeatureSet folder ({exc}); extract the ID-train set with --mds noise=0") from exc
 
 
-def _mds_fit(spec: PassSpec) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] | None:
-    """Per layer (center, whitening, whitened class means) of the Gaussians fitted on the fit set."""
+def _mds_fit(spec: PassSpec) -> tuple[dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] | None, str | None]:
+    """Per layer (center, whitening, whitened class means) of the Gaussians fitted on the fit set, and their digest."""
     if float(spec.get("noise")) == 0:
         if spec.get("fit") is not None:
             raise InputError("mds: fit applies to noise > 0 (the clean pass is what a fit set holds)")
-        return None
+        return None, None
     if spec.get("fit") is None:
         raise InputError("mds with noise > 0 perturbs along the ID-train Gaussians: give fit=ID_TRAIN_FEATURESET, the ID-train "
                          "set extracted with --mds noise=0 (oodeval run does this itself)")
-    from ..detectors.network import fit_layer_gaussians
+    from ..detectors.network import fit_layer_gaussians, gaussians_digest
     from .featureset import FeatureSet
 
     train = FeatureSet.load(spec.get("fit"))
-    return {name: (m.center_, m.whitening_, m.whitened_means_) for name, m in fit_layer_gaussians(train).items()}
+    layers = spec.get("layers")
+    gaussians = fit_layer_gaussians(train, None if layers is None else list(layers))
+    return {name: (m.center_, m.whitening_, m.whitened_means_) for name, m in gaussians.items()}, gaussians_digest(gaussians)
 
 
 def build_passes(specs: Sequence[PassSpec]) -> list[NetPass]:
@@ -404,5 +409,5 @@ def build_passes(specs: Sequence[PassSpec]) -> list[NetPass]:
         raise InputError(f"a network pass is given twice: {kinds}")
     out = []
     for spec in specs:
-        out.append(MdsPass(spec, _mds_fit(spec)) if spec.kind == "mds" else _CLASSES[spec.kind](spec))
+        out.append(MdsPass(spec, *_mds_fit(spec)) if spec.kind == "mds" else _CLASSES[spec.kind](spec))
     return out
