@@ -350,7 +350,7 @@ def test_gram_agrees_with_pytorch_ood(sets: dict, test_inputs: tuple) -> None:
     train = sets["train"]
     paths = Manifest.from_csv(sets["paths"]["train"] / "manifest.csv").paths
     xt = torch.stack([bb.transform(Image.open(p).convert("RGB")) for p in paths]).contiguous(memory_format=torch.channels_last)
-    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(xt, torch.from_numpy(np.asarray(train.labels))), batch_size=64)
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(xt, torch.from_numpy(np.array(train.labels))), batch_size=64)
     peer.fit(data)
     both = torch.cat([x, _inputs(sets, "ood", bb)])
     theirs = peer.predict(both).double().numpy()
