@@ -3,7 +3,9 @@ ensemble, Gram, RankFeat and Monte-Carlo dropout, scoring what their extraction 
 
 Each reads the extras of one network pass (:mod:`oodeval.features.passes`, settings in
 :mod:`oodeval.features.pass_options`) and refuses a FeatureSet without it, naming the extraction
-option that provides it. A hyperparameter that shaped the pass (ODIN's T and eps, the mds noise)
+option that provides it (their peers' names, OpenOOD's ``odin``, ``mds_ensemble``, ``gram``,
+``rankfeat``, ``dropout`` and pytorch-ood's ``ODIN``, ``MahalanobisODIN``, ``Gram``, ``RankFeat``,
+``MCD``, are in :mod:`.peer_names`). A hyperparameter that shaped the pass (ODIN's T and eps, the mds noise)
 defaults to None = the pass's recorded setting; an explicit value must match it. All are opt-in
 (:class:`~oodeval.detectors._peers.PeerMethod`), float64, higher = more in-distribution; where they
 differ from the peers' releases, docs/detectors.md ("Methods that need the network") says how.
@@ -18,7 +20,7 @@ import numpy as np
 from ..errors import InputError
 from ..features import FeatureSet
 from ..features.pass_options import require_pass
-from . import REGISTRY, register
+from . import register
 from ._backend import Compute
 from ._common import as64, energy, labelled
 from ._peers import PeerMethod
@@ -310,15 +312,3 @@ class MCDropout(NetworkMethod):
             comp = Compute("float64")
             return comp.max_softmax(as64(x.extras["mcd/logits"]))
         raise InputError(f"mc_dropout mode must be 'mean', 'var' or 'logits', got {self.mode!r}")
-
-
-#: the peers' names (OpenOOD v1.5's postprocessor keys, pytorch-ood 0.4's classes). OpenOOD's
-#: ``mcd`` is another method (maximum classifier discrepancy, a trained two-head network): not aliased.
-for _name, _target, _source in (
-    ("odin", "odin", "OpenOOD v1.5"), ("mds_ensemble", "mahalanobis_ensemble", "OpenOOD v1.5"), ("gram", "gram", "OpenOOD v1.5"),
-    ("rankfeat", "rankfeat", "OpenOOD v1.5"), ("dropout", "mc_dropout", "OpenOOD v1.5"),
-):  # fmt: skip
-    REGISTRY.alias(_name, _target, _source, tags=("openood",))
-for _name, _target in (("ODIN", "odin"), ("MahalanobisODIN", "mahalanobis_ensemble"), ("Gram", "gram"), ("RankFeat", "rankfeat"),
-                       ("MCD", "mc_dropout")):  # fmt: skip
-    REGISTRY.alias(_name, _target, "pytorch-ood", tags=("pytorch-ood",))

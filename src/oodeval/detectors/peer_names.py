@@ -4,9 +4,10 @@
 detectors they name, so ``names("openood")`` lists every OpenOOD method oodeval runs.
 
 OpenOOD's keys are those of ``openood/postprocessors/utils.py`` (``get_postprocessor``) plus the
-later post-hoc additions (scale, nnguide, vra, nac) and the config name ``temp_scaling``; its
-methods that need training (cider, npos, godin, conf_branch, ...) or the network (odin,
-mds_ensemble, gram, rankfeat, dropout) are not here. docs/detectors.md ("The peers' names")
+later post-hoc additions (scale, nnguide, vra, nac) and the config name ``temp_scaling``, with
+those that need the network (odin, mds_ensemble, gram, rankfeat, dropout: ``detectors.network``,
+run through their extraction passes); its methods that need training (cider, npos, godin,
+conf_branch, mcd (maximum classifier discrepancy), ...) are not here. docs/detectors.md ("The peers' names")
 lists both tables and how the defaults differ.
 """
 
@@ -25,6 +26,7 @@ OPENOOD = {
     "mds": "mahalanobis", "rmds": "relative_mahalanobis", "gmm": "gmm", "knn": "knn", "she": "she",
     "residual": "residual", "fdbd": "fdbd", "nac": "nac",
     "vim": "vim", "nnguide": "nnguide", "relation": "relation", "nci": "nci",
+    "odin": "odin", "mds_ensemble": "mahalanobis_ensemble", "gram": "gram", "rankfeat": "rankfeat", "dropout": "mc_dropout",
 }  # fmt: skip
 
 #: pytorch-ood 0.4 detector class -> oodeval detector
@@ -35,6 +37,7 @@ PYTORCH_OOD = {
     "ReAct": "react", "ASH": "ash_s", "SCALE": "scale", "DICE": "dice", "VRA": "vra", "LTS": "lts",
     "Mahalanobis": "mahalanobis", "RMD": "relative_mahalanobis", "GMM": "class_gmm", "KNN": "knn",
     "SHE": "she", "fDBD": "fdbd", "NACUE": "nac", "ViM": "vim", "NNGuide": "nnguide", "NCI": "nci",
+    "ODIN": "odin", "MahalanobisODIN": "mahalanobis_ensemble", "Gram": "gram", "RankFeat": "rankfeat", "MCD": "mc_dropout",
 }  # fmt: skip
 
 #: oodeval detectors that are variants of one pytorch-ood class (tagged, no alias)
