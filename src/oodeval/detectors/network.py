@@ -7,7 +7,8 @@ option that provides it (their peers' names, OpenOOD's ``odin``, ``mds_ensemble`
 ``rankfeat``, ``dropout`` and pytorch-ood's ``ODIN``, ``MahalanobisODIN``, ``Gram``, ``RankFeat``,
 ``MCD``, are in :mod:`.peer_names`). A hyperparameter that shaped the pass (ODIN's T and eps, the mds noise)
 defaults to None = the pass's recorded setting; an explicit value must match it. All are opt-in
-(:class:`~oodeval.detectors._peers.PeerMethod`), float64, higher = more in-distribution; where they
+(:class:`~oodeval.detectors._peers.PeerMethod`), float64 (the ensemble's per-layer distances are
+the ``mahalanobis`` detector's, in its default precision), higher = more in-distribution; where they
 differ from the peers' releases, docs/detectors.md ("Methods that need the network") says how.
 """
 
