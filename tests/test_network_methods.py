@@ -130,6 +130,31 @@ def test_each_pass_is_extracted_once_and_a_changed_setting_recomputes(sets: dict
     assert FeatureSet.load(other).meta["key"] not in keys and calls.pop("mcd") == 3
 
 
+def test_an_interrupted_pass_resumes_to_the_same_arrays(sets: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from oodeval.features import store as store_mod
+
+    specs = [parse_pass("odin", True), parse_pass("rankfeat", True), parse_pass("mcd", "samples=3")]
+    opts = {**sets["opts"], "batch_size": 2, "shard_size": 4}
+    real, written = store_mod.write_shard, []
+
+    def write_then_stop(path, *a, **k):
+        real(path, *a, **k)
+        written.append(path.name)
+        if len(written) == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(store_mod, "write_shard", write_then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        extract("test_resnet", sets["root"] / "test", tmp_path / "store", passes=specs, **opts)
+    monkeypatch.setattr(store_mod, "write_shard", lambda path, *a, **k: (written.append(path.name), real(path, *a, **k)))
+    resumed = FeatureSet.load(extract("test_resnet", sets["root"] / "test", tmp_path / "store", passes=specs, **opts))
+    assert written == ["shard-000000.npz", "shard-000001.npz", "shard-000002.npz"]  # 12 rows, 4 per shard: only the third anew
+    fresh = FeatureSet.load(extract("test_resnet", sets["root"] / "test", tmp_path / "fresh", passes=specs, **opts))
+    assert resumed.meta["passes"] == fresh.meta["passes"]
+    for key in ("odin/logits", "rankfeat/layer3", "rankfeat/layer4", "mcd/probs", "mcd/var"):
+        np.testing.assert_array_equal(resumed.extras[key], fresh.extras[key])  # the same batches, the same masks
+
+
 def test_odin_logits_and_score_follow_the_paper(sets: dict, test_inputs: tuple) -> None:
     model, x = test_inputs
     t, eps = 1000.0, 0.0014
