@@ -4,6 +4,7 @@ re-derived from its paper's formula on a tiny random-init ResNet, and against py
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -396,3 +397,23 @@ def test_rankfeat_agrees_with_pytorch_ood(sets: dict, test_inputs: tuple) -> Non
     assert _report("RankFeat (block 4)", ours, theirs) > 0.999
     # theirs removes the rank-1 part by a float32 SVD, ours by a float64 one
     np.testing.assert_allclose(ours, -theirs, rtol=1e-4)
+
+
+def test_bad_pass_settings_are_one_line_errors(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    base = ["extract", "--model", "test_resnet", "--pretrained", "none", "--dataset", str(tmp_path), "--store", str(tmp_path / "s")]
+    for option, message in ((["--odin", "T=abc"], "--odin: temperature='abc' is not a number"),
+                            (["--mcd", "samples=1"], "mcd: samples must be an integer >= 2"),
+                            (["--gram", "power=3"], "gram has no setting(s) power; it takes: powers, layers")):  # fmt: skip
+        assert main([*base, *option]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err[-1].startswith("oodeval extract: error: ") and message in err[-1], err
+    from oodeval.experiment import load_config
+
+    exp = tmp_path / "exp.toml"
+    head = f'name = "x"\nstore = "s"\nresults = "r.parquet"\n[datasets]\nid_test = "{tmp_path}"\nood = ["{tmp_path}"]\n'
+    for table, message in (("odin = {temp = 3}", "odin has no setting(s) temp; it takes: temperature, noise, std"),
+                           ('mds = {fit = "x"}', "mds: fit is the experiment's id_train set"),
+                           ("rankfeat = 3", "rankfeat must be true, a table of settings")):  # fmt: skip
+        exp.write_text(head + f'[[models]]\nname = "test_resnet"\npretrained = false\n{table}\n')
+        with pytest.raises(InputError, match=re.escape(f"experiment file: [[models]] #1: {message}")):
+            load_config(exp)

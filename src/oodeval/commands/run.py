@@ -152,7 +152,7 @@ def _check(cfg, names_only: bool = False) -> int:
         dets = cfg.detectors_for(m)
         names = ", ".join(_listing(dets)) if dets else "every supported detector"
         extras = [x for x, on in (("taps", m.taps), ("GL-MCM patch readouts", m.patch_features),
-                                  ("full patch features", m.full_patch_features)) if on]
+                                  ("full patch features", m.full_patch_features)) if on] + [f"{s.kind} pass" for s in m.passes]
         print(f"  {m.label} ({m.kind}{', ' + ', '.join(extras) if extras else ''}): {names}")
         print(f"    weights: {_weights_text(m)}")
         if m.kind == "supervised":  # the backbone-dependent defaults each detector will run with
