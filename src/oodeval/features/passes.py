@@ -111,8 +111,11 @@ def perturb(x: Tensor, grad: Tensor, noise: float, std: Sequence[float] | None) 
 
 
 @contextmanager
-def _hooked(ctx: Context, names: Sequence[str], edit: Callable[[str, Tensor], Tensor] | None = None):
-    """Capture the outputs of the named modules into a dict (``edit``: replace the output)."""
+def _hooked(ctx: Context, names: Sequence[str], edit: Callable[[str, Tensor], Tensor] | None = None,
+            reduce: Callable[[str, Tensor], Tensor] | None = None):
+    """Capture the outputs of the named modules into a dict: ``reduce(name, output)`` taken when the
+    module returns (before a later in-place operation can change the output), or the output itself;
+    ``edit``: replace the output by ``edit(name, output)``."""
     unknown = [n for n in names if n not in ctx.modules]
     if unknown:
         raise InputError(f"unknown layer names {unknown}; the model has e.g. {list(ctx.modules)[1:8]}")
@@ -123,7 +126,7 @@ def _hooked(ctx: Context, names: Sequence[str], edit: Callable[[str, Tensor], Te
             out = out[0] if isinstance(out, tuple) else out
             if edit is not None:
                 out = edit(name, out)
-            box[name] = out
+            box[name] = out if reduce is None else reduce(name, out)
             return out if edit is not None else None
 
         return hook
@@ -241,23 +244,23 @@ class MdsPass(NetPass):
     def __call__(self, ctx: Context, x: Tensor, first_row: int) -> dict[str, Tensor]:
         layers, eps = self.resolved["layers"], float(self.spec.get("noise"))
         if eps == 0:
-            with torch.no_grad(), _hooked(ctx, layers) as box:
+            with torch.no_grad(), _hooked(ctx, layers, reduce=lambda n, t: _pooled(t, n)) as box:
                 ctx.model(x)
-                return {f"mds/{n}": _pooled(box[n], n) for n in layers}
+                return {f"mds/{n}": box[n] for n in layers}
         out = {}
         for name in layers:
             center, white, nu = (torch.as_tensor(a, dtype=torch.float32, device=x.device) for a in self.fit[name])
-            with torch.enable_grad(), _hooked(ctx, [name]) as box:
+            with torch.enable_grad(), _hooked(ctx, [name], reduce=lambda n, t: _pooled(t, n)) as box:
                 xg = x.detach().requires_grad_(True)
                 ctx.model(xg)
-                u = (_pooled(box[name], name) - center) @ white
+                u = (box[name] - center) @ white
                 d = (u[:, None, :] - nu[None]).pow(2).sum(dim=2)
                 closest = d.detach().argmin(dim=1)
                 loss = 0.5 * d.gather(1, closest[:, None]).sum()
                 (grad,) = torch.autograd.grad(loss, xg)
-            with torch.no_grad(), _hooked(ctx, [name]) as box:
+            with torch.no_grad(), _hooked(ctx, [name], reduce=lambda n, t: _pooled(t, n)) as box:
                 ctx.model(perturb(x, grad, eps, self._std(ctx)))
-                out[f"mds/{name}"] = _pooled(box[name], name)
+                out[f"mds/{name}"] = box[name]
         return out
 
 
@@ -267,9 +270,9 @@ class GramPass(NetPass):
 
     def __call__(self, ctx: Context, x: Tensor, first_row: int) -> dict[str, Tensor]:
         layers, powers = self.resolved["layers"], int(self.spec.get("powers"))
-        with torch.no_grad(), _hooked(ctx, layers, edit=lambda _n, t: t.clone()) as box:
+        with torch.no_grad(), _hooked(ctx, layers, reduce=lambda _n, t: gram_rows(t, powers).float()) as box:
             ctx.model(x)
-            return {f"gram/{n}": gram_rows(box[n], powers).float() for n in layers}
+            return {f"gram/{n}": box[n] for n in layers}
 
 
 class RankFeatPass(NetPass):
