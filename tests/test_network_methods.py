@@ -222,6 +222,28 @@ def test_gram_rows_and_deviations_follow_the_paper(sets: dict, test_inputs: tupl
     np.testing.assert_allclose(det.score(test), -total / conf, rtol=1e-12)
 
 
+def test_gram_normalises_by_the_held_out_rows_deviation(sets: dict) -> None:
+    train = sets["train"]
+    det = detectors.create("gram", val_fraction=0.5, seed=1).fit(train)
+    pred = np.asarray(train.logits).argmax(1)
+    held = det.val_rows_
+    for c in np.unique(pred):  # int(0.5 n_c) of each predicted class held out
+        assert np.isin(held, np.flatnonzero(pred == c)).sum() == int(0.5 * (pred == c).sum())
+    kept = np.setdiff1d(np.arange(len(train)), held)
+    f64 = np.asarray(train.logits, np.float64)[held]
+    conf = 1.0 / np.exp(f64 - f64.max(1, keepdims=True)).sum(1)
+    for i, name in enumerate(det.layers_):
+        g = np.asarray(train.extras[f"gram/{name}"], np.float64)
+        lo, hi = np.full_like(det.mins_[name], np.nan), np.full_like(det.maxs_[name], np.nan)
+        for c in np.unique(pred[kept]):  # a class no row is predicted into has no bounds (NaN)
+            lo[c], hi[c] = g[kept][pred[kept] == c].min(0), g[kept][pred[kept] == c].max(0)
+        np.testing.assert_array_equal(det.mins_[name], lo)
+        np.testing.assert_array_equal(det.maxs_[name], hi)
+        gh, lh, hh = g[held], lo[pred[held]], hi[pred[held]]
+        dev = (np.maximum(lh - gh, 0) / np.abs(lh + 1e-6) + np.maximum(gh - hh, 0) / np.abs(hh + 1e-6)).sum(axis=(1, 2)) / conf
+        assert det.norms_[i] == pytest.approx(dev.mean() if dev.mean() > 0 else 1.0, rel=1e-12)
+
+
 def test_network_detectors_refuse_a_set_without_their_pass(sets: dict) -> None:
     train = sets["train"]  # holds mds (clean) and gram only
     plain = FeatureSet.load(extract("test_resnet", sets["root"] / "test", sets["store"], **sets["opts"]))
@@ -417,3 +439,20 @@ def test_bad_pass_settings_are_one_line_errors(tmp_path: Path, capsys: pytest.Ca
         exp.write_text(head + f'[[models]]\nname = "test_resnet"\npretrained = false\n{table}\n')
         with pytest.raises(InputError, match=re.escape(f"experiment file: [[models]] #1: {message}")):
             load_config(exp)
+
+
+def test_mahalanobis_ensemble_weights_layers_as_given_or_fitted(sets: dict) -> None:
+    from oodeval.detectors.network import fit_layer_weights
+
+    train, test, ood = sets["train"], sets["test"], sets["ood"]
+    det = detectors.create("mds_ensemble").fit(train)
+    s_id, s_ood = det.layer_scores(test), det.layer_scores(ood)
+    assert s_id.shape == (12, 2) and list(det.gaussians_) == ["act1", "layer1"]
+    np.testing.assert_allclose(det.score(test), s_id.sum(axis=1), rtol=1e-12)  # weights 1 by default
+    w = fit_layer_weights(s_id, s_ood)  # the paper's logistic regression on validation ID vs OOD layer scores
+    assert len(w) == 2 and all(np.isfinite(w))
+    np.testing.assert_allclose(detectors.create("mds_ensemble", weights=w).fit(train).score(test), s_id @ np.asarray(w), rtol=1e-12)
+    one = detectors.create("mds_ensemble", layers=["layer1"]).fit(train)
+    np.testing.assert_allclose(one.score(test), s_id[:, 1], rtol=1e-12)
+    with pytest.raises(InputError, match="1 weights for 2 layers"):
+        detectors.create("mds_ensemble", weights=[1.0]).fit(train)

@@ -23,7 +23,7 @@ from ..features import FeatureSet
 from ..features.pass_options import require_pass
 from . import register
 from ._backend import Compute
-from ._common import as64, energy, labelled
+from ._common import as64, chunks, energy, labelled
 from ._peers import PeerMethod
 from .mahalanobis import Mahalanobis
 
@@ -163,11 +163,15 @@ def fit_layer_weights(id_scores: np.ndarray, ood_scores: np.ndarray) -> list[flo
     """Layer weights w (one per column) by logistic regression of ID (1) vs OOD (0) on the layer
     scores of validation sets (``MahalanobisEnsemble.layer_scores``), as the paper (and OpenOOD's
     ``alpha_selector``, scikit-learn's ``LogisticRegressionCV``) does."""
+    import warnings
+
     from sklearn.linear_model import LogisticRegressionCV
 
     data = np.concatenate([as64(id_scores), as64(ood_scores)])
     target = np.concatenate([np.ones(len(id_scores)), np.zeros(len(ood_scores))])
-    return LogisticRegressionCV().fit(data, target).coef_.reshape(-1).tolist()
+    with warnings.catch_warnings():  # scikit-learn 1.8 announces default changes (l1_ratios, attributes) that do not bind here
+        warnings.simplefilter("ignore", FutureWarning)
+        return LogisticRegressionCV(scoring="accuracy").fit(data, target).coef_.reshape(-1).tolist()
 
 
 def gram_deviations(g: np.ndarray, mins: np.ndarray, maxs: np.ndarray) -> np.ndarray:
@@ -225,21 +229,31 @@ class Gram(NetworkMethod):
         self.classes_ = np.array(sorted(fit_rows))
         self.mins_, self.maxs_ = {}, {}
         for name in self.layers_:
-            g = as64(train.extras[f"gram/{name}"])
+            g = train.extras[f"gram/{name}"]  # min and max are exact in the stored precision; one class's rows at a time
             mins = np.full((n_classes, *g.shape[1:]), np.nan)
             maxs = np.full_like(mins, np.nan)
             for c, rows in fit_rows.items():
-                mins[c], maxs[c] = g[rows].min(axis=0), g[rows].max(axis=0)
+                block = np.asarray(g[rows])
+                mins[c], maxs[c] = block.min(axis=0), block.max(axis=0)
             self.mins_[name], self.maxs_[name] = mins, maxs
         self.norms_ = np.ones(len(self.layers_))
         val = np.concatenate([val_rows[c] for c in sorted(val_rows)]).astype(int)
+        self.val_rows_ = val
         if val.size:
-            val_cls = cls[val]
             conf = self._confidence(np.asarray(train.logits)[val])
             for i, name in enumerate(self.layers_):
-                d = gram_deviations(as64(train.extras[f"gram/{name}"])[val], self.mins_[name][val_cls], self.maxs_[name][val_cls]) / conf
+                d = self._deviations(train.extras[f"gram/{name}"], name, cls[val], val) / conf
                 if d.mean() > 0:
                     self.norms_[i] = d.mean()
+
+    def _deviations(self, g: np.ndarray, name: str, cls: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
+        """:func:`gram_deviations` of ``g``'s rows (all, or ``rows``) against the bounds of ``cls``, by chunks in float64."""
+        n = len(cls)
+        out = np.empty(n)
+        for part in chunks(n, int(np.prod(g.shape[1:]))):
+            block = as64(g[part] if rows is None else g[rows[part]])
+            out[part] = gram_deviations(block, self.mins_[name][cls[part]], self.maxs_[name][cls[part]])
+        return out
 
     def _confidence(self, logits: np.ndarray) -> np.ndarray:
         return Compute("float64").max_softmax(as64(logits)) if self.by_confidence else np.ones(len(logits))
@@ -256,7 +270,7 @@ class Gram(NetworkMethod):
                              f"{sorted(set(pred[unbounded].tolist()))} that no ID-train row was assigned to; use assign='label'")
         total = np.zeros(len(x))
         for i, name in enumerate(self.layers_):
-            total += gram_deviations(as64(x.extras[f"gram/{name}"]), self.mins_[name][pred], self.maxs_[name][pred]) / self.norms_[i]
+            total += self._deviations(x.extras[f"gram/{name}"], name, pred) / self.norms_[i]
         return -total / self._confidence(logits)
 
 
