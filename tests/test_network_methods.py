@@ -456,3 +456,18 @@ def test_mahalanobis_ensemble_weights_layers_as_given_or_fitted(sets: dict) -> N
     np.testing.assert_allclose(one.score(test), s_id[:, 1], rtol=1e-12)
     with pytest.raises(InputError, match="1 weights for 2 layers"):
         detectors.create("mds_ensemble", weights=[1.0]).fit(train)
+
+
+def test_rankfeat_power_iteration_converges_to_the_svd() -> None:
+    gen = torch.Generator().manual_seed(0)
+    u, v = torch.randn(2, 8, 1, generator=gen, dtype=torch.float64), torch.randn(2, 1, 9, generator=gen, dtype=torch.float64)
+    t = (3 * u @ v + 0.1 * torch.randn(2, 8, 9, generator=gen, dtype=torch.float64)).reshape(2, 8, 3, 3).float()
+    s = torch.linalg.svdvals(t.double().reshape(2, 8, 9))
+    ratio = float((s[:, 1] / s[:, 0]).max())
+    k = int(np.ceil(np.log(1e-12) / (2 * np.log(ratio))))  # the angle to u_1, v_1 shrinks by (s2 / s1)^2 per step: k steps reach 1e-12
+    exact = passes_mod.remove_rank1(t)
+    powered = passes_mod.remove_rank1(t, iterations=k)
+    # both in float64, rounded to float32 at the end: equal to a float32 rounding of the map's scale
+    np.testing.assert_allclose(powered.numpy(), exact.numpy(), rtol=0, atol=4 * EPS32 * float(t.abs().max()))
+    few = passes_mod.remove_rank1(t, iterations=1)
+    assert not np.allclose(few.numpy(), exact.numpy(), rtol=0, atol=4 * EPS32 * float(t.abs().max()))  # one step is not there yet

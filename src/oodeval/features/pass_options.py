@@ -14,14 +14,15 @@ kind     settings (default)                               source of the defaults
 odin     temperature (1000), noise (0.0014), std (model)  OpenOOD v1.5 ``odin.yml``
 mds      noise (0.0014), layers (model's stages), fit     OpenOOD v1.5 ``mds_ensemble.yml``
 gram     powers (10: p = 1..10), layers (model's stages)  OpenOOD v1.5 ``gram_postprocessor``
-rankfeat blocks (model's last two stages)                 OpenOOD v1.5 ``rankfeat.yml`` (SVD)
+rankfeat blocks (model's last two stages), iterations (0)  OpenOOD v1.5 ``rankfeat.yml`` (SVD)
 mcd      samples (5), p (0.5), where ("head"), seed (0)   OpenOOD v1.5 ``dropout.yml``
 ======== ================================================ ===================================
 
 ``std``: the per-channel standard deviation of the model's input normalisation; the sign gradient
 is divided by it so that ``noise`` is a step in [0, 1] pixel units (default: timm's data config;
 a ``package.module:factory`` model's transform is its own, so there the step is in model-input
-units unless ``std`` is given). ``mds``'s ``fit``: the ID-train FeatureSet folder extracted with
+units unless ``std`` is given). ``rankfeat``'s ``iterations``: 0 = the exact SVD (OpenOOD's default), k > 0 = k steps of the power
+iteration (the paper's faster form, OpenOOD's ``accelerate`` with 20). ``mds``'s ``fit``: the ID-train FeatureSet folder extracted with
 ``--mds noise=0`` whose Gaussians guide the perturbation (a scored set with ``noise > 0`` needs it).
 """
 
@@ -42,7 +43,7 @@ DEFAULTS: dict[str, dict[str, object]] = {
     "odin": {"temperature": 1000.0, "noise": 0.0014, "std": None},
     "mds": {"noise": 0.0014, "layers": None, "fit": None, "std": None},
     "gram": {"powers": 10, "layers": None},
-    "rankfeat": {"blocks": None},
+    "rankfeat": {"blocks": None, "iterations": 0},
     "mcd": {"samples": 5, "p": 0.5, "where": "head", "seed": 0},
 }
 
@@ -109,8 +110,8 @@ def _value(kind: str, key: str, raw: object) -> object:
         return raw
     if isinstance(raw, bool) or not isinstance(raw, (int, float)):
         raise InputError(f"{kind}: {key} must be a number, got {raw!r}")
-    if key in ("powers", "samples", "seed"):
-        low = {"seed": 0, "samples": 2}.get(key, 1)
+    if key in ("powers", "samples", "seed", "iterations"):
+        low = {"seed": 0, "samples": 2, "iterations": 0}.get(key, 1)
         if raw != int(raw) or raw < low:
             raise InputError(f"{kind}: {key} must be an integer >= {low}, got {raw!r}")
         return int(raw)

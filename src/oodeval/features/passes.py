@@ -16,8 +16,8 @@ FeatureSet extras (float32, prefixed with its kind). What each stores:
   feature map F (C_l x HW), G_p = sum_j (F^p F^p')_{.j}, then sign(G_p) |G_p|^(1/p) (Sastry & Oore,
   ICML 2020; computed in float64; the row sums as in both peers' releases).
 * ``rankfeat/<block>`` (N, C): the logits when the block's output X (C x HW per image) is replaced by
-  X - s_1 u_1 v_1' (its exact SVD, in float64) and the rest of the network runs on (Song et al.,
-  NeurIPS 2022); one forward per block.
+  X - s_1 u_1 v_1' (its exact SVD in float64, or ``iterations`` steps of the power iteration from
+  a seeded start) and the rest of the network runs on (Song et al., NeurIPS 2022); one forward per block.
 * ``mcd/probs`` (N, C), ``mcd/logits`` (N, C), ``mcd/var`` (N,): the mean softmax, the mean logits and
   the mean over classes of the per-class variance (N - 1 in the denominator) of T stochastic
   forwards (Gal & Ghahramani, ICML 2016): dropout with rate p on the classifier's input
@@ -148,8 +148,10 @@ def _pooled(t: Tensor, name: str) -> Tensor:
     raise InputError(f"layer {name!r} gives outputs of shape {tuple(t.shape)}; the mds pass needs (B, C, H, W) or (B, C)")
 
 
-def remove_rank1(t: Tensor) -> Tensor:
-    """X - s_1 u_1 v_1' for each image's feature matrix X (C x HW) of t (B, C, H, W), by exact SVD in float64."""
+def remove_rank1(t: Tensor, iterations: int = 0) -> Tensor:
+    """X - s_1 u_1 v_1' for each image's feature matrix X (C x HW) of t (B, C, H, W), in float64: by
+    exact SVD (``iterations`` 0), or by that many power-iteration steps v <- X'u / |X'u|, u <- X v / |X v|
+    from one start u_0 ~ N(0, I) (seed 0, the same for every image), s_1 = u' X v (the paper's form)."""
     if t.ndim != 4:
         raise InputError(f"rankfeat needs a feature map (B, C, H, W), got {tuple(t.shape)}")
     b, c, h, w = t.shape
@@ -157,8 +159,15 @@ def remove_rank1(t: Tensor) -> Tensor:
         raise InputError(f"rankfeat: a {c} x 1 x 1 feature map is its own rank-1 part (nothing would be left); "
                          "give a larger input or other blocks (blocks=...)")
     m = t.reshape(b, c, h * w).double()
-    u, s, vh = torch.linalg.svd(m, full_matrices=False)
-    rank1 = s[:, :1, None] * (u[:, :, :1] @ vh[:, :1, :])
+    if iterations:
+        u = torch.randn(c, generator=torch.Generator().manual_seed(0), dtype=torch.float64).to(m.device).expand(b, c)[:, None, :]
+        for _ in range(iterations):
+            v = F.normalize(u @ m, dim=2)  # (B, 1, HW)
+            u = F.normalize(v @ m.transpose(1, 2), dim=2)  # (B, 1, C)
+        rank1 = (u @ m @ v.transpose(1, 2)) * (u.transpose(1, 2) @ v)
+    else:
+        u, s, vh = torch.linalg.svd(m, full_matrices=False)
+        rank1 = s[:, :1, None] * (u[:, :, :1] @ vh[:, :1, :])
     return (m - rank1).to(t.dtype).reshape(b, c, h, w)
 
 
@@ -283,7 +292,7 @@ class RankFeatPass(NetPass):
         out = {}
         with torch.no_grad():
             for name in self.resolved["blocks"]:
-                with _hooked(ctx, [name], edit=lambda _n, t: remove_rank1(t)):
+                with _hooked(ctx, [name], edit=lambda _n, t: remove_rank1(t, int(self.spec.get("iterations")))):
                     out[f"rankfeat/{name}"] = model_logits(ctx, x)
         return out
 
