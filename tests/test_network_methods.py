@@ -135,7 +135,7 @@ def test_an_interrupted_pass_resumes_to_the_same_arrays(sets: dict, tmp_path: Pa
     from oodeval.features import store as store_mod
 
     specs = [parse_pass("odin", True), parse_pass("rankfeat", True), parse_pass("mcd", "samples=3")]
-    opts = {**sets["opts"], "batch_size": 2, "shard_size": 4}
+    opts = {**sets["opts"], "batch_size": 4, "shard_size": 4}
     real, written = store_mod.write_shard, []
 
     def write_then_stop(path, *a, **k):
