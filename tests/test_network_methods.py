@@ -471,3 +471,35 @@ def test_rankfeat_power_iteration_converges_to_the_svd() -> None:
     np.testing.assert_allclose(powered.numpy(), exact.numpy(), rtol=0, atol=4 * EPS32 * float(t.abs().max()))
     few = passes_mod.remove_rank1(t, iterations=1)
     assert not np.allclose(few.numpy(), exact.numpy(), rtol=0, atol=4 * EPS32 * float(t.abs().max()))  # one step is not there yet
+
+
+def test_your_own_module_gets_the_passes_with_its_transforms_std(sets: dict, tmp_path: Path) -> None:
+    from torchvision import transforms as T
+
+    nn = torch.nn
+    torch.manual_seed(0)
+
+    class Net(nn.Module):  # OpenOOD's ResNet18_32x32 layout: layer1..layer4, then a Linear head
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer1, self.layer2 = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU()), nn.Sequential(nn.Conv2d(8, 8, 3, 2, 1), nn.ReLU())
+            self.layer3, self.layer4 = nn.Sequential(nn.Conv2d(8, 8, 3, 2, 1), nn.ReLU()), nn.Sequential(nn.Conv2d(8, 8, 3, 2, 1), nn.ReLU())
+            self.fc = nn.Linear(8, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc(self.layer4(self.layer3(self.layer2(self.layer1(x)))).mean((2, 3)))
+
+    net = Net()
+    tf = T.Compose([T.Resize((32, 32)), T.ToTensor(), T.Normalize([0.5] * 3, [0.25, 0.2, 0.3])])
+    fs = FeatureSet.load(extract(net, sets["root"] / "test", tmp_path, transform=tf, progress=False,
+                                 passes=[parse_pass("odin", True), parse_pass("gram", "powers=2"), parse_pass("rankfeat", True)]))  # fmt: skip
+    # eps in pixel units: the std of the transform's Normalize (as the float32 it normalises with)
+    assert fs.meta["passes"]["odin"]["std"] == pytest.approx([0.25, 0.2, 0.3], rel=EPS32)
+    assert fs.meta["passes"]["gram"]["layers"] == ["layer1", "layer2", "layer3", "layer4"]
+    assert fs.meta["passes"]["rankfeat"]["blocks"] == ["layer3", "layer4"]
+    x = torch.stack([tf(Image.open(p).convert("RGB")) for p in Manifest.from_csv(next(tmp_path.glob("*/test-*")) / "manifest.csv").paths])
+    xg = x.clone().requires_grad_(True)
+    f = net(xg)
+    (g,) = torch.autograd.grad(F.cross_entropy(f / 1000, f.argmax(1), reduction="sum"), xg)
+    want = net(x - 0.0014 * g.sign() / torch.tensor([0.25, 0.2, 0.3]).view(1, 3, 1, 1)).detach().numpy()
+    np.testing.assert_allclose(fs.extras["odin/logits"], want, rtol=0, atol=64 * EPS32 * np.abs(want).max())

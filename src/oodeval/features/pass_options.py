@@ -20,8 +20,8 @@ mcd      samples (5), p (0.5), where ("head"), seed (0)   OpenOOD v1.5 ``dropout
 
 ``std``: the per-channel standard deviation of the model's input normalisation; the sign gradient
 is divided by it so that ``noise`` is a step in [0, 1] pixel units (default: timm's data config;
-a ``package.module:factory`` model's transform is its own, so there the step is in model-input
-units unless ``std`` is given). ``rankfeat``'s ``iterations``: 0 = the exact SVD (OpenOOD's default), k > 0 = k steps of the power
+for your own module, the ``Normalize`` its transform ends in (after ``ToTensor``); a transform of
+another shape leaves the step in model-input units unless ``std`` is given). ``rankfeat``'s ``iterations``: 0 = the exact SVD (OpenOOD's default), k > 0 = k steps of the power
 iteration (the paper's faster form, OpenOOD's ``accelerate`` with 20). ``mds``'s ``fit``: the ID-train FeatureSet folder extracted with
 ``--mds noise=0`` whose Gaussians guide the perturbation (a scored set with ``noise > 0`` needs it).
 """

@@ -81,6 +81,10 @@ def context_of(bb) -> Context:
         stages = [e["module"] for e in (info.get_dicts() if hasattr(info, "get_dicts") else list(info or []))]
         head = model.get_classifier() if probe is None else probe
     else:
+        from .preprocess import split_transform
+
+        split = split_transform(bb.transform)  # a transform ending in ToTensor + Normalize: its std
+        std = None if split is None else tuple(split.std)
         stages = [n for n in ("layer1", "layer2", "layer3", "layer4") if n in modules]
         head = getattr(bb, "classifier", None) if probe is None else probe
     if bb.kind not in ("timm", "module", "python"):
