@@ -75,6 +75,12 @@ def test_bad_input_gets_a_clear_error(folders, capsys):
         parse_hyperparameters(["knn=3"])
     assert parse_hyperparameters(["knn.k=50", "neco.maxlogit=true", "nac.layers=[\"a\"]"]) == {
         "knn": {"k": 50}, "neco": {"maxlogit": True}, "nac": {"layers": ["a"]}}  # fmt: skip
+    # a module:Class detector's dotted module path: the parameter is after the last dot after the colon
+    assert parse_hyperparameters(["mypkg.sub:MyDet.k=5", "mypkg.sub:MyDet.t=0.5", "plain:Det.k=1"]) == {
+        "mypkg.sub:MyDet": {"k": 5, "t": 0.5}, "plain:Det": {"k": 1}}  # fmt: skip
+    for bad in ("mypkg.sub:MyDet=5", "mypkg:MyDet=5"):  # no parameter after the class
+        with pytest.raises(ValueError, match="DETECTOR.NAME=VALUE"):
+            parse_hyperparameters([bad])
 
 
 def test_a_failing_set_is_that_detectors_failure_and_the_run_goes_on(folders, capsys, tmp_path):

@@ -69,6 +69,22 @@ def test_score_takes_a_module_class_detector(plugin, capsys, monkeypatch):
     assert "is not a subclass of oodeval.detectors.base.Detector" in capsys.readouterr().err
 
 
+def test_set_reaches_a_detector_class_of_a_dotted_module_path(plugin, capsys, monkeypatch):
+    tmp, folder = plugin
+    (folder / "issue27pkg").mkdir()
+    (folder / "issue27pkg" / "__init__.py").write_text("")
+    (folder / "issue27pkg" / "dets.py").write_text(PLUGIN)
+    monkeypatch.syspath_prepend(str(folder))
+    name = "issue27pkg.dets:ScaledMaxLogit"
+    out = tmp / "s.csv"
+    args = ["score", "--train", str(tmp / "train"), "--test", str(tmp / "test"), "--ood", f"x={tmp / 'ood'}", "--draws", "0",
+            "--no-progress", "--detectors", name, "--set", f"{name}.scale=3.5", "--out", str(out)]  # fmt: skip
+    assert cli.main(args) == 0
+    capsys.readouterr()
+    row = pd.read_csv(out, comment="#").set_index("detector").loc[name]
+    assert '"scale":3.5' in row["hyperparameters"] and row["fpr95"] == 0.25
+
+
 def test_experiment_folder_is_importable_for_factories_and_detector_classes(plugin, capsys):
     tmp, folder = plugin
     exp = folder / "exp.toml"

@@ -21,13 +21,15 @@ __all__ = ["check_request", "evaluate_detectors", "supported_names", "parse_hype
 def parse_hyperparameters(items: list[str]) -> dict[str, dict[str, object]]:
     """``["knn.k=50", "energy.temperature=2"]`` -> ``{"knn": {"k": 50}, "energy": {"temperature": 2}}``.
 
-    Values are parsed as JSON when possible (numbers, true/false, null, lists), else kept as text.
+    A ``module.path:Class`` detector's key splits at the last dot, after the colon
+    (``mypkg.sub:MyDet.k=5`` -> ``{"mypkg.sub:MyDet": {"k": 5}}``). Values are parsed as JSON when
+    possible (numbers, true/false, null, lists), else kept as text.
     """
     out: dict[str, dict[str, object]] = {}
     for item in items:
         key, sep, value = item.partition("=")
-        name, dot, param = key.partition(".")
-        if not (sep and dot and name and param):
+        name, dot, param = key.rpartition(".") if ":" in key else key.partition(".")
+        if not (sep and dot and name and param) or ":" in param:
             raise InputError(f"hyperparameter {item!r} is not of the form DETECTOR.NAME=VALUE")
         try:
             parsed: object = json.loads(value)
