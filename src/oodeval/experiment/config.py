@@ -184,6 +184,9 @@ class ExperimentConfig:
     eoe_prompts: Path | None = None
     #: not a file key: whether extraction shows progress bars (``run_experiment(progress=...)``)
     progress: bool = True
+    #: not a file key: the experiment file's folder when the file names code of its own
+    #: (``module:factory``, ``module:Class``); put on ``sys.path`` here and by every distributed worker
+    code_dir: Path | None = None
 
     def detectors_for(self, model: ModelSpec) -> tuple[DetectorSpec, ...] | None:
         """The detector list of ``model``: its own, else the experiment's list for its kind
@@ -402,13 +405,22 @@ def _names_code(t: dict) -> bool:
     return any(isinstance(n, str) and ":" in n and not n.startswith(("timm:", "open_clip:", "hf:")) for n in models + dets)
 
 
-def _importable(t: dict, base: Path) -> None:
+def _importable(t: dict, base: Path) -> Path | None:
     """Put the experiment file's own folder on ``sys.path`` (first) when the file names code of its
-    own, so ``my_models:net`` beside it imports without ``PYTHONPATH=.``."""
+    own, so ``my_models:net`` beside it imports without ``PYTHONPATH=.``; returns that folder (None
+    when the file names no code), which workers put on their path (:func:`code_on_path`)."""
+    if not _names_code(t):
+        return None
+    code_on_path(base)
+    return base
+
+
+def code_on_path(folder: Path | None) -> None:
+    """Put ``folder`` (an experiment's ``code_dir``) first on ``sys.path`` unless it is there already."""
     import sys
 
-    if _names_code(t) and str(base) not in sys.path:
-        sys.path.insert(0, str(base))
+    if folder is not None and str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
 
 
 def _check_weights_chosen(m: ModelSpec, has_train: bool, ood_labels: list[str]) -> None:
@@ -510,7 +522,7 @@ def load_config(source: str | Path | dict | ExperimentConfig, base_dir: str | Pa
         path = Path(source)
         data, base = _read(path), Path(base_dir or path.parent).resolve()
     t = _check_keys(data, _TOP, "top level")
-    _importable(t, base)
+    code_dir = _importable(t, base)
     seeds = _typed(t, "seeds", list, "top level", [0])
     if not seeds or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
         raise _fail("top level", f"seeds must be a non-empty list of integers, got {seeds!r}")
@@ -590,4 +602,5 @@ def load_config(source: str | Path | dict | ExperimentConfig, base_dir: str | Pa
         id_classes=_id_classes(_typed(ds, "id_classes", str, "[datasets]"), base),
         name=_typed(t, "name", str, "top level", "experiment"),
         eoe_prompts=_path(_typed(t, "eoe_prompts", str, "top level"), base),
+        code_dir=code_dir,
     )

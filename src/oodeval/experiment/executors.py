@@ -38,7 +38,7 @@ from types import SimpleNamespace
 
 from ..errors import InputError
 from ..results import compact_results, load_results
-from .config import ExperimentConfig
+from .config import ExperimentConfig, code_on_path
 from .runner import RunSummary, Unit, _failed_kept, pending_units, run_units
 
 __all__ = ["run_distributed", "jobs_dir"]
@@ -55,12 +55,14 @@ def jobs_dir(results: Path) -> Path:
 
 
 def _extract_job(cfg: ExperimentConfig, features, label: str, weights: str, role: str) -> None:
+    code_on_path(cfg.code_dir)  # a worker process does not share the coordinator's sys.path
     model = next(m for m in cfg.models if m.label == label)
     ds = cfg.id_test if role == "id_test" else cfg.id_train if role == "id_train" else next(d for d in cfg.ood if d.label == role)
     features(model, weights or None, ds, role, cfg)
 
 
 def _units_job(cfg: ExperimentConfig, features, units: list[Unit]) -> RunSummary:
+    code_on_path(cfg.code_dir)
     return run_units(cfg, features, units, progress=False, compact=False, sweeps=False)
 
 
