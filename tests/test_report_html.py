@@ -133,7 +133,15 @@ def test_html_renders_in_headless_chromium(report, tmp_path):
         assert {"tab1", "tabA1", "tabA2", "splits", "tabA6", "cnc"} <= set(tables)
         assert len(tables["tabA1"].find_elements(By.CSS_SELECTOR, "tbody tr")) == 4
         assert len(tables["cnc"].find_elements(By.CSS_SELECTOR, "tbody tr")) == 4 * 3
-        assert "mahalanobis" in tables["tabA1"].text
+        # the paper's labels, each with its registry name as the tooltip
+        names = tables["tabA1"].find_elements(By.CSS_SELECTOR, "tbody td:first-child span[title]")
+        assert [(n.text, n.get_attribute("title")) for n in names] == [("MSP", "msp"), ("Energy", "energy"), ("Maha", "mahalanobis"), ("k-NN", "knn")]
+        assert "mahalanobis" not in tables["tabA1"].text
+        # readable contrast: every detector name of Tabs. 3, A6, A7 in the body's text colour, none muted grey
+        body = driver.execute_script("return getComputedStyle(document.body).color;")
+        for key in ("tab3", "tabA6", "tabA7"):
+            spans = tables[key].find_elements(By.CSS_SELECTOR, "tbody span[title]")
+            assert spans and {driver.execute_script("return getComputedStyle(arguments[0]).color;", s) for s in spans} == {body}, key
         ci = re.compile(r"^(\d+\.\d) \[(\d+\.\d), (\d+\.\d)\]$")
         for key, css in (("tab1", "tbody td"), ("tabA1", "tbody td:not(:first-child)"), ("tabA2", "tbody td:not(:first-child)")):
             cells = [c.text for c in tables[key].find_elements(By.CSS_SELECTOR, css)]

@@ -52,10 +52,11 @@ def test_without_experiment_both_configurations_are_labelled_and_named(two_knn):
     assert "knn on synthetic (k=5; k=10)" in md  # the rule states which detector has several configurations
     views, _ = build_views(load_results(results), results, primary="small", draws=20)
     a1 = next(v for v in views if v.key == "tabA1").frame
-    assert {"knn k=5", "knn k=10"} <= set(a1["Detector"])  # both shown, each labelled
-    assert "knn" not in set(a1["Detector"])
+    assert {"knn k=5", "knn k=10"} <= {c.title for c in a1["Detector"]}  # both shown, each labelled
+    assert {"k-NN k=5", "k-NN k=10"} <= {c.text for c in a1["Detector"]}
+    assert "knn" not in {c.title for c in a1["Detector"]}
     t1 = next(v for v in views if v.key == "tab1").frame
-    assert t1["FPR detector"].iloc[0] != "knn"  # a knn pick is always named with its configuration
+    assert t1["FPR detector"].iloc[0].title != "knn"  # a knn pick is always named with its configuration
 
 
 def test_declared_rule_shows_only_the_experiments_configuration(two_knn):
@@ -85,7 +86,7 @@ def test_cli_report_with_experiment_and_openood_convention(two_knn, capsys):
     t1 = next(v for v in views if v.key == "tab1").frame
     assert list(t1.columns).index("FPR@95 OOD-pos") < list(t1.columns).index("FPR@95")  # the chosen convention leads
     t1 = t1.iloc[0]
-    row = rows[(rows["dataset"] == "small") & (rows["label"] == t1["FPR detector"])].iloc[0]
+    row = rows[(rows["dataset"] == "small") & (rows["label"] == t1["FPR detector"].title)].iloc[0]
     assert t1["FPR@95 OOD-pos"].startswith(f"{100 * fpr_ood_positive(*load_cell_scores(row, results)):.1f} [")
     capsys.readouterr()
 

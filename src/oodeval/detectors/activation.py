@@ -105,6 +105,8 @@ class ReAct(Detector):
     chunked passes. Only the upper side is clipped, as in the release.
     """
 
+    label = "E+ReAct"
+
     needs = ("features", "head")
     fit_needs = ("features",)
 
@@ -133,6 +135,8 @@ class ASHS(Detector):
     0 are not rescaled (the release would divide by zero).
     """
 
+    label = "ASH-S"
+
     needs = ("features", "head")
 
     def __init__(self, percentile: float = 90.0, precision: str = "float32") -> None:
@@ -154,6 +158,8 @@ class SCALE(Detector):
     takes the percentile as a fraction (0.85).
     """
 
+    label = "SCALE"
+
     needs = ("features", "head")
 
     def __init__(self, percentile: float = 85.0, precision: str = "float32") -> None:
@@ -174,6 +180,8 @@ class DICE(Detector):
     Default ``percentile`` = 70: the paper's ImageNet setting (sparsity 0.7; the release runs
     ``--p 70`` for ImageNet, 90 for CIFAR), named like ReAct's and ASH's ``percentile``.
     """
+
+    label = "DICE"
 
     needs = ("features", "head")
     fit_needs = ("features", "head")

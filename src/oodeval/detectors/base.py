@@ -34,6 +34,9 @@ class Detector(BaseEstimator):
     #: whether the detector reads a K+1 (CnC) model's outlier class; every other one sees the
     #: K-way classifier of such a FeatureSet (:func:`oodeval.cnc.evaluate.id_view`)
     reads_outlier_class: ClassVar[bool] = False
+    #: the paper's name in report tables and figures (``rMaha++``; ``oodeval.report.labels``),
+    #: declared on the class itself (a subclass does not inherit it); empty: the registry name
+    label: ClassVar[str] = ""
 
     @classmethod
     def suits(cls, x: FeatureSet) -> bool:

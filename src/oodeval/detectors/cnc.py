@@ -37,6 +37,8 @@ __all__ = ["CnC"]
 class CnC(Detector):
     """s = 1 - p(K+1) (``form="prob"``) or its log-odds (``form="logodds"``, default)."""
 
+    label = "CnC"
+
     needs = ("logits",)
     reads_outlier_class = True
 

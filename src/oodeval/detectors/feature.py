@@ -67,6 +67,8 @@ class Cosine(_CentroidBase):
     features. No hyperparameters.
     """
 
+    label = "cosine"
+
     def _score(self, x: FeatureSet) -> np.ndarray:
         return self._scores(x, lambda comp, p, inv: comp.rowmax(p) * inv)
 
@@ -80,6 +82,8 @@ class MCM(_CentroidBase):
     (Fi-ImageNet-1k paper Sec. 2.1). Default ``tau`` = 1 (docs/detectors.md); the zero-shot MCM names
     its temperature ``tau`` too (default 0.01 there, on text embeddings).
     """
+
+    label = "MCM"
 
     def __init__(self, tau: float = 1.0, precision: str = "float32", device: str | None = None) -> None:
         self.tau = tau
@@ -107,6 +111,8 @@ class FDBD(Detector):
     f = W z + b, y = argmax f, zbar the mean ID-train feature (the release's default
     regulariser). No hyperparameters.
     """
+
+    label = "fDBD"
 
     needs = ("features", "head")
     fit_needs = ("features", "head")
@@ -169,6 +175,8 @@ class NECO(Detector):
     space reads the largest eigenvalues, which it resolves. The release's denominator for DeiT/Swin uses the raw feature norm; we keep the standardised
     norm for every backbone (the paper's formula).
     """
+
+    label = "NECO"
 
     needs = ("features",)
     fit_needs = ("features",)

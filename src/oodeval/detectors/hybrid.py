@@ -85,6 +85,8 @@ class ViM(Detector):
     features' offset; the energy is as in the logit detectors, of an sgemm of the head.
     """
 
+    label = "ViM"
+
     needs = ("features", "head")
     fit_needs = ("features", "head")
 

@@ -43,6 +43,8 @@ class MSP(Detector):
     is that of the exp (the sum is float64 either way).
     """
 
+    label = "MSP"
+
     needs = ("logits",)
 
     def __init__(self, temperature: float = 1.0, precision: str = "float32") -> None:
@@ -62,6 +64,8 @@ class MaxLogit(Detector):
     Read as f at its argmax (the same value: numpy's argmax takes 0.6-0.7x the time of its max).
     """
 
+    label = "MaxLogit"
+
     needs = ("logits",)
 
     def _score(self, x: FeatureSet) -> np.ndarray:
@@ -75,6 +79,8 @@ class Energy(Detector):
 
     Higher = ID (the negative free energy).
     """
+
+    label = "Energy"
 
     needs = ("logits",)
 
@@ -98,6 +104,8 @@ class GEN(Detector):
     monotone); their p_c and 1 - p_c are computed in float64 whatever ``precision``, so
     p_c close to 1 keeps its (1 - p_c)^g.
     """
+
+    label = "GEN"
 
     needs = ("logits",)
 
@@ -129,6 +137,8 @@ class KLMatching(Detector):
     d_k clipped below at ``eps`` (default 1e-12) so log d_k stays finite; 0 log 0 = 0.
     KL(p || d) = sum p log p - p . log d, so all templates are matched with one matrix product.
     """
+
+    label = "KL-Match."
 
     needs = ("logits",)
     fit_needs = ("logits",)

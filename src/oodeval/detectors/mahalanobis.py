@@ -131,6 +131,8 @@ class Mahalanobis(_MahalanobisBase):
     hyperparameters. float32: see the module docstring (centred, whitened form).
     """
 
+    label = "Maha"
+
 
 @register("relative_mahalanobis", tags=("paper21", "feature"), order=11)
 class RelativeMahalanobis(_MahalanobisBase):
@@ -141,6 +143,8 @@ class RelativeMahalanobis(_MahalanobisBase):
     pytorch-ood's RMD builds the background covariance differently (see docs/detectors.md);
     this follows the paper. float32: see the module docstring.
     """
+
+    label = "rMaha"
 
     relative = True
 
@@ -153,6 +157,8 @@ class MahalanobisPP(_MahalanobisBase):
     Invariant to rescaling any single sample; rows are normalised in float64. No hyperparameters.
     """
 
+    label = "Maha++"
+
     normalise = True
 
 
@@ -161,6 +167,8 @@ class RelativeMahalanobisPP(_MahalanobisBase):
     """Relative Mahalanobis++: s = -min_c (MD_c(z/|z|) - MD_0(z/|z|)), all Gaussians fitted on
     l2-normalised ID-train features (Mueller & Hein, ICML 2025, applied to Ren et al. 2021).
     No hyperparameters."""
+
+    label = "rMaha++"
 
     normalise = True
     relative = True

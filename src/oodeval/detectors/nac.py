@@ -108,6 +108,8 @@ class NAC(Detector):
     n_fit: ID-train samples to build coverage from (None = all); seed draws them.
     """
 
+    label = "NAC"
+
     needs = ("extra:nac/*",)
     fit_needs = ("extra:nac/*",)
 

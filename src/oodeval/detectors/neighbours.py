@@ -99,6 +99,8 @@ class KNN(Detector):
     Older pytorch-ood KNN versions did not normalise and used k = 1 (0.4.0 normalises, k = 50).
     """
 
+    label = "k-NN"
+
     needs = ("features",)
     fit_needs = ("features",)
 
@@ -160,6 +162,8 @@ class NNGuide(Detector):
     This is plain NNGuide; the release's ImageNet ResNet-50 setting additionally clips the
     features at their ID-train 95th percentile (ReAct) first, which is not implemented.
     """
+
+    label = "NNGuide"
 
     needs = ("features", "logits")
     fit_needs = ("features", "logits")

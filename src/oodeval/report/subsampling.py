@@ -20,7 +20,8 @@ import pandas as pd
 from ..metrics import auroc, fpr_at_tpr
 from ..results import ALL_SPLIT, load_cell_scores
 from ..stats import rank_stability, standard_error, subsample
-from .views import Cell, View, add_det, best_row, pct, register_view
+from .labels import det_cell
+from .views import View, add_det, best_row, pct, register_view
 
 __all__ = ["model_scores", "subsampling_table", "subsampling_curves", "chunked_subsample"]
 
@@ -84,7 +85,7 @@ def subsampling_table(scores: dict, n: int, draws: int = 1000, seed: int = 0, mo
         N = ood_m.shape[1]
         full = np.array([fpr_at_tpr(id_m[k], ood_m[k]) for k in range(len(names))])
         b = _best(names, dets, full)
-        row = {"Dataset": dataset, "N": str(N), "n/N (%)": f"{100 * min(n, N) / N:.1f}", "full": pct(full[b], 2), "detector": Cell(names[b], muted=True)}
+        row = {"Dataset": dataset, "N": str(N), "n/N (%)": f"{100 * min(n, N) / N:.1f}", "full": pct(full[b], 2), "detector": det_cell(names[b])}
         if N <= n:
             row.update({"mean": "–", "bias": "–", "std": "–", "closed form": pct(standard_error(full[b], N), 2), "rho": "–"})
         else:

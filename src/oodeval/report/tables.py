@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from ..results import ALL_SPLIT
+from .labels import det_cell
 from .views import Cell, View, best_row, full_split, order_detectors, pct, register_view, row_ci
 
 __all__ = ["best_per_model", "detector_by_model", "dataset_by_model", "vocabularies", "vocabularies_by_dataset", "split_rows", "fpr_cell",
@@ -102,10 +103,10 @@ def best_per_model(frame: pd.DataFrame, primary: str, convention: str = "paper")
             }
             if openood and convention == "openood":
                 row[_OPENOOD_LABEL] = row_ci(r, _OPENOOD)
-            row.update({"FPR@95": Cell(row_ci(r, "fpr95"), bold=bool(r["fpr95"] == lo_fpr)), "FPR detector": r["det"]})
+            row.update({"FPR@95": Cell(row_ci(r, "fpr95"), bold=bool(r["fpr95"] == lo_fpr)), "FPR detector": det_cell(r["det"])})
             if openood and convention != "openood":
                 row[_OPENOOD_LABEL] = row_ci(r, _OPENOOD)
-            row.update({"AUROC": Cell(row_ci(a, "auroc"), bold=bool(a["auroc"] == hi_auc)), "AUROC detector": a["det"]})
+            row.update({"AUROC": Cell(row_ci(a, "auroc"), bold=bool(a["auroc"] == hi_auc)), "AUROC detector": det_cell(a["det"])})
             rows.append(row)
     if openood:
         caption += _OPENOOD_MEANING + " The FPR detector is the one with the best paper FPR@95."
@@ -130,7 +131,7 @@ def detector_by_model(frame: pd.DataFrame, primary: str, convention: str = "pape
         caption += f" With both conventions each cell reads {order}." + _OPENOOD_MEANING
     models = _models(f)
     dets = order_detectors(list(f["det"]))
-    table = {d: {"Detector": d} for d in dets}
+    table = {d: {"Detector": det_cell(d)} for d in dets}
     for m in models:
         g = f[f["model"] == m].set_index("det")
         lo, hi = g["fpr95"].min(), g["auroc"].max()
@@ -327,5 +328,5 @@ def split_rows(frame: pd.DataFrame) -> View:
             cells = {k: fpr_cell(gs[gs["det"] == k]) for k in dets}
             best = np.nanmin([c[0] for c in cells.values()])
             name = d if split == ALL_SPLIT else f"  {split}"
-            rows.append({"Dataset / split": name, "n": str(gs["n_ood"].iloc[0]), **{k: Cell(c[1], bold=bool(c[0] == best)) for k, c in cells.items()}})
+            rows.append({"Dataset / split": name, "n": str(gs["n_ood"].iloc[0]), **{det_cell(k): Cell(c[1], bold=bool(c[0] == best)) for k, c in cells.items()}})
     return View("splits", title, caption, pd.DataFrame(rows))

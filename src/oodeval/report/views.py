@@ -21,12 +21,15 @@ __all__ = ["Cell", "View", "Figure", "VIEWS", "VIEW_INPUTS", "register_view", "p
 
 @dataclass(frozen=True)
 class Cell:
-    """A table cell: text, shown bold and/or underlined (the paper's best-value marks)."""
+    """A table cell: text, shown bold and/or underlined (the paper's best-value marks), muted (a
+    placeholder, a lower bound), with ``title`` as the HTML page's tooltip (a detector label's
+    registry name, :func:`oodeval.report.labels.det_cell`). A Cell may also head a column."""
 
     text: str
     bold: bool = False
     underline: bool = False
     muted: bool = False
+    title: str = ""
 
     def __str__(self) -> str:
         return self.text

@@ -114,6 +114,8 @@ class ZeroShotScorer(BaseEstimator):
     needs: ClassVar[tuple[str, ...]] = ("features",)
     #: set by the registration (tag "needs-vocabulary")
     uses_negatives: ClassVar[bool] = False
+    #: the paper's name in reports (``GL-MCM``), as :attr:`oodeval.detectors.base.Detector.label`
+    label: ClassVar[str] = ""
     chunk_rows: int | None = None
 
     def _row_width(self, image: FeatureSet, n_labels: int) -> int:
@@ -173,6 +175,8 @@ def _logits(image: np.ndarray, text: np.ndarray, tau: float) -> np.ndarray:
 class MCM(ZeroShotScorer):
     """max_c softmax_c(h't_c / tau) (MCM)."""
 
+    label = "MCM"
+
     def __init__(self, tau: float = 0.01) -> None:
         self.tau = tau
 
@@ -184,6 +188,8 @@ class MCM(ZeroShotScorer):
 class MaxLogit(ZeroShotScorer):
     """max_c h't_c / tau."""
 
+    label = "MaxLogit"
+
     def __init__(self, tau: float = 0.01) -> None:
         self.tau = tau
 
@@ -194,6 +200,8 @@ class MaxLogit(ZeroShotScorer):
 @register("energy", 3)
 class Energy(ZeroShotScorer):
     """T * logsumexp_c(l_c / T) on the tau-scaled logits (T = 1)."""
+
+    label = "Energy"
 
     def __init__(self, tau: float = 0.01, temperature: float = 1.0) -> None:
         self.tau = tau
@@ -207,6 +215,8 @@ class Energy(ZeroShotScorer):
 @register("gen", 4)
 class GEN(ZeroShotScorer):
     """-sum over the top-M probabilities of p^g (1-p)^g (GEN; g = 0.1, M = 100, capped at C)."""
+
+    label = "GEN"
 
     def __init__(self, tau: float = 0.01, gamma: float = 0.1, top_m: int = 100) -> None:
         self.tau = tau
@@ -232,6 +242,8 @@ class GEN(ZeroShotScorer):
 class Entropy(ZeroShotScorer):
     """Negative entropy of the ID posterior, sum_c p log p (0 for a one-hot posterior)."""
 
+    label = "Entropy"
+
     def __init__(self, tau: float = 0.01) -> None:
         self.tau = tau
 
@@ -243,6 +255,8 @@ class Entropy(ZeroShotScorer):
 @register("margin", 6)
 class Margin(ZeroShotScorer):
     """Gap between the two largest logits (``space="logit"``) or probabilities (``space="prob"``)."""
+
+    label = "Margin"
 
     def __init__(self, tau: float = 0.01, space: str = "logit") -> None:
         self.tau = tau
@@ -269,6 +283,8 @@ class GLMCM(ZeroShotScorer):
     as ``normalize=True`` does), else from ``extras["patch_features"]`` (N, P, E), l2-normalised, from the
     value-path pass. Readouts for other labels or another tau only are refused (ValueError).
     """
+
+    label = "GL-MCM"
 
     needs = ("features", "extra:patch_features")
 
@@ -323,6 +339,8 @@ class NegLabel(ZeroShotScorer):
     equal size; when M < G every negative is its own group (G = M).
     """
 
+    label = "NegLabel"
+
     def __init__(self, tau: float = 0.01, n_groups: int = 100, seed: int = 0) -> None:
         self.tau = tau
         self.n_groups = n_groups
@@ -351,6 +369,8 @@ class EOE(ZeroShotScorer):
 
     Without negatives it is MCM.
     """
+
+    label = "EOE"
 
     def __init__(self, tau: float = 0.01, beta: float = 0.25) -> None:
         self.tau = tau
