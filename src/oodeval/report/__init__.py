@@ -19,7 +19,7 @@ from .paper_views import CLEAN_SUFFIX, gallery_items
 from .render import html_page, latex, markdown
 from .selection import select_configurations
 from .summary import run_summary
-from .subsampling import model_scores, subsampling_curves
+from .subsampling import default_subsample_n, model_scores, subsampling_curves
 from .views import VIEWS, Figure, View, add_det, best_row, full_split, prepare, register_view
 
 __all__ = ["write_report", "build_views", "register_view", "VIEWS", "sweeps_path", "save_sweep", "CONVENTIONS"]
@@ -133,12 +133,11 @@ def build_views(
         raise InputError(f"model {model!r} is not in the results; they hold: {', '.join(models)}")
     model = model or _pick_model(frame)
     scores = model_scores(df, results_path, model) if model else {}
-    if subsample_n is None and primary in scores:
-        subsample_n = next(iter(scores[primary].values()))[1].size
     inputs = {"frame": frame, "primary": primary or "", "model": model, "groups": groups, "results": df, "scores": scores,
               "subsample_n": subsample_n, "draws": draws, "seed": seed, "convention": convention}  # fmt: skip
     views = [VIEWS[key](*(inputs[n] for n in VIEWS[key].needs)) for key in VIEWS.names()]
-    return views, {"frame": frame, "primary": primary, "model": model, "scores": scores, "n": subsample_n}
+    n = default_subsample_n(scores, primary)[0] if subsample_n is None else subsample_n  # as Tab. A6 chose it
+    return views, {"frame": frame, "primary": primary, "model": model, "scores": scores, "n": n}
 
 
 def _gallery_figures(export: str | Path | None, fig_dir: Path, seed: int, formats: tuple[str, ...]) -> list[Figure]:
@@ -254,7 +253,8 @@ def write_report(
     ``results``: the Parquet table (or a :class:`~oodeval.experiment.RunSummary`); ``primary``: the
     OOD set of Tabs. 1, A1, 2 (default: the first in the table); ``model``: the model of Tab. 3, A3,
     A6 and Fig. 1, A4, ROC (default: the supervised model with the best Top-1, as the paper); ``subsample_n``:
-    the draw size of Tab. A6 (default: the primary set's size); ``draws``/``seed``: sub-sampling.
+    the draw size of Tab. A6 (default: the primary set's size, the paper's, capped at half the smallest
+    other OOD set, :func:`~oodeval.report.subsampling.default_subsample_n`); ``draws``/``seed``: sub-sampling.
     ``experiment`` (a path or :class:`~oodeval.experiment.ExperimentConfig`): show only its declared
     configurations (:mod:`oodeval.report.selection`) and take its OOD groups; ``convention``: which
     FPR@95 leads in Tabs. 1 and A1, ``"paper"`` (ID positive) or ``"openood"`` (OOD positive, OpenOOD

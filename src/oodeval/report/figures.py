@@ -4,7 +4,7 @@
 - ROC curves (ID positive) of one model's best detectors on the primary set (``sklearn.metrics.roc_curve``).
 - ID vs OOD score histograms of each model's best detector on the primary set.
 - Fig. A4: mean FPR@95 over sub-sampling draws ± 2 std against n, full-set values dotted, the
-  primary set as a black reference line and a gray line at the primary set's size.
+  primary set as a black reference line and a gray line at Tab. A6's draw size n.
 - Fig. A1 / A2: vocabulary-size curves (one gray line per model, the mean in blue) from sweep tables.
 - Fig. A3: FPR@95 against k negatives per ID class from the merged pool, mean over models, one line
   per OOD set (the primary set solid, the others dashed).
