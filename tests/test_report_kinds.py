@@ -39,6 +39,7 @@ def test_every_paper_detector_and_zero_shot_scorer_is_shown_by_the_papers_label(
         assert detector_label(shared) == detector_label(f"{ZS_PREFIX}{shared}").removeprefix(ZS_PREFIX)
     # what a view adds to a name stays; a name without a declared label, or no registry name, is kept
     assert detector_label("knn k=5") == "k-NN k=5" and detector_label("neglabel[wordnet]") == "NegLabel[wordnet]"
+    assert detector_label("neglabel:wordnet") == "NegLabel:wordnet"  # a Tab. 2 column of one of several scorers
     assert detector_label("residual") == "residual"  # a ViM subclass does not inherit ViM's label
     assert detector_label("my detector") == "my detector" and detector_label("mypkg:Det") == "mypkg:Det"
     cell = det_cell("relative_mahalanobis_pp", bold=True)

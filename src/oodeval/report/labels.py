@@ -33,12 +33,13 @@ def _declared(name: str, zero_shot: bool) -> str:
 def detector_label(det: str) -> str:
     """The paper's label of a detector as the results and views name it: a registry name
     (``relative_mahalanobis_pp`` -> ``rMaha++``), kept with what a view adds to it (the ``zs:``
-    prefix, ``[vocabulary]``, `` k=5`` settings: ``zs:mcm`` -> ``zs:MCM``, ``knn k=5`` -> ``k-NN k=5``);
+    prefix, ``[vocabulary]``, `` k=5`` settings, a Tab. 2 column's ``:vocabulary``: ``zs:mcm`` -> ``zs:MCM``,
+    ``knn k=5`` -> ``k-NN k=5``, ``neglabel:wordnet`` -> ``NegLabel:wordnet``);
     a name whose class declares no label (a plugin's, a peer method's) or that is no registry name
     (a label the experiment gave) is returned as it is."""
     zero_shot = det.startswith(ZS_PREFIX)
     body = det.removeprefix(ZS_PREFIX)
-    cut = min([i for i in (body.find("["), body.find(" ")) if i >= 0], default=len(body))
+    cut = min([i for i in (body.find("["), body.find(" "), body.find(":")) if i >= 0], default=len(body))
     label = _declared(body[:cut], zero_shot)
     return (ZS_PREFIX if zero_shot else "") + (label or body[:cut]) + body[cut:]
 

@@ -232,6 +232,12 @@ def vocabulary_columns(frame: pd.DataFrame) -> pd.DataFrame:
     return v.assign(col=[f"{d}:{b}" if shared.get(b, False) else b for d, b in zip(v["detector"], v["base"])])
 
 
+def _scorer_heads(cols: list[str]) -> dict:
+    """Vocabulary columns that name their scorer (``neglabel:wordnet``, :func:`vocabulary_columns`)
+    headed by the scorer's label (``NegLabel:wordnet``)."""
+    return {c: det_cell(c) for c in cols if ":" in c}
+
+
 @register_view("tab2", order=20, needs=("frame", "primary"))
 def vocabularies(frame: pd.DataFrame, primary: str) -> View:
     """Tab. 2."""
@@ -264,7 +270,7 @@ def vocabularies(frame: pd.DataFrame, primary: str) -> View:
         per_model = g.groupby("model")["fpr95"].mean()  # a model's mean over its generations
         mean[c] = generations_cell(g)[1] if g["gen"].nunique() > 1 else pct(per_model.mean())
     rows.append({"Model": Cell("Mean", bold=True), **mean})
-    return View("tab2", title, caption, pd.DataFrame(rows))
+    return View("tab2", title, caption, pd.DataFrame(rows).rename(columns=_scorer_heads(cols)))
 
 
 def _group_means(datasets: list[str], groups: dict[str, str] | None) -> list[tuple[str, list[str]]]:
@@ -304,7 +310,7 @@ def vocabularies_by_dataset(frame: pd.DataFrame, primary: str, groups: dict[str,
         rows.append({"Dataset": Cell(name, bold=True), "n": "", **{c: pct(per.get(c, np.nan)) for c in cols}})
     if primary in set(v["dataset"]):
         rows.append(row(primary))
-    return View("tabA5", title, caption, pd.DataFrame(rows))
+    return View("tabA5", title, caption, pd.DataFrame(rows).rename(columns=_scorer_heads(cols)))
 
 
 @register_view("splits", order=110)
