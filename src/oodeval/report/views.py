@@ -63,7 +63,8 @@ class Figure:
 
 #: what a view may ask for (``needs``): the prepared frame (:func:`prepare`), the primary OOD set
 #: ("" when none), the figure model, the OOD groups (set -> group), the raw results rows, the
-#: figure model's stored scores (``subsampling.model_scores``), the Tab. A6 draw size, draws and seed,
+#: figure model's stored scores (``subsampling.model_scores``), the Tab. A6 draw size asked for (None:
+#: ``subsampling.default_subsample_n``), draws and seed,
 #: and the FPR@95 convention that leads (``paper`` or ``openood``, ``oodeval.metrics.FPR95_CONVENTIONS``)
 VIEW_INPUTS = ("frame", "primary", "model", "groups", "results", "scores", "subsample_n", "draws", "seed", "convention")
 
