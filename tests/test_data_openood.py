@@ -194,3 +194,23 @@ def test_oodeval_run_takes_an_openood_root_as_the_cifar10_benchmark_with_resnet1
         d = df[df["detector"] == det].set_index("dataset")
         want = [f"{100 * d.loc[groups[g], m].mean():.1f}" for g in ("near", "far") for m in ("fpr95_ood_positive", "fpr95", "auroc")]
         assert row[3:] == want, det
+
+
+def test_openoods_validation_lists_serve_as_the_selection(tmp_path):
+    from oodeval.experiment import load_config
+
+    make_openood_root(tmp_path / "openood", n_train=1, n_test=1, n_ood=1)
+    lists = tmp_path / "openood" / "benchmark_imglist" / "cifar10"
+    for name in (BENCHMARKS["cifar10"]["id_val"], BENCHMARKS["cifar10"]["ood_val"]):
+        (lists / name).write_text("cifar10/test/0_0.png 0\n")
+    exp = _experiment(tmp_path, tmp_path / "openood", detectors=("msp",))
+    text = exp.read_text()
+    assert "detectors = ['msp']" in text
+    exp.write_text(text.replace("detectors = ['msp']", 'detectors = [{ name = "knn", search = { k = [1, 2] } }]')
+                   + f'[selection]\nvalidation_id = "{lists / "val_cifar10.txt"}"\nvalidation_ood = "{lists / "val_tin.txt"}"\n')
+    cfg = load_config(exp)
+    assert cfg.detectors[0].search == {"k": [1, 2]}
+    assert (cfg.selection.validation_id.name, cfg.selection.validation_ood.name) == (str(lists / "val_cifar10.txt"), str(lists / "val_tin.txt"))
+    assert [(d.label, d.group) for d in cfg.ood] == [("cifar100", "near"), ("tin", "near"), ("mnist", "far"), ("svhn", "far"),
+                                                      ("texture", "far"), ("places365", "far")]
+    assert resolve(cfg.selection.validation_id.name).labels.tolist() == [0]  # an ID list of the benchmark keeps its labels
