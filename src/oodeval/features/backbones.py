@@ -4,9 +4,9 @@ Model names: ``timm:<name>`` or a plain ``<name>`` is a timm model; ``open_clip:
 ``open_clip:<arch>@<pretrained tag>`` an open_clip model (the tag fixes the preprocessing: mean,
 std, interpolation, resize mode, QuickGELU); ``hf:<repo id or folder>`` a Hugging Face ``transformers``
 image-text model (AIMv2, see ``features.hf``); ``openood:<network>`` an OpenOOD network in its
-checkpoint layout (``openood:resnet18_32x32``, see ``features.openood``). Weights come from a local file (safetensors, or a
-torch checkpoint read with ``torch.load(weights_only=True)``, never unpickled code) or, only with
-``pretrained=True``, from the hub. Outputs per batch:
+checkpoint layout (``openood:resnet18_32x32``, see ``features.openood``). Weights come from a local
+file (safetensors, or a torch checkpoint read with ``torch.load(weights_only=True)``, never
+unpickled code) or, only with ``pretrained=True``, from the hub. Outputs per batch:
 
 - timm: ``features`` = pre-logits ``forward_head(forward_features(x), pre_logits=True)``,
   ``logits`` = the model's own head on them; the head (W, b) is the ``get_classifier()`` Linear.
@@ -331,18 +331,11 @@ def _load(model: str, kind: str, name: str, tag: str | None, weights, pretrained
         bb = Backbone(net, "open_clip", model, preprocess, prep, "RGB", tokenizer=tokenizer,
                       info={"feature_dim": int(getattr(visual, "output_dim", 0)) or None})
         bb.info["text_tower"] = text_tower_fingerprint(net)
-    elif kind == "python":
+    elif kind in ("python", "openood"):
         from .module import load_factory, module_backbone
-
-        net, transform = load_factory(name, model_kwargs)
-        if weights is not None:
-            _load_into(net, weights)
-        bb = module_backbone(net, transform, name=model)
-    elif kind == "openood":
-        from .module import module_backbone
         from .openood import load_openood
 
-        net, transform = load_openood(name, model_kwargs, pretrained)
+        net, transform = load_factory(name, model_kwargs) if kind == "python" else load_openood(name, model_kwargs, pretrained)
         if weights is not None:
             _load_into(net, weights)
         bb = module_backbone(net, transform, name=model)
