@@ -1,6 +1,6 @@
-"""OpenOOD's CIFAR ResNet-18 (``openood:resnet18_32x32``): the release's module names, its checkpoint
-layout loaded bit for bit, a mismatched checkpoint refused naming the keys, its CIFAR test transform,
-and extraction of the 512-d pooled feature and the fc logits."""
+"""OpenOOD's networks (``openood:resnet18_32x32``, ``openood:resnet18_224x224``): the release's module
+names, its checkpoint layout loaded bit for bit, a mismatched checkpoint refused naming the keys, its
+test transforms, and extraction of the 512-d pooled feature and the fc logits."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from PIL import Image
 from oodeval import cli
 from oodeval.errors import InputError, UnknownNameError
 from oodeval.features.backbones import load_backbone, parse_model_name
-from oodeval.features.openood import NORMALIZATION, ResNet18_32x32
+from oodeval.features.openood import PREPROCESSING, ResNet18_32x32, resnet18_224x224
 
 MODEL = "openood:resnet18_32x32"
 #: parameter and buffer names of OpenOOD v1.5's openood/networks/resnet18_32x32.py (ResNet18_32x32 with
@@ -28,11 +28,11 @@ RELEASE_KEYS = {
 }  # fmt: skip
 
 
-def _checkpoint(path, num_classes: int = 10, seed: int = 1) -> dict:
-    """A ResNet18_32x32 state dict saved as OpenOOD's recorder saves best.ckpt (torch.save of state_dict());
-    BN statistics set away from their defaults so that a buffer not loaded would show."""
+def _checkpoint(path, num_classes: int = 10, seed: int = 1, network=ResNet18_32x32) -> dict:
+    """A random-init network's state dict saved as OpenOOD's recorder saves best.ckpt (torch.save of
+    state_dict()); BN statistics set away from their defaults so that a buffer not loaded would show."""
     torch.manual_seed(seed)
-    net = ResNet18_32x32(num_classes=num_classes)
+    net = network(num_classes=num_classes)
     with torch.no_grad():
         for name, buf in net.named_buffers():
             if name.endswith(("running_mean", "running_var")):
@@ -105,6 +105,8 @@ def test_names_hub_weights_and_kwargs_are_checked():
         load_backbone("openood:resnet50")
     with pytest.raises(InputError, match="has no hub weights .*best.ckpt"):
         load_backbone(MODEL, pretrained=True)
+    with pytest.raises(InputError, match="benchmark must be one of cifar10, cifar100 .*'imagenet200'"):
+        load_backbone(MODEL, model_kwargs={"benchmark": "imagenet200"})
     with pytest.raises(InputError, match="benchmark must be one of cifar10, cifar100"):
         load_backbone(MODEL, model_kwargs={"benchmark": "svhn"})
 
@@ -116,9 +118,46 @@ def test_preprocessing_is_openoods_cifar_test_transform():
     a = rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)
     for bench in ("cifar10", "cifar100"):
         tf = load_backbone(MODEL, model_kwargs={"benchmark": bench}).transform
-        mean, std = (torch.tensor(v).view(3, 1, 1) for v in NORMALIZATION[bench])
+        mean, std = (torch.tensor(v).view(3, 1, 1) for v in PREPROCESSING[bench][2:])
         want = (torch.from_numpy(a).permute(2, 0, 1).float().div(255) - mean) / std
         torch.testing.assert_close(tf(Image.fromarray(a)), want, rtol=0, atol=4 * float(np.finfo(np.float32).eps) * float(want.abs().max()))
     big = tf(Image.fromarray(rng.integers(0, 256, (40, 48, 3), dtype=np.uint8)))
     assert big.shape == (3, 32, 32)
-    assert NORMALIZATION["cifar10"] == ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616))  # the release's preprocessor.py
+    assert PREPROCESSING["cifar10"] == (32, 32, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616))  # the release's preprocessor.py
+
+
+#: resnet18_224x224.py subclasses torchvision's ResNet (BasicBlock, [2, 2, 2, 2]): torchvision's names
+RELEASE_KEYS_224 = {
+    "conv1.weight": (64, 3, 7, 7), "bn1.running_var": (64,), "layer1.0.conv2.weight": (64, 64, 3, 3),
+    "layer2.0.downsample.0.weight": (128, 64, 1, 1), "layer2.0.downsample.1.running_mean": (128,),
+    "layer4.1.bn2.weight": (512,), "fc.weight": (200, 512), "fc.bias": (200,),
+}  # fmt: skip
+
+
+def test_the_imagenet200_network_loads_its_checkpoint_and_preprocesses_at_224(tmp_path):
+    """openood:resnet18_224x224: torchvision's ResNet-18 names, 200 classes for ImageNet-200 (1000 with
+    benchmark imagenet), a best.ckpt loaded bit for bit; 256-px resize then 224 centre crop, ImageNet
+    mean/std; the 512-d feature and 200 logits of two images."""
+    ckpt = tmp_path / "imagenet200_resnet18_224x224_base_e90_lr0.1_default" / "s0" / "best.ckpt"
+    saved = _checkpoint(ckpt, num_classes=200, network=resnet18_224x224)
+    for key, shape in RELEASE_KEYS_224.items():
+        assert tuple(saved[key].shape) == shape, key
+    assert len(saved) == 6 + 8 * 12 + 3 * 6 + 2 and not any("shortcut" in k for k in saved)
+    bb = load_backbone("openood:resnet18_224x224", ckpt)
+    loaded = bb.model.state_dict()
+    assert loaded.keys() == saved.keys() and all(torch.equal(loaded[k], saved[k]) for k in saved)
+    assert load_backbone("openood:resnet18_224x224", model_kwargs={"benchmark": "imagenet"}).weight.shape == (1000, 512)
+    rng = np.random.default_rng(1)
+    img = Image.fromarray(rng.integers(0, 256, (300, 260, 3), dtype=np.uint8))
+    x = bb.transform(img)
+    assert x.shape == (3, 224, 224)
+    from torchvision.transforms import functional as TF
+
+    resized = TF.center_crop(TF.resize(img, 256, interpolation=TF.InterpolationMode.BILINEAR), 224)
+    mean, std = (torch.tensor(v).view(3, 1, 1) for v in PREPROCESSING["imagenet200"][2:])
+    torch.testing.assert_close(x, (TF.to_tensor(resized) - mean) / std, rtol=0, atol=0)
+    with torch.no_grad():
+        out = bb.forward(torch.stack([x, x.flip(-1)]))
+        want = bb.model(torch.stack([x, x.flip(-1)]))
+    assert out["features"].shape == (2, 512) and out["logits"].shape == (2, 200)
+    torch.testing.assert_close(out["logits"], want, rtol=0, atol=1e-5 * float(want.abs().max()))
