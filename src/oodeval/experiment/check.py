@@ -34,6 +34,10 @@ def _model_problem(model: ModelSpec) -> str | None:
         if Path(name).exists() and not (Path(name) / "config.json").is_file():
             return f"model {model.label!r}: {name} has no config.json (expected a transformers model folder)"
         return None
+    if kind == "openood":
+        from ..features.openood import ARCHITECTURES
+
+        return None if name in ARCHITECTURES else f"model {model.label!r}: OpenOOD has no network {name!r} here; known: {', '.join('openood:' + n for n in ARCHITECTURES)}"
     if kind == "python":
         import importlib
 

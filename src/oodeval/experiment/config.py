@@ -13,6 +13,8 @@ relative paths are relative to the experiment file's folder. See ``docs/experime
     id_train = "imagefolder:train"    # fits the detectors (supervised models only)
     id_test = "imagefolder:val"
     ood = ["ninco", { name = "data/fi", label = "Fi", split_column = "fine_grained", group = "near" }]
+    # or, instead of [datasets], an OpenOOD v1.5 benchmark on an OpenOOD data root as it lies:
+    # [openood]  benchmark = "cifar10"  root = "/data/openood"   (near / far groups included)
 
     [[models]]
     name = "resnet50"
@@ -42,9 +44,10 @@ _ROLES = ("id_train", "id_test")
 _TOP = {
     "name", "store", "results", "data_root", "seeds", "bootstrap_draws", "bootstrap_fixed_id", "device", "batch_size",
     "num_workers", "retry_failed", "seed_detectors", "datasets", "models", "detectors", "zeroshot", "sweeps", "selection",
-    "eoe_prompts",
+    "eoe_prompts", "openood",
 }  # fmt: skip
 _DATASETS = {"id_train", "id_test", "ood", "split_column", "id_classes"}
+_OPENOOD = {"benchmark", "root"}
 _OOD = {"name", "label", "split_column", "group"}
 _MODEL = {
     "name", "label", "weights", "pretrained", "head", "kind", "model_kwargs", "taps", "patch_features", "full_patch_features", "features",
@@ -263,6 +266,22 @@ def _dataset(entry: Any, where: str, base: Path, split_column: str | None) -> Da
     )
 
 
+def _openood(t: dict, base: Path) -> dict:
+    """``[openood] benchmark = "cifar10", root = "DIR"``: the ``[datasets]`` table of an OpenOOD v1.5
+    benchmark read from an OpenOOD data root as it lies (:func:`oodeval.data.openood.experiment_datasets`)."""
+    from ..data.openood import experiment_datasets
+    from ..errors import UnknownNameError
+
+    if "datasets" in t:
+        raise _fail("top level", "give [openood] (an OpenOOD benchmark's datasets) or [datasets], not both")
+    o = _check_keys(t["openood"], _OPENOOD, "[openood]")
+    benchmark = _typed(o, "benchmark", str, "[openood]", required=True)
+    try:
+        return experiment_datasets(_path(_typed(o, "root", str, "[openood]", required=True), base), benchmark)
+    except UnknownNameError as exc:
+        raise _fail("[openood]", exc.args[0]) from None
+
+
 def _detector(entry: Any, where: str, known: set[str], base: Path, zeroshot: bool) -> DetectorSpec:
     if isinstance(entry, str):
         entry = {"name": entry}
@@ -402,7 +421,7 @@ def _names_code(t: dict) -> bool:
     dets = [d if isinstance(d, str) else d.get("name", "") for d in t.get("detectors") or [] if isinstance(d, str | dict)]
     dets += [d if isinstance(d, str) else d.get("name", "") for m in t.get("models", []) if isinstance(m, dict)
              for d in m.get("detectors") or [] if isinstance(d, str | dict)]  # fmt: skip
-    return any(isinstance(n, str) and ":" in n and not n.startswith(("timm:", "open_clip:", "hf:")) for n in models + dets)
+    return any(isinstance(n, str) and ":" in n and not n.startswith(("timm:", "open_clip:", "hf:", "openood:")) for n in models + dets)
 
 
 def _importable(t: dict, base: Path) -> Path | None:
@@ -528,7 +547,7 @@ def load_config(source: str | Path | dict | ExperimentConfig, base_dir: str | Pa
         raise _fail("top level", f"seeds must be a non-empty list of integers, got {seeds!r}")
     if len(set(seeds)) != len(seeds):
         raise _fail("top level", f"seeds repeat a value: {seeds!r}")
-    ds = _check_keys(_typed(t, "datasets", dict, "top level", required=True), _DATASETS, "[datasets]")
+    ds = _openood(t, base) if "openood" in t else _check_keys(_typed(t, "datasets", dict, "top level", required=True), _DATASETS, "[datasets]")
     split_column = _typed(ds, "split_column", str, "[datasets]")
     ood_raw = _typed(ds, "ood", list, "[datasets]", required=True)
     if not ood_raw:

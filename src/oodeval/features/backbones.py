@@ -3,9 +3,10 @@
 Model names: ``timm:<name>`` or a plain ``<name>`` is a timm model; ``open_clip:<arch>`` or
 ``open_clip:<arch>@<pretrained tag>`` an open_clip model (the tag fixes the preprocessing: mean,
 std, interpolation, resize mode, QuickGELU); ``hf:<repo id or folder>`` a Hugging Face ``transformers``
-image-text model (AIMv2, see ``features.hf``). Weights come from a local file (safetensors, or a
-torch checkpoint read with ``torch.load(weights_only=True)``, never unpickled code) or, only with
-``pretrained=True``, from the hub. Outputs per batch:
+image-text model (AIMv2, see ``features.hf``); ``openood:<network>`` an OpenOOD network in its
+checkpoint layout (``openood:resnet18_32x32``, see ``features.openood``). Weights come from a local
+file (safetensors, or a torch checkpoint read with ``torch.load(weights_only=True)``, never
+unpickled code) or, only with ``pretrained=True``, from the hub. Outputs per batch:
 
 - timm: ``features`` = pre-logits ``forward_head(forward_features(x), pre_logits=True)``,
   ``logits`` = the model's own head on them; the head (W, b) is the ``get_classifier()`` Linear.
@@ -92,6 +93,10 @@ def load_state_dict_file(path: str | Path) -> dict[str, torch.Tensor]:
 
 def _load_into(model: nn.Module, path: str | Path) -> None:
     sd = load_state_dict_file(path)
+    own = model.state_dict()
+    wrong = [f"{k} {tuple(v.shape)} (model {tuple(own[k].shape)})" for k, v in sd.items() if k in own and v.shape != own[k].shape]
+    if wrong:
+        raise InputError(f"weights {path} do not fit the model: {len(wrong)} tensors of another shape (e.g. {wrong[:3]})")
     result = model.load_state_dict(sd, strict=False)
     if result.missing_keys or result.unexpected_keys:
         raise InputError(
@@ -326,10 +331,11 @@ def _load(model: str, kind: str, name: str, tag: str | None, weights, pretrained
         bb = Backbone(net, "open_clip", model, preprocess, prep, "RGB", tokenizer=tokenizer,
                       info={"feature_dim": int(getattr(visual, "output_dim", 0)) or None})
         bb.info["text_tower"] = text_tower_fingerprint(net)
-    elif kind == "python":
+    elif kind in ("python", "openood"):
         from .module import load_factory, module_backbone
+        from .openood import load_openood
 
-        net, transform = load_factory(name, model_kwargs)
+        net, transform = load_factory(name, model_kwargs) if kind == "python" else load_openood(name, model_kwargs, pretrained)
         if weights is not None:
             _load_into(net, weights)
         bb = module_backbone(net, transform, name=model)

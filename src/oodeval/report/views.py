@@ -70,7 +70,7 @@ VIEW_INPUTS = ("frame", "primary", "model", "groups", "results", "scores", "subs
 
 
 def _load_builtin_views() -> None:
-    from . import cnc, paper_views, reference, subsampling, tables  # noqa: F401 - they register their views
+    from . import cnc, groups, paper_views, reference, subsampling, tables  # noqa: F401 - they register their views
 
 
 #: report views by key, in report order; plugins name a module in the entry-point group ``oodeval.report_views``
