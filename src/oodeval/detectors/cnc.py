@@ -27,6 +27,7 @@ from scipy.special import logsumexp
 
 from ..errors import InputError
 from ..features import FeatureSet
+from ..params import Integral, Interval, Options
 from . import register
 from .base import Detector
 
@@ -43,6 +44,8 @@ class CnC(Detector):
     @classmethod
     def suits(cls, x: FeatureSet) -> bool:
         return x.meta.get("outlier_class") is not None
+
+    constraints = {"form": Options("prob", "logodds"), "outlier_class": Interval(Integral, None, None)}
 
     def __init__(self, form: str = "logodds", outlier_class: int = -1) -> None:
         self.form = form

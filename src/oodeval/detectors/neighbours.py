@@ -20,8 +20,9 @@ import numpy as np
 
 from ..errors import InputError
 from ..features import FeatureSet
+from ..params import COMPUTE, SEED, Integral, Interval, Real
 from . import register
-from ._backend import Compute, compute_of
+from ._backend import Compute
 from ._common import energy, float32_centre, mean_rows
 from .base import Detector
 
@@ -102,30 +103,32 @@ class KNN(Detector):
     needs = ("features",)
     fit_needs = ("features",)
 
+    constraints = {"k": Interval(Integral, 1, None), "bank_fraction": Interval(Real, 0, 1, closed="right"), "seed": SEED, **COMPUTE}
+
     def __init__(
         self,
         k: int = 1000,
         bank_fraction: float = 1.0,
         seed: int = 0,
-        precision: str = "float32",
+        compute_dtype: str = "float32",
         device: str | None = None,
     ) -> None:
         self.k = k
         self.bank_fraction = bank_fraction
         self.seed = seed
-        self.precision = precision
+        self.compute_dtype = compute_dtype
         self.device = device
 
     def _fit(self, train: FeatureSet) -> None:
         z = train.features
         subset = _bank_rows(len(z), self.bank_fraction, self.seed, int(self.k), "knn")
         self.bank_index_ = np.arange(len(z)) if subset is None else subset
-        self.bank_ = _bank(compute_of(self), z, subset)
+        self.bank_ = _bank(self._compute(), z, subset)
         self.center_ = float32_centre(mean_rows(z))
         self.bank_offsets_ = bank_offsets(self.bank_, self.center_)
 
     def _score(self, x: FeatureSet) -> np.ndarray:
-        comp = compute_of(self)
+        comp = self._compute()
         sims = top_similarities(comp, self.bank_, x.features, int(self.k), comp.rowmin, (self.center_, self.bank_offsets_))
         return -np.sqrt(np.maximum(2.0 - 2.0 * sims, 0.0))
 
@@ -164,28 +167,30 @@ class NNGuide(Detector):
     needs = ("features", "logits")
     fit_needs = ("features", "logits")
 
+    constraints = {"k": Interval(Integral, 1, None), "bank_fraction": Interval(Real, 0, 1, closed="right"), "seed": SEED, **COMPUTE}
+
     def __init__(
         self,
         k: int = 10,
         bank_fraction: float = 0.01,
         seed: int = 0,
-        precision: str = "float32",
+        compute_dtype: str = "float32",
         device: str | None = None,
     ) -> None:
         self.k = k
         self.bank_fraction = bank_fraction
         self.seed = seed
-        self.precision = precision
+        self.compute_dtype = compute_dtype
         self.device = device
 
     def _fit(self, train: FeatureSet) -> None:
         z, f = train.features, train.logits
         idx = _bank_rows(len(z), self.bank_fraction, self.seed, int(self.k), "nnguide")
         self.bank_index_ = np.arange(len(z)) if idx is None else idx
-        self.bank_ = _bank(compute_of(self), z, self.bank_index_, lambda sl: energy(f[self.bank_index_[sl]]))
+        self.bank_ = _bank(self._compute(), z, self.bank_index_, lambda sl: energy(f[self.bank_index_[sl]]))
 
     def _score(self, x: FeatureSet) -> np.ndarray:
-        comp = compute_of(self)
+        comp = self._compute()
         mean = lambda top: comp.rowsum(top) / top.shape[1]  # noqa: E731
         guidance = top_similarities(comp, self.bank_, x.features, int(self.k), mean)
         return comp.map_rows(comp.logsumexp, x.logits, x.logits.shape[1]) * guidance

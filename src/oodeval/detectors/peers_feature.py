@@ -15,6 +15,7 @@ from sklearn.mixture import GaussianMixture
 
 from ..errors import InputError
 from ..features import FeatureSet
+from ..params import POSITIVE, SEED, Integral, Interval, Options, Real
 from . import register
 from ._common import as64, chunks, class_means, l2_normalise, labelled, mean_rows
 from ._peers import PeerMethod
@@ -35,6 +36,8 @@ class Residual(PeerMethod, ViM):
     leaves a 512-d feature no residual) and fits on its ID ``val`` split, here the ID-train set.
     float64 throughout (the residual space is the covariance's smallest eigenvalues).
     """
+
+    constraints = {"dim": (Interval(Integral, 1, None), None)}
 
     def __init__(self, dim: int | None = None) -> None:
         self.dim = dim
@@ -60,6 +63,8 @@ class SHE(PeerMethod):
 
     needs = ("features", "logits")
     fit_needs = ("features", "logits", "labels")
+
+    constraints = {"metric": Options(*_SHE_METRICS)}
 
     def __init__(self, metric: str = "inner_product") -> None:
         self.metric = metric
@@ -109,6 +114,8 @@ class Relation(PeerMethod):
     needs = ("features", "logits")
     fit_needs = ("features", "logits")
 
+    constraints = {"pow": POSITIVE, "thres": Interval(Real, None, None), "bank_fraction": Interval(Real, 0, 1, closed="right"), "seed": SEED}
+
     def __init__(self, pow: float = 1.0, thres: float = 0.03, bank_fraction: float = 1.0, seed: int = 0) -> None:
         self.pow = pow
         self.thres = thres
@@ -152,6 +159,8 @@ class NCI(PeerMethod):
     needs = ("features", "logits", "head")
     fit_needs = ("features",)
 
+    constraints = {"alpha": Interval(Real, None, None)}
+
     def __init__(self, alpha: float = 1e-4) -> None:
         self.alpha = alpha
 
@@ -185,6 +194,8 @@ class GMM(PeerMethod):
     needs = ("features",)
     fit_needs = ("features", "labels")
 
+    constraints = {"n_components": (Interval(Integral, 1, None), None), "seed": SEED}
+
     def __init__(self, n_components: int | None = None, seed: int = 0) -> None:
         self.n_components = n_components
         self.seed = seed
@@ -214,6 +225,8 @@ class ClassGMM(PeerMethod):
 
     needs = ("features",)
     fit_needs = ("features", "labels")
+
+    constraints = {"reg": Interval(Real, 0, None)}
 
     def __init__(self, reg: float = 1e-6) -> None:
         self.reg = reg

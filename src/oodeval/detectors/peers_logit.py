@@ -1,7 +1,7 @@
 """The peers' logit detectors: Entropy, temperature scaling, OpenMax (OpenOOD v1.5, pytorch-ood 0.4).
 
 Each reads the logits f (N, C) (and, for OpenMax's fit, the ID-train labels). Softmax sums are
-float64 whatever ``precision`` (the exp of shifted logits in that precision, as in
+float64 whatever ``compute_dtype`` (the exp of shifted logits in that dtype, as in
 :mod:`oodeval.detectors.logit`); scores are float64, higher = more in-distribution. Where the
 peers differ from each other or from the paper, docs/detectors.md ("The peers' methods") says how.
 """
@@ -15,8 +15,9 @@ from scipy.stats import weibull_min
 
 from ..errors import InputError
 from ..features import FeatureSet
+from ..params import BOOLEAN, COMPUTE, SEED, Integral, Interval, Options, Real
 from . import register
-from ._backend import Compute, compute_of
+from ._backend import Compute
 from ._common import as64, chunks, labelled
 from ._peers import PeerMethod
 from .logit import MSP
@@ -49,11 +50,14 @@ class Entropy(PeerMethod):
 
     needs = ("logits",)
 
-    def __init__(self, precision: str = "float32") -> None:
-        self.precision = precision
+    constraints = COMPUTE
+
+    def __init__(self, compute_dtype: str = "float32", device: str | None = None) -> None:
+        self.compute_dtype = compute_dtype
+        self.device = device
 
     def _score(self, x: FeatureSet) -> np.ndarray:
-        comp = compute_of(self)
+        comp = self._compute()
         return comp.map_rows(lambda f: neg_entropy(comp, f), x.logits, x.logits.shape[1])
 
 
@@ -94,10 +98,13 @@ class TemperatureScaling(PeerMethod):
     needs = ("logits",)
     fit_needs = ("logits", "labels")
 
-    def __init__(self, val_fraction: float = 0.1, seed: int = 0, precision: str = "float32") -> None:
+    constraints = {"val_fraction": Interval(Real, 0, 1, closed="right"), "seed": SEED, **COMPUTE}
+
+    def __init__(self, val_fraction: float = 0.1, seed: int = 0, compute_dtype: str = "float32", device: str | None = None) -> None:
         self.val_fraction = val_fraction
         self.seed = seed
-        self.precision = precision
+        self.compute_dtype = compute_dtype
+        self.device = device
 
     def _fit(self, train: FeatureSet) -> None:
         if not 0 < self.val_fraction <= 1:
@@ -111,7 +118,7 @@ class TemperatureScaling(PeerMethod):
         self.resolved_ = {"temperature": self.temperature_}
 
     def _score(self, x: FeatureSet) -> np.ndarray:
-        return MSP(temperature=self.temperature_, precision=self.precision).fit()._score(x)
+        return MSP(temperature=self.temperature_, compute_dtype=self.compute_dtype, device=self.device).fit()._score(x)
 
 
 def _distances(f: np.ndarray, means: np.ndarray, kind: str, eu_weight: float) -> np.ndarray:
@@ -147,6 +154,8 @@ class OpenMax(PeerMethod):
 
     needs = ("logits",)
     fit_needs = ("logits", "labels")
+
+    constraints = {"tailsize": Interval(Integral, 2, None), "alpha": Interval(Integral, 1, None), "distance": Options("euclidean", "cosine", "eucos"), "eu_weight": Interval(Real, 0, None), "correct_only": BOOLEAN, "readout": Options("unknown", "max")}
 
     def __init__(
         self,

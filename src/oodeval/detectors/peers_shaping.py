@@ -2,7 +2,7 @@
 GradNorm, GradUncertainty (OpenOOD v1.5, pytorch-ood 0.4).
 
 The shapings act on the pooled penultimate feature z (N, D), as OpenOOD applies ASH and VRA,
-and read out the energy logsumexp(W z' + b) through the head (``precision`` as in
+and read out the energy logsumexp(W z' + b) through the head (``compute_dtype`` as in
 :mod:`oodeval.detectors.activation`). The gradient methods have a closed form: the gradient of
 a loss L(f) of the logits f = W z + b with respect to the head's weight is g z^T, g = dL/df, so
 its norms factor into a norm of g times a norm of z (and of 1 for the bias). Scores are float64,
@@ -15,8 +15,8 @@ import numpy as np
 
 from ..errors import InputError
 from ..features import FeatureSet
+from ..params import BOOLEAN, COMPUTE, POSITIVE, Interval, Real
 from . import register
-from ._backend import compute_of
 from ._common import as64, chunked_percentile, chunks, logsumexp_rows
 from .activation import _check_percentile, _energy_of, _keep, _sum64, _top_k
 from ._peers import PeerMethod
@@ -53,13 +53,16 @@ class ASHB(PeerMethod):
 
     needs = ("features", "head")
 
-    def __init__(self, percentile: float = 65.0, precision: str = "float32") -> None:
+    constraints = {"percentile": Interval(Real, 0, 100, closed="left"), **COMPUTE}
+
+    def __init__(self, percentile: float = 65.0, compute_dtype: str = "float32", device: str | None = None) -> None:
         self.percentile = percentile
-        self.precision = precision
+        self.compute_dtype = compute_dtype
+        self.device = device
 
     def _score(self, x: FeatureSet) -> np.ndarray:
         _check_percentile(self.percentile, "ash_b")
-        return _energy_of(compute_of(self), x, lambda z: ash_b_features(z, self.percentile), x.weight, x.bias)
+        return _energy_of(self._compute(), x, lambda z: ash_b_features(z, self.percentile), x.weight, x.bias)
 
 
 @register("ash_p", tags=("activation",))
@@ -72,13 +75,16 @@ class ASHP(PeerMethod):
 
     needs = ("features", "head")
 
-    def __init__(self, percentile: float = 90.0, precision: str = "float32") -> None:
+    constraints = {"percentile": Interval(Real, 0, 100, closed="left"), **COMPUTE}
+
+    def __init__(self, percentile: float = 90.0, compute_dtype: str = "float32", device: str | None = None) -> None:
         self.percentile = percentile
-        self.precision = precision
+        self.compute_dtype = compute_dtype
+        self.device = device
 
     def _score(self, x: FeatureSet) -> np.ndarray:
         _check_percentile(self.percentile, "ash_p")
-        return _energy_of(compute_of(self), x, lambda z: ash_p_features(z, self.percentile), x.weight, x.bias)
+        return _energy_of(self._compute(), x, lambda z: ash_p_features(z, self.percentile), x.weight, x.bias)
 
 
 def _column_percentiles(z: np.ndarray, q: float, block: int = 64) -> np.ndarray:
@@ -99,11 +105,14 @@ class VRA(PeerMethod):
     needs = ("features", "head")
     fit_needs = ("features",)
 
-    def __init__(self, low: float = 10.0, high: float = 90.0, per_dim: bool = False, precision: str = "float32") -> None:
+    constraints = {"low": Interval(Real, 0, 100), "high": Interval(Real, 0, 100), "per_dim": BOOLEAN, **COMPUTE}
+
+    def __init__(self, low: float = 10.0, high: float = 90.0, per_dim: bool = False, compute_dtype: str = "float32", device: str | None = None) -> None:
         self.low = low
         self.high = high
         self.per_dim = per_dim
-        self.precision = precision
+        self.compute_dtype = compute_dtype
+        self.device = device
 
     def _fit(self, train: FeatureSet) -> None:
         if not 0 <= self.low <= self.high <= 100:
@@ -119,7 +128,7 @@ class VRA(PeerMethod):
             lo = np.asarray(self.lower_, dtype=z.dtype)
             return np.clip(z, lo, np.asarray(self.upper_, dtype=z.dtype))
 
-        return _energy_of(compute_of(self), x, clip, x.weight, x.bias)
+        return _energy_of(self._compute(), x, clip, x.weight, x.bias)
 
 
 @register("lts", tags=("activation",))
@@ -132,6 +141,8 @@ class LTS(PeerMethod):
     """
 
     needs = ("features", "logits")
+
+    constraints = {"p": Interval(Real, 0, 1, closed="right")}
 
     def __init__(self, p: float = 0.05) -> None:
         self.p = p
@@ -169,6 +180,8 @@ class GradNorm(PeerMethod):
     """
 
     needs = ("features", "logits")
+
+    constraints = {"temperature": POSITIVE}
 
     def __init__(self, temperature: float = 1.0) -> None:
         self.temperature = temperature

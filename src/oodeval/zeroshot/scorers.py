@@ -32,6 +32,7 @@ from sklearn.base import BaseEstimator
 from ..detectors.base import as_scores
 from ..errors import InputError
 from ..features import FeatureSet
+from ..params import POSITIVE, SEED, Checked, Integral, Interval, Options, Real
 from ..registry import Registry
 
 __all__ = [
@@ -100,7 +101,7 @@ def _prepare(name: str, x: np.ndarray, normalize: bool) -> np.ndarray:
     return _check_unit(name, x, x.ndim)
 
 
-class ZeroShotScorer(BaseEstimator):
+class ZeroShotScorer(Checked, BaseEstimator):
     """Base class: constructor = hyperparameters; ``score(image, id_text, negatives=None, normalize=False)``.
 
     image: a FeatureSet whose ``features`` are l2-normalised image embeddings (N, E), or that array.
@@ -109,7 +110,10 @@ class ZeroShotScorer(BaseEstimator):
     Images are streamed in row chunks (``features.stream.iter_chunks``: a memory-mapped store is read with
     file reads), so peak memory is one chunk's float64 work arrays plus the text embeddings,
     whatever N. Rows per chunk: ``chunk_rows`` if set, else ``CHUNK_ELEMENTS`` / the per-row width.
+    Hyperparameters are checked against ``constraints`` when built (:mod:`oodeval.params`).
     """
+
+    param_kind = "zero-shot scorer"
 
     needs: ClassVar[tuple[str, ...]] = ("features",)
     #: set by the registration (tag "needs-vocabulary")
@@ -173,6 +177,8 @@ def _logits(image: np.ndarray, text: np.ndarray, tau: float) -> np.ndarray:
 class MCM(ZeroShotScorer):
     """max_c softmax_c(h't_c / tau) (MCM)."""
 
+    constraints = {"tau": POSITIVE}
+
     def __init__(self, tau: float = 0.01) -> None:
         self.tau = tau
 
@@ -184,6 +190,8 @@ class MCM(ZeroShotScorer):
 class MaxLogit(ZeroShotScorer):
     """max_c h't_c / tau."""
 
+    constraints = {"tau": POSITIVE}
+
     def __init__(self, tau: float = 0.01) -> None:
         self.tau = tau
 
@@ -194,6 +202,8 @@ class MaxLogit(ZeroShotScorer):
 @register("energy", 3)
 class Energy(ZeroShotScorer):
     """T * logsumexp_c(l_c / T) on the tau-scaled logits (T = 1)."""
+
+    constraints = {"tau": POSITIVE, "temperature": POSITIVE}
 
     def __init__(self, tau: float = 0.01, temperature: float = 1.0) -> None:
         self.tau = tau
@@ -207,6 +217,8 @@ class Energy(ZeroShotScorer):
 @register("gen", 4)
 class GEN(ZeroShotScorer):
     """-sum over the top-M probabilities of p^g (1-p)^g (GEN; g = 0.1, M = 100, capped at C)."""
+
+    constraints = {"tau": POSITIVE, "gamma": POSITIVE, "top_m": Interval(Integral, 1, None)}
 
     def __init__(self, tau: float = 0.01, gamma: float = 0.1, top_m: int = 100) -> None:
         self.tau = tau
@@ -232,6 +244,8 @@ class GEN(ZeroShotScorer):
 class Entropy(ZeroShotScorer):
     """Negative entropy of the ID posterior, sum_c p log p (0 for a one-hot posterior)."""
 
+    constraints = {"tau": POSITIVE}
+
     def __init__(self, tau: float = 0.01) -> None:
         self.tau = tau
 
@@ -243,6 +257,8 @@ class Entropy(ZeroShotScorer):
 @register("margin", 6)
 class Margin(ZeroShotScorer):
     """Gap between the two largest logits (``space="logit"``) or probabilities (``space="prob"``)."""
+
+    constraints = {"tau": POSITIVE, "space": Options("logit", "prob")}
 
     def __init__(self, tau: float = 0.01, space: str = "logit") -> None:
         self.tau = tau
@@ -271,6 +287,8 @@ class GLMCM(ZeroShotScorer):
     """
 
     needs = ("features", "extra:patch_features")
+
+    constraints = {"tau": POSITIVE, "lam": Interval(Real, 0, None)}
 
     def __init__(self, tau: float = 0.01, lam: float = 1.0) -> None:
         self.tau = tau
@@ -323,6 +341,8 @@ class NegLabel(ZeroShotScorer):
     equal size; when M < G every negative is its own group (G = M).
     """
 
+    constraints = {"tau": POSITIVE, "n_groups": Interval(Integral, 1, None), "seed": SEED}
+
     def __init__(self, tau: float = 0.01, n_groups: int = 100, seed: int = 0) -> None:
         self.tau = tau
         self.n_groups = n_groups
@@ -351,6 +371,8 @@ class EOE(ZeroShotScorer):
 
     Without negatives it is MCM.
     """
+
+    constraints = {"tau": POSITIVE, "beta": Interval(Real, 0, None)}
 
     def __init__(self, tau: float = 0.01, beta: float = 0.25) -> None:
         self.tau = tau
