@@ -203,11 +203,13 @@ def unknown_names(cls: type, names: Iterable[str]) -> list[str]:
     return out
 
 
-def check_hyperparameters(cls: type, values: Mapping[str, object]) -> list[str]:
+def check_hyperparameters(cls: type, values: Mapping[str, object], candidates: bool = False) -> list[str]:
     """Every problem with ``values`` for ``cls`` (unknown names, then refused values), each a sentence
-    that starts with the class ("detector 'knn': k=-5 must be an integer >= 1"); [] when none."""
+    that starts with the class ("detector 'knn': k=-5 must be an integer >= 1"); [] when none. With
+    ``candidates`` each value is a list of candidate values (a search grid), each one checked."""
     who = _owner(cls)
-    return unknown_names(cls, values) + [f"{who}: {p}" for p in violations(cls, values)]
+    pairs = [(k, v) for k, vs in values.items() for v in vs] if candidates else list(values.items())
+    return unknown_names(cls, values) + [f"{who}: {p}" for k, v in pairs for p in violations(cls, {k: v})]
 
 
 def refuse(problems: list[str]) -> None:
