@@ -32,7 +32,7 @@ from .errors import InputError
 __all__ = [
     "Interval", "Options", "Device", "Instance", "BOOLEAN", "COMPUTE_DTYPE", "DEVICE", "COMPUTE", "POSITIVE", "SEED",
     "RENAMED", "Checked",
-    "Integral", "Real", "violations", "unknown_names", "check_hyperparameters", "refuse",
+    "Integral", "Real", "accepts", "describe", "outside", "violations", "unknown_names", "check_hyperparameters", "refuse",
 ]  # fmt: skip
 
 #: hyperparameters renamed since an earlier release: old name -> new name (the old one is refused)
@@ -76,8 +76,8 @@ class Interval:
         return what if self.kind is Integral else "a finite number"
 
     def outside(self) -> list[object]:
-        """Values just outside the interval (for contract tests)."""
-        out: list[object] = []
+        """Values just outside the interval, and of the wrong kind (for contract tests)."""
+        out: list[object] = ["abc", 2.5 if self.kind is Integral else float("nan")]
         step = 1 if self.kind is Integral else 0.5
         for bound, sign, inside in ((self.low, -1, self.closed in ("both", "left")), (self.high, 1, self.closed in ("both", "right"))):
             if bound is not None:
@@ -158,13 +158,21 @@ def _alternatives(constraint: object) -> tuple:
     return constraint if isinstance(constraint, tuple) else (constraint,)
 
 
-def _accepts(constraint: object, value: object) -> bool:
+def accepts(constraint: object, value: object) -> bool:
+    """Whether ``value`` meets the declared ``constraint`` (one of its alternatives)."""
     return any(value is None if c is None else c.accepts(value) for c in _alternatives(constraint))
 
 
 def describe(constraint: object) -> str:
     """The limit, in words."""
     return " or ".join("None" if c is None else str(c) for c in _alternatives(constraint))
+
+
+def outside(constraint: object) -> list[object]:
+    """Values the declared ``constraint`` refuses, from each alternative's ``outside()`` (for the
+    contract check, :func:`oodeval.testing.check_detector`)."""
+    found = [v for c in _alternatives(constraint) if c is not None for v in getattr(c, "outside", list)()]
+    return [v for v in found if not accepts(constraint, v)]
 
 
 def _owner(cls: type) -> str:
@@ -175,7 +183,7 @@ def violations(cls: type, values: Mapping[str, object]) -> list[str]:
     """One sentence per value in ``values`` that the declared constraint of ``cls`` refuses."""
     declared = getattr(cls, "constraints", {})
     return [f"{key}={value!r} must be {describe(declared[key])}"
-            for key, value in values.items() if key in declared and not _accepts(declared[key], value)]  # fmt: skip
+            for key, value in values.items() if key in declared and not accepts(declared[key], value)]  # fmt: skip
 
 
 def param_names(cls: type) -> list[str]:
