@@ -45,18 +45,18 @@ def test_errors_row_keeps_the_row_and_warns_naming_it(sets):
 
 def test_a_non_numeric_temperature_is_refused_at_construction(sets, tmp_path, capsys):
     train, test, ood = sets
-    with pytest.raises(ValueError, match=r"detector 'msp': temperature='abc' is not a number \(default 1.0\)"):
+    with pytest.raises(ValueError, match=r"detector 'msp': temperature='abc' must be a number > 0"):
         detectors.create("msp", temperature="abc")
-    with pytest.raises(ValueError, match=r"detector 'energy': temperature=True is not a number"):
+    with pytest.raises(ValueError, match=r"detector 'energy': temperature=True must be a number > 0"):
         detectors.create("energy", temperature=True)
     with pytest.raises(ValueError, match=r"detector 'neco': maxlogit='yes' must be true or false"):
         detectors.create("neco", maxlogit="yes")
-    with pytest.raises(ValueError, match=r"detector 'msp': temperature='abc' is not a number"):
+    with pytest.raises(ValueError, match=r"detector 'msp': temperature='abc' must be a number > 0"):
         oodeval.evaluate(train=train, id=test, ood={"far": ood}, detectors=["msp"], hyperparameters={"msp": {"temperature": "abc"}})
     for name, fs in (("train", train), ("test", test), ("far", ood)):
         fs.save(tmp_path / name)
     argv = ["score", "--train", str(tmp_path / "train"), "--test", str(tmp_path / "test"), "--ood", f"far={tmp_path / 'far'}",
             "--detectors", "msp", "--set", "msp.temperature=abc", "--no-progress"]  # fmt: skip
     assert main(argv) == 2
-    assert "oodeval score: error: detector 'msp': temperature='abc' is not a number (default 1.0)" in capsys.readouterr().err
+    assert "oodeval score: error: detector 'msp': temperature='abc' must be a number > 0" in capsys.readouterr().err
     assert detectors.create("msp", temperature=np.float32(2.0)).temperature == 2.0  # numpy numbers are numbers

@@ -69,7 +69,7 @@ def test_bad_input_gets_a_clear_error(folders, capsys):
     out, err = capsys.readouterr()
     assert "knn / far: fit on the ID-train set: knn k=1000 exceeds" in err and "failed" in out
     assert main(base + ["--ood", f"far={folders / 'far'}", "--set", "knn.kk=5"]) == 2
-    assert "detector 'knn' has no hyperparameter(s) kk; it takes:" in capsys.readouterr().err
+    assert "detector 'knn' has no hyperparameter(s) kk (did you mean k?); it takes:" in capsys.readouterr().err
     assert main(base + ["--ood", f"far={folders / 'nowhere'}"]) == 2
     with pytest.raises(ValueError, match="DETECTOR.NAME=VALUE"):
         parse_hyperparameters(["knn=3"])

@@ -88,7 +88,7 @@ detectors:
         (lambda s: s.replace("seeds = [0, 1]", "seeds = [0, 1]\nbatch_size = true"), "batch_size' must be an integer"),
         (lambda s: s + '[[sweeps]]\nname = "w"\nvocabulary = "v.json"\nsizes = [10]\nscorer = "mcm"\n', "scorer must be a vocabulary scorer"),
         (lambda s: s + '[[sweeps]]\nname = "w"\nvocabulary = "v.json"\nsizes = []\n', "sizes must be a non-empty list"),
-        (lambda s: s + '[[zeroshot]]\nname = "neglabel"\nhyperparameters = { groups = 3 }\n', "has no hyperparameter(s) groups"),
+        (lambda s: s + '[[zeroshot]]\nname = "neglabel"\nvocabulary = "v.json"\nhyperparameters = { groups = 3 }\n', "has no hyperparameter(s) groups (did you mean n_groups?)"),
         (lambda s: s.replace('name = "msp"', 'name = "msp"\nvocabulary = "v.txt"'), "vocabulary applies to zero-shot scorers"),
     ],
 )
