@@ -21,7 +21,6 @@ import difflib
 import functools
 import inspect
 import math
-import numbers
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass

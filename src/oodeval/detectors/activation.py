@@ -46,11 +46,6 @@ def _energy_of(comp: Compute, x: FeatureSet, shape, weight: np.ndarray, bias: np
     return np.concatenate([comp.get(readout(comp.put(shape(np.asarray(z[sl], dtype=host))))) for sl in comp.chunks(len(z), width)])
 
 
-def _check_percentile(p: float, who: str) -> None:
-    if not 0 <= p < 100:
-        raise InputError(f"{who} percentile must be in [0, 100), got {p}")
-
-
 def _keep(d: int, percentile: float) -> int:
     """k = D - round(D * percentile / 100) entries kept (the releases' rounding)."""
     k = d - int(np.round(d * percentile / 100.0))
@@ -122,8 +117,6 @@ class ReAct(Detector):
         self.device = device
 
     def _fit(self, train: FeatureSet) -> None:
-        if not 0 <= self.percentile <= 100:
-            raise InputError(f"react percentile must be in [0, 100], got {self.percentile}")
         self.threshold_ = chunked_percentile(train.features, self.percentile)
 
     def _score(self, x: FeatureSet) -> np.ndarray:
@@ -152,7 +145,6 @@ class ASHS(Detector):
         self.device = device
 
     def _score(self, x: FeatureSet) -> np.ndarray:
-        _check_percentile(self.percentile, "ash_s")
         return _energy_of(self._compute(), x, lambda z: ash_s_features(z, self.percentile), x.weight, x.bias)
 
 
@@ -176,7 +168,6 @@ class SCALE(Detector):
         self.device = device
 
     def _score(self, x: FeatureSet) -> np.ndarray:
-        _check_percentile(self.percentile, "scale")
         return _energy_of(self._compute(), x, lambda z: scale_features(z, self.percentile), x.weight, x.bias)
 
 
@@ -201,8 +192,6 @@ class DICE(Detector):
         self.device = device
 
     def _fit(self, train: FeatureSet) -> None:
-        if not 0 <= self.percentile < 100:
-            raise InputError(f"dice percentile must be in [0, 100), got {self.percentile}")
         self.mean_feature_ = mean_rows(train.features, comp=self._compute())
         contrib = self.mean_feature_[None, :] * as64(train.weight)
         self.threshold_ = float(np.percentile(contrib, self.percentile))

@@ -52,8 +52,6 @@ class CnC(Detector):
         self.outlier_class = outlier_class
 
     def _score(self, x: FeatureSet) -> np.ndarray:
-        if self.form not in ("prob", "logodds"):
-            raise InputError(f"cnc form must be 'prob' or 'logodds', got {self.form!r}")
         if x.meta.get("cnc") is False:
             raise InputError("cnc needs logits of a K+1 (CnC) model; this FeatureSet comes from a plain K-way model")
         f = np.asarray(x.logits, dtype=np.float64)

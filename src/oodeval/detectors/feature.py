@@ -92,8 +92,6 @@ class MCM(_CentroidBase):
         self.device = device
 
     def _score(self, x: FeatureSet) -> np.ndarray:
-        if not self.tau > 0:
-            raise InputError(f"mcm temperature tau must be > 0, got {self.tau}")
         # max softmax of cos / T (Compute.max_softmax): exp in the product dtype, sum in float64
 
         def readout(comp, p, inv):
@@ -213,8 +211,6 @@ class NECO(Detector):
                 raise InputError(f"neco dim must be in [1, {z.shape[1]}], got {self.dim}")
             d = int(self.dim)
         else:
-            if not 0 < self.variance <= 1:
-                raise InputError(f"neco variance must be in (0, 1], got {self.variance}")
             cum = np.cumsum(self.explained_variance_ratio_)
             d = int(min(np.searchsorted(cum, self.variance - 1e-12) + 1, z.shape[1]))
         self.n_components_ = d

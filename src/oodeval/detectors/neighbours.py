@@ -134,11 +134,8 @@ class KNN(Detector):
 
 
 def _bank_rows(n: int, fraction: float, seed: int, k: int, who: str) -> np.ndarray | None:
-    """Sorted seeded random subset of ceil(fraction n) rows (None = all rows); checks k."""
-    if not 0 < fraction <= 1:
-        raise InputError(f"{who} bank_fraction must be in (0, 1], got {fraction}")
-    if k < 1:
-        raise InputError(f"{who} needs k >= 1, got {k}")
+    """Sorted seeded random subset of ceil(fraction n) rows (None = all rows); checks k against the
+    bank (``fraction`` in (0, 1] and k >= 1 are the detectors' declared constraints)."""
     size = n if fraction == 1 else max(k, int(np.ceil(fraction * n)))
     if k > size:
         raise InputError(

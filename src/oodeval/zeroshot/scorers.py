@@ -139,8 +139,7 @@ class ZeroShotScorer(Checked, BaseEstimator):
             image = FeatureSet(features=np.asarray(image))
         if negatives is not None and not self.uses_negatives:
             raise InputError(f"{who} uses the ID names only; negatives were given ({len(negatives)})")
-        if not self.tau > 0:
-            raise InputError(f"tau must be > 0, got {self.tau}")
+        self.check_params()
         id_text = _check_unit("text embeddings", id_text, 2)
         if id_text.shape[0] == 0:
             raise InputError("no text embeddings (0 labels)")
@@ -228,8 +227,6 @@ class GEN(ZeroShotScorer):
     def _score(self, image, id_text, negatives):
         logits = _logits(image.features, id_text, self.tau)
         m = min(int(self.top_m), logits.shape[1])
-        if m < 1:
-            raise InputError(f"GEN top_m must be >= 1, got {self.top_m}")
         lse = logsumexp(logits, axis=1, keepdims=True)
         top = np.exp(-np.sort(-logits, axis=1)[:, :m] - lse)
         rest = 1.0 - top
@@ -270,8 +267,6 @@ class Margin(ZeroShotScorer):
             raise InputError("margin needs at least 2 ID labels")
         if self.space == "prob":
             logits = np.exp(log_softmax(logits, axis=1))
-        elif self.space != "logit":
-            raise InputError(f"margin space must be 'logit' or 'prob', got {self.space!r}")
         top2 = -np.partition(-logits, 1, axis=1)[:, :2]
         return top2[:, 0] - top2[:, 1]
 
@@ -306,8 +301,7 @@ class GLMCM(ZeroShotScorer):
                 src = image.meta.get("dataset", "this FeatureSet")
                 raise InputError(f"gl_mcm needs patch features, which {src} does not have: extract the VLM with "
                                  "patch_features (`oodeval extract --patch-features`, `patch_features = true` in a grid)")
-            if not self.tau > 0:
-                raise InputError(f"tau must be > 0, got {self.tau}")
+            self.check_params()
             local = stored_readout(image, _check_unit("text embeddings", id_text, 2), self.tau)
             if local is not None:
                 if negatives is not None:
@@ -352,8 +346,6 @@ class NegLabel(ZeroShotScorer):
         id_logits = _logits(image.features, id_text, self.tau)
         if negatives is None or len(negatives) == 0:
             return np.ones(len(id_logits))
-        if int(self.n_groups) < 1:
-            raise InputError(f"n_groups must be >= 1, got {self.n_groups}")
         lse_id = logsumexp(id_logits, axis=1)
         neg_logits = _logits(image.features, negatives, self.tau)
         m = neg_logits.shape[1]
