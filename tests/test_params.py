@@ -22,7 +22,7 @@ id_train = "train"
 id_test = "test"
 ood = ["far"]
 [[models]]
-name = "timm:test_resnet"
+name = "my_nets:tiny"
 pretrained = false
 [[detectors]]
 name = "knn"
@@ -98,6 +98,7 @@ def _spy(monkeypatch) -> list:
 
 def test_run_check_names_all_three_bad_values_before_any_extraction(tmp_path, capsys, monkeypatch):
     calls = _spy(monkeypatch)
+    (tmp_path / "my_nets.py").write_text("def tiny():\n    raise AssertionError('never built: extraction is replaced')\n")
     exp = tmp_path / "exp.toml"
     exp.write_text(EXPERIMENT.format(top="", k=-5, dtype="float16", device="cdua"))
     for args in (["run", str(exp), "--check"], ["run", str(exp), "--no-progress"]):
@@ -142,6 +143,22 @@ def test_detector_device_reaches_the_detectors_and_an_explicit_device_wins(tmp_p
     assert runner._device_hp(model, knn, {"k": 5}, auto) == {"k": 5, "device": "cpu"}  # the experiment's device
     assert runner._device_hp(model, vim, {"device": "cuda"}, auto) == {"device": "cuda"}
     assert runner._device_hp(model, nac, {}, replace(cfg, detector_device="cuda:1")) == {}  # nac takes no device
+
+
+def test_detector_device_is_recorded_in_the_rows_and_scores_as_numpy_does(tmp_path):
+    import json
+
+    from oodeval.results import load_results
+
+    tables = {}
+    for name, top in (("numpy", {}), ("torch", {"detector_device": "cpu"})):
+        tables[name] = load_results(_tiny_run(tmp_path / name, tmp_path / name / "r.parquet", ["msp", "cosine"], **top))
+    for det in ("msp", "cosine"):
+        rows = {k: t[(t["detector"] == det) & (t["split"] == "all")].iloc[0] for k, t in tables.items()}
+        devices = {k: json.loads(r["hyperparameters_resolved"])["device"] for k, r in rows.items()}
+        assert devices == {"numpy": None, "torch": "cpu"}
+        assert rows["numpy"]["hyperparameters"] == rows["torch"]["hyperparameters"] == "{}"
+        assert rows["numpy"]["auroc"] == pytest.approx(rows["torch"]["auroc"], abs=1e-9)
 
 
 def test_search_candidates_and_sweeps_are_checked_too(tmp_path):
@@ -202,13 +219,13 @@ def test_old_results_recording_precision_still_load(tmp_path):
     assert json.loads(back["hyperparameters_resolved"].iloc[0])["precision"] == "float32"
 
 
-def _tiny_run(tmp_path, results):
+def _tiny_run(tmp_path, results, names=("msp",), **top):
     from oodeval.experiment import run_experiment
     from oodeval.testing import small_problem
 
     sets = dict(zip(("id_train", "id_test", "far"), small_problem()))
     paths = {role: str(fs.save(tmp_path / "feats" / role)) for role, fs in sets.items()}
-    return run_experiment({"results": str(results), "bootstrap_draws": 10, "seeds": [0],
+    return run_experiment({"results": str(results), "bootstrap_draws": 10, "seeds": [0], **top,
                            "datasets": {"id_train": "id_train", "id_test": "id_test", "ood": ["far"]},
-                           "models": [{"name": "synthetic", "features": paths}], "detectors": ["msp"]},
+                           "models": [{"name": "synthetic", "features": paths}], "detectors": list(names)},
                           progress=False).results  # fmt: skip

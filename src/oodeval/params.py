@@ -30,7 +30,7 @@ from .errors import InputError
 
 __all__ = [
     "Interval", "Options", "Device", "Instance", "BOOLEAN", "COMPUTE_DTYPE", "DEVICE", "COMPUTE", "POSITIVE", "SEED",
-    "RENAMED", "Checked",
+    "RENAMED", "Checked", "param_names",
     "Integral", "Real", "accepts", "describe", "outside", "violations", "unknown_names", "check_hyperparameters", "refuse",
 ]  # fmt: skip
 
