@@ -24,13 +24,13 @@ def sets():
 def test_k_above_the_training_set_raises_with_value_limit_and_detector(sets):
     train, test, ood = sets
     with pytest.raises(ValueError, match=r"1 of 2 \(detector, OOD set\) cells failed: knn / far: fit on the ID-train set: "
-                                         r"knn k=1000 exceeds the 60-sample bank \(60 train rows"):
+                                         r"detector 'knn': k=1000 exceeds the 60-sample bank \(60 train rows"):
         oodeval.evaluate(train=train, id=test, ood={"far": ood}, detectors=["msp", "knn"], draws=0)
 
 
 def test_errors_row_keeps_the_row_and_warns_naming_it(sets):
     train, test, ood = sets
-    with pytest.warns(UserWarning, match=r"oodeval.evaluate: knn / far: fit on the ID-train set: knn k=1000 exceeds"):
+    with pytest.warns(UserWarning, match=r"oodeval.evaluate: knn / far: fit on the ID-train set: detector 'knn': k=1000 exceeds"):
         df = oodeval.evaluate(train=train, id=test, ood={"far": ood}, detectors=["msp", "knn"], draws=0, errors="row")
     knn = df[df["detector"] == "knn"].iloc[0]
     assert knn["status"] == "error" and np.isnan(knn["fpr95"]) and "k=1000" in knn["error"]

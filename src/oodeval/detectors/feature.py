@@ -208,7 +208,7 @@ class NECO(Detector):
         self.explained_variance_ratio_ = evals / evals.sum()
         if self.dim is not None:
             if not 1 <= int(self.dim) <= z.shape[1]:
-                raise InputError(f"neco dim must be in [1, {z.shape[1]}], got {self.dim}")
+                raise InputError(f"detector 'neco': dim={self.dim} must be an integer in [1, {z.shape[1]}] for {z.shape[1]}-d features")
             d = int(self.dim)
         else:
             cum = np.cumsum(self.explained_variance_ratio_)

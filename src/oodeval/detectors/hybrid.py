@@ -101,7 +101,7 @@ class ViM(Detector):
         d = z.shape[1]
         k = vim_dim(d) if self.dim is None else int(self.dim)
         if not 0 < k < d:
-            raise InputError(f"vim dim must be in [1, {d - 1}] for {d}-d features, got {k}")
+            raise InputError(f"detector 'vim': dim={k} must be an integer in [1, {d - 1}] for {d}-d features")
         self.principal_dim_ = k
         self.origin_ = logit_origin(train.weight, train.bias)
         comp = self._compute()

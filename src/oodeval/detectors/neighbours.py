@@ -139,7 +139,7 @@ def _bank_rows(n: int, fraction: float, seed: int, k: int, who: str) -> np.ndarr
     size = n if fraction == 1 else max(k, int(np.ceil(fraction * n)))
     if k > size:
         raise InputError(
-            f"{who} k={k} exceeds the {size}-sample bank ({n} train rows, bank_fraction={fraction}); "
+            f"detector {who!r}: k={k} exceeds the {size}-sample bank ({n} train rows, bank_fraction={fraction}); "
             "use a smaller k (e.g. k=50 as for CIFAR-10)"
         )
     if size >= n:
