@@ -150,7 +150,7 @@ def test_every_family_scores_with_its_resolved_defaults(sets, family):
     assert {r["backbone"] for r in rows} == {want}
     assert hp["neco"]["maxlogit"] is (family != "resnet")
     assert hp["ash_s"]["percentile"] == (95.0 if vit else 90.0)
-    assert hp["energy"] == {"temperature": 1.0, "precision": "float32"}
+    assert hp["energy"] == {"temperature": 1.0, "compute_dtype": "float32", "device": None}
     taps = train.meta["taps"]
     name, kw = MODELS[family]
     assert {k: train.meta[k] for k in ("taps", "nac_roles", "nac_readout", "depth")} == nac_plan(name, kw)  # what --check shows
@@ -202,8 +202,8 @@ def test_grid_rows_record_the_resolved_hyperparameters(sets, tmp_path):
     df = load_results(run_experiment(cfg, progress=False)).set_index("detector")
     assert (df["status"] == "ok").all() and set(df["backbone"]) == {"vit"}
     assert json.loads(df.loc["neco", "hyperparameters_resolved"]) == {"dim": None, "maxlogit": True, "variance": 0.9,
-                                                                       "precision": "float32", "device": None}
-    assert json.loads(df.loc["ash_s", "hyperparameters_resolved"]) == {"percentile": 80, "precision": "float32"}
+                                                                       "compute_dtype": "float32", "device": None}
+    assert json.loads(df.loc["ash_s", "hyperparameters_resolved"]) == {"percentile": 80, "compute_dtype": "float32", "device": None}
     assert df.loc["ash_s", "hyperparameters"] == '{"percentile":80}'
 
 
@@ -213,11 +213,11 @@ def test_msp_temperature():
     fs = FeatureSet(np.zeros((40, 2), np.float32), logits=f)
     for t in (1.0, 0.5, 1000.0):
         want = softmax(f.astype(np.float64) / t, axis=1).max(axis=1)
-        got = detectors.create("msp", temperature=t, precision="float64").fit().score(fs)
+        got = detectors.create("msp", temperature=t, compute_dtype="float64").fit().score(fs)
         np.testing.assert_allclose(got, want, rtol=1e-13)
     for bad in (0.0, -1.0, float("nan"), float("inf")):
-        with pytest.raises(ValueError, match="msp temperature"):
-            detectors.create("msp", temperature=bad).fit().score(fs)
+        with pytest.raises(ValueError, match=r"detector 'msp': temperature=.* must be a number > 0"):
+            detectors.create("msp", temperature=bad)
 
 
 def test_nac_refuses_odd_m_and_n_fit_below_the_class_count():
@@ -234,8 +234,8 @@ def test_nac_refuses_odd_m_and_n_fit_below_the_class_count():
     assert np.array_equal(fit_rows(labels, None, 0), np.arange(50))
     st = np.random.default_rng(0).normal(size=(50, 4)).astype(np.float32)
     train = FeatureSet(np.zeros((50, 2), np.float32), labels=labels, extras={"nac/pre_logits": st})
-    with pytest.raises(ValueError, match="even M"):
-        detectors.create("nac", n_fit=None, layer_params={"pre_logits": {"M": 51}}).fit(train)
+    with pytest.raises(ValueError, match="layer_params=.* must be a table {layer: {O: a number > 0, M: an even integer >= 4"):
+        detectors.create("nac", n_fit=None, layer_params={"pre_logits": {"M": 51}})
     with pytest.raises(ValueError, match="below the 10 classes"):
         detectors.create("nac", n_fit=5).fit(train)
 
@@ -289,7 +289,7 @@ def test_neco_keeps_the_standardised_norm_on_swin_and_deit_because_the_release_r
     shifted = [FeatureSet(fs.features + shift) for fs in (train, test)]
 
     def both(tr, te):
-        det = detectors.create("neco", dim=4, precision="float64").fit(tr)
+        det = detectors.create("neco", dim=4, compute_dtype="float64").fit(tr)
         z = te.features.astype(np.float64)
         num = np.linalg.norm(((z - det.mean_) / det.scale_) @ det.components_, axis=1)
         return det.score(te), num / np.linalg.norm(z, axis=1)  # ours, the release's DeiT/Swin ratio

@@ -65,7 +65,7 @@ def test_entropy_is_pytorch_oods_where_its_clip_is_inactive(problem):
     soft = FeatureSet(x.features, logits=x.logits * 0.3)  # every p > 1e-7: pytorch-ood's clip is idle
     assert softmax(soft.logits.astype(np.float64), axis=1).min() > 1e-7
     theirs = pood.Entropy(None).predict_logits(t(soft.logits, torch.float64))
-    same(score("entropy", train, soft, precision="float64"), theirs, rtol=1e-9, atol=1e-12)
+    same(score("entropy", train, soft, compute_dtype="float64"), theirs, rtol=1e-9, atol=1e-12)
     same(score("entropy", train, soft), theirs, rtol=1e-6, atol=1e-7)  # float32 exps: a few ulps
 
 

@@ -49,7 +49,7 @@ def create(name, **hp):
     """The detector on its float64 path: these tests check formulas at float64 tolerances
     (the float32 path is checked against it in test_detectors_precision.py)."""
     det = detectors.create(name, **hp)
-    return det.set_params(precision="float64") if "precision" in det.get_params() else det
+    return det.set_params(compute_dtype="float64") if "compute_dtype" in det.get_params() else det
 
 
 def run(name, train, test, **hp):

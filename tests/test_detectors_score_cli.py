@@ -51,7 +51,7 @@ def test_detector_subset_and_support(folders):
     assert "nac" not in names and "dice" not in names and {"msp", "knn", "mahalanobis"} <= names
     rows = evaluate_detectors(train, test, bare, progress=False)  # default k on 300 rows
     failed = [r for r in rows if r["status"] == "error"]
-    assert [(r["detector"], r["ood"]) for r in failed] == [("knn", "far")] and "knn k=1000 exceeds" in failed[0]["error"]
+    assert [(r["detector"], r["ood"]) for r in failed] == [("knn", "far")] and "detector 'knn': k=1000 exceeds" in failed[0]["error"]
     assert {r["detector"] for r in rows if r["status"] == "ok"} == names - {"knn"}
     scores = {}
     rows = evaluate_detectors(train, test, {"far": far}, ["energy", "vim"], scores_out=scores, progress=False)
@@ -67,9 +67,9 @@ def test_bad_input_gets_a_clear_error(folders, capsys):
     assert "bogus" in capsys.readouterr().err
     assert main(base + ["--ood", f"far={folders / 'far'}", "--detectors", "knn"]) == 1
     out, err = capsys.readouterr()
-    assert "knn / far: fit on the ID-train set: knn k=1000 exceeds" in err and "failed" in out
+    assert "knn / far: fit on the ID-train set: detector 'knn': k=1000 exceeds" in err and "failed" in out
     assert main(base + ["--ood", f"far={folders / 'far'}", "--set", "knn.kk=5"]) == 2
-    assert "detector 'knn' has no hyperparameter(s) kk; it takes:" in capsys.readouterr().err
+    assert "detector 'knn' has no hyperparameter(s) kk (did you mean k?); it takes:" in capsys.readouterr().err
     assert main(base + ["--ood", f"far={folders / 'nowhere'}"]) == 2
     with pytest.raises(ValueError, match="DETECTOR.NAME=VALUE"):
         parse_hyperparameters(["knn=3"])

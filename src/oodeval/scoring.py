@@ -51,8 +51,10 @@ def supported_names(
 
 
 def check_request(names: list[str] | None, hyperparameters: Mapping[str, Mapping[str, object]] | None) -> None:
-    """InputError for an unknown detector or hyperparameter name, or a value of the wrong kind, before anything runs."""
+    """One InputError for every unknown detector, unknown hyperparameter name or value its declared
+    constraint refuses (:mod:`oodeval.params`), before anything runs."""
     from . import detectors
+    from .params import check_hyperparameters, refuse
 
     hyperparameters = dict(hyperparameters or {})
     names = [_canonical(detectors.resolve(n)) for n in names or ()]
@@ -60,8 +62,7 @@ def check_request(names: list[str] | None, hyperparameters: Mapping[str, Mapping
     unknown = sorted((set(names) | set(hyperparameters)) - set(detectors.names()))
     if unknown:
         raise InputError(f"unknown detectors {unknown}; known: {', '.join(detectors.names())}")
-    for name, hp in hyperparameters.items():
-        detectors.create(name, **hp)
+    refuse([p for name, hp in hyperparameters.items() for p in check_hyperparameters(detectors.REGISTRY[name], hp)])
 
 
 def _canonical(name: str) -> str:

@@ -53,7 +53,7 @@ def parse_oods(items: list[str]) -> dict[str, Path]:
 def run(args: argparse.Namespace) -> int:
     from .._io import check_output
     from ..features import FeatureSet
-    from ..scoring import _canonical, evaluate_detectors, parse_hyperparameters, supported_names
+    from ..scoring import _canonical, check_request, evaluate_detectors, parse_hyperparameters, supported_names
 
     if args.out is not None and str(args.out) == "-":
         raise InputError("--out - is not a file; give --format csv (or json) to write the rows to stdout")
@@ -64,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
             raise InputError(f"--out {args.out}: give a .csv (the score table) or a .parquet (a results table) path")
     names = parse_names(args.detectors)
     hps = {_canonical(k): v for k, v in parse_hyperparameters(args.set).items()}
+    check_request(names, hps)  # bad names and values refused before any FeatureSet is read
     train = FeatureSet.load(args.train)
     test = FeatureSet.load(args.test)
     oods = {name: FeatureSet.load(folder) for name, folder in parse_oods(args.ood).items()}

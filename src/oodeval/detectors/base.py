@@ -8,7 +8,8 @@ and refitting is always safe. ``score`` returns float64 (N,), higher = more in-d
 Input checks live here, once for every detector: ``fit`` and ``score`` reject NaN/inf in the arrays
 they read (naming the set, the array and the count), and ``score`` rejects a set that does not
 match the ID-train set ``fit`` saw (feature dimension, class count, head, extras, model; see
-:meth:`FeatureSet.signature`).
+:meth:`FeatureSet.signature`). Hyperparameters are checked against the class's declared
+``constraints`` (:mod:`oodeval.params`) when it is built, by ``set_params`` and again by ``fit``.
 """
 
 from __future__ import annotations
@@ -20,14 +21,18 @@ from sklearn.base import BaseEstimator
 
 from ..errors import InputError, StateError
 from ..features import FeatureSet
+from ..params import Checked
+from ._backend import Compute
 
 __all__ = ["Detector", "check_fitted", "as_scores"]
 
 
-class Detector(BaseEstimator):
+class Detector(Checked, BaseEstimator):
     """Base class. Subclasses set ``needs`` (see :data:`oodeval.features.FIELDS`), ``fit_needs``
-    (what ``fit`` reads from the ID-train set; empty when nothing is learnt), and implement
-    ``_fit`` (optional) and ``_score``."""
+    (what ``fit`` reads from the ID-train set; empty when nothing is learnt), ``constraints`` (one
+    per hyperparameter, :mod:`oodeval.params`), and implement ``_fit`` (optional) and ``_score``."""
+
+    param_kind = "detector"
 
     needs: ClassVar[tuple[str, ...]] = ()
     fit_needs: ClassVar[tuple[str, ...]] = ()
@@ -52,6 +57,7 @@ class Detector(BaseEstimator):
 
     def fit(self, train: FeatureSet | None = None) -> Detector:
         """Learn all derived state from the ID-train FeatureSet (harmless where nothing is learnt)."""
+        self.check_params()
         for attr in [a for a in vars(self) if a.endswith("_") and not a.startswith("_")]:
             delattr(self, attr)
         who = type(self).__name__ + ".fit"
@@ -68,6 +74,11 @@ class Detector(BaseEstimator):
 
     def _fit(self, train: FeatureSet) -> None:  # pragma: no cover - default: nothing to learn
         return None
+
+    def _compute(self) -> Compute:
+        """Where and in what dtype the products run: the ``compute_dtype`` / ``device``
+        hyperparameters (float64 on numpy for a detector without them; docs/conventions.md)."""
+        return Compute(self.resolved_params().get("compute_dtype", "float64"), getattr(self, "device", None))
 
     def resolved_params(self) -> dict:
         """The hyperparameters the detector ran with: ``get_params()`` overlaid by what ``fit``

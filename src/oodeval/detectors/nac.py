@@ -26,6 +26,7 @@ from scipy.special import expit
 
 from ..errors import InputError
 from ..features import FeatureSet
+from ..params import POSITIVE, SEED, Instance, Integral, Interval
 from . import register
 from ._common import chunks
 from .base import Detector
@@ -63,6 +64,25 @@ def nac_grid(m: int) -> np.ndarray:
     grid = np.concatenate([left[:-1], (1.0 - left)[::-1]])
     grid[-1] += 1e-2
     return np.append(grid, 1.2)
+
+
+class LayerParams:
+    """The constraint of ``layer_params``: {layer: {"O": > 0, "M": an even integer >= 4, "alpha": > 0}},
+    each key optional (the rest from :data:`NAC_DEFAULTS`)."""
+
+    SPEC = {"O": POSITIVE, "M": Interval(Integral, 4, None), "alpha": POSITIVE}
+
+    def accepts(self, value: object) -> bool:
+        if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, dict) for k, v in value.items()):
+            return False
+        return all(set(p) <= set(self.SPEC) and all(self.SPEC[k].accepts(x) for k, x in p.items()) and p.get("M", 4) % 2 == 0
+                   for p in value.values())  # fmt: skip
+
+    def __str__(self) -> str:
+        return "a table {layer: {O: a number > 0, M: an even integer >= 4, alpha: a number > 0}}"
+
+    def outside(self) -> list[object]:
+        return [{"pre_logits": {"M": 5}}, {"pre_logits": {"O": 0}}, {"pre_logits": {"beta": 1}}]
 
 
 def _interval(s: np.ndarray, grid: np.ndarray) -> np.ndarray:
@@ -112,6 +132,8 @@ class NAC(Detector):
 
     needs = ("extra:nac/*",)
     fit_needs = ("extra:nac/*",)
+    constraints = {"layers": (Instance(list, tuple), None), "layer_params": (LayerParams(), None),
+                   "n_fit": (Interval(Integral, 1, None), None), "seed": SEED}  # fmt: skip
 
     def __init__(
         self,

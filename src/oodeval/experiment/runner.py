@@ -248,6 +248,23 @@ def _seeded_hp(model: ModelSpec, spec: DetectorSpec, seed: int, seed_detectors: 
     return hp
 
 
+def _device_hp(model: ModelSpec, spec: DetectorSpec, hp: dict, cfg: ExperimentConfig) -> dict:
+    """``hp``, plus the experiment's ``detector_device`` ("auto": its ``device``) for a detector that
+    takes a ``device`` and was not given one; unchanged without ``detector_device`` (numpy)."""
+    if cfg.detector_device is None or model.kind != "supervised" or spec.name == "*" or "device" in hp:
+        return hp
+    from .. import detectors
+
+    if "device" not in detectors.create(spec.name).get_params():
+        return hp
+    device = cfg.device if cfg.detector_device == "auto" else cfg.detector_device
+    if device == "auto":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return {**hp, "device": device}
+
+
 def _id_accuracy(model: ModelSpec, fs: FeatureSet, context: dict) -> float:
     from ..metrics import accuracy
 
@@ -639,7 +656,7 @@ def _run_detector(run: _Run, spec: DetectorSpec, cells: list, cfg: ExperimentCon
             return
     by_hp: dict[str, tuple[dict, list]] = {}
     for cell in cells:
-        hp = _seeded_hp(run.model, spec, cell[3], cfg.seed_detectors)
+        hp = _device_hp(run.model, spec, _seeded_hp(run.model, spec, cell[3], cfg.seed_detectors), cfg)
         by_hp.setdefault(hp_json(hp), (hp, []))[1].append(cell)
 
     def fail(cell_list: list, message: str, t0: float) -> None:

@@ -32,6 +32,7 @@ from sklearn.base import BaseEstimator
 from ..detectors.base import as_scores
 from ..errors import InputError
 from ..features import FeatureSet
+from ..params import POSITIVE, SEED, Checked, Integral, Interval, Options, Real
 from ..registry import Registry
 
 __all__ = [
@@ -100,7 +101,7 @@ def _prepare(name: str, x: np.ndarray, normalize: bool) -> np.ndarray:
     return _check_unit(name, x, x.ndim)
 
 
-class ZeroShotScorer(BaseEstimator):
+class ZeroShotScorer(Checked, BaseEstimator):
     """Base class: constructor = hyperparameters; ``score(image, id_text, negatives=None, normalize=False)``.
 
     image: a FeatureSet whose ``features`` are l2-normalised image embeddings (N, E), or that array.
@@ -109,7 +110,10 @@ class ZeroShotScorer(BaseEstimator):
     Images are streamed in row chunks (``features.stream.iter_chunks``: a memory-mapped store is read with
     file reads), so peak memory is one chunk's float64 work arrays plus the text embeddings,
     whatever N. Rows per chunk: ``chunk_rows`` if set, else ``CHUNK_ELEMENTS`` / the per-row width.
+    Hyperparameters are checked against ``constraints`` when built (:mod:`oodeval.params`).
     """
+
+    param_kind = "zero-shot scorer"
 
     needs: ClassVar[tuple[str, ...]] = ("features",)
     #: set by the registration (tag "needs-vocabulary")
@@ -137,8 +141,7 @@ class ZeroShotScorer(BaseEstimator):
             image = FeatureSet(features=np.asarray(image))
         if negatives is not None and not self.uses_negatives:
             raise InputError(f"{who} uses the ID names only; negatives were given ({len(negatives)})")
-        if not self.tau > 0:
-            raise InputError(f"tau must be > 0, got {self.tau}")
+        self.check_params()
         id_text = _check_unit("text embeddings", id_text, 2)
         if id_text.shape[0] == 0:
             raise InputError("no text embeddings (0 labels)")
@@ -176,6 +179,7 @@ class MCM(ZeroShotScorer):
     """max_c softmax_c(h't_c / tau) (MCM)."""
 
     label = "MCM"
+    constraints = {"tau": POSITIVE}
 
     def __init__(self, tau: float = 0.01) -> None:
         self.tau = tau
@@ -189,6 +193,7 @@ class MaxLogit(ZeroShotScorer):
     """max_c h't_c / tau."""
 
     label = "MaxLogit"
+    constraints = {"tau": POSITIVE}
 
     def __init__(self, tau: float = 0.01) -> None:
         self.tau = tau
@@ -202,6 +207,7 @@ class Energy(ZeroShotScorer):
     """T * logsumexp_c(l_c / T) on the tau-scaled logits (T = 1)."""
 
     label = "Energy"
+    constraints = {"tau": POSITIVE, "temperature": POSITIVE}
 
     def __init__(self, tau: float = 0.01, temperature: float = 1.0) -> None:
         self.tau = tau
@@ -217,6 +223,7 @@ class GEN(ZeroShotScorer):
     """-sum over the top-M probabilities of p^g (1-p)^g (GEN; g = 0.1, M = 100, capped at C)."""
 
     label = "GEN"
+    constraints = {"tau": POSITIVE, "gamma": POSITIVE, "top_m": Interval(Integral, 1, None)}
 
     def __init__(self, tau: float = 0.01, gamma: float = 0.1, top_m: int = 100) -> None:
         self.tau = tau
@@ -226,8 +233,6 @@ class GEN(ZeroShotScorer):
     def _score(self, image, id_text, negatives):
         logits = _logits(image.features, id_text, self.tau)
         m = min(int(self.top_m), logits.shape[1])
-        if m < 1:
-            raise InputError(f"GEN top_m must be >= 1, got {self.top_m}")
         lse = logsumexp(logits, axis=1, keepdims=True)
         top = np.exp(-np.sort(-logits, axis=1)[:, :m] - lse)
         rest = 1.0 - top
@@ -243,6 +248,7 @@ class Entropy(ZeroShotScorer):
     """Negative entropy of the ID posterior, sum_c p log p (0 for a one-hot posterior)."""
 
     label = "Entropy"
+    constraints = {"tau": POSITIVE}
 
     def __init__(self, tau: float = 0.01) -> None:
         self.tau = tau
@@ -257,6 +263,7 @@ class Margin(ZeroShotScorer):
     """Gap between the two largest logits (``space="logit"``) or probabilities (``space="prob"``)."""
 
     label = "Margin"
+    constraints = {"tau": POSITIVE, "space": Options("logit", "prob")}
 
     def __init__(self, tau: float = 0.01, space: str = "logit") -> None:
         self.tau = tau
@@ -268,8 +275,6 @@ class Margin(ZeroShotScorer):
             raise InputError("margin needs at least 2 ID labels")
         if self.space == "prob":
             logits = np.exp(log_softmax(logits, axis=1))
-        elif self.space != "logit":
-            raise InputError(f"margin space must be 'logit' or 'prob', got {self.space!r}")
         top2 = -np.partition(-logits, 1, axis=1)[:, :2]
         return top2[:, 0] - top2[:, 1]
 
@@ -288,6 +293,8 @@ class GLMCM(ZeroShotScorer):
 
     needs = ("features", "extra:patch_features")
 
+    constraints = {"tau": POSITIVE, "lam": Interval(Real, 0, None)}
+
     def __init__(self, tau: float = 0.01, lam: float = 1.0) -> None:
         self.tau = tau
         self.lam = lam
@@ -304,8 +311,7 @@ class GLMCM(ZeroShotScorer):
                 src = image.meta.get("dataset", "this FeatureSet")
                 raise InputError(f"gl_mcm needs patch features, which {src} does not have: extract the VLM with "
                                  "patch_features (`oodeval extract --patch-features`, `patch_features = true` in a grid)")
-            if not self.tau > 0:
-                raise InputError(f"tau must be > 0, got {self.tau}")
+            self.check_params()
             local = stored_readout(image, _check_unit("text embeddings", id_text, 2), self.tau)
             if local is not None:
                 if negatives is not None:
@@ -340,6 +346,7 @@ class NegLabel(ZeroShotScorer):
     """
 
     label = "NegLabel"
+    constraints = {"tau": POSITIVE, "n_groups": Interval(Integral, 1, None), "seed": SEED}
 
     def __init__(self, tau: float = 0.01, n_groups: int = 100, seed: int = 0) -> None:
         self.tau = tau
@@ -350,8 +357,6 @@ class NegLabel(ZeroShotScorer):
         id_logits = _logits(image.features, id_text, self.tau)
         if negatives is None or len(negatives) == 0:
             return np.ones(len(id_logits))
-        if int(self.n_groups) < 1:
-            raise InputError(f"n_groups must be >= 1, got {self.n_groups}")
         lse_id = logsumexp(id_logits, axis=1)
         neg_logits = _logits(image.features, negatives, self.tau)
         m = neg_logits.shape[1]
@@ -371,6 +376,7 @@ class EOE(ZeroShotScorer):
     """
 
     label = "EOE"
+    constraints = {"tau": POSITIVE, "beta": Interval(Real, 0, None)}
 
     def __init__(self, tau: float = 0.01, beta: float = 0.25) -> None:
         self.tau = tau
