@@ -24,6 +24,8 @@ import numpy as np
 
 from ..errors import InputError
 from ..features import FeatureSet
+from ..features.views import id_view
+from ..features.views import num_id_classes as _num_id_classes
 from ..metrics import accuracy, evaluate
 from ..stats import mean_std
 
@@ -35,15 +37,6 @@ __all__ = [
 #: the seed's OOD metrics (fractions), in the seed's order
 METRICS = ("tnr95", "auroc", "detection_error")
 _LABELS = {"tnr95": "TNR@TPR95", "auroc": "AUROC", "detection_error": "DetErr", "id_accuracy": "ID Acc"}
-
-
-def _num_id_classes(fs: FeatureSet) -> int:
-    k = fs.meta.get("num_id_classes")
-    if k is None:
-        if fs.logits is None:
-            raise InputError("FeatureSet has no logits and no meta['num_id_classes']")
-        k = fs.logits.shape[1] - (1 if fs.meta.get("outlier_class") is not None else 0)
-    return int(k)
 
 
 #: config fields that may differ between the runs of one mean ± std (the seed is what varies)
@@ -95,22 +88,6 @@ def check_id_labels(labels: np.ndarray, num_classes: int, name: str = "the ID se
         n = int((known >= num_classes).sum())
         raise InputError(f"{name} has {n} images labelled {num_classes}..{int(known.max())} but the model has "
                          f"K = {num_classes} ID classes; use the ID set it was trained on (and its class subset)")
-
-
-def id_view(fs: FeatureSet) -> FeatureSet:
-    """The K-way view of a CnC FeatureSet (drops the outlier logit and head row); others unchanged."""
-    if fs.meta.get("outlier_class") is None:
-        return fs
-    k = _num_id_classes(fs)
-    return FeatureSet(
-        features=fs.features,
-        labels=fs.labels,
-        logits=None if fs.logits is None else np.asarray(fs.logits)[:, :k],
-        weight=None if fs.weight is None else np.asarray(fs.weight)[:k],
-        bias=None if fs.bias is None else np.asarray(fs.bias)[:k],
-        extras=fs.extras,
-        meta=dict(fs.meta, outlier_class=None, view="first K logits"),
-    )
 
 
 def set_metrics(id_scores: np.ndarray, ood_scores: Mapping[str, np.ndarray]) -> dict[str, dict[str, float]]:
