@@ -1,9 +1,11 @@
 """Fit-then-score detectors on cached features and evaluate every (ID, OOD) cell.
 
 :func:`fit_score_evaluate` is the one loop behind ``oodeval score``, the experiment grid and
-``oodeval cnc evaluate``: one fit per detector on the ID-train FeatureSet, one score pass over the
+``oodeval cnc evaluate``: one fit per detector on its fitting rows, one score pass over the
 ID-test set and each OOD set, metrics and bootstrap CIs from :func:`cell_metrics` (fractions; ID
-positive, higher score = ID), failures as error rows.
+positive, higher score = ID), failures as error rows. The detector it runs is built by the seam
+:func:`oodeval.scorer.build_scorer` (backbone defaults, fitting rows, seed, view); the rows of
+:func:`evaluate_detectors` by :func:`oodeval.results.result_row`.
 """
 
 from __future__ import annotations
