@@ -144,7 +144,7 @@ def sets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Path]]
 def test_every_family_scores_with_its_resolved_defaults(sets, family):
     train, test, ood = (FeatureSet.load(sets[family][s]) for s in ("train", "test", "ood"))
     rows = evaluate_detectors(train, test, {"ood": ood}, ["neco", "ash_s", "nac", "energy"], progress=False)
-    hp = {r["detector"]: json.loads(r["hyperparameters"]) for r in rows}
+    hp = {r["detector"]: json.loads(r["hyperparameters_resolved"]) for r in rows}
     want = FAMILY.get(family, family)
     vit = want in ("vit", "eva", "xcit")
     assert {r["backbone"] for r in rows} == {want}
@@ -173,7 +173,7 @@ def test_every_family_scores_with_its_resolved_defaults(sets, family):
     rows = evaluate_detectors(train, test, {"ood": ood}, ["neco", "ash_s", "nac"], progress=False, hyperparameters={
         "neco": {"maxlogit": family == "resnet"}, "ash_s": {"percentile": 80.0},
         "nac": {"n_fit": 6, "layer_params": {first: {"O": 3}}}})  # fmt: skip
-    hp = {r["detector"]: json.loads(r["hyperparameters"]) for r in rows}
+    hp = {r["detector"]: json.loads(r["hyperparameters_resolved"]) for r in rows}
     assert hp["neco"]["maxlogit"] is (family == "resnet") and hp["ash_s"]["percentile"] == 80.0
     assert hp["nac"]["n_fit"] == 6 and hp["nac"]["layer_params"][first]["O"] == 3
 
@@ -190,7 +190,8 @@ def test_score_cli_prints_the_resolved_defaults(sets, tmp_path, capsys):
     assert "nac.layer_params = norm 500/50/100, blocks.5.norm2 50/500/1" in text
     table = pd.read_csv(out, comment="#")
     assert set(table["backbone"]) == {"vit"}
-    assert json.loads(table.set_index("detector").loc["ash_s", "hyperparameters"])["percentile"] == 80.0
+    assert json.loads(table.set_index("detector").loc["ash_s", "hyperparameters_resolved"])["percentile"] == 80.0
+    assert table.set_index("detector").loc["ash_s", "hyperparameters"] == '{"percentile":80}'  # the explicit value, as in a results table
 
 
 def test_grid_rows_record_the_resolved_hyperparameters(sets, tmp_path):

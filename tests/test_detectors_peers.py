@@ -278,7 +278,7 @@ def test_peer_names_resolve_to_ours_and_say_so(problem, caplog, monkeypatch):
 
     rows = evaluate_detectors(train, x, {"x": x}, ["ebo", "MaxLogit"], {"ebo": {"temperature": 2.0}}, progress=False)
     assert [r["detector"] for r in rows] == ["energy", "maxlogit"]  # the rows record oodeval's names
-    assert json.loads(rows[0]["hyperparameters"])["temperature"] == 2.0
+    assert json.loads(rows[0]["hyperparameters_resolved"])["temperature"] == 2.0
     with pytest.raises(ValueError, match="unknown detectors \\['eboo'\\]"):
         evaluate_detectors(train, x, {"x": x}, ["eboo"], progress=False)
 

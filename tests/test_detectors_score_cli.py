@@ -140,8 +140,9 @@ def test_score_writes_a_results_table_that_report_reads(folders, tmp_path, capsy
 
 def test_score_csv_and_grid_give_identical_numbers(folders, tmp_path):
     """The CSV (`score`'s own run) and the results table (the grid) are one loop: every metric,
-    every bootstrap bound and the resolved hyperparameters are equal to the bit."""
-    from oodeval.results import BOOTSTRAPPED, METRICS
+    every bootstrap bound and the explicit and resolved hyperparameters are equal to the bit, and both
+    tables take their columns from one row definition (oodeval.results.result_row)."""
+    from oodeval.results import BOOTSTRAPPED, COLUMNS, METRICS, SCORE_COLUMNS
 
     argv = ["score", "--train", str(folders / "train"), "--test", str(folders / "test"),
             "--ood", f"far={folders / 'far'}", "--ood", f"near={folders / 'near'}",
@@ -153,4 +154,7 @@ def test_score_csv_and_grid_give_identical_numbers(folders, tmp_path):
     assert (grid["seed"] == 3).all() and list(csv.index) == list(grid.index) and len(csv) == 6
     cols = [*METRICS, *(f"{m}_{b}" for m in BOOTSTRAPPED for b in ("lo", "hi")), "n_id", "n_ood"]
     np.testing.assert_array_equal(csv[cols].to_numpy(float), grid[cols].to_numpy(float))
-    assert list(csv["hyperparameters"]) == list(grid["hyperparameters_resolved"])
+    # one meaning in both: the explicit overrides, and every hyperparameter the detector ran with
+    assert list(csv["hyperparameters"]) == list(grid["hyperparameters"]) == ["{}", "{}", '{"k":5}', '{"k":5}', "{}", "{}"]
+    assert list(csv["hyperparameters_resolved"]) == list(grid["hyperparameters_resolved"])
+    assert set(csv.columns) <= set(SCORE_COLUMNS) and set(grid.columns) - {"ood"} <= set(COLUMNS)

@@ -21,7 +21,7 @@ from ..params import COMPUTE, Interval, Real
 from . import register
 from ._backend import Compute
 from ._common import as64, chunked_percentile, mean_rows
-from .base import Detector
+from .base import Backbone, Default, Detector
 
 __all__ = ["ReAct", "ASHS", "SCALE", "DICE", "ash_s_features", "scale_features"]
 
@@ -125,6 +125,16 @@ class ReAct(Detector):
         return _energy_of(self._compute(), x, lambda z: np.minimum(z, self.threshold_), x.weight, x.bias)
 
 
+#: ASH-S's release percentile per backbone family, with its source
+_ASH_RELEASE = {
+    "resnet": (90.0, "ASH release config/imagenet_config.yml: ash_s@90 (ResNet-50)"),
+    "vit": (95.0, "ASH release config/vit_config.yml: ash_s@95 (ViT)"),
+    "eva": (95.0, "ASH release config/vit_config.yml: ash_s@95 (ViT; EVA02/DINOv3 are ViTs)"),
+    "xcit": (95.0, "ASH release config/vit_config.yml: ash_s@95 (ViT; XCiT is ViT-like)"),
+    "densenet": (99.0, "ASH release config/densenet_config.yml: ash_s@99 (DenseNet-121)"),
+}
+
+
 @register("ash_s", tags=("paper21", "activation"), order=7)
 class ASHS(Detector):
     """ASH-S: keep the top (100 - p)% entries of z, scale by exp(s1 / s2), energy readout.
@@ -132,7 +142,7 @@ class ASHS(Detector):
     Djurisic et al., "Extremely simple activation shaping for OOD detection", ICLR 2023.
     s1 = sum z, s2 = sum of the kept entries, k = D - round(D p / 100) kept. Default p = 90 (the
     paper's ImageNet ResNet-50 setting, "ASH-S@90"); the release's ViT (95) and DenseNet (99)
-    settings come from :func:`oodeval.detectors.defaults.resolve_defaults`. Not OpenOOD's "ash"
+    settings come from :meth:`backbone_defaults`. Not OpenOOD's "ash"
     postprocessor, which is ASH-B; ASH-B and ASH-P are not implemented. Rows whose kept sum is
     0 are not rescaled (the release would divide by zero).
     """
@@ -142,6 +152,15 @@ class ASHS(Detector):
     needs = ("features", "head")
 
     constraints = {"percentile": Interval(Real, 0, 100, closed="left"), **COMPUTE}
+
+    @classmethod
+    def backbone_defaults(cls, backbone: Backbone) -> dict[str, Default]:
+        """``percentile``: ResNet-50 / MobileNetV2 90, ViT 95, DenseNet-121 99 (andrijazz/ash
+        ``config/{imagenet,mobilenet,vit,densenet}_config.yml``: ``ash_s@90``, ``ash_s@90``,
+        ``ash_s@95``, ``ash_s@99``); ViT-like families take the ViT value; every other family keeps
+        the paper's 90 (the release runs no ASH-S on ConvNeXt, Swin or EfficientNet)."""
+        value, source = _ASH_RELEASE.get(backbone.family, (90.0, f"no ASH release setting for {backbone.family}: the paper's ImageNet p=90"))
+        return {"percentile": Default(value, source)}
 
     def __init__(self, percentile: float = 90.0, compute_dtype: str = "float32", device: str | None = None) -> None:
         self.percentile = percentile

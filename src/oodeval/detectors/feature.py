@@ -20,7 +20,7 @@ from ..params import BOOLEAN, COMPUTE, POSITIVE, Integral, Interval, Real
 from . import register
 from ._backend import one_blas_thread
 from ._common import as64, centre_parts, class_means, float32_centre, l2_normalise, labelled, mean_rows, scatter
-from .base import Detector
+from .base import Backbone, Default, Detector
 
 __all__ = ["Cosine", "MCM", "FDBD", "NECO"]
 
@@ -175,7 +175,7 @@ class NECO(Detector):
     ``variance`` (default 0.9) of the variance, unless ``dim`` is given. ``maxlogit=True``
     multiplies by max_c f_c, which the release does for every non-ResNet backbone (ViT, DeiT,
     Swin); needs logits then. The class default is off (the paper's formula);
-    :func:`oodeval.detectors.defaults.resolve_defaults` turns it on for non-ResNet backbones.
+    :meth:`backbone_defaults` turns it on for non-ResNet backbones.
     The scatter is in the product precision (float32 products, float64 sums): the principal
     space reads the largest eigenvalues, which it resolves. The release's denominator for DeiT/Swin uses the raw feature norm; we keep the standardised
     norm for every backbone (the paper's formula).
@@ -187,6 +187,17 @@ class NECO(Detector):
     fit_needs = ("features",)
 
     constraints = {"variance": Interval(Real, 0, 1, closed="right"), "dim": (Interval(Integral, 1, None), None), "maxlogit": BOOLEAN, **COMPUTE}
+    @classmethod
+    def backbone_defaults(cls, backbone: Backbone) -> dict[str, Default]:
+        """``maxlogit``: True for every non-ResNet model (NECO release, ``neco()``: ``if
+        model_architecture_type != 'resnet': score *= maxlogit``); needs logits, so it stays off
+        for features without them (a VLM without a probe head)."""
+        source = "NECO release: max-logit factor for every non-ResNet model"
+        if backbone.family == "resnet":
+            return {"maxlogit": Default(False, source + " (ResNet: off)")}
+        if not backbone.has_logits:
+            return {"maxlogit": Default(False, source + "; these features have no logits, so off")}
+        return {"maxlogit": Default(True, source)}
 
     def __init__(
         self,

@@ -502,11 +502,14 @@ def _selection(value: Any, base: Path, id_test: DatasetSpec, ood: tuple[DatasetS
 
 
 def _default_taps(model: ModelSpec, detectors: tuple[DetectorSpec, ...] | None) -> ModelSpec:
-    """``taps`` left unset: on for a supervised model whose explicit detector list names nac."""
+    """``taps`` left unset: on for a supervised model whose explicit detector list names a detector
+    that fits on tapped rows (its class declares ``fits_on``: NAC)."""
     if model.taps is not None:
         return model
+    from ..detectors import REGISTRY
+
     listed = model.detectors or detectors or ()
-    return replace(model, taps=model.kind == "supervised" and any(d.name == "nac" for d in listed))
+    return replace(model, taps=model.kind == "supervised" and any(d.name in REGISTRY and REGISTRY[d.name].fits_on is not None for d in listed))
 
 
 def _read(path: Path) -> dict:

@@ -70,8 +70,8 @@ def _extractions(cfg: ExperimentConfig, units: list[Unit]) -> list[tuple[str, st
     """(model label, weights, role) of every dataset a pending unit reads from the store."""
     out: dict[tuple[str, str, str], None] = {}
     models = {m.label: m for m in cfg.models}
-    for label, weights, _, _ in units:
-        model = models[label]
+    for unit in units:
+        label, weights, model = unit.model, unit.weights, models[unit.model]
         roles = ["id_test"] + [d.label for d in cfg.ood]
         if model.kind == "supervised" and cfg.id_train is not None:
             roles.insert(0, "id_train")
@@ -180,7 +180,7 @@ def _run_all(cfg: ExperimentConfig, ex, max_jobs: int | None, features, progress
     if extractions:
         calls = [(f"extract {m}/{r}", _extract_job, (cfg, features, m, w, r)) for m, w, r in extractions]
         _run_jobs(ex, calls, max_jobs, summary)
-    calls = [(f"{u[0]}/{u[2] or '*'}", _units_job, (cfg, features, [u])) for u in units]
+    calls = [(f"{u.model}/{u.detector or '*'}", _units_job, (cfg, features, [u])) for u in units]
     for part in _run_jobs(ex, calls, max_jobs, summary):
         _absorb(summary, part)
     compact_results(cfg.results)

@@ -234,15 +234,10 @@ def build_context(model: ModelSpec, weights: str | None, cfg: ExperimentConfig, 
 
 def zeroshot_scores(spec: DetectorSpec, hp: dict, fs: FeatureSet, context: dict) -> np.ndarray:
     """Scores of zero-shot scorer ``spec`` on image embeddings ``fs``, streamed from the store in
-    chunks and l2-normalised chunk by chunk (``ZeroShotScorer.score(normalize=True)``)."""
-    from ..zeroshot.scorers import create
+    chunks and l2-normalised chunk by chunk (the zero-shot :class:`oodeval.scorer.Scorer`)."""
+    from ..scorer import RunSets, build_scorer
 
-    scorer = create(spec.name, **hp)
-    fs.check_finite(list(scorer.needs), spec.name)
-    negatives = context["vocab"](spec.vocabulary) if scorer.uses_negatives else None
-    if scorer.uses_negatives and negatives is None:
-        raise InputError(f"zero-shot scorer {spec.name!r} needs a vocabulary (set `vocabulary` in its table)")
-    return scorer.score(fs, context["id_text"], negatives, normalize=True)
+    return build_scorer(spec.name, hp, RunSets(None, fs), kind="zero-shot", context=context, vocabulary=spec.vocabulary).score(fs)
 
 
 def zeroshot_logits(fs: FeatureSet, context: dict, rows: int = 8192) -> np.ndarray | None:
