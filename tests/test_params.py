@@ -129,20 +129,21 @@ def test_experiment_device_values_are_checked_and_detector_device_is_read(tmp_pa
 
 
 def test_detector_device_reaches_the_detectors_and_an_explicit_device_wins(tmp_path):
-    from oodeval.experiment.config import DetectorSpec, ModelSpec
+    from dataclasses import replace
+
+    from oodeval.scorer import RunSets, build_scorer
 
     exp = tmp_path / "exp.toml"
     exp.write_text(EXPERIMENT.format(top='device = "cpu"', k=5, dtype="float64", device="cpu"))
     cfg = load_config(exp)
-    model = ModelSpec("m", "m", (None,))
-    knn, vim, nac = DetectorSpec("knn", {"k": 5}), DetectorSpec("vim", {"device": "cuda"}), DetectorSpec("nac")
-    assert runner._device_hp(model, knn, {"k": 5}, cfg) == {"k": 5}  # no detector_device: numpy, as before
-    from dataclasses import replace
-
-    auto = replace(cfg, detector_device="auto")
-    assert runner._device_hp(model, knn, {"k": 5}, auto) == {"k": 5, "device": "cpu"}  # the experiment's device
-    assert runner._device_hp(model, vim, {"device": "cuda"}, auto) == {"device": "cuda"}
-    assert runner._device_hp(model, nac, {}, replace(cfg, detector_device="cuda:1")) == {}  # nac takes no device
+    assert runner._detector_device(cfg) is None  # no detector_device: numpy, as before
+    assert runner._detector_device(replace(cfg, detector_device="auto")) == "cpu"  # the experiment's device
+    assert runner._detector_device(replace(cfg, detector_device="cuda:1")) == "cuda:1"
+    sets = RunSets(None, None)
+    assert build_scorer("knn", {"k": 5}, sets).detector.device is None
+    assert build_scorer("knn", {"k": 5}, sets, device="cpu").detector.device == "cpu"
+    assert build_scorer("vim", {"device": "cuda"}, sets, device="cpu").detector.device == "cuda"  # explicit wins
+    assert "device" not in build_scorer("nac", {}, sets, device="cuda:1").detector.get_params()  # nac takes no device
 
 
 def test_detector_device_is_recorded_in_the_rows_and_scores_as_numpy_does(tmp_path):
