@@ -15,6 +15,7 @@ from .._io import claim_folder, remove_own, write_text_atomic
 from ..errors import InputError
 from ..results import ALL_SPLIT, METRICS, load_cell_scores, load_results, missing_cell_scores, parts_dir
 from ..zeroshot.sweeps import save_sweep, sweeps_path
+from . import cnc, reference, tables  # noqa: F401 - they register their views
 from . import figures as figs
 from .paper_views import CLEAN_SUFFIX, gallery_items
 from .render import html_page, latex, markdown
