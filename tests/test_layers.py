@@ -132,3 +132,22 @@ def test_imports_of_oodeval_modules_sit_at_module_level(leaky):
     assert total > 300 and inner / total < 0.10, (inner, total)
     total_leaky, inner_leaky = inner_imports(leaky / "src" / "oodeval")
     assert (total_leaky, inner_leaky) == (total + 3, inner + 2)  # the counter sees the copy's added imports
+
+
+def test_starting_one_command_imports_no_other():
+    """With imports at module level, a command module imports what it runs; ``oodeval --help``
+    imports no command and ``oodeval CMD`` only CMD's, so neither pays for every command's imports."""
+    code = textwrap.dedent("""
+        import contextlib, io, json, sys
+        from oodeval.cli import main
+        with contextlib.redirect_stdout(io.StringIO()):
+            try:
+                main(sys.argv[1:])
+            except SystemExit:
+                pass
+        print(json.dumps(sorted(m for m in sys.modules if m.startswith("oodeval.commands.") and "._" not in m)))
+    """)
+    for argv, loaded in (([], []), (["--help"], []), (["-v", "metrics", "--help"], ["oodeval.commands.metrics"])):
+        done = _run(["-c", code, *argv], SRC, ROOT)
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout.strip().splitlines()[-1]) == loaded, argv
