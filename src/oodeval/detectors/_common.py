@@ -7,8 +7,6 @@ float64 copy of the matrix. Nothing here registers a detector.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import numpy as np
 
 from .._arrays import chunk_rows, chunks, l2_normalise
