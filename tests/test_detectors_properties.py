@@ -5,8 +5,7 @@ import pytest
 from scipy.special import logsumexp
 from sklearn.base import clone
 
-from oodeval import detectors
-from oodeval.detectors import _common
+from oodeval import _arrays, detectors
 from oodeval.detectors._synthetic import synthetic_problem
 from oodeval.detectors.base import Detector
 from oodeval.features import FeatureSet
@@ -138,8 +137,8 @@ def test_memory_mapped_and_chunked_fit_match_in_memory(problem, tmp_path, monkey
     train.save(tmp_path / "train")
     loaded = FeatureSet.load(tmp_path / "train", mmap=True)
     assert not loaded.features.flags.owndata  # a view of the memory map, not a copy
-    monkeypatch.setattr(_common, "CHUNK_ELEMENTS", 1000)
-    monkeypatch.setattr(_common, "MIN_CHUNK_ROWS", 33)
+    monkeypatch.setattr(_arrays, "CHUNK_ELEMENTS", 1000)
+    monkeypatch.setattr(_arrays, "MIN_CHUNK_ROWS", 33)
     for n in names:
         got = detectors.create(n, compute_dtype="float64").fit(loaded).score(test)
         np.testing.assert_allclose(got, ref[n], rtol=1e-8, atol=1e-10)

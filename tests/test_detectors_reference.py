@@ -14,15 +14,15 @@ from sklearn.covariance import EmpiricalCovariance
 from sklearn.decomposition import PCA
 from sklearn.preprocessing import StandardScaler
 
-from oodeval import detectors
+from oodeval import _arrays, detectors
 from oodeval.detectors import _backend, _common, activation, hybrid
 from oodeval.features import FeatureSet
 
 
 @pytest.fixture(autouse=True)
 def tiny_chunks(monkeypatch):
-    monkeypatch.setattr(_common, "CHUNK_ELEMENTS", 512)
-    monkeypatch.setattr(_common, "MIN_CHUNK_ROWS", 7)
+    monkeypatch.setattr(_arrays, "CHUNK_ELEMENTS", 512)
+    monkeypatch.setattr(_arrays, "MIN_CHUNK_ROWS", 7)
     monkeypatch.setattr(_backend, "PARALLEL_ROWS", 8)  # chunks of a few 8-row blocks, split across cores
 
 

@@ -77,7 +77,7 @@ def name_sets(items: list[str]) -> dict[str, str]:
 
 def run(args: argparse.Namespace) -> int:
     from ..features import FeatureSet
-    from ..features.backbones import parse_model_name
+    from ..features.names import parse_model_name
     from ..features.extract import extract
     from ..scoring import _canonical, check_request, evaluate_detectors, parse_hyperparameters
     from .score import parse_names, print_rows

@@ -45,7 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..features import FeatureSet
-    from ..features.backbones import parse_model_name
+    from ..features.names import parse_model_name
     from ..features.extract import extract, extract_nac_fit
 
     parse_model_name(args.model)  # a misspelt name first, then the weights choice

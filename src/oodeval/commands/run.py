@@ -170,11 +170,12 @@ def _check(cfg, names_only: bool = False) -> int:
         print(f"  note: {note}")
     disk = None
     if not names_only:
-        from ..experiment.disk import describe, estimate_disk
+        from ..experiment.disk import describe as describe_disk
+        from ..experiment.disk import estimate_disk
 
         disk = estimate_disk(cfg)
         for row in disk:
-            print(describe(row))
+            print(describe_disk(row))
     problems = check_experiment(cfg, names_only, disk) + prompt_problems
     if problems:
         raise InputError(f"{len(problems)} problem(s) before this experiment can run:\n" + "\n".join(f"  - {p}" for p in problems))

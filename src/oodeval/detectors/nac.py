@@ -29,6 +29,7 @@ from scipy.special import expit
 from ..errors import InputError
 from ..features import FeatureSet
 from ..params import POSITIVE, SEED, Instance, Integral, Interval
+from ..features.sampling import fit_rows
 from . import register
 from ._common import chunks
 from .base import Backbone, Default, Detector, TappedRows
@@ -92,33 +93,6 @@ def _interval(s: np.ndarray, grid: np.ndarray) -> np.ndarray:
     idx = np.searchsorted(grid, s, side="right") - 1
     idx[(idx < 0) | (idx >= grid.size - 1)] = -1
     return idx
-
-
-def fit_rows(labels: np.ndarray, n_fit: int | None, seed: int) -> np.ndarray:
-    """The sorted ID-train rows NAC fits on: all when ``n_fit`` is None or >= N, else
-    floor(n_fit / K) rows per class (capped by the smallest class), drawn with ``seed``; the
-    release's class-balanced ``valid_num`` subset. Unlabelled data: n_fit rows at random.
-
-    Extraction calls this too, so NAC's taps are computed for exactly these rows.
-    """
-    labels = np.asarray(labels)
-    n = labels.shape[0]
-    if n_fit is None or n_fit >= n:
-        return np.arange(n)
-    if n_fit < 1:
-        raise InputError(f"nac n_fit must be >= 1 (or None for all rows), got {n_fit}")
-    rng = np.random.default_rng(seed)
-    classes = np.unique(labels[labels >= 0])
-    if classes.size == 0:
-        return np.sort(rng.choice(n, size=int(n_fit), replace=False))
-    if n_fit < classes.size:
-        raise InputError(
-            f"nac n_fit={n_fit} is below the {classes.size} classes of the train set: a class-balanced "
-            f"subset needs at least one row per class (use n_fit >= {classes.size}, or None for all rows)"
-        )
-    members = [np.flatnonzero(labels == c) for c in classes]
-    per = min(min(len(m) for m in members), int(n_fit) // classes.size)
-    return np.sort(np.concatenate([rng.choice(m, size=per, replace=False) for m in members]))
 
 
 def _layer_params(backbone: Backbone) -> dict[str, dict]:

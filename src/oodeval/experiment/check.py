@@ -23,7 +23,7 @@ __all__ = ["check_experiment", "eoe_prompt_notes"]
 def _model_problem(model: ModelSpec) -> str | None:
     """A model name its library cannot build, or None. A ``hf:`` hub id cannot be verified offline (a local
     folder must hold a ``config.json``); a ``package.module:factory`` must import and name a callable."""
-    from ..features.backbones import parse_model_name
+    from ..features.names import parse_model_name
 
     kind, name, tag = parse_model_name(model.name)
     if kind == "timm":

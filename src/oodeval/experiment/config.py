@@ -329,13 +329,10 @@ def _detector(entry: Any, where: str, known: set[str], base: Path, zeroshot: boo
 
 def _registry(zeroshot: bool) -> dict:
     """name -> class of the post-hoc detectors, or of the zero-shot scorers."""
-    if zeroshot:
-        from ..zeroshot.scorers import REGISTRY
+    from ..detectors import REGISTRY as DETECTORS
+    from ..zeroshot.scorers import REGISTRY as SCORERS
 
-        return REGISTRY
-    from ..detectors import REGISTRY
-
-    return REGISTRY
+    return SCORERS if zeroshot else DETECTORS
 
 
 def _hyperparameter_problems(name: str, hp: dict, where: str, zeroshot: bool, candidates: bool = False) -> list[str]:

@@ -296,12 +296,11 @@ def default_zeroshot_specs() -> list[DetectorSpec]:
 def run_sweeps(model: ModelSpec, feats: dict[str, FeatureSet], context: dict, errors: dict, cfg: ExperimentConfig, summary) -> None:
     """Fig. A1-A3 curves of one zero-shot model run on every OOD set, via ``oodeval.zeroshot.sweeps``
     (``sweep_prefix``, or ``sweep_siblings`` for ``kind = "siblings"``),
-    recorded with :func:`oodeval.report.save_sweep`; curves already recorded are skipped, failures
+    recorded with :func:`oodeval.zeroshot.sweeps.save_sweep`; curves already recorded are skipped, failures
     are added to the summary's errors."""
     import pandas as pd
 
-    from ..report import save_sweep, sweeps_path
-    from ..zeroshot.sweeps import sweep_prefix
+    from ..zeroshot.sweeps import save_sweep, sweep_prefix, sweeps_path
 
     path = sweeps_path(cfg.results)
     have = pd.read_parquet(path) if path.exists() else pd.DataFrame(columns=["sweep", "model", "dataset", "key"])

@@ -17,7 +17,7 @@ import pandas as pd
 
 from ..errors import InputError
 from .labels import det_cell, detector_label
-from .views import Cell, View, best_row, full_split, register_view, row_ci
+from .views import Cell, View, best_row, full_split, register_view, row_ci, vocabulary_columns
 
 __all__ = ["TABLES", "load_reference", "comparison_view"]
 
@@ -109,8 +109,6 @@ def comparison_view(frame: pd.DataFrame) -> View:
         g = g[g["det"] == r["detector"]]
         for metric in ("fpr95", "auroc"):
             out.append(_entry("tabA1", r, metric, g.iloc[0] if len(g) == 1 else None, float(r[metric]), det_cell(r["detector"])))
-    from .tables import vocabulary_columns
-
     vocab = vocabulary_columns(f)
     for _, r in reference("tab2").iterrows():
         if r["vocabulary"] == "logit-sp.":

@@ -23,10 +23,10 @@ import pandas as pd
 
 from ..results import ALL_SPLIT
 from .labels import det_cell
-from .views import Cell, View, best_row, full_split, order_detectors, pct, register_view, row_ci
+from .views import Cell, View, best_row, full_split, order_detectors, pct, register_view, row_ci, vocabulary_columns
 
 __all__ = ["best_per_model", "detector_by_model", "dataset_by_model", "vocabularies", "vocabularies_by_dataset", "split_rows", "fpr_cell",
-           "generations_cell", "vocabulary_columns"]
+           "generations_cell"]
 
 _ORACLE = "oracle"
 _OPENOOD = "fpr95_ood_positive"
@@ -218,18 +218,6 @@ def _vocab_cells(rows: pd.DataFrame, cols: list[str]) -> dict[str, Cell]:
     deploy = [c for c in cols if np.isfinite(cells[c][0]) and _ORACLE not in c.lower()]
     best = min(cells[c][0] for c in deploy) if deploy else np.nan
     return {c: Cell(text, bold=bool(c in deploy and val == best), muted=_ORACLE in c.lower()) for c, (val, text) in cells.items()}
-
-
-def vocabulary_columns(frame: pd.DataFrame) -> pd.DataFrame:
-    """The vocabulary rows with ``col`` (the vocabulary without its generation suffix, prefixed by
-    the scorer when several scorers share it) and ``gen`` (its LLM generation, or NaN)."""
-    from ..experiment.zeroshot import vocabulary_generation
-
-    v = frame[frame["vocabulary"].notna()]
-    split = [vocabulary_generation(str(x)) for x in v["vocabulary"]]
-    v = v.assign(base=[b for b, _ in split], gen=[np.nan if g is None else g for _, g in split])
-    shared = v.groupby("base")["detector"].nunique() > 1
-    return v.assign(col=[f"{d}:{b}" if shared.get(b, False) else b for d, b in zip(v["detector"], v["base"])])
 
 
 def _scorer_heads(cols: list[str]) -> dict:

@@ -29,6 +29,7 @@ import numpy as np
 from scipy.special import log_softmax, logsumexp
 from sklearn.base import BaseEstimator
 
+from .. import _arrays
 from ..detectors.base import as_scores
 from ..errors import InputError
 from ..features import FeatureSet
@@ -129,7 +130,6 @@ class ZeroShotScorer(Checked, BaseEstimator):
     def score(self, image: FeatureSet | np.ndarray, id_text: np.ndarray, negatives: np.ndarray | None = None,
               normalize: bool = False) -> np.ndarray:
         """float64 (N,) scores, higher = more in-distribution."""
-        from ..detectors._common import CHUNK_ELEMENTS
         from ..features.stream import iter_chunks
 
         who = type(self).__name__
@@ -156,7 +156,7 @@ class ZeroShotScorer(Checked, BaseEstimator):
         extras = [need[len("extra:") :] for need in self.needs if need.startswith("extra:")]
         arrays = {"features": image.features, **{k: image.extras[k] for k in extras}}
         n_labels = len(id_text) + (0 if negatives is None else len(negatives))
-        rows = self.chunk_rows or max(1, CHUNK_ELEMENTS // max(1, self._row_width(image, n_labels)))
+        rows = self.chunk_rows or max(1, _arrays.CHUNK_ELEMENTS // max(1, self._row_width(image, n_labels)))
         out = np.empty(n)
         for part, chunk in iter_chunks(arrays, rows):
             feats = _prepare("image embeddings", chunk.pop("features"), normalize)
