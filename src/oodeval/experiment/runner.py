@@ -22,7 +22,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import NamedTuple
@@ -30,28 +30,26 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
-from .._io import check_output, claim_folder, hash_json, save_npy_atomic
+from .._io import hash_json, save_npy_atomic
 from ..errors import InputError
 from ..features import FeatureSet
 from ..results import (
     ALL_SPLIT,
     KEY,
-    PARTS_KIND,
     CellKey,
     compact_results,
     _key_of,
     hp_json,
     load_results,
-    parts_dir,
     result_row,
     write_part,
 )
 from ..scorer import RunSets, Scorer, build_scorer
 from ..scoring import fit_score_evaluate
-from .config import DatasetSpec, DetectorSpec, ExperimentConfig, ModelSpec, load_config
+from .config import DatasetSpec, DetectorSpec, ExperimentConfig, ModelSpec
 from .zeroshot import vocabulary_label, vocabulary_source
 
-__all__ = ["run_experiment", "RunSummary", "Unit", "scores_dir", "EXECUTORS"]
+__all__ = ["RunSummary", "Unit", "scores_dir", "EXECUTORS"]
 
 log = logging.getLogger(__name__)
 
@@ -404,35 +402,6 @@ def _current(table: pd.DataFrame) -> pd.DataFrame:
 def _row(key: CellKey, cell: dict, scorer: Scorer | None = None, **values) -> dict:
     """A results row of the grid (:func:`oodeval.results.result_row`), stamped with its creation time."""
     return result_row(cell, scorer, key, resolved=scorer is not None, **values, created=_now())
-
-
-def run_experiment(
-    config: str | Path | dict | ExperimentConfig,
-    *,
-    progress: bool = True,
-    features: FeatureFn | None = None,
-    executor: str = "inprocess",
-    executor_options: dict | None = None,
-) -> RunSummary:
-    """Run (or resume) the grid of ``config`` and return a :class:`RunSummary`; ``.results`` is
-    the Parquet table's path. ``features`` replaces the FeatureSet source (default:
-    :func:`extract_features`). ``executor``: "inprocess" (default), or "local" / "slurm" to fan
-    the work out as submitit jobs with ``executor_options`` passed to ``update_parameters``, or
-    "ray" for Ray tasks (see :mod:`oodeval.experiment.executors`)."""
-    cfg = replace(load_config(config), progress=progress)
-    features = features or extract_features
-    if executor not in EXECUTORS:
-        raise InputError(f"executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
-    check_output(cfg.results, "results table")  # refused before any work
-    if cfg.results.suffix != ".parquet":
-        raise InputError(f"results = {str(cfg.results)!r}: the results table is Parquet, so its path must end in .parquet")
-    claim_folder(scores_dir(cfg.results), "run scores")
-    claim_folder(parts_dir(cfg.results), PARTS_KIND)
-    if executor != "inprocess":
-        from .executors import run_distributed
-
-        return run_distributed(cfg, executor, executor_options or {}, features, progress)
-    return run_units(cfg, features, progress=progress)
 
 
 def _done(table: pd.DataFrame, cfg: ExperimentConfig) -> dict[CellKey, str | None]:
