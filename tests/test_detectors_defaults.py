@@ -51,6 +51,7 @@ VIT_BLOCKS = [{"O": 50, "M": 500, "alpha": 1.0}, {"O": 10, "M": 500, "alpha": 10
     ("timm:eva02_large_patch14_448.mim_m38m_ft_in22k_in1k", "eva"), ("timm:vit_7b_patch16_dinov3.lvd1689m", "eva"),
     ("timm:vit_giant_patch14_dinov2.lvd142m", "vit"), ("xcit_medium_24_p16_224.fb_in1k", "xcit"),
     ("swinv2_base_window16_256.ms_in1k", "swin"), ("convnextv2_large", "convnext"), ("tf_efficientnetv2_m", "efficientnet"),
+    ("openood:resnet18_32x32", "resnet"), ("openood:resnet18_224x224", "resnet"),
     ("regnety_040", "other"), ("no_such_model", "unknown"), (None, "unknown"),
 ])  # fmt: skip
 def test_backbone_family_from_the_recorded_model_name(model, family):

@@ -50,7 +50,8 @@ def backbone_family(model: str | None) -> str:
     :func:`family_note`) or ``unknown`` (no or unrecognised model name).
 
     timm names (``timm:`` prefix and ``.tag`` allowed) are classified by the module that registers
-    them; open_clip names by their architecture (``RN50`` -> resnet, ``ViT-B-16`` -> vit).
+    them; open_clip names by their architecture (``RN50`` -> resnet, ``ViT-B-16`` -> vit); OpenOOD's
+    networks (``openood:resnet18_32x32``) are ResNets.
     """
     return _family_and_module(model)[0]
 
@@ -63,6 +64,8 @@ def _family_and_module(model: str | None) -> tuple[str, str | None]:
     kind, name, _ = parse_model_name(model)
     if kind == "open_clip":
         return ("resnet" if name.upper().startswith("RN") else "vit" if name.startswith("ViT") else "other"), None
+    if kind == "openood":  # OpenOOD's networks (features.openood) are all ResNet-18s
+        return ("resnet" if name.startswith("resnet") else "other"), None
     if kind != "timm":  # a user's own nn.Module or factory
         return "unknown", None
     from .._extras import needs
