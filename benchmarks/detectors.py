@@ -436,7 +436,7 @@ def main() -> None:
     ap.add_argument("--classes", type=int, default=1000)
     ap.add_argument("--dim", type=int, default=1024)
     ap.add_argument("--detectors", default=None, help="comma-separated subset")
-    ap.add_argument("--precision", default="float32", choices=("float32", "float64"), help="oodeval's precision")
+    ap.add_argument("--compute-dtype", default="float32", choices=("float32", "float64"), help="oodeval's compute_dtype")
     ap.add_argument("--device", default=None, help="torch device for the detectors that take one (default: numpy)")
     ap.add_argument("--train", type=int, default=None, help="ID-train rows (overrides --scale)")
     ap.add_argument("--test", type=int, default=None, help="ID-test and OOD rows each (overrides --scale)")
@@ -459,7 +459,7 @@ def main() -> None:
     print(f"data: {args.classes} classes, D={args.dim}, train {n_train}, test {n_test}, OOD {n_test} "
           f"(generated in {time.perf_counter() - t0:.1f}s); threads: OMP_NUM_THREADS="
           f"{os.environ.get('OMP_NUM_THREADS', 'unset')}, cpus {os.cpu_count()}; "
-          f"sgemm {sgemm_gflops():.0f} GFLOP/s; {allocator}; oodeval precision {args.precision}, device {args.device or 'numpy'}")  # fmt: skip
+          f"sgemm {sgemm_gflops():.0f} GFLOP/s; {allocator}; oodeval compute_dtype {args.compute_dtype}, device {args.device or 'numpy'}")  # fmt: skip
     knn_k = 1000 if n_train >= 100_000 else max(1, n_train // 200)
     print(f"knn k = {knn_k} for both libraries")
     hps = {"knn": {"k": knn_k}}
@@ -481,8 +481,8 @@ def main() -> None:
     for name in names:
         hp = dict(hps.get(name, {}))
         params = detectors.create(name).get_params()
-        if "precision" in params:
-            hp["precision"] = args.precision
+        if "compute_dtype" in params:
+            hp["compute_dtype"] = args.compute_dtype
         if args.device is not None:
             if "device" not in params:
                 continue  # numpy-only detector: nothing to time on the device

@@ -107,7 +107,7 @@ def main() -> None:
     print(f"cancelled-term ratio mean z' S^+ z / D = {ratio:.3g}")
     print(f"{'detector':26s} {'oodeval float32':>16s} {'expanded float32':>17s}   (Spearman with float64)")
     for name in ("mahalanobis", "relative_mahalanobis", "mahalanobis_pp", "relative_mahalanobis_pp", "vim"):
-        ref = detectors.create(name, precision="float64").fit(train).score(test)
+        ref = detectors.create(name, compute_dtype="float64").fit(train).score(test)
         fast = detectors.create(name).fit(train).score(test)
         old = expanded_float32(train, test, name.endswith("_pp")) if name in ("mahalanobis", "mahalanobis_pp") else None
         if old is None:

@@ -73,7 +73,7 @@ def test_evaluate_table_csv_and_refusals(run_once, capsys):
     code, _, err = _call(no_weights, capsys)
     assert code == 2 and "no weights chosen" in err
     code, _, err = _call([*table, "--set", "msp.temperature=abc"], capsys)
-    assert code == 2 and "temperature='abc' is not a number" in err
+    assert code == 2 and "temperature='abc' must be a number > 0" in err
     code, _, err = _call([*table, "--ood", "gray=a", "gray=b"], capsys)
     assert code == 2 and "--ood name 'gray' given twice" in err
 

@@ -11,6 +11,7 @@ from oodeval.cnc.suites import SUITES, ood_sets, suite
 from oodeval.detectors import REGISTRY, create, names
 from oodeval.features import FeatureSet
 from oodeval.metrics import auroc, detection_error, tnr_at_tpr
+from oodeval.report.labels import detector_label
 
 
 def _fs(logits, labels=None, cnc=True):
@@ -258,7 +259,7 @@ def test_cli_evaluate_results_table_shows_in_report(tmp_path, capsys):
     for det in ("cnc", "msp", "energy"):
         for ood in ("far", "near"):
             tnr = mean_std(np.array([r["detectors"][det]["sets"][str(tmp_path / f"{ood}.npz")]["tnr95"] for r in runs]), ddof=1)
-            line = next(x for x in cnc_part.splitlines() if f"| {det} |" in x and f"{ood}.npz" in x)
+            line = next(x for x in cnc_part.splitlines() if f"| {detector_label(det)} |" in x and f"{ood}.npz" in x)
             assert f"| 2 | {100 * tnr['mean']:.2f} ± {100 * tnr['std']:.2f} |" in line
 
 

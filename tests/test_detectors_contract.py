@@ -5,6 +5,7 @@ import pytest
 
 from oodeval import detectors
 from oodeval.detectors.base import Detector
+from oodeval.params import POSITIVE, Interval, Real
 from oodeval.testing import check_detector, network_problem
 
 #: the small problem has 200 train rows (5 classes): kNN's paper k=1000 and NAC's ImageNet-sized
@@ -23,6 +24,7 @@ class _Stateful(Detector):
     """Keeps a running offset across fits: refitting changes its scores (the rule it breaks)."""
 
     needs = fit_needs = ("features",)
+    constraints = {"scale": POSITIVE}
 
     def __init__(self, scale: float = 1.0) -> None:
         self.scale = scale
@@ -39,6 +41,7 @@ class _Mangles(Detector):
     """Changes its hyperparameter in the constructor."""
 
     needs = ("logits",)
+    constraints = {"temperature": POSITIVE}
 
     def __init__(self, temperature: float = 1.0) -> None:
         self.temperature = float(temperature) * 2
@@ -56,9 +59,39 @@ class _Float32(Detector):
         return np.asarray(x.logits, np.float32).max(axis=1)
 
 
+class _Undeclared(Detector):
+    """Takes a hyperparameter without declaring its constraint."""
+
+    needs = ("logits",)
+
+    def __init__(self, temperature: float = 1.0) -> None:
+        self.temperature = temperature
+
+    def _score(self, x):
+        return np.asarray(x.logits, np.float64).max(axis=1) / self.temperature
+
+
+class _AcceptsAnything(_Undeclared):
+    """Declares a constraint but skips the check (check_params overridden)."""
+
+    constraints = {"temperature": POSITIVE}
+
+    def check_params(self) -> None:
+        return None
+
+
+class _BadDefault(_Undeclared):
+    """Its default breaks its own declaration."""
+
+    constraints = {"temperature": Interval(Real, 2, None)}
+
+
 @pytest.mark.parametrize("cls, rule", [(_Stateful, "refitting on the same rows changed the scores"),
                                        (_Mangles, "changed the default of temperature"),
-                                       (_Float32, "score before fit")])  # fmt: skip
+                                       (_Float32, "score before fit"),
+                                       (_Undeclared, "declares no constraint for temperature"),
+                                       (_AcceptsAnything, r"_AcceptsAnything\(temperature='abc'\): no InputError raised"),
+                                       (_BadDefault, "own defaults break its declared constraints")])  # fmt: skip
 def test_check_detector_names_the_broken_rule(cls, rule):
     with pytest.raises(AssertionError, match=rule):
         check_detector(cls)

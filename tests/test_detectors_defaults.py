@@ -51,6 +51,7 @@ VIT_BLOCKS = [{"O": 50, "M": 500, "alpha": 1.0}, {"O": 10, "M": 500, "alpha": 10
     ("timm:eva02_large_patch14_448.mim_m38m_ft_in22k_in1k", "eva"), ("timm:vit_7b_patch16_dinov3.lvd1689m", "eva"),
     ("timm:vit_giant_patch14_dinov2.lvd142m", "vit"), ("xcit_medium_24_p16_224.fb_in1k", "xcit"),
     ("swinv2_base_window16_256.ms_in1k", "swin"), ("convnextv2_large", "convnext"), ("tf_efficientnetv2_m", "efficientnet"),
+    ("openood:resnet18_32x32", "resnet"), ("openood:resnet18_224x224", "resnet"),
     ("regnety_040", "other"), ("no_such_model", "unknown"), (None, "unknown"),
 ])  # fmt: skip
 def test_backbone_family_from_the_recorded_model_name(model, family):
@@ -144,13 +145,13 @@ def sets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Path]]
 def test_every_family_scores_with_its_resolved_defaults(sets, family):
     train, test, ood = (FeatureSet.load(sets[family][s]) for s in ("train", "test", "ood"))
     rows = evaluate_detectors(train, test, {"ood": ood}, ["neco", "ash_s", "nac", "energy"], progress=False)
-    hp = {r["detector"]: json.loads(r["hyperparameters"]) for r in rows}
+    hp = {r["detector"]: json.loads(r["hyperparameters_resolved"]) for r in rows}
     want = FAMILY.get(family, family)
     vit = want in ("vit", "eva", "xcit")
     assert {r["backbone"] for r in rows} == {want}
     assert hp["neco"]["maxlogit"] is (family != "resnet")
     assert hp["ash_s"]["percentile"] == (95.0 if vit else 90.0)
-    assert hp["energy"] == {"temperature": 1.0, "precision": "float32"}
+    assert hp["energy"] == {"temperature": 1.0, "compute_dtype": "float32", "device": None}
     taps = train.meta["taps"]
     name, kw = MODELS[family]
     assert {k: train.meta[k] for k in ("taps", "nac_roles", "nac_readout", "depth")} == nac_plan(name, kw)  # what --check shows
@@ -173,7 +174,7 @@ def test_every_family_scores_with_its_resolved_defaults(sets, family):
     rows = evaluate_detectors(train, test, {"ood": ood}, ["neco", "ash_s", "nac"], progress=False, hyperparameters={
         "neco": {"maxlogit": family == "resnet"}, "ash_s": {"percentile": 80.0},
         "nac": {"n_fit": 6, "layer_params": {first: {"O": 3}}}})  # fmt: skip
-    hp = {r["detector"]: json.loads(r["hyperparameters"]) for r in rows}
+    hp = {r["detector"]: json.loads(r["hyperparameters_resolved"]) for r in rows}
     assert hp["neco"]["maxlogit"] is (family == "resnet") and hp["ash_s"]["percentile"] == 80.0
     assert hp["nac"]["n_fit"] == 6 and hp["nac"]["layer_params"][first]["O"] == 3
 
@@ -190,7 +191,8 @@ def test_score_cli_prints_the_resolved_defaults(sets, tmp_path, capsys):
     assert "nac.layer_params = norm 500/50/100, blocks.5.norm2 50/500/1" in text
     table = pd.read_csv(out, comment="#")
     assert set(table["backbone"]) == {"vit"}
-    assert json.loads(table.set_index("detector").loc["ash_s", "hyperparameters"])["percentile"] == 80.0
+    assert json.loads(table.set_index("detector").loc["ash_s", "hyperparameters_resolved"])["percentile"] == 80.0
+    assert table.set_index("detector").loc["ash_s", "hyperparameters"] == '{"percentile":80}'  # the explicit value, as in a results table
 
 
 def test_grid_rows_record_the_resolved_hyperparameters(sets, tmp_path):
@@ -202,8 +204,8 @@ def test_grid_rows_record_the_resolved_hyperparameters(sets, tmp_path):
     df = load_results(run_experiment(cfg, progress=False)).set_index("detector")
     assert (df["status"] == "ok").all() and set(df["backbone"]) == {"vit"}
     assert json.loads(df.loc["neco", "hyperparameters_resolved"]) == {"dim": None, "maxlogit": True, "variance": 0.9,
-                                                                       "precision": "float32", "device": None}
-    assert json.loads(df.loc["ash_s", "hyperparameters_resolved"]) == {"percentile": 80, "precision": "float32"}
+                                                                       "compute_dtype": "float32", "device": None}
+    assert json.loads(df.loc["ash_s", "hyperparameters_resolved"]) == {"percentile": 80, "compute_dtype": "float32", "device": None}
     assert df.loc["ash_s", "hyperparameters"] == '{"percentile":80}'
 
 
@@ -213,11 +215,11 @@ def test_msp_temperature():
     fs = FeatureSet(np.zeros((40, 2), np.float32), logits=f)
     for t in (1.0, 0.5, 1000.0):
         want = softmax(f.astype(np.float64) / t, axis=1).max(axis=1)
-        got = detectors.create("msp", temperature=t, precision="float64").fit().score(fs)
+        got = detectors.create("msp", temperature=t, compute_dtype="float64").fit().score(fs)
         np.testing.assert_allclose(got, want, rtol=1e-13)
     for bad in (0.0, -1.0, float("nan"), float("inf")):
-        with pytest.raises(ValueError, match="msp temperature"):
-            detectors.create("msp", temperature=bad).fit().score(fs)
+        with pytest.raises(ValueError, match=r"detector 'msp': temperature=.* must be a number > 0"):
+            detectors.create("msp", temperature=bad)
 
 
 def test_nac_refuses_odd_m_and_n_fit_below_the_class_count():
@@ -234,8 +236,8 @@ def test_nac_refuses_odd_m_and_n_fit_below_the_class_count():
     assert np.array_equal(fit_rows(labels, None, 0), np.arange(50))
     st = np.random.default_rng(0).normal(size=(50, 4)).astype(np.float32)
     train = FeatureSet(np.zeros((50, 2), np.float32), labels=labels, extras={"nac/pre_logits": st})
-    with pytest.raises(ValueError, match="even M"):
-        detectors.create("nac", n_fit=None, layer_params={"pre_logits": {"M": 51}}).fit(train)
+    with pytest.raises(ValueError, match="layer_params=.* must be a table {layer: {O: a number > 0, M: an even integer >= 4"):
+        detectors.create("nac", n_fit=None, layer_params={"pre_logits": {"M": 51}})
     with pytest.raises(ValueError, match="below the 10 classes"):
         detectors.create("nac", n_fit=5).fit(train)
 
@@ -289,7 +291,7 @@ def test_neco_keeps_the_standardised_norm_on_swin_and_deit_because_the_release_r
     shifted = [FeatureSet(fs.features + shift) for fs in (train, test)]
 
     def both(tr, te):
-        det = detectors.create("neco", dim=4, precision="float64").fit(tr)
+        det = detectors.create("neco", dim=4, compute_dtype="float64").fit(tr)
         z = te.features.astype(np.float64)
         num = np.linalg.norm(((z - det.mean_) / det.scale_) @ det.components_, axis=1)
         return det.score(te), num / np.linalg.norm(z, axis=1)  # ours, the release's DeiT/Swin ratio

@@ -65,7 +65,7 @@ def test_entropy_is_pytorch_oods_where_its_clip_is_inactive(problem):
     soft = FeatureSet(x.features, logits=x.logits * 0.3)  # every p > 1e-7: pytorch-ood's clip is idle
     assert softmax(soft.logits.astype(np.float64), axis=1).min() > 1e-7
     theirs = pood.Entropy(None).predict_logits(t(soft.logits, torch.float64))
-    same(score("entropy", train, soft, precision="float64"), theirs, rtol=1e-9, atol=1e-12)
+    same(score("entropy", train, soft, compute_dtype="float64"), theirs, rtol=1e-9, atol=1e-12)
     same(score("entropy", train, soft), theirs, rtol=1e-6, atol=1e-7)  # float32 exps: a few ulps
 
 
@@ -278,7 +278,7 @@ def test_peer_names_resolve_to_ours_and_say_so(problem, caplog, monkeypatch):
 
     rows = evaluate_detectors(train, x, {"x": x}, ["ebo", "MaxLogit"], {"ebo": {"temperature": 2.0}}, progress=False)
     assert [r["detector"] for r in rows] == ["energy", "maxlogit"]  # the rows record oodeval's names
-    assert json.loads(rows[0]["hyperparameters"])["temperature"] == 2.0
+    assert json.loads(rows[0]["hyperparameters_resolved"])["temperature"] == 2.0
     with pytest.raises(ValueError, match="unknown detectors \\['eboo'\\]"):
         evaluate_detectors(train, x, {"x": x}, ["eboo"], progress=False)
 

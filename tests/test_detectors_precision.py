@@ -7,14 +7,14 @@ from scipy.stats import spearmanr
 from oodeval import detectors
 from oodeval.detectors._backend import Compute
 from oodeval.detectors._synthetic import CONDITIONED, conditioned_problem, synthetic_problem
+from oodeval.errors import InputError
 from oodeval.metrics import evaluate
 
-#: every detector with a precision hyperparameter: all but maxlogit (a max is exact), nac (its own
+#: every detector with a compute_dtype hyperparameter: all but maxlogit (a max is exact), nac (its own
 #: per-layer states), cnc (one logit of a K+1 head) and the peers' methods that are float64 throughout
-PRECISION = [n for n in detectors.names() if n not in ("nac", "maxlogit", "cnc") and "precision" in detectors.create(n).get_params()]
-#: the heavy detectors with a torch backend
-TORCH = ["kl_matching", "dice", "mahalanobis", "relative_mahalanobis", "mahalanobis_pp",
-         "relative_mahalanobis_pp", "knn", "cosine", "mcm", "fdbd", "neco", "vim", "nnguide"]  # fmt: skip
+PRECISION = [n for n in detectors.names() if n not in ("nac", "maxlogit", "cnc") and "compute_dtype" in detectors.create(n).get_params()]
+#: every one of them takes a device too (docs/conventions.md)
+TORCH = PRECISION
 HP = {"knn": {"k": 20}}
 
 
@@ -33,7 +33,7 @@ def scores(name, problem, **hp):
 @pytest.mark.parametrize("name", PRECISION)
 def test_float32_path_ranks_like_float64(problem, name):
     fast = scores(name, problem)
-    ref = scores(name, problem, precision="float64")
+    ref = scores(name, problem, compute_dtype="float64")
     assert fast.dtype == np.float64
     assert spearmanr(fast, ref).statistic >= 0.99999
     assert not np.array_equal(fast, ref)  # the products really ran in float32
@@ -54,9 +54,9 @@ def test_float32_agrees_with_float64_on_real_conditioning(conditioned, name):
     kind, (train, test, ood) = conditioned
     hp = {"knn": {"k": 20}, "nnguide": {"bank_fraction": 0.1}}.get(name, {})
     got = {}
-    for precision in ("float32", "float64"):
-        det = detectors.create(name, **hp, precision=precision).fit(train)
-        got[precision] = (det.score(test), det.score(ood))
+    for dtype in ("float32", "float64"):
+        det = detectors.create(name, **hp, compute_dtype=dtype).fit(train)
+        got[dtype] = (det.score(test), det.score(ood))
     (a_id, a_ood), (b_id, b_ood) = got["float32"], got["float64"]
     assert spearmanr(np.concatenate([a_id, a_ood]), np.concatenate([b_id, b_ood])).statistic >= 0.9999
     fast, ref = evaluate(a_id, a_ood), evaluate(b_id, b_ood)
@@ -90,8 +90,8 @@ def test_conditioned_problems_are_conditioned_as_stated():
 @pytest.mark.parametrize("name", TORCH)
 def test_torch_backend_matches_numpy(problem, name):
     # float64 on both backends: the same formula, so agreement to float64 rounding
-    ref = scores(name, problem, precision="float64")
-    got = scores(name, problem, precision="float64", device="cpu")
+    ref = scores(name, problem, compute_dtype="float64")
+    got = scores(name, problem, compute_dtype="float64", device="cpu")
     np.testing.assert_allclose(got, ref, rtol=1e-9, atol=1e-9 * np.abs(ref).max())
     # float32 on torch ranks like the float64 reference
     fast = scores(name, problem, device="cpu")
@@ -101,10 +101,10 @@ def test_torch_backend_matches_numpy(problem, name):
 def test_torch_backend_is_chunked(problem, monkeypatch):
     from oodeval.detectors import _backend
 
-    ref = scores("mahalanobis", problem, precision="float64", device="cpu")
+    ref = scores("mahalanobis", problem, compute_dtype="float64", device="cpu")
     monkeypatch.setattr(_backend, "TORCH_CHUNK_ELEMENTS", 1000)  # 256 rows per chunk: 8 chunks of train
     assert Compute(device="cpu").rows(192) == 256
-    got = scores("mahalanobis", problem, precision="float64", device="cpu")
+    got = scores("mahalanobis", problem, compute_dtype="float64", device="cpu")
     np.testing.assert_allclose(got, ref, rtol=1e-9, atol=1e-9 * np.abs(ref).max())
 
 
@@ -121,19 +121,28 @@ def test_exact_knn_with_small_blocks(problem, monkeypatch):
         np.testing.assert_allclose(got, -np.sqrt(np.maximum(2 - 2 * kth, 0)), rtol=1e-5, atol=1e-6)
 
 
-def test_exactly_the_documented_detectors_lack_precision():
-    lacking = [n for n in detectors.names() if "precision" not in detectors.create(n).get_params()]
+def test_exactly_the_documented_detectors_lack_compute_dtype_and_device():
+    params = {n: detectors.create(n).get_params() for n in detectors.names()}
+    lacking = [n for n, p in params.items() if "compute_dtype" not in p]
+    assert [n for n, p in params.items() if "device" not in p] == lacking  # compute_dtype and device come together
     float64 = ["class_gmm", "gmm", "grad_uncertainty", "gradnorm", "lts", "nci", "openmax", "relation", "residual", "she"]
     network = ["odin", "mahalanobis_ensemble", "gram", "rankfeat", "mc_dropout"]  # on their passes' arrays (detectors.network)
     assert sorted(lacking) == sorted(["cnc", "maxlogit", "nac", *float64, *network])  # the peers' float64-only methods
 
 
-def test_bad_precision_or_device_is_a_clear_error(problem):
-    train = problem[0]
-    with pytest.raises(ValueError, match="precision must be one of"):
-        detectors.create("mahalanobis", precision="float16").fit(train)
-    with pytest.raises(ValueError, match="device must be None"):
-        detectors.create("knn", k=5, device="meta").fit(train)
+def test_bad_compute_dtype_or_device_is_refused_when_built():
+    with pytest.raises(InputError, match=r"detector 'mahalanobis': compute_dtype='float16' must be one of 'float32', 'float64'"):
+        detectors.create("mahalanobis", compute_dtype="float16")
+    with pytest.raises(InputError, match=r"detector 'knn': device='meta' must be a torch device \('cpu', 'cuda', 'cuda:N'\) or None"):
+        detectors.create("knn", k=5, device="meta")
+
+
+@pytest.mark.parametrize("name", PRECISION)
+def test_the_old_name_precision_is_refused_with_its_new_name(name):
+    with pytest.raises(InputError, match=f"detector '{name}': precision was renamed to compute_dtype; write compute_dtype instead"):
+        detectors.create(name, precision="float64")
+    with pytest.raises(InputError, match="precision was renamed to compute_dtype"):
+        detectors.create(name).set_params(precision="float64")
 
 
 @pytest.mark.parametrize("device", [None, "cpu"])
@@ -242,13 +251,13 @@ def test_mahalanobis_switches_to_float64_where_float32_cannot_hold(monkeypatch):
     from oodeval.detectors import mahalanobis
 
     train, test, _ = conditioned_problem("tail", condition=1e13, n_test=1000, n_ood=10)
-    ref = detectors.create("relative_mahalanobis_pp", precision="float64").fit(train).score(test)
+    ref = detectors.create("relative_mahalanobis_pp", compute_dtype="float64").fit(train).score(test)
     det = detectors.create("relative_mahalanobis_pp").fit(train)
-    assert det.get_params()["precision"] == "float32" and det.resolved_params()["precision"] == "float64"
+    assert det.get_params()["compute_dtype"] == "float32" and det.resolved_params()["compute_dtype"] == "float64"
     np.testing.assert_array_equal(det.score(test), ref)
     monkeypatch.setattr(mahalanobis, "WHITENED_ROUNDING_LIMIT", np.inf)
     forced = detectors.create("relative_mahalanobis_pp").fit(train).score(test)
     assert spearmanr(forced, ref).statistic < 0.9999
     monkeypatch.undo()
     usual = detectors.create("relative_mahalanobis_pp").fit(conditioned_problem("tail")[0])
-    assert usual.resolved_params()["precision"] == "float32"
+    assert usual.resolved_params()["compute_dtype"] == "float32"

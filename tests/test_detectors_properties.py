@@ -5,8 +5,7 @@ import pytest
 from scipy.special import logsumexp
 from sklearn.base import clone
 
-from oodeval import detectors
-from oodeval.detectors import _common
+from oodeval import _arrays, detectors
 from oodeval.detectors._synthetic import synthetic_problem
 from oodeval.detectors.base import Detector
 from oodeval.features import FeatureSet
@@ -50,7 +49,7 @@ def test_every_detector_separates_far_ood(problem, name):
 
 def test_energy_is_logsumexp(problem):
     train, test, _ = problem
-    got = detectors.create("energy", precision="float64").fit(train).score(test)
+    got = detectors.create("energy", compute_dtype="float64").fit(train).score(test)
     np.testing.assert_allclose(got, logsumexp(np.asarray(test.logits, dtype=np.float64), axis=1), rtol=1e-14)
 
 
@@ -70,7 +69,7 @@ def test_mahalanobis_invariant_to_invertible_affine_map(problem, name):
 @pytest.mark.parametrize("name", ["mahalanobis_pp", "relative_mahalanobis_pp"])
 def test_mahalanobis_pp_invariant_to_rescaling_a_sample(problem, name):
     train, test, _ = problem
-    det = detectors.create(name, precision="float64").fit(train)
+    det = detectors.create(name, compute_dtype="float64").fit(train)
     scales = np.random.default_rng(2).uniform(0.01, 100, size=(len(test), 1))
     scaled = FeatureSet(test.features.astype(np.float64) * scales)
     np.testing.assert_allclose(det.score(scaled), det.score(test), rtol=1e-9, atol=1e-9)
@@ -134,14 +133,14 @@ def test_random_banks_follow_the_seed(problem):
 def test_memory_mapped_and_chunked_fit_match_in_memory(problem, tmp_path, monkeypatch):
     train, test, _ = problem
     names = ["mahalanobis", "relative_mahalanobis_pp", "vim", "neco", "react", "kl_matching"]
-    ref = {n: detectors.create(n, precision="float64").fit(train).score(test) for n in names}
+    ref = {n: detectors.create(n, compute_dtype="float64").fit(train).score(test) for n in names}
     train.save(tmp_path / "train")
     loaded = FeatureSet.load(tmp_path / "train", mmap=True)
     assert not loaded.features.flags.owndata  # a view of the memory map, not a copy
-    monkeypatch.setattr(_common, "CHUNK_ELEMENTS", 1000)
-    monkeypatch.setattr(_common, "MIN_CHUNK_ROWS", 33)
+    monkeypatch.setattr(_arrays, "CHUNK_ELEMENTS", 1000)
+    monkeypatch.setattr(_arrays, "MIN_CHUNK_ROWS", 33)
     for n in names:
-        got = detectors.create(n, precision="float64").fit(loaded).score(test)
+        got = detectors.create(n, compute_dtype="float64").fit(loaded).score(test)
         np.testing.assert_allclose(got, ref[n], rtol=1e-8, atol=1e-10)
 
 

@@ -14,15 +14,15 @@ from sklearn.covariance import EmpiricalCovariance
 from sklearn.decomposition import PCA
 from sklearn.preprocessing import StandardScaler
 
-from oodeval import detectors
+from oodeval import _arrays, detectors
 from oodeval.detectors import _backend, _common, activation, hybrid
 from oodeval.features import FeatureSet
 
 
 @pytest.fixture(autouse=True)
 def tiny_chunks(monkeypatch):
-    monkeypatch.setattr(_common, "CHUNK_ELEMENTS", 512)
-    monkeypatch.setattr(_common, "MIN_CHUNK_ROWS", 7)
+    monkeypatch.setattr(_arrays, "CHUNK_ELEMENTS", 512)
+    monkeypatch.setattr(_arrays, "MIN_CHUNK_ROWS", 7)
     monkeypatch.setattr(_backend, "PARALLEL_ROWS", 8)  # chunks of a few 8-row blocks, split across cores
 
 
@@ -49,7 +49,7 @@ def create(name, **hp):
     """The detector on its float64 path: these tests check formulas at float64 tolerances
     (the float32 path is checked against it in test_detectors_precision.py)."""
     det = detectors.create(name, **hp)
-    return det.set_params(precision="float64") if "precision" in det.get_params() else det
+    return det.set_params(compute_dtype="float64") if "compute_dtype" in det.get_params() else det
 
 
 def run(name, train, test, **hp):

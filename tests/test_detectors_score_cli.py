@@ -51,7 +51,7 @@ def test_detector_subset_and_support(folders):
     assert "nac" not in names and "dice" not in names and {"msp", "knn", "mahalanobis"} <= names
     rows = evaluate_detectors(train, test, bare, progress=False)  # default k on 300 rows
     failed = [r for r in rows if r["status"] == "error"]
-    assert [(r["detector"], r["ood"]) for r in failed] == [("knn", "far")] and "knn k=1000 exceeds" in failed[0]["error"]
+    assert [(r["detector"], r["ood"]) for r in failed] == [("knn", "far")] and "detector 'knn': k=1000 exceeds" in failed[0]["error"]
     assert {r["detector"] for r in rows if r["status"] == "ok"} == names - {"knn"}
     scores = {}
     rows = evaluate_detectors(train, test, {"far": far}, ["energy", "vim"], scores_out=scores, progress=False)
@@ -67,14 +67,20 @@ def test_bad_input_gets_a_clear_error(folders, capsys):
     assert "bogus" in capsys.readouterr().err
     assert main(base + ["--ood", f"far={folders / 'far'}", "--detectors", "knn"]) == 1
     out, err = capsys.readouterr()
-    assert "knn / far: fit on the ID-train set: knn k=1000 exceeds" in err and "failed" in out
+    assert "knn / far: fit on the ID-train set: detector 'knn': k=1000 exceeds" in err and "failed" in out
     assert main(base + ["--ood", f"far={folders / 'far'}", "--set", "knn.kk=5"]) == 2
-    assert "detector 'knn' has no hyperparameter(s) kk; it takes:" in capsys.readouterr().err
+    assert "detector 'knn' has no hyperparameter(s) kk (did you mean k?); it takes:" in capsys.readouterr().err
     assert main(base + ["--ood", f"far={folders / 'nowhere'}"]) == 2
     with pytest.raises(ValueError, match="DETECTOR.NAME=VALUE"):
         parse_hyperparameters(["knn=3"])
     assert parse_hyperparameters(["knn.k=50", "neco.maxlogit=true", "nac.layers=[\"a\"]"]) == {
         "knn": {"k": 50}, "neco": {"maxlogit": True}, "nac": {"layers": ["a"]}}  # fmt: skip
+    # a module:Class detector's dotted module path: the parameter is after the last dot after the colon
+    assert parse_hyperparameters(["mypkg.sub:MyDet.k=5", "mypkg.sub:MyDet.t=0.5", "plain:Det.k=1"]) == {
+        "mypkg.sub:MyDet": {"k": 5, "t": 0.5}, "plain:Det": {"k": 1}}  # fmt: skip
+    for bad in ("mypkg.sub:MyDet=5", "mypkg:MyDet=5"):  # no parameter after the class
+        with pytest.raises(ValueError, match="DETECTOR.NAME=VALUE"):
+            parse_hyperparameters([bad])
 
 
 def test_a_failing_set_is_that_detectors_failure_and_the_run_goes_on(folders, capsys, tmp_path):
@@ -134,8 +140,9 @@ def test_score_writes_a_results_table_that_report_reads(folders, tmp_path, capsy
 
 def test_score_csv_and_grid_give_identical_numbers(folders, tmp_path):
     """The CSV (`score`'s own run) and the results table (the grid) are one loop: every metric,
-    every bootstrap bound and the resolved hyperparameters are equal to the bit."""
-    from oodeval.results import BOOTSTRAPPED, METRICS
+    every bootstrap bound and the explicit and resolved hyperparameters are equal to the bit, and both
+    tables take their columns from one row definition (oodeval.results.result_row)."""
+    from oodeval.results import BOOTSTRAPPED, COLUMNS, METRICS, SCORE_COLUMNS
 
     argv = ["score", "--train", str(folders / "train"), "--test", str(folders / "test"),
             "--ood", f"far={folders / 'far'}", "--ood", f"near={folders / 'near'}",
@@ -147,4 +154,7 @@ def test_score_csv_and_grid_give_identical_numbers(folders, tmp_path):
     assert (grid["seed"] == 3).all() and list(csv.index) == list(grid.index) and len(csv) == 6
     cols = [*METRICS, *(f"{m}_{b}" for m in BOOTSTRAPPED for b in ("lo", "hi")), "n_id", "n_ood"]
     np.testing.assert_array_equal(csv[cols].to_numpy(float), grid[cols].to_numpy(float))
-    assert list(csv["hyperparameters"]) == list(grid["hyperparameters_resolved"])
+    # one meaning in both: the explicit overrides, and every hyperparameter the detector ran with
+    assert list(csv["hyperparameters"]) == list(grid["hyperparameters"]) == ["{}", "{}", '{"k":5}', '{"k":5}', "{}", "{}"]
+    assert list(csv["hyperparameters_resolved"]) == list(grid["hyperparameters_resolved"])
+    assert set(csv.columns) <= set(SCORE_COLUMNS) and set(grid.columns) - {"ood"} <= set(COLUMNS)

@@ -115,3 +115,22 @@ def test_cli_extracts_the_fitting_rows_and_score_fits_nac_on_them(data: Path, tm
     assert "\nnac " not in capsys.readouterr().out
     assert cli.main([*base, "--set", "knn.k=5", "--nac-train", paths["fit"]]) == 0
     assert "\nnac " in capsys.readouterr().out
+
+
+def test_validation_search_fits_nac_on_its_tapped_rows(data: Path, tmp_path: Path, tapped_rows: list[int]) -> None:
+    """The search builds each candidate through the grid's seam, so NAC fits on its tapped rows there
+    too (it used to get the untapped ID-train set and fail)."""
+    _folder(tmp_path / "val", ("a", "b", "c"), 2, 3)
+    _folder(tmp_path / "valood", ("x",), 4, 4)
+    cfg = {"results": str(tmp_path / "r.parquet"), "store": str(tmp_path / "store"), "bootstrap_draws": 20, "seeds": [0],
+           "batch_size": 4, "device": "cpu",
+           "datasets": {"id_train": str(data / "train"), "id_test": str(data / "test"), "ood": [str(data / "ood")]},
+           "selection": {"validation_id": str(tmp_path / "val"), "validation_ood": str(tmp_path / "valood")},
+           "models": [{"name": "test_resnet", "pretrained": False, "model_kwargs": KW}],
+           "detectors": [{"name": "nac", "hyperparameters": {"n_fit": 3}, "search": {"seed": [0, 1]}}]}  # fmt: skip
+    df = load_results(run_experiment(cfg, progress=False))
+    assert (df["status"] == "ok").all(), df["error"].tolist()
+    assert df["selection"].iloc[0].startswith("validation: seed=")
+    entries = [FeatureSet.load(m.parent) for m in (tmp_path / "store").glob("*/*/meta.json")]
+    fits = {fs.meta["dataset"]: len(fs) for fs in entries if "nac-fit" in fs.meta["dataset"]}
+    assert fits == {"train.nac-fit-3-seed0": 3, "train.nac-fit-3-seed1": 3}  # each candidate's own rows

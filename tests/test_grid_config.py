@@ -76,7 +76,7 @@ detectors:
         (lambda s: s.replace('name = "timm:test_resnet"', 'name = "timm:test_resnet"\nweight = "x.pt"'), "unknown key(s) 'weight'"),
         (lambda s: s.replace('split_column = "fine_grained" }', 'split = "x" }'), "unknown key(s) 'split'"),
         (lambda s: s.replace('name = "msp"', 'name = "msq"'), "unknown detector 'msq'"),
-        (lambda s: s.replace("temperature = 2.0", "t = 2.0"), "has no hyperparameter(s) t; it takes: precision, temperature"),
+        (lambda s: s.replace("temperature = 2.0", "t = 2.0"), "has no hyperparameter(s) t; it takes: compute_dtype, device, temperature"),
         (lambda s: s.replace("seeds = [0, 1]", "seeds = [0, 0]"), "seeds repeat"),
         (lambda s: s.replace("seeds = [0, 1]", 'seeds = ["0"]'), "seeds must be a non-empty list of integers"),
         (lambda s: s.replace('name = "timm:test_resnet"', 'name = "timm:test_resnet"\nweights = ["a.pt", "b.pt", "c.pt"]'), "lists 3 files but there are 2 seeds"),
@@ -88,7 +88,7 @@ detectors:
         (lambda s: s.replace("seeds = [0, 1]", "seeds = [0, 1]\nbatch_size = true"), "batch_size' must be an integer"),
         (lambda s: s + '[[sweeps]]\nname = "w"\nvocabulary = "v.json"\nsizes = [10]\nscorer = "mcm"\n', "scorer must be a vocabulary scorer"),
         (lambda s: s + '[[sweeps]]\nname = "w"\nvocabulary = "v.json"\nsizes = []\n', "sizes must be a non-empty list"),
-        (lambda s: s + '[[zeroshot]]\nname = "neglabel"\nhyperparameters = { groups = 3 }\n', "has no hyperparameter(s) groups"),
+        (lambda s: s + '[[zeroshot]]\nname = "neglabel"\nvocabulary = "v.json"\nhyperparameters = { groups = 3 }\n', "has no hyperparameter(s) groups (did you mean n_groups?)"),
         (lambda s: s.replace('name = "msp"', 'name = "msp"\nvocabulary = "v.txt"'), "vocabulary applies to zero-shot scorers"),
     ],
 )

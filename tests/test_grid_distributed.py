@@ -25,7 +25,7 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 #: columns that legitimately differ between two runs of the same grid
-VOLATILE = ["seconds", "created"]
+VOLATILE = ["seconds", "fit_seconds", "score_seconds", "created"]
 
 
 def _rows(writer: int, n: int) -> pd.DataFrame:

@@ -387,7 +387,7 @@ def test_known_tracebacks_are_now_clear_errors(sets: Path, tmp_path: Path, capsy
     argv = ["score", "--train", str(sets / "train"), "--test", str(sets / "test"), "--ood", f"o={sets / 'ood'}",
             "--detectors", "knn", "--set", "knn.kk=5", "--no-progress"]  # fmt: skip
     assert main(argv) == 2
-    assert "detector 'knn' has no hyperparameter(s) kk; it takes: bank_fraction, device, k, precision, seed" in capsys.readouterr().err
+    assert "detector 'knn' has no hyperparameter(s) kk (did you mean k?); it takes: bank_fraction, compute_dtype, device, k, seed" in capsys.readouterr().err
     bad = tmp_path / "w.safetensors"
     bad.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00not json")
     with pytest.raises(ValueError, match="is not a readable safetensors file"):

@@ -77,7 +77,7 @@ def test_extraction_gives_the_plain_forwards_top5(real):
     assert int(np.argmax(got[1])) == ESPRESSO
 
 
-@pytest.mark.parametrize("name", [n for n in detectors.names() if n not in ("nac", "maxlogit", "cnc") and "precision" in detectors.create(n).get_params()])
+@pytest.mark.parametrize("name", [n for n in detectors.names() if n not in ("nac", "maxlogit", "cnc") and "compute_dtype" in detectors.create(n).get_params()])
 def test_float32_ranks_real_features_as_float64(real, name):
     """45-odd training rows of 1280-d real features: a rank-deficient covariance, as the issue's
     case that gave 24 of 36 ID scores exactly 0 in the expanded form. Scores agree in rank; the
@@ -85,9 +85,9 @@ def test_float32_ranks_real_features_as_float64(real, name):
     sets = {k: FeatureSet.load(v) for k, v in real[2].items()}
     hp = {"knn": {"k": 5}, "nnguide": {"k": 5, "bank_fraction": 1.0}}.get(name, {})
     out = {}
-    for precision in ("float32", "float64"):
-        det = detectors.create(name, **hp, precision=precision).fit(sets["train"])
-        out[precision] = det.score(sets["test"]), det.score(sets["ood"])
+    for dtype in ("float32", "float64"):
+        det = detectors.create(name, **hp, compute_dtype=dtype).fit(sets["train"])
+        out[dtype] = det.score(sets["test"]), det.score(sets["ood"])
     (a_id, a_ood), (b_id, b_ood) = out["float32"], out["float64"]
     assert spearmanr(np.concatenate([a_id, a_ood]), np.concatenate([b_id, b_ood])).statistic >= 0.9999
     fast, ref = evaluate(a_id, a_ood), evaluate(b_id, b_ood)

@@ -47,7 +47,7 @@ def test_names_come_from_tags_and_order():
 def test_create_names_the_valid_names():
     with pytest.raises(KeyError, match="unknown detector 'mps'; known: msp, maxlogit"):
         detectors.create("mps")
-    with pytest.raises(ValueError, match=r"detector 'energy' has no hyperparameter\(s\) t; it takes: precision, temperature"):
+    with pytest.raises(ValueError, match=r"detector 'energy' has no hyperparameter\(s\) t; it takes: compute_dtype, device, temperature"):
         detectors.create("energy", t=2.0)
     with pytest.raises(ValueError, match=r"zero-shot scorer 'gen' has no hyperparameter\(s\) m; it takes: gamma, tau, top_m"):
         zeroshot.create("gen", m=5)
@@ -72,7 +72,7 @@ def test_one_hyperparameter_vocabulary_across_families():
     for name, param in shared.items():
         assert param in detectors.create(name).get_params(), name
         assert param in zeroshot.create(name).get_params(), name
-    assert detectors.create("gen").get_params() == {"gamma": 0.1, "top_m": 100, "precision": "float32"}
+    assert detectors.create("gen").get_params() == {"gamma": 0.1, "top_m": 100, "compute_dtype": "float32", "device": None}
 
 
 def _cnc_folders(root):

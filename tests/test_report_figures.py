@@ -21,7 +21,7 @@ def test_fig1_has_ci_bars_and_shows_a_zero_value():
     marks = [line for line in ax.lines if line.get_marker() == "|"]
     assert marks and 0.0 in marks[0].get_xdata()  # the 0.0 bar has no width, its value mark shows
     texts = [t.get_text() for t in ax.texts]
-    assert texts == ["0.0 (knn)", "40.0 (msp)"]
+    assert texts == ["0.0 (k-NN)", "40.0 (MSP)"]  # the paper's labels
 
 
 def test_figA4_series_at_the_same_values_stay_distinguishable():

@@ -133,7 +133,15 @@ def test_html_renders_in_headless_chromium(report, tmp_path):
         assert {"tab1", "tabA1", "tabA2", "splits", "tabA6", "cnc"} <= set(tables)
         assert len(tables["tabA1"].find_elements(By.CSS_SELECTOR, "tbody tr")) == 4
         assert len(tables["cnc"].find_elements(By.CSS_SELECTOR, "tbody tr")) == 4 * 3
-        assert "mahalanobis" in tables["tabA1"].text
+        # the paper's labels, each with its registry name as the tooltip
+        names = tables["tabA1"].find_elements(By.CSS_SELECTOR, "tbody td:first-child span[title]")
+        assert [(n.text, n.get_attribute("title")) for n in names] == [("MSP", "msp"), ("Energy", "energy"), ("Maha", "mahalanobis"), ("k-NN", "knn")]
+        assert "mahalanobis" not in tables["tabA1"].text
+        # readable contrast: every detector name of Tabs. 3, A6, A7 in the body's text colour, none muted grey
+        body = driver.execute_script("return getComputedStyle(document.body).color;")
+        for key in ("tab3", "tabA6", "tabA7"):
+            spans = tables[key].find_elements(By.CSS_SELECTOR, "tbody span[title]")
+            assert spans and {driver.execute_script("return getComputedStyle(arguments[0]).color;", s) for s in spans} == {body}, key
         ci = re.compile(r"^(\d+\.\d) \[(\d+\.\d), (\d+\.\d)\]$")
         for key, css in (("tab1", "tbody td"), ("tabA1", "tbody td:not(:first-child)"), ("tabA2", "tbody td:not(:first-child)")):
             cells = [c.text for c in tables[key].find_elements(By.CSS_SELECTOR, css)]
@@ -184,3 +192,44 @@ def test_a_long_table_is_folded_with_its_head_visible(tmp_path):
         assert len(shown) == 2 + 30 and shown[-1] == "d29 1.0"  # the unfolded part repeats the head
     finally:
         driver.quit()
+
+
+def _demo_shaped_scores(sizes, rng) -> dict:
+    """The demo's OOD sets at ``sizes`` (near-OOD first, the primary), three detectors each, ID test
+    of ``sizes.id_test`` scores; OOD scores shifted so that FPR@95 lies strictly between 0 and 1."""
+    n_ood = {"fmnist-heldout": sizes.near_ood, "digits": sizes.digits, "photos": sizes.photos,
+             "noise-uniform": sizes.uniform, "noise-gaussian": sizes.gaussian}  # fmt: skip
+    id_s = {d: rng.normal(size=sizes.id_test) for d in ("msp", "energy", "knn")}
+    return {s: {d: (id_s[d], rng.normal(loc=-1.0 - 0.3 * i, size=m)) for i, d in enumerate(id_s)} for s, m in n_ood.items()}
+
+
+@pytest.mark.parametrize("quick, expected_n", [(True, 50), (False, 500)])
+def test_tabA6_default_n_gives_every_demo_set_its_draws(quick, expected_n):
+    """At the report's default n, every row of the demo's Tab. A6 (the quick and the full sizes) has
+    draws: mean, bias, std and rho, none of them a dash; the caption says how n was chosen."""
+    from oodeval.demo.data import DemoSizes
+    from oodeval.report.subsampling import default_subsample_n, subsampling_view
+
+    sizes = DemoSizes.quick() if quick else DemoSizes()
+    scores = _demo_shaped_scores(sizes, np.random.default_rng(0))
+    n, why = default_subsample_n(scores, "fmnist-heldout")
+    assert n == expected_n  # half the smallest other set (the noise sets), below the primary set's size
+    a6 = subsampling_view(scores, None, 20, 0, "m", "fmnist-heldout")
+    assert f"n={n}" in a6.caption and "noise-uniform, N = " in a6.caption and "capped at 0.5" in a6.caption
+    frame = a6.frame.set_index("Dataset")
+    assert list(frame.index) == list(scores)
+    drawn = frame[["mean", "bias", "std", "rho"]]
+    assert not (drawn == "–").any().any(), drawn
+    assert (frame["n/N (%)"].astype(float) < 100).all()
+
+
+def test_tabA6_default_n_is_the_papers_where_the_primary_set_is_the_smallest():
+    """Fi-ImageNet-1k's case: the primary set (655) is the smallest, so n is its size and its own row
+    has the closed form only, as the paper's Tab. A6."""
+    from oodeval.report.subsampling import default_subsample_n
+
+    rng = np.random.default_rng(1)
+    scores = {s: {"msp": (rng.normal(size=50), rng.normal(size=m))} for s, m in (("fi", 655), ("ninco", 5879), ("imagenet-o", 2000))}
+    assert default_subsample_n(scores, "fi") == (655, "n = the primary set's size (fi, the paper's choice).")
+    assert default_subsample_n({"fi": scores["fi"]}, "fi")[0] == 655
+    assert default_subsample_n(scores, "absent") == (None, "")

@@ -15,6 +15,7 @@ from oodeval import cli
 from oodeval.experiment import load_config
 from oodeval.report import build_views, save_sweep, write_report
 from oodeval.report.reference import TABLES, load_reference
+from oodeval.report.views import Cell
 from oodeval.results import hp_json, load_results, save_results
 
 PRESET = Path(__file__).resolve().parents[1] / "examples" / "fi-imagenet-1k.toml"
@@ -179,8 +180,9 @@ def test_tab3_and_tabA3_on_the_best_top1_model(grid):
     assert "EVA02-L-448" in t3.caption  # the best Top-1 supervised model, as the paper
     frame = t3.frame.set_index("Dataset")
     assert list(frame.index) == ["Textures", "NINCO", "Fi-ImageNet-1k"]  # cleaned sub-samples apart, primary last
-    assert frame.loc["Textures", "FPR@95"] == "21.2 [19.2, 23.2]" and str(frame.loc["Textures", "FPR detector"]) == "mahalanobis_pp"
-    assert frame.loc["NINCO", "n"] == "5879" and str(frame.loc["NINCO", "AUROC detector"]) == "msp"
+    assert frame.loc["Textures", "FPR@95"] == "21.2 [19.2, 23.2]" and frame.loc["Textures", "FPR detector"] == Cell("Maha++", title="mahalanobis_pp")
+    assert frame.loc["NINCO", "n"] == "5879" and frame.loc["NINCO", "AUROC detector"].title == "msp"
+    assert not any(c.muted for c in frame["FPR detector"])  # detector names in full contrast
     a3 = _view(views, "tabA3").frame.iloc[0]
     assert a3["Dataset"] == "Textures" and a3["n clean"] == "288" and a3["%"] == f"{100 * 288 / 5640:.1f}"
     assert a3["FPR@95 clean"] == "10.0 [8.0, 12.0]" and a3["ΔFPR"] == "-11.2"
@@ -207,6 +209,9 @@ def test_tabA7_and_the_paper_comparison(grid):
     eva = a7.set_index("Model").loc["EVA02-L-448"]
     assert (eva["Pre-training"], eva["Params"], eva["FPR@95"]) == ("MIM + ImageNet-21k", "305.1M", "65.0 [63.0, 67.0]")
     cmp = _view(views, "paper").frame
+    shown = cmp["Detector"].map(str)
+    cmp = cmp.assign(Detector=[c.title if isinstance(c, Cell) else c for c in cmp["Detector"]])  # keyed on registry names
+    assert "best: Maha++ (paper: Maha++)" in set(shown) and "best: mahalanobis_pp (paper: mahalanobis_pp)" in set(cmp["Detector"])
     eva1 = cmp[(cmp["Table"] == "tab1") & (cmp["Model"] == "EVA02-L-448") & (cmp["Metric"] == "FPR@95")].iloc[0]
     assert (eva1["Paper"], eva1["Δ"], eva1["Flag"]) == ("65.0", "+0.0", "")  # 65.0 inside [63.0, 67.0]
     res1 = cmp[(cmp["Table"] == "tab1") & (cmp["Model"] == "ResNet50") & (cmp["Metric"] == "FPR@95")].iloc[0]

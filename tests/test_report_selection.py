@@ -49,13 +49,14 @@ def test_without_experiment_both_configurations_are_labelled_and_named(two_knn):
     tmp, results, _ = two_knn
     paths = write_report(results, tmp / "all", draws=20, formats=("png",))
     md = paths["markdown"].read_text()
-    assert "knn on synthetic (k=5; k=10)" in md  # the rule states which detector has several configurations
+    assert "k-NN on synthetic (k=5; k=10)" in md  # the rule states which detector has several configurations
     views, _ = build_views(load_results(results), results, primary="small", draws=20)
     a1 = next(v for v in views if v.key == "tabA1").frame
-    assert {"knn k=5", "knn k=10"} <= set(a1["Detector"])  # both shown, each labelled
-    assert "knn" not in set(a1["Detector"])
+    assert {"knn k=5", "knn k=10"} <= {c.title for c in a1["Detector"]}  # both shown, each labelled
+    assert {"k-NN k=5", "k-NN k=10"} <= {c.text for c in a1["Detector"]}
+    assert "knn" not in {c.title for c in a1["Detector"]}
     t1 = next(v for v in views if v.key == "tab1").frame
-    assert t1["FPR detector"].iloc[0] != "knn"  # a knn pick is always named with its configuration
+    assert t1["FPR detector"].iloc[0].title != "knn"  # a knn pick is always named with its configuration
 
 
 def test_declared_rule_shows_only_the_experiments_configuration(two_knn):
@@ -85,7 +86,7 @@ def test_cli_report_with_experiment_and_openood_convention(two_knn, capsys):
     t1 = next(v for v in views if v.key == "tab1").frame
     assert list(t1.columns).index("FPR@95 OOD-pos") < list(t1.columns).index("FPR@95")  # the chosen convention leads
     t1 = t1.iloc[0]
-    row = rows[(rows["dataset"] == "small") & (rows["label"] == t1["FPR detector"])].iloc[0]
+    row = rows[(rows["dataset"] == "small") & (rows["label"] == t1["FPR detector"].title)].iloc[0]
     assert t1["FPR@95 OOD-pos"].startswith(f"{100 * fpr_ood_positive(*load_cell_scores(row, results)):.1f} [")
     capsys.readouterr()
 
@@ -201,7 +202,7 @@ def test_opt_in_search_on_validation_data_only(tmp_path):
     id_scores, _ = load_cell_scores(knn.iloc[0], summary.results)
     np.testing.assert_array_equal(id_scores, detectors.create("knn", k=chosen).fit(train).score(test))
     md = write_report(summary.results, tmp_path / "rep", draws=10, experiment=cfg, formats=("png",))["markdown"].read_text()
-    assert f"Chosen on validation data, never on a test set: knn on synthetic: validation: k={chosen}" in md
+    assert f"Chosen on validation data, never on a test set: k-NN on synthetic: validation: k={chosen}" in md
     assert run_experiment(cfg, progress=False).computed == 0  # the search's cells are found again on a rerun
 
 

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from oodeval.report import build_views, write_report
-from oodeval.report.views import prepare
+from oodeval.report.views import Cell, prepare
 from oodeval.results import hp_json, save_results
 
 # (model, detector) -> dataset -> (FPR@95, AUROC); seeds add -0.01 / +0.01 around these values
@@ -72,9 +72,9 @@ def test_tab1_best_per_model_chosen_independently(table):
 
     views, choice = build_views(load_results(table), table, primary="fi")
     t = view(views, "tab1").frame.set_index("Model")
-    assert text(t.loc["resA", "FPR@95"]) == "75.0" and t.loc["resA", "FPR detector"] == "energy"
-    assert text(t.loc["resA", "AUROC"]) == "78.0" and t.loc["resA", "AUROC detector"] == "mahalanobis"
-    assert text(t.loc["resB", "FPR@95"]) == "60.0" and t.loc["resB", "FPR detector"] == "msp"
+    assert text(t.loc["resA", "FPR@95"]) == "75.0" and t.loc["resA", "FPR detector"] == Cell("Energy", title="energy")
+    assert text(t.loc["resA", "AUROC"]) == "78.0" and t.loc["resA", "AUROC detector"] == Cell("Maha", title="mahalanobis")
+    assert text(t.loc["resB", "FPR@95"]) == "60.0" and t.loc["resB", "FPR detector"].title == "msp"
     assert t.loc["resB", "FPR@95"].bold and not t.loc["resA", "FPR@95"].bold
     assert text(t.loc["resB", "Top-1"]) == "90.0"
     # the zero-shot group ignores vocabulary scorers: logit-space best is energy 88.0
@@ -86,7 +86,9 @@ def test_tabA1_and_tabA2(table):
     from oodeval.results import load_results
 
     views, _ = build_views(load_results(table), table, primary="fi")
-    a1 = view(views, "tabA1").frame.set_index("Detector")
+    a1 = view(views, "tabA1").frame
+    assert [(c.text, c.title) for c in a1["Detector"]] == [("MSP", "msp"), ("Energy", "energy"), ("Maha", "mahalanobis")]  # paper labels, ids as tooltips
+    a1 = a1.assign(Detector=[c.title for c in a1["Detector"]]).set_index("Detector")
     assert list(a1.columns) == ["resA", "resB"]  # supervised models only
     assert list(a1.index) == ["msp", "energy", "mahalanobis"]  # the paper's order
     assert text(a1.loc["energy", "resA"]) == "75.0 / 65.0" and a1.loc["energy", "resA"].bold
@@ -112,8 +114,9 @@ def test_vocabulary_split_and_cnc_views(table):
     a4 = view(views, "splits").frame
     assert [text(x) for x in a4["Dataset / split"]] == ["fi", "fine_grained=False", "fine_grained=True"]
     # msp: mean over resA/resB of the split values, (0.75 + 0.55) / 2 on the ordinary part
-    assert text(a4.iloc[1]["msp"]) == "65.0"
+    assert text(a4.iloc[1][Cell("MSP", title="msp")]) == "65.0"  # a detector column, headed by its label
     cnc = view(views, "cnc").frame
+    cnc = cnc.assign(Detector=[c.title for c in cnc["Detector"]])
     r = cnc[(cnc["Model"] == "resA") & (cnc["Detector"] == "msp") & (cnc["OOD set"] == "near")].iloc[0]
     # seeds give 0.71 and 0.69: mean 70.00, sample std (ddof=1) = 0.02 / sqrt(2) = 1.41 points
     assert r["TNR@TPR95"] == "70.00 ± 1.41" and r["runs"] == "2"

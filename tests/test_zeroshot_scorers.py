@@ -158,7 +158,7 @@ def test_scoring_streams_a_memory_mapped_store_in_chunks(tmp_path, monkeypatch):
     """Peak numpy memory while scoring a memory-mapped FeatureSet is a chunk plus the text, not the array."""
     import tracemalloc
 
-    import oodeval.detectors._common as common
+    import oodeval._arrays as common
 
     from oodeval.features.stream import iter_chunks
 

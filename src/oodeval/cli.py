@@ -1,6 +1,8 @@
 """The ``oodeval`` command. Each sub-command is a module in :mod:`oodeval.commands` defining
-``HELP`` (one line), ``add_arguments(parser)`` and ``run(args) -> int | None``; modules import
-their heavy dependencies inside ``run`` so that ``oodeval --help`` stays fast.
+``HELP`` (one line), ``add_arguments(parser)`` and ``run(args) -> int | None``. ``oodeval CMD ...``
+imports that command's module alone and ``oodeval --help`` none (their ``HELP`` lines are read from
+the source), so starting one command does not import what the others run; the heavy optional
+packages (torch, matplotlib, ...) load only inside ``run``.
 
 Each module also defines ``EXAMPLES`` (command lines shown in its ``--help``); the options
 several commands share are defined once in :mod:`oodeval.commands._options`.
@@ -16,7 +18,9 @@ writes above the progress bars; third-party INFO chatter (open_clip, timm) shows
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib
+import importlib.util
 import logging
 import pkgutil
 import sys
@@ -28,6 +32,26 @@ from .commands._options import Formatter, add_command, examples
 from .errors import is_user_error
 
 _VERBOSE_HELP = "log debug messages and show tracebacks (accepted anywhere on the line)"
+
+
+def _command_names() -> dict[str, str]:
+    """Command name -> its module's name in :mod:`oodeval.commands`, found without importing them."""
+    return {info.name.replace("_", "-"): info.name for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda i: i.name)
+            if not info.name.startswith("_")}  # fmt: skip
+
+
+def _help_line(module: str) -> str:
+    """A command module's ``HELP``, read from its source when it is a literal (the top-level
+    ``--help`` then imports no command), else from the imported module."""
+    spec = importlib.util.find_spec(f"{commands.__name__}.{module}")
+    source = spec.loader.get_source(spec.name) if spec and spec.loader else None
+    for node in ast.parse(source or "").body:
+        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["HELP"]:
+            try:
+                return str(ast.literal_eval(node.value))
+            except ValueError:
+                break
+    return importlib.import_module(f"{commands.__name__}.{module}").HELP
 
 
 def _command_modules() -> dict[str, object]:
@@ -63,7 +87,11 @@ def _show_default(action: argparse.Action) -> None:
         action.help = f"{action.help} (default {shown.replace('%', '%%')})"
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None, listing: bool = False) -> argparse.ArgumentParser:
+    """The ``oodeval`` parser with every command. ``only``: import and define that command alone
+    (what ``oodeval CMD ...`` parses); ``listing``: the commands by name and help line only, none
+    imported (what ``oodeval --help`` shows). Importing a command imports what it runs, so this keeps
+    the start of one command from importing every other."""
     parser = argparse.ArgumentParser(
         prog="oodeval", description="Evaluate out-of-distribution detection and build OOD benchmarks.", formatter_class=Formatter,
         epilog=examples("oodeval demo", "oodeval extract --model resnet50 --pretrained --dataset imagenet1k-val --store feats/",
@@ -73,7 +101,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"oodeval {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help=_VERBOSE_HELP)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, mod in _command_modules().items():
+    if listing:
+        for name, module in _command_names().items():
+            add_command(sub, name, _help_line(module), [])
+        return parser
+    mods = {only: importlib.import_module(f"{commands.__name__}.{_command_names()[only]}")} if only else _command_modules()
+    for name, mod in mods.items():
         p = add_command(sub, name, mod.HELP, mod.EXAMPLES)
         mod.add_arguments(p)
         p.set_defaults(_run=mod.run)
@@ -115,7 +148,9 @@ def _unroute_logs(handler: logging.Handler, before: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``oodeval`` console script (and ``python -m oodeval``)."""
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command = next((a for a in argv if not a.startswith("-")), None)  # the top level's options take no value
+    parser = build_parser(command) if command in _command_names() else build_parser(listing=command is None)
     args = parser.parse_args(argv)
     if not getattr(args, "_run", None):
         parser.print_help()

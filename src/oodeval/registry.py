@@ -6,7 +6,7 @@ tags=(...), order=N)``. ``names(*tags)`` lists the names carrying every given ta
 names is written twice. Packages extend a registry by naming a module in its entry-point group
 (``oodeval.detectors`` / ``oodeval.zeroshot_scorers``); the module is imported on first use and
 registers its classes, so they work in every command (docs/extending.md). ``create(name, **hyperparameters)`` builds one and names the valid
-hyperparameters when given an unknown one, or a value of the wrong kind for a numeric or boolean default. Tags in use: "paper21" (the Fi-ImageNet-1k paper's 21
+hyperparameters when given an unknown one, or the limit a value breaks (:mod:`oodeval.params`). Tags in use: "paper21" (the Fi-ImageNet-1k paper's 21
 post-hoc detectors), the paper's groups "logit", "activation", "feature", "hybrid", "cnc" (reads
 the outlier class of a K+1 model), "zeroshot" and "needs-vocabulary" (a negative vocabulary).
 Other tools' names can be registered as aliases (``alias(name, target, source)``): every lookup
@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator, Mapping
 from importlib.metadata import entry_points
 
 from .errors import InputError, UnknownNameError
+from .params import check_hyperparameters, refuse
 
 __all__ = ["Registry"]
 
@@ -131,24 +132,24 @@ class Registry(Mapping[str, type]):
         return sorted(chosen, key=lambda n: (self._order[n], index[n]))
 
     def create(self, name: str, **hyperparameters: object) -> object:
-        """A new ``name`` with its defaults overridden by ``hyperparameters`` (unknown ones refused)."""
+        """A new ``name`` with its defaults overridden by ``hyperparameters``: unknown names (with the
+        closest known ones, or the new name of a renamed one) and values the class's declared
+        ``constraints`` refuse (:mod:`oodeval.params`) are one InputError naming all of them."""
         cls = self[name]
         params = inspect.signature(cls).parameters
-        unknown = sorted(set(hyperparameters) - set(params))
-        if unknown and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
-            raise InputError(
-                f"{self.kind} {name!r} has no hyperparameter(s) {', '.join(unknown)}; it takes: {', '.join(sorted(params)) or 'none'}"
-            )
+        refuse(check_hyperparameters(cls, hyperparameters))
+        declared = getattr(cls, "constraints", {})
         for key, value in hyperparameters.items():
-            default = params[key].default if key in params else inspect.Parameter.empty
-            _check_type(f"{self.kind} {name!r}", key, value, default)
+            if key not in declared:
+                default = params[key].default if key in params else inspect.Parameter.empty
+                _check_type(f"{self.kind} {name!r}", key, value, default)
         return cls(**hyperparameters)
 
 
 def _check_type(who: str, key: str, value: object, default: object) -> None:
     """Refuse a value of the wrong kind for a hyperparameter whose default is a number (None is
     let through: "all" / "auto" for some) or a boolean (``temperature="abc"``); other defaults
-    (None, strings) take any value. Ranges are each detector's own check."""
+    (None, strings) take any value; for a hyperparameter the class declares no constraint for."""
     is_bool = type(value).__name__ in ("bool", "bool_")  # Python's or numpy's, without importing numpy
     if isinstance(default, bool):
         if not is_bool:

@@ -1,7 +1,8 @@
 """The results table of an experiment: one Parquet file, one row per evaluated cell.
 
-A cell is keyed by :data:`KEY` = (model, weights, detector, hyperparameters, dataset, split, seed);
-``hyperparameters`` is the detector's overrides as key-sorted JSON (``"{}"`` for the defaults);
+A cell is keyed by a :class:`CellKey` (:data:`KEY` = model, weights, detector, hyperparameters,
+dataset, split, seed); ``hyperparameters`` is the detector's explicit overrides as key-sorted JSON
+(``"{}"`` for the defaults), in every table oodeval writes;
 ``hyperparameters_resolved`` is every hyperparameter the detector ran with (its backbone's
 release defaults under those overrides, ``oodeval.detectors.defaults``) and ``backbone`` the
 backbone family they were resolved for. ``vocabulary_source`` (JSON) records what made a zero-shot
@@ -15,6 +16,12 @@ existed); the bootstrapped ones carry
 and its message in ``error``; its metrics are NaN. ``random_init`` is true where the model's
 features came from random weights (``pretrained = false``, or a FeatureSet whose meta says so). Per-cell scores live beside the table
 (``scores_id`` / ``scores_ood`` are paths relative to the table's folder).
+
+:func:`result_row` is the one row definition: the results table's rows (``oodeval run``,
+``score --out X.parquet``, ``cnc evaluate --results``) and the score table's (``oodeval score``'s
+rows and CSV, ``oodeval.evaluate``'s DataFrame, :data:`SCORE_COLUMNS`: the same columns without the
+key's model, weights, split and seed, the OOD set named ``ood``) are built by it from a cell of
+:func:`oodeval.scoring.fit_score_evaluate` and the :class:`oodeval.scorer.Scorer` that made it.
 
 On disk a table is a Parquet dataset of parts: the main file at the table's path plus the
 part files under ``<stem>.parts/`` beside it. Each writer (one detector fit of the in-process
@@ -35,7 +42,9 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -45,7 +54,10 @@ from ._io import claim_folder, write_parquet_atomic
 from .errors import InputError, StateError
 
 __all__ = [
+    "CellKey",
     "KEY",
+    "SCORE_COLUMNS",
+    "result_row",
     "METRICS",
     "BOOTSTRAPPED",
     "COLUMNS",
@@ -64,7 +76,25 @@ __all__ = [
     "missing_cell_scores",
 ]
 
-KEY = ("model", "weights", "detector", "hyperparameters", "dataset", "split", "seed")
+
+
+class CellKey(NamedTuple):
+    """The key of one cell of a results table (a tuple: compares, hashes and unpacks as one)."""
+
+    model: str
+    weights: str
+    detector: str
+    hyperparameters: str
+    dataset: str
+    split: str
+    seed: int
+
+    def without_split(self) -> tuple:
+        """The key with its split left out: the cell over the whole set and its split cells share it."""
+        return self[:5] + self[6:]
+
+
+KEY = CellKey._fields
 METRICS = ("fpr95", "fpr95_ood_positive", "tnr95", "auroc", "aupr_in", "aupr_out", "detection_error")
 BOOTSTRAPPED = ("fpr95", "fpr95_ood_positive", "tnr95", "auroc", "detection_error")
 #: the oodeval output kind of a table's parts folder
@@ -94,6 +124,9 @@ _INFO = {
     "scores_id": "string",
     "scores_ood": "string",
     "seconds": "float64",
+    "fit_seconds": "float64",
+    "score_seconds": "float64",
+    "ci_resamples": "string",
     "created": "string",
 }
 _KEY_TYPES = {k: ("int64" if k == "seed" else "string") for k in KEY}
@@ -103,6 +136,40 @@ COLUMNS: dict[str, str] = {
     **{f"{m}_{b}": "float64" for m in BOOTSTRAPPED for b in ("lo", "hi")},
     **_INFO,
 }
+
+
+#: the score table's columns (``oodeval score``, ``oodeval.evaluate``): a results row's without the
+#: key's model, weights, split and seed, the OOD set named ``ood``
+SCORE_COLUMNS = ("detector", "ood", "hyperparameters", *(c for c in COLUMNS if c not in KEY))
+
+
+def result_row(cell: Mapping, scorer=None, key: CellKey | None = None, *, resolved: bool = True, **columns) -> dict:
+    """One row of a results table (``key`` given: its columns, then ``cell``'s but ood, split and
+    seed) or of the score table (no ``key``: detector and ood first, :data:`SCORE_COLUMNS`, then
+    the rest of ``cell``).
+
+    ``cell`` is a row of :func:`oodeval.scoring.fit_score_evaluate` (or ``{"status": "error",
+    "error": ...}``). ``scorer`` (the :class:`oodeval.scorer.Scorer` that made it; None where none
+    was built) gives the ``backbone``, the explicit ``hyperparameters`` (JSON; a results row takes
+    its key's, which also name a vocabulary or a search) and, with ``resolved``,
+    ``hyperparameters_resolved``: every hyperparameter it ran with. ``columns`` are further columns
+    of :data:`COLUMNS` (an unknown name is refused); a writer's own provenance columns (the CnC
+    training's) are added by that writer to its table.
+    """
+    head = dict(key._asdict()) if key is not None else {"detector": scorer.name, "ood": cell["ood"]}
+    drop = {"ood", *head} | (set(KEY) if key is not None else set())
+    row = {**head, **{k: v for k, v in cell.items() if k not in drop}}
+    if scorer is not None:
+        row["backbone"] = scorer.backbone
+        if key is None:
+            row["hyperparameters"] = hp_json(scorer.hyperparameters)
+        if resolved:
+            row["hyperparameters_resolved"] = hp_json(scorer.resolved())
+    row.update(columns)
+    unknown = sorted(set(row) - set(COLUMNS) - {"ood"})
+    if unknown:
+        raise StateError(f"result_row: {unknown} are not columns of a results table (oodeval.results.COLUMNS)")
+    return row
 
 
 def hp_json(hyperparameters: dict | None) -> str:
@@ -244,8 +311,8 @@ def done_keys(df: pd.DataFrame, include_errors: bool = False) -> set[tuple]:
     return {_key_of(r) for r in rows[list(KEY)].itertuples(index=False, name=None)}
 
 
-def _key_of(values: tuple) -> tuple:
-    return tuple(int(v) if k == "seed" else str(v) for k, v in zip(KEY, values))
+def _key_of(values: tuple) -> CellKey:
+    return CellKey(*(int(v) if k == "seed" else str(v) for k, v in zip(KEY, values)))
 
 
 def load_cell_scores(row: pd.Series | dict, results_path: str | Path, mmap: bool = False) -> tuple[np.ndarray, np.ndarray]:

@@ -1,9 +1,11 @@
 """Fit-then-score detectors on cached features and evaluate every (ID, OOD) cell.
 
 :func:`fit_score_evaluate` is the one loop behind ``oodeval score``, the experiment grid and
-``oodeval cnc evaluate``: one fit per detector on the ID-train FeatureSet, one score pass over the
+``oodeval cnc evaluate``: one fit per detector on its fitting rows, one score pass over the
 ID-test set and each OOD set, metrics and bootstrap CIs from :func:`cell_metrics` (fractions; ID
-positive, higher score = ID), failures as error rows.
+positive, higher score = ID), failures as error rows. The detector it runs is built by the seam
+:func:`oodeval.scorer.build_scorer` (backbone defaults, fitting rows, seed, view); the rows of
+:func:`evaluate_detectors` by :func:`oodeval.results.result_row`.
 """
 
 from __future__ import annotations
@@ -21,13 +23,15 @@ __all__ = ["check_request", "evaluate_detectors", "supported_names", "parse_hype
 def parse_hyperparameters(items: list[str]) -> dict[str, dict[str, object]]:
     """``["knn.k=50", "energy.temperature=2"]`` -> ``{"knn": {"k": 50}, "energy": {"temperature": 2}}``.
 
-    Values are parsed as JSON when possible (numbers, true/false, null, lists), else kept as text.
+    A ``module.path:Class`` detector's key splits at the last dot, after the colon
+    (``mypkg.sub:MyDet.k=5`` -> ``{"mypkg.sub:MyDet": {"k": 5}}``). Values are parsed as JSON when
+    possible (numbers, true/false, null, lists), else kept as text.
     """
     out: dict[str, dict[str, object]] = {}
     for item in items:
         key, sep, value = item.partition("=")
-        name, dot, param = key.partition(".")
-        if not (sep and dot and name and param):
+        name, dot, param = key.rpartition(".") if ":" in key else key.partition(".")
+        if not (sep and dot and name and param) or ":" in param:
             raise InputError(f"hyperparameter {item!r} is not of the form DETECTOR.NAME=VALUE")
         try:
             parsed: object = json.loads(value)
@@ -37,20 +41,22 @@ def parse_hyperparameters(items: list[str]) -> dict[str, dict[str, object]]:
     return out
 
 
-def supported_names(
-    train: FeatureSet | None, test: FeatureSet, oods: Mapping[str, FeatureSet], fit_sets: Mapping[str, FeatureSet] | None = None
-) -> list[str]:
+def supported_names(train: FeatureSet | None, test: FeatureSet, oods: Mapping[str, FeatureSet], tapped: FeatureSet | None = None) -> list[str]:
     """The registered detectors the ID-test and every OOD FeatureSet support, fitted on ``train``
-    or on their entry in ``fit_sets``, in registry order."""
+    (or, for a detector that declares ``fits_on``, on ``tapped`` when given), in registry order."""
     from . import detectors
 
-    fit_sets = fit_sets or {}
-    return [n for n in detectors.default_names() if all(detectors.supported(fit_sets.get(n, train), x, [n]) for x in (test, *oods.values()))]
+    def fit_on(name: str) -> FeatureSet | None:
+        return tapped if tapped is not None and detectors.REGISTRY[name].fits_on is not None else train
+
+    return [n for n in detectors.default_names() if all(detectors.supported(fit_on(n), x, [n]) for x in (test, *oods.values()))]
 
 
 def check_request(names: list[str] | None, hyperparameters: Mapping[str, Mapping[str, object]] | None) -> None:
-    """InputError for an unknown detector or hyperparameter name, or a value of the wrong kind, before anything runs."""
+    """One InputError for every unknown detector, unknown hyperparameter name or value its declared
+    constraint refuses (:mod:`oodeval.params`), before anything runs."""
     from . import detectors
+    from .params import check_hyperparameters, refuse
 
     hyperparameters = dict(hyperparameters or {})
     names = [_canonical(detectors.resolve(n)) for n in names or ()]
@@ -58,8 +64,7 @@ def check_request(names: list[str] | None, hyperparameters: Mapping[str, Mapping
     unknown = sorted((set(names) | set(hyperparameters)) - set(detectors.names()))
     if unknown:
         raise InputError(f"unknown detectors {unknown}; known: {', '.join(detectors.names())}")
-    for name, hp in hyperparameters.items():
-        detectors.create(name, **hp)
+    refuse([p for name, hp in hyperparameters.items() for p in check_hyperparameters(detectors.REGISTRY[name], hp)])
 
 
 def _canonical(name: str) -> str:
@@ -78,17 +83,18 @@ def evaluate_detectors(
     hyperparameters: Mapping[str, Mapping[str, object]] | None = None,
     scores_out: dict | None = None,
     progress: bool = True,
-    fit_sets: Mapping[str, FeatureSet] | None = None,
+    tapped: FeatureSet | None = None,
     draws: int = 0,
     seed: int = 0,
     fixed_id: bool = True,
 ) -> list[dict]:
-    """One row per (detector, OOD set): detector, ood, status ``ok``, n_id, n_ood, fpr95,
-    fpr95_ood_positive, tnr95,
-    auroc, aupr_in, aupr_out, detection_error (fractions), fit seconds and score seconds (ID test
-    + that set), the backbone family and the detector's full resolved hyperparameters (JSON); with
-    ``draws`` > 0 also the bootstrap bounds of :func:`cell_metrics` (seeded by ``seed``) and
-    ``ci_resamples``. Each detector runs through :func:`fit_score_evaluate`.
+    """One row per (detector, OOD set) (:func:`oodeval.results.result_row`): detector, ood, status
+    ``ok``, n_id, n_ood, fpr95, fpr95_ood_positive, tnr95, auroc, aupr_in, aupr_out, detection_error
+    (fractions), fit seconds and score seconds (ID test + that set), the backbone family, the
+    explicit hyperparameters and every hyperparameter the detector ran with (``hyperparameters`` /
+    ``hyperparameters_resolved``, JSON, as in a results table); with ``draws`` > 0 also the
+    bootstrap bounds of :func:`cell_metrics` (seeded by ``seed``) and ``ci_resamples``. Each
+    detector is built by :func:`oodeval.scorer.build_scorer` and runs through :func:`fit_score_evaluate`.
 
     ``names`` defaults to every detector the FeatureSets support (:func:`detectors.supported`,
     checked against the test and every OOD set). A detector that fails (its fit, the ID-test set
@@ -96,38 +102,32 @@ def evaluate_detectors(
     the ID-train set) gets rows with status ``error`` and the message in ``error``, and the loop
     goes on. ``hyperparameters`` maps a detector name to constructor overrides; an unknown detector
     or hyperparameter name is a ValueError before anything runs. Every other hyperparameter that
-    depends on the backbone recorded in the set a detector fits on (``train``, or ``test`` when
-    there is none) takes that backbone's release default (:func:`detectors.defaults.resolve_defaults`).
-    When ``scores_out`` is a dict it receives ``scores_out[detector] = {"id": ..., ood_name: ...}``
-    for the sets that scored. ``fit_sets`` maps a detector name to the FeatureSet it fits on
-    instead of ``train`` (NAC's tapped fitting rows, :func:`oodeval.features.extract.extract_nac_fit`).
+    depends on the backbone recorded in the set a detector fits on takes that backbone's release
+    default (:func:`detectors.defaults.resolve_defaults`). When ``scores_out`` is a dict it
+    receives ``scores_out[detector] = {"id": ..., ood_name: ...}`` for the sets that scored.
+    ``tapped`` is the FeatureSet a detector that declares ``fits_on`` fits on instead of ``train``
+    (NAC's tapped fitting rows, :func:`oodeval.features.extract.extract_nac_fit`).
     """
-    from . import detectors
-    from .detectors.defaults import backbone_family, resolve_defaults
-    from .results import hp_json
+    from .results import result_row
+    from .scorer import RunSets, build_scorer
 
     if not oods:
         raise InputError("evaluate_detectors needs at least one OOD FeatureSet")
     hyperparameters = {_canonical(k): v for k, v in (hyperparameters or {}).items()}
-    fit_sets = {_canonical(k): v for k, v in (fit_sets or {}).items()}
     names = None if names is None else [_canonical(n) for n in names]
     if names is None:
-        names = supported_names(train, test, oods, fit_sets)
+        names = supported_names(train, test, oods, tapped)
     check_request(names, hyperparameters)
+    sets = RunSets(train, test, None if tapped is None else (lambda size, seed: tapped))
     rows: list[dict] = []
-    source = train if train is not None else test
-    family = backbone_family(source.meta.get("model"))
     for name in _progress(names, progress):
-        fit_on = fit_sets.get(name, train)
-        det = detectors.create(name, **resolve_defaults(name, fit_on if fit_on is not None else source, hyperparameters.get(name)))
+        scorer = build_scorer(name, hyperparameters.get(name), sets)
         out: dict = {}
-        for row in fit_score_evaluate(det, fit_on, test, oods, draws=draws, seed=seed, fixed_id=fixed_id, scores_out=out):
+        for row in fit_score_evaluate(scorer, scorer.train, test, oods, draws=draws, seed=seed, fixed_id=fixed_id, scores_out=out):
             row.pop("split"), row.pop("seed")
-            if row["status"] == "ok":
-                row.update(backbone=family, hyperparameters=hp_json(det.resolved_params()))
-                if draws:
-                    row["ci_resamples"] = "OOD (ID fixed)" if fixed_id else "ID and OOD"
-            rows.append({"detector": name, **row})
+            if row["status"] == "ok" and draws:
+                row["ci_resamples"] = "OOD (ID fixed)" if fixed_id else "ID and OOD"
+            rows.append(result_row(row, scorer, resolved=row["status"] == "ok"))
         if scores_out is not None and "id" in out:
             scores_out[name] = out
     return rows

@@ -18,6 +18,7 @@ from .detectors._synthetic import synthetic_problem
 from .detectors.base import Detector
 from .errors import InputError, StateError
 from .features import FeatureSet
+from .params import outside
 
 __all__ = ["check_detector", "small_problem", "network_problem"]
 
@@ -79,14 +80,32 @@ def _poisoned(fs: FeatureSet) -> FeatureSet:
     return replace(fs, features=nan(fs.features), logits=None if fs.logits is None else nan(fs.logits), extras=extras)
 
 
-def _raises(kind: type[BaseException], call, what: str) -> None:
+def _raises(kind: type[BaseException], call, what: str, must_name: str | None = None) -> None:
     try:
         call()
-    except kind:
+    except kind as exc:
+        assert must_name is None or must_name in str(exc), f"{what}: the {kind.__name__} does not name {must_name!r}: {exc}"
         return
     except Exception as exc:  # noqa: BLE001 - reported as the broken rule
         raise AssertionError(f"{what}: raised {type(exc).__name__} ({exc}), expected {kind.__name__}") from exc
     raise AssertionError(f"{what}: no {kind.__name__} raised")
+
+
+def _check_constraints(cls: type[Detector], hp: dict, params: dict) -> None:
+    """Every hyperparameter declared; each value outside its constraint refused, naming it."""
+    name = cls.__name__
+    declared = getattr(cls, "constraints", {})
+    missing = sorted(set(params) - set(declared))
+    assert not missing, f"{name} declares no constraint for {', '.join(missing)} (class attribute `constraints`, docs/extending.md)"
+    for key, constraint in declared.items():
+        if key not in params:
+            continue
+        for bad in outside(constraint):
+            what = f"{name}({key}={bad!r})"
+            _raises(InputError, lambda: cls(**{**hp, key: bad}), what, must_name=f"{key}=")
+            det = cls(**hp)
+            _raises(InputError, lambda: det.set_params(**{key: bad}), f"{name}.set_params({key}={bad!r})", must_name=f"{key}=")
+            assert det.get_params() == params, f"{name}.set_params({key}={bad!r}) was refused but changed the parameters"
 
 
 def check_detector(cls: type[Detector], hyperparameters: dict | None = None,
@@ -97,7 +116,11 @@ def check_detector(cls: type[Detector], hyperparameters: dict | None = None,
     problem); ``problem`` is (train, test, ood), default :func:`small_problem` (turned into a K+1
     model's features when ``cls.suits`` refuses the plain one). The rules: the constructor stores
     its arguments unchanged and ``get_params`` returns exactly the constructor's parameters;
-    ``set_params`` and ``sklearn.base.clone`` round-trip them; ``score`` before ``fit`` is a
+    ``set_params`` and ``sklearn.base.clone`` round-trip them; every hyperparameter has a declared
+    constraint (``cls.constraints``, :mod:`oodeval.params`), the defaults meet it, and a value
+    outside it (from each constraint's ``outside()``) is an :class:`~oodeval.errors.InputError`
+    naming the hyperparameter, in the constructor and in ``set_params`` (which then leaves the
+    parameters as they were); ``score`` before ``fit`` is a
     :class:`~oodeval.errors.StateError`; ``fit`` returns the detector; ``score`` returns float64 (N,),
     finite; refitting (after a fit on other rows) and a clone give bit-identical scores; NaN in the
     input is an :class:`~oodeval.errors.InputError` in ``score`` (and in ``fit`` when it learns).
@@ -108,6 +131,10 @@ def check_detector(cls: type[Detector], hyperparameters: dict | None = None,
     if problem is None and cls.reads_outlier_class:
         train, test, ood = (_with_outlier_class(fs) for fs in (train, test, ood))
     assert issubclass(cls, Detector), f"{name} is not a subclass of oodeval.detectors.base.Detector"
+    try:
+        cls()
+    except InputError as exc:
+        raise AssertionError(f"{name}'s own defaults break its declared constraints: {exc}") from exc
 
     det = cls(**hp)
     params = det.get_params()
@@ -124,6 +151,7 @@ def check_detector(cls: type[Detector], hyperparameters: dict | None = None,
     assert det.get_params() == params, f"{name}.set_params(**get_params()) changed the parameters"
     twin = clone(det)
     assert twin is not det and twin.get_params() == params, f"sklearn.base.clone({name}) changed the parameters"
+    _check_constraints(cls, hp, params)
 
     _raises(StateError, lambda: cls(**hp).score(test), f"{name}.score before fit")
     assert det.fit(train) is det, f"{name}.fit does not return the detector"

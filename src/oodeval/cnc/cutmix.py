@@ -175,7 +175,7 @@ def outlier_batches(
     Step t of ``epoch`` uses :func:`step_rng` (seed, epoch, t): the same arguments give the same
     tensors. Pixels are scaled to [0, 1] and normalised per channel by ``mean`` / ``std``.
     """
-    from .train import to_tensor
+    from .tensors import to_tensor
 
     order = np.random.default_rng([seed, epoch]).permutation(len(images))
     for t, start in enumerate(range(0, len(order), batch_size)):

@@ -10,9 +10,12 @@ tables state it). Only like runs are averaged: :func:`comparable` refuses runs w
 (seed aside), data, device, precision or epochs reached differ, and :func:`check_finished` an
 unfinished run.
 
-On a CnC FeatureSet (``meta["outlier_class"] = K``) the ``cnc`` detector reads all K+1
-logits; every other detector sees the K-way classifier (:func:`id_view`: logits and head
-restricted to the first K classes), and ID accuracy is the argmax over the first K logits.
+Every detector is built by :func:`oodeval.scorer.build_scorer`, as in ``oodeval score`` and the
+grid: its backbone defaults and its view come from its class. On a CnC FeatureSet
+(``meta["outlier_class"] = K``) a detector that declares it reads the outlier class (the CnC
+detector) sees all K+1 logits; every other one sees the K-way classifier (:func:`id_view`, from
+:mod:`oodeval.features.views`: logits and head restricted to the first K classes), and ID accuracy
+is the argmax over the first K logits.
 Values are fractions; :func:`format_table` prints percentages.
 """
 
@@ -24,26 +27,19 @@ import numpy as np
 
 from ..errors import InputError
 from ..features import FeatureSet
+from ..features.views import id_view
+from ..features.views import num_id_classes as _num_id_classes
 from ..metrics import accuracy, evaluate
 from ..stats import mean_std
 
 __all__ = [
-    "METRICS", "id_view", "set_metrics", "evaluate_run", "aggregate", "format_table", "comparable", "check_id_labels",
+    "METRICS", "id_view", "outlier_class_readers", "set_metrics", "evaluate_run", "aggregate", "format_table", "comparable", "check_id_labels",
     "check_finished",
 ]  # fmt: skip
 
 #: the seed's OOD metrics (fractions), in the seed's order
 METRICS = ("tnr95", "auroc", "detection_error")
 _LABELS = {"tnr95": "TNR@TPR95", "auroc": "AUROC", "detection_error": "DetErr", "id_accuracy": "ID Acc"}
-
-
-def _num_id_classes(fs: FeatureSet) -> int:
-    k = fs.meta.get("num_id_classes")
-    if k is None:
-        if fs.logits is None:
-            raise InputError("FeatureSet has no logits and no meta['num_id_classes']")
-        k = fs.logits.shape[1] - (1 if fs.meta.get("outlier_class") is not None else 0)
-    return int(k)
 
 
 #: config fields that may differ between the runs of one mean ± std (the seed is what varies)
@@ -97,20 +93,11 @@ def check_id_labels(labels: np.ndarray, num_classes: int, name: str = "the ID se
                          f"K = {num_classes} ID classes; use the ID set it was trained on (and its class subset)")
 
 
-def id_view(fs: FeatureSet) -> FeatureSet:
-    """The K-way view of a CnC FeatureSet (drops the outlier logit and head row); others unchanged."""
-    if fs.meta.get("outlier_class") is None:
-        return fs
-    k = _num_id_classes(fs)
-    return FeatureSet(
-        features=fs.features,
-        labels=fs.labels,
-        logits=None if fs.logits is None else np.asarray(fs.logits)[:, :k],
-        weight=None if fs.weight is None else np.asarray(fs.weight)[:k],
-        bias=None if fs.bias is None else np.asarray(fs.bias)[:k],
-        extras=fs.extras,
-        meta=dict(fs.meta, outlier_class=None, view="first K logits"),
-    )
+def outlier_class_readers() -> list[str]:
+    """The detectors of a default selection that declare they read a K+1 model's outlier class (``reads_outlier_class``)."""
+    from .. import detectors
+
+    return [n for n in detectors.default_names() if detectors.REGISTRY[n].reads_outlier_class]
 
 
 def set_metrics(id_scores: np.ndarray, ood_scores: Mapping[str, np.ndarray]) -> dict[str, dict[str, float]]:
@@ -128,7 +115,7 @@ def set_metrics(id_scores: np.ndarray, ood_scores: Mapping[str, np.ndarray]) -> 
 def evaluate_run(
     id_test: FeatureSet,
     ood: Mapping[str, FeatureSet],
-    detectors: Sequence[str] | Mapping[str, dict] = ("cnc",),
+    detectors: Sequence[str] | Mapping[str, dict] | None = None,
     train: FeatureSet | None = None,
     groups: Mapping[str, Sequence[str]] | None = None,
     rows_out: list | None = None,
@@ -137,19 +124,25 @@ def evaluate_run(
 ) -> dict:
     """One model (one seed): ID accuracy and, per detector, metrics per set, mean and group means.
 
-    ``detectors``: names, or {label: {"name": registry name, **hyperparameters}}. ``train``: the
+    ``detectors``: names, or {label: {"name": registry name, **hyperparameters}}; default: every
+    registered detector that declares it reads the outlier class (the CnC detector). ``train``: the
     ID-train FeatureSet for detectors that fit. ``groups``: {group: set names} (e.g. near/far).
-    Each detector runs through :func:`oodeval.scoring.fit_score_evaluate`; a failure is a ValueError
-    naming the detector. ``rows_out`` (a list) receives its rows, one per OOD set, with the
-    detector's label, registry name and hyperparameters, and ``draws`` bootstrap bounds seeded by ``seed``.
+    Each detector is built by :func:`oodeval.scorer.build_scorer` and runs through
+    :func:`oodeval.scoring.fit_score_evaluate`; a failure is a ValueError naming the detector.
+    ``rows_out`` (a list) receives its rows (:func:`oodeval.results.result_row`, keyed by OOD set
+    as ``ood``), one per OOD set, with the detector's label, registry name, backbone, explicit and
+    resolved hyperparameters, and ``draws`` bootstrap bounds seeded by ``seed``.
     """
-    from ..detectors import create
+    from ..results import result_row
+    from ..scorer import RunSets, build_scorer
     from ..scoring import fit_score_evaluate
 
     if id_test.labels is None or not (np.asarray(id_test.labels) >= 0).any():
         raise InputError("the ID test FeatureSet needs class labels for ID accuracy")
     if id_test.logits is None:
         raise InputError("the ID test FeatureSet needs logits")
+    if detectors is None:
+        detectors = outlier_class_readers()
     specs = {d: {"name": d} for d in detectors} if not isinstance(detectors, Mapping) else dict(detectors)
     k = _num_id_classes(id_test)
     check_id_labels(id_test.labels, k, "the ID test FeatureSet")
@@ -157,13 +150,12 @@ def evaluate_run(
         "id_accuracy": accuracy(np.asarray(id_test.logits)[:, :k], np.asarray(id_test.labels)),
         "detectors": {},
     }
+    sets = RunSets(train, id_test)
     for label, spec in specs.items():
         spec = dict(spec)
         name = spec.pop("name", label)
-        det = create(name, **spec)
-        view = (lambda fs: fs) if name == "cnc" else id_view
-        rows = list(fit_score_evaluate(det, None if train is None else view(train), view(id_test),
-                                       {s: view(fs) for s, fs in ood.items()}, draws=draws, seed=seed))  # fmt: skip
+        scorer = build_scorer(name, spec, sets)
+        rows = list(fit_score_evaluate(scorer, scorer.train, id_test, ood, draws=draws, seed=seed))
         failed = [r["error"] for r in rows if r["status"] != "ok"]
         if failed:
             raise InputError(f"detector {label!r} failed: {failed[0]}")
@@ -175,8 +167,7 @@ def evaluate_run(
             }
         result["detectors"][label] = entry
         if rows_out is not None:
-            rows_out += [{**r, "detector": name, "label": label, "hyperparameters": spec,
-                          "hyperparameters_resolved": det.resolved_params(), "id_accuracy": result["id_accuracy"]} for r in rows]  # fmt: skip
+            rows_out += [result_row(r, scorer, label=label, id_accuracy=result["id_accuracy"]) for r in rows]
     return result
 
 

@@ -36,7 +36,7 @@ class StepBatches:
 
         from .augment import AUGMENTS, release_source
         from .cutmix import compound, step_rng
-        from .train import to_tensor
+        from .tensors import to_tensor
 
         cfg = self.config
         start = self.starts[t]

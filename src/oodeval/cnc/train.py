@@ -40,7 +40,7 @@ import json
 import re
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
@@ -49,6 +49,7 @@ import numpy as np
 from .._io import atomic_path, claim_folder, hash_arrays, write_json_atomic
 from ..errors import InputError
 from .corruptions import CORRUPTIONS, DEFAULT_POOL, PRESETS, RELEASE_POOL, frost_source
+from .tensors import to_tensor
 
 __all__ = [
     "TrainConfig", "RECIPES", "to_tensor", "build_model", "id_predictions", "lr_at", "milestone_epochs",
@@ -180,21 +181,6 @@ class TrainConfig:
         if unknown:
             raise InputError(f"config.json has unknown fields: {', '.join(unknown)}")
         return cls(**d)
-
-
-def to_tensor(images: np.ndarray, mean: Sequence[float] = (0.5,), std: Sequence[float] = (0.5,)):
-    """uint8 (N, H, W[, C]) -> float32 torch (N, C, H, W), (x/255 - mean) / std per channel."""
-    import torch
-
-    a = np.asarray(images)
-    if a.ndim == 3:
-        a = a[..., None]
-    if a.ndim != 4:
-        raise InputError(f"images must be (N, H, W) or (N, H, W, C), got shape {a.shape}")
-    t = torch.from_numpy(np.ascontiguousarray(a)).permute(0, 3, 1, 2).float().div_(255.0)
-    m = torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1)
-    s = torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1)
-    return (t - m) / s
 
 
 def _cifar_stem(model, name: str) -> None:

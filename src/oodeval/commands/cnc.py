@@ -13,6 +13,8 @@ from pathlib import Path
 from ..errors import InputError
 from ._options import NameList, add_command, add_detectors, add_device, add_out, add_progress
 
+#: the baselines ``cnc evaluate`` scores by default beside the detectors that read the outlier class (the CnC paper's)
+PLAIN_DETECTORS = ("msp", "energy")
 HELP = "CnC: train a K+1-class model on compounded-corruption outliers; evaluate it on a suite"
 EXAMPLES = [
     "oodeval cnc train --dataset cifar10:train --model resnet18 --epochs 200 --seed 0 --out runs/cnc-s0",
@@ -205,7 +207,7 @@ def _train(args: argparse.Namespace) -> int:
 
 def _evaluate(args: argparse.Namespace) -> int:
     from .._io import check_output, write_json_atomic
-    from ..cnc.evaluate import aggregate, check_finished, check_id_labels, comparable, evaluate_run, format_table
+    from ..cnc.evaluate import aggregate, check_finished, check_id_labels, comparable, evaluate_run, format_table, outlier_class_readers
     from ..cnc.suites import suite
     from ..cnc.train import extract, load_checkpoint, resolve_device, resolve_precision
     from ..detectors import create
@@ -232,9 +234,10 @@ def _evaluate(args: argparse.Namespace) -> int:
     dev = resolve_device(args.device)
     prec = resolve_precision(dev, args.precision)
     scored_on = {"device": dev.type, "precision": prec}
-    detectors = args.detectors or (["cnc", "msp", "energy"] if cfg0.cnc else ["msp", "energy"])
-    if not cfg0.cnc and "cnc" in detectors:
-        raise InputError("the cnc detector needs a CnC (K+1) checkpoint; these are plain models")
+    detectors = args.detectors or ([*outlier_class_readers(), *PLAIN_DETECTORS] if cfg0.cnc else list(PLAIN_DETECTORS))
+    misplaced = [d for d in detectors if create(d).reads_outlier_class]
+    if not cfg0.cnc and misplaced:
+        raise InputError(f"the {', '.join(misplaced)} detector needs a CnC (K+1) checkpoint; these are plain models")
     needs_train = any(create(d).fit_needs for d in detectors)
     x_test, y_test = _load_for(args, id_test, cfg0)
     x_test, y_test = _select(x_test, y_test, cfg0.class_ids)
@@ -302,13 +305,12 @@ def _write_results(path: Path, rows: list[dict], cfg, id_test: str, id_train: st
 
     import pandas as pd
 
-    from ..results import ALL_SPLIT, compact_results, hp_json, write_part
+    from ..results import ALL_SPLIT, compact_results, write_part
 
     table = pd.DataFrame(rows).rename(columns={"ood": "dataset"})
-    table["seconds"] = table.pop("fit_seconds") + table.pop("score_seconds")
+    table["seconds"] = table["fit_seconds"] + table["score_seconds"]
     table = table.assign(
         model=f"{cfg.model} ({'CnC' if cfg.cnc else 'plain'})", split=ALL_SPLIT, kind="supervised",
-        hyperparameters=table["hyperparameters"].map(hp_json), hyperparameters_resolved=table["hyperparameters_resolved"].map(hp_json),
         id_test=id_test, id_train=id_train, bootstrap_draws=draws, bootstrap_fixed_id=True,
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"), data_hash=cfg.data_hash,
         trained_on=_trained_on(cfg), **training,

@@ -77,7 +77,7 @@ def name_sets(items: list[str]) -> dict[str, str]:
 
 def run(args: argparse.Namespace) -> int:
     from ..features import FeatureSet
-    from ..features.backbones import parse_model_name
+    from ..features.names import parse_model_name
     from ..features.extract import extract
     from ..scoring import _canonical, check_request, evaluate_detectors, parse_hyperparameters
     from .score import parse_names, print_rows
@@ -103,4 +103,4 @@ def run(args: argparse.Namespace) -> int:
     train, test = features(args.train), features(args.test)
     ood_fs = {name: features(data) for name, data in oods.items()}
     rows = evaluate_detectors(train, test, ood_fs, names, hps, progress=not args.no_progress, draws=args.draws, seed=args.seed)
-    return print_rows(rows, args, train, hps, {}, "evaluate")
+    return print_rows(rows, args, train, hps, None, "evaluate")

@@ -53,7 +53,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..features import FeatureSet
-    from ..features.backbones import parse_model_name
+    from ..features.names import parse_model_name
     from ..features.extract import extract, extract_nac_fit
     from ..features.pass_options import KINDS, parse_pass
 

@@ -19,7 +19,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_out(p, "report", folder=True, required=True)
     p.add_argument("--dataset", default=None, help="primary OOD set of Tabs. 1, A1, 2 (default: the first in the table)")
     p.add_argument("--model", default=None, help="model of Tab. 3, A3, A6 and Fig. 1, A4, ROC (default: the supervised model with the best Top-1, as the paper)")
-    p.add_argument("--n", type=int, default=None, help="draw size of Tab. A6 (default: the primary set's size)")
+    p.add_argument("--n", type=int, default=None, help="draw size of Tab. A6 (default: the primary set's size, the paper's, capped at half the smallest other OOD set)")
     p.add_argument("--draws", type=int, default=1000, help="sub-sampling draws (default 1000)")
     p.add_argument("--seed", type=int, default=0, help="sub-sampling seed (default 0)")
     p.add_argument("--sweeps", type=Path, default=None, help="vocabulary sweep table (default: <results stem>.sweeps.parquet if present)")

@@ -159,7 +159,7 @@ def _check(cfg, names_only: bool = False) -> int:
             listed = [d.name for d in dets] if dets else detectors.names()
             explicit = {d.name: d.hyperparameters for d in dets or ()}
             source = {"model": m.name}
-            if m.taps and "nac" in listed:  # the layers extraction will tap, from the model's structure
+            if m.taps and any(n in detectors.REGISTRY and detectors.REGISTRY[n].fits_on is not None for n in listed):  # the layers extraction will tap
                 source.update(nac_plan(m.name, m.model_kwargs) or {})
             for line in describe(listed, source, explicit):
                 print(f"    {line.strip()}")
@@ -170,11 +170,12 @@ def _check(cfg, names_only: bool = False) -> int:
         print(f"  note: {note}")
     disk = None
     if not names_only:
-        from ..experiment.disk import describe, estimate_disk
+        from ..experiment.disk import describe as describe_disk
+        from ..experiment.disk import estimate_disk
 
         disk = estimate_disk(cfg)
         for row in disk:
-            print(describe(row))
+            print(describe_disk(row))
     problems = check_experiment(cfg, names_only, disk) + prompt_problems
     if problems:
         raise InputError(f"{len(problems)} problem(s) before this experiment can run:\n" + "\n".join(f"  - {p}" for p in problems))

@@ -21,7 +21,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--train", type=Path, required=True, help="ID-train FeatureSet folder")
     p.add_argument("--test", type=Path, required=True, help="ID-test FeatureSet folder")
     p.add_argument("--nac-train", type=Path, default=None,
-                   help="the FeatureSet NAC fits on, when --train has no NAC states (`oodeval extract --nac-fit N`)")  # fmt: skip
+                   help="the tapped ID-train rows a detector that fits on its own rows (NAC) fits on, when --train has no NAC "
+                        "states (`oodeval extract --nac-fit N`)")  # fmt: skip
     p.add_argument("--ood", nargs="+", action=NameList, required=True, metavar="NAME=DIR",
                    help="OOD FeatureSet folders with their names, space- or comma-separated, repeatable")  # fmt: skip
     add_detectors(p)
@@ -53,7 +54,7 @@ def parse_oods(items: list[str]) -> dict[str, Path]:
 def run(args: argparse.Namespace) -> int:
     from .._io import check_output
     from ..features import FeatureSet
-    from ..scoring import _canonical, evaluate_detectors, parse_hyperparameters, supported_names
+    from ..scoring import _canonical, check_request, evaluate_detectors, parse_hyperparameters, supported_names
 
     if args.out is not None and str(args.out) == "-":
         raise InputError("--out - is not a file; give --format csv (or json) to write the rows to stdout")
@@ -64,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
             raise InputError(f"--out {args.out}: give a .csv (the score table) or a .parquet (a results table) path")
     names = parse_names(args.detectors)
     hps = {_canonical(k): v for k, v in parse_hyperparameters(args.set).items()}
+    check_request(names, hps)  # bad names and values refused before any FeatureSet is read
     train = FeatureSet.load(args.train)
     test = FeatureSet.load(args.test)
     oods = {name: FeatureSet.load(folder) for name, folder in parse_oods(args.ood).items()}
@@ -71,10 +73,10 @@ def run(args: argparse.Namespace) -> int:
         if args.nac_train is not None:
             raise InputError("--nac-train works with a .csv output; for a results table, name NAC's fit set in an experiment file")
         return _results_table(args, train, names or supported_names(train, test, oods), hps)
-    fit_sets = {} if args.nac_train is None else {"nac": FeatureSet.load(args.nac_train)}
-    rows = evaluate_detectors(train, test, oods, names, hps, progress=not args.no_progress, fit_sets=fit_sets,
+    tapped = None if args.nac_train is None else FeatureSet.load(args.nac_train)
+    rows = evaluate_detectors(train, test, oods, names, hps, progress=not args.no_progress, tapped=tapped,
                               draws=args.draws, seed=args.seed)  # fmt: skip
-    return print_rows(rows, args, train, hps, fit_sets, "score")
+    return print_rows(rows, args, train, hps, tapped, "score")
 
 
 def parse_names(value: list[str] | None) -> list[str] | None:
@@ -86,12 +88,14 @@ def parse_names(value: list[str] | None) -> list[str] | None:
     return [canonical(resolve(n)) for n in value] if value else None
 
 
-def print_rows(rows: list[dict], args: argparse.Namespace, train, hps: dict, fit_sets: dict, command: str) -> int:
-    """The end of ``score`` and ``evaluate``: the resolved defaults, the rows in ``--format``, the
-    ``--out`` CSV, every failure on stderr; exit 1 when any cell failed."""
+def print_rows(rows: list[dict], args: argparse.Namespace, train, hps: dict, tapped, command: str) -> int:
+    """The end of ``score`` and ``evaluate``: the resolved defaults (of a detector that fits on its
+    own rows, for ``tapped`` when given), the rows in ``--format``, the ``--out`` CSV, every failure
+    on stderr; exit 1 when any cell failed."""
     import pandas as pd
 
     from .._io import write_csv_atomic
+    from ..detectors import REGISTRY
     from ..detectors.defaults import describe
     from ..scoring import failures
 
@@ -101,10 +105,10 @@ def print_rows(rows: list[dict], args: argparse.Namespace, train, hps: dict, fit
     if train.meta.get("random_init"):
         print(f"note: features of {train.meta.get('model')} with RANDOM-INIT weights (--pretrained none): a baseline", file=log)
     ran = list(dict.fromkeys(r["detector"] for r in rows))
-    print("\n".join(describe([n for n in ran if n not in fit_sets], train, hps)), file=log)
-    for name, fs in fit_sets.items():
-        if name in ran:
-            print("\n".join(describe([name], fs, hps)[1:]), file=log)
+    own = [n for n in ran if tapped is not None and REGISTRY[n].fits_on is not None]
+    print("\n".join(describe([n for n in ran if n not in own], train, hps)), file=log)
+    if own:
+        print("\n".join(describe(own, tapped, hps)[1:]), file=log)
     write_rows(rows, args.format, args.convention)
     if getattr(args, "out", None) is not None:
         write_csv_atomic(args.out, pd.DataFrame(rows).to_csv(index=False, lineterminator="\n"), "score table")

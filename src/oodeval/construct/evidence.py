@@ -23,6 +23,7 @@ from urllib.parse import quote
 
 import numpy as np
 
+from .._arrays import l2_normalise
 from .._io import write_json_atomic
 from ..errors import InputError
 from .candidates import check_not_initialised
@@ -137,8 +138,6 @@ def vlm_topk(image_emb: np.ndarray, text_emb: np.ndarray, k: int = 5) -> tuple[n
     k = min(int(k), text_emb.shape[0])
     if k < 1:
         raise InputError(f"top-k needs k >= 1, got {k}")
-    from ..detectors._common import l2_normalise  # here: the detectors package imports scikit-learn
-
     sims = l2_normalise(image_emb.astype(np.float64)) @ l2_normalise(text_emb.astype(np.float64)).T
     idx = np.argsort(-sims, axis=1, kind="stable")[:, :k]
     return idx, np.take_along_axis(sims, idx, axis=1)

@@ -2,7 +2,8 @@
 
 Containers understood: IDX files (``*-idx3-ubyte`` optionally ``.gz``; LeCun's format, used by
 MNIST and Fashion-MNIST). An unreadable image raises :class:`ImageError` naming path and cause;
-the extractor catches it, skips the row and lists it in the FeatureSet metadata.
+the extractor catches it, skips the row and lists it in the FeatureSet metadata. PIL (the
+``models`` extra) loads on the first image read, so importing ``oodeval.data`` needs no extra.
 """
 
 from __future__ import annotations
@@ -10,11 +11,15 @@ from __future__ import annotations
 import gzip
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-from PIL import Image
 
+from .._extras import needs
 from ..errors import InputError, OodevalError
+
+if TYPE_CHECKING:
+    from PIL import Image
 
 __all__ = ["ImageError", "open_image", "read_idx"]
 
@@ -41,6 +46,13 @@ def read_idx(path: str) -> np.ndarray:
     return arr.reshape(dims)
 
 
+def _pil():
+    """PIL's ``Image`` module (``ModuleNotFoundError`` naming the extra when it is missing)."""
+    with needs():
+        from PIL import Image
+    return Image
+
+
 def _open_member(container: str, key: str) -> Image.Image:
     name = Path(container).name
     if "-idx" in name and "-ubyte" in name:
@@ -48,7 +60,7 @@ def _open_member(container: str, key: str) -> Image.Image:
         k = int(key)
         if not 0 <= k < arr.shape[0]:
             raise ImageError(f"{container}#{key}: index outside 0..{arr.shape[0] - 1}")
-        return Image.fromarray(np.ascontiguousarray(arr[k]).astype(np.uint8))
+        return _pil().fromarray(np.ascontiguousarray(arr[k]).astype(np.uint8))
     raise ImageError(f"{container}#{key}: unknown container format (known: IDX '*-idx3-ubyte[.gz]')")
 
 
@@ -58,6 +70,7 @@ def open_image(path: str, mode: str = "RGB") -> Image.Image:
     The pixels are decoded here (not lazily), so a truncated or corrupt file raises
     :class:`ImageError` now rather than later inside a transform.
     """
+    Image = _pil()
     try:
         if "#" in path and not Path(path).exists():
             container, key = path.rsplit("#", 1)

@@ -1,5 +1,5 @@
 """OpenOOD's data as it lies: its image lists (``benchmark_imglist/<benchmark>/*.txt``) and its
-v1.5 CIFAR benchmarks with their near-OOD and far-OOD groups.
+v1.5 benchmarks (CIFAR-10, CIFAR-100, ImageNet-200, ImageNet-1K) with their near-OOD and far-OOD groups.
 
 An OpenOOD data root holds ``benchmark_imglist/<benchmark>/<split>_<dataset>.txt`` and the images
 under ``images_classic/`` (CIFAR-scale) or ``images_largescale/`` (ImageNet-scale). Each list line
@@ -21,25 +21,44 @@ import numpy as np
 from ..errors import InputError, UnknownNameError
 from .manifest import Manifest
 
-__all__ = ["read_imglist", "BENCHMARKS", "experiment_datasets", "IMAGE_FOLDERS"]
+__all__ = ["read_imglist", "BENCHMARKS", "experiment_datasets", "IMAGE_FOLDERS", "LAYOUT"]
 
 #: where OpenOOD keeps the images its lists point into, under the data root
 IMAGE_FOLDERS = ("images_classic", "images_largescale")
 
 #: OpenOOD v1.5 benchmarks (``openood/evaluation_api/datasets.py``, ``DATA_INFO``): list files
-#: under ``benchmark_imglist/<benchmark>/`` for ID train / test and each OOD group
+#: under ``benchmark_imglist/<benchmark>/`` for ID train / val / test, each OOD group (near, far),
+#: the OOD validation list (``ood_val``, for hyperparameter search) and the covariate-shifted ID
+#: lists (``csid``: ImageNet-V2/-C/-R(/-ES); OpenOOD adds them to the ID side in its full-spectrum
+#: mode only and reports no group for them, so :func:`experiment_datasets` leaves them out)
+_CIFAR_FAR = {"mnist": "test_mnist.txt", "svhn": "test_svhn.txt", "texture": "test_texture.txt", "places365": "test_places365.txt"}
+_IMAGENET_NEAR = {"ssb_hard": "test_ssb_hard.txt", "ninco": "test_ninco.txt"}
+_IMAGENET_FAR = {"inaturalist": "test_inaturalist.txt", "textures": "test_textures.txt", "openimage_o": "test_openimage_o.txt"}
 BENCHMARKS: dict[str, dict] = {
     "cifar10": {
-        "id_train": "train_cifar10.txt", "id_test": "test_cifar10.txt",
-        "near": {"cifar100": "test_cifar100.txt", "tin": "test_tin.txt"},
-        "far": {"mnist": "test_mnist.txt", "svhn": "test_svhn.txt", "texture": "test_texture.txt", "places365": "test_places365.txt"},
+        "id_train": "train_cifar10.txt", "id_val": "val_cifar10.txt", "id_test": "test_cifar10.txt", "ood_val": "val_tin.txt",
+        "near": {"cifar100": "test_cifar100.txt", "tin": "test_tin.txt"}, "far": _CIFAR_FAR,
+        "csid": {"cifar10c": "test_cifar10c.txt"},
     },
     "cifar100": {
-        "id_train": "train_cifar100.txt", "id_test": "test_cifar100.txt",
-        "near": {"cifar10": "test_cifar10.txt", "tin": "test_tin.txt"},
-        "far": {"mnist": "test_mnist.txt", "svhn": "test_svhn.txt", "texture": "test_texture.txt", "places365": "test_places365.txt"},
+        "id_train": "train_cifar100.txt", "id_val": "val_cifar100.txt", "id_test": "test_cifar100.txt", "ood_val": "val_tin.txt",
+        "near": {"cifar10": "test_cifar10.txt", "tin": "test_tin.txt"}, "far": _CIFAR_FAR, "csid": {},
+    },
+    "imagenet200": {
+        "id_train": "train_imagenet200.txt", "id_val": "val_imagenet200.txt", "id_test": "test_imagenet200.txt",
+        "ood_val": "val_openimage_o.txt", "near": _IMAGENET_NEAR, "far": _IMAGENET_FAR,
+        "csid": {"imagenet_v2": "test_imagenet200_v2.txt", "imagenet_c": "test_imagenet200_c.txt", "imagenet_r": "test_imagenet200_r.txt"},
+    },
+    "imagenet": {
+        "id_train": "train_imagenet.txt", "id_val": "val_imagenet.txt", "id_test": "test_imagenet.txt",
+        "ood_val": "val_openimage_o.txt", "near": _IMAGENET_NEAR, "far": _IMAGENET_FAR,
+        "csid": {"imagenet_v2": "test_imagenet_v2.txt", "imagenet_c": "test_imagenet_c.txt", "imagenet_r": "test_imagenet_r.txt",
+                 "imagenet_es": "test_imagenet_es.txt"},
     },
 }  # fmt: skip
+#: the layout an OpenOOD data root has (its ``scripts/download/download.py`` writes it), shown in errors
+LAYOUT = ("<root>/benchmark_imglist/<benchmark>/<split>_<dataset>.txt ('<path> <label>' lines) and the images they name "
+          "under <root>/images_classic/ (CIFAR-scale sets, Textures) or <root>/images_largescale/ (ImageNet-scale sets)")
 
 
 def _images_root(list_file: Path, first: str) -> Path:
@@ -90,10 +109,18 @@ def read_imglist(list_file: str | Path, images_root: str | Path | None = None, *
 def experiment_datasets(data_root: str | Path, benchmark: str) -> dict:
     """The ``[datasets]`` table of an experiment on OpenOOD v1.5 benchmark ``benchmark`` under
     ``data_root``: ID train / test lists and every OOD list, labelled by OpenOOD's dataset name,
-    grouped ``near`` / ``far`` (the report shows each group's mean)."""
+    grouped ``near`` / ``far`` (the report shows each group's mean). A missing list file is a
+    FileNotFoundError naming every missing file and the expected layout."""
     if benchmark not in BENCHMARKS:
         raise UnknownNameError(f"unknown OpenOOD benchmark {benchmark!r}; known: {', '.join(BENCHMARKS)}")
     spec = BENCHMARKS[benchmark]
     lists = Path(data_root) / "benchmark_imglist" / benchmark
     ood = [{"name": str(lists / f), "label": n, "group": g} for g in ("near", "far") for n, f in spec[g].items()]
-    return {"id_train": str(lists / spec["id_train"]), "id_test": str(lists / spec["id_test"]), "ood": ood}
+    out = {"id_train": str(lists / spec["id_train"]), "id_test": str(lists / spec["id_test"]), "ood": ood}
+    if not lists.is_dir():
+        raise FileNotFoundError(f"OpenOOD benchmark {benchmark!r}: {lists} does not exist; expected {LAYOUT}")
+    missing = [p for p in (out["id_train"], out["id_test"], *(d["name"] for d in ood)) if not Path(p).is_file()]
+    if missing:
+        raise FileNotFoundError(f"OpenOOD benchmark {benchmark!r} under {data_root}: {len(missing)} image list(s) missing: "
+                                f"{', '.join(missing)}; expected {LAYOUT}")
+    return out

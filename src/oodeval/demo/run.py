@@ -201,6 +201,7 @@ def _run(
     from .._io import claim_folder, write_text_atomic
     from ..experiment import run_experiment
     from ..report import write_report
+    from ..report.views import Cell
     from ..results import load_results
 
     out = claim_folder(Path(out).resolve(), "demo")
@@ -263,7 +264,8 @@ def _run(
         "sqrt(p(1-p)/n)*sqrt((N-n)/(N-1)); rho = mean Spearman rank correlation of all detectors, draw vs full set",
     ]
     if sub.frame is not None:
-        lines.append(sub.frame.astype(str).to_string(index=False))
+        # registry names, as the tables above print them (a Cell's title; the report shows the paper's labels)
+        lines.append(sub.frame.map(lambda c: (c.title or c.text) if isinstance(c, Cell) else str(c)).to_string(index=False))
     else:
         lines.append(sub.note or "")
     timings["tables"] = time.perf_counter() - t

@@ -4,8 +4,10 @@ Each detector class registers itself with ``@register(name, tags=..., order=...)
 (:class:`oodeval.registry.Registry`); ``names()`` lists every registered detector in the paper's
 order, ``names("paper21")`` the paper's 21, ``names("logit")`` one group; ``create(name,
 **hyperparameters)`` builds one with the paper's defaults overridden by the given hyperparameters.
-The defaults that depend on the backbone (NECO, ASH-S, NAC) come from
-``defaults.resolve_defaults(name, featureset, overrides)``, which ``oodeval score`` and ``oodeval run`` apply.
+The defaults that depend on the backbone are declared by each class
+(:meth:`~oodeval.detectors.base.Detector.backbone_defaults`: NECO, ASH-S, NAC) and applied by
+``defaults.resolve_defaults(name, featureset, overrides)``, through which every command builds a
+detector (:func:`oodeval.scorer.build_scorer`).
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .._arrays import chunk_rows
 from ..errors import InputError
 
 __all__ = ["Compute", "compute_of", "one_blas_thread", "PRECISIONS", "TORCH_CHUNK_ELEMENTS"]
@@ -70,8 +71,6 @@ class Compute:
         """Rows per chunk for rows of ``width`` values (numpy: a whole number of
         :data:`PARALLEL_ROWS` blocks, so the blocks of a chunk share the cores evenly)."""
         if self.device is None:
-            from ._common import chunk_rows  # _common imports this module
-
             return -(-chunk_rows(width) // PARALLEL_ROWS) * PARALLEL_ROWS
         return max(256, TORCH_CHUNK_ELEMENTS // max(1, int(width)))
 

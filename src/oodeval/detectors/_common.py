@@ -7,10 +7,9 @@ float64 copy of the matrix. Nothing here registers a detector.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import numpy as np
 
+from .._arrays import chunk_rows, chunks, l2_normalise
 from ..errors import InputError
 from ._backend import Compute
 
@@ -19,33 +18,10 @@ __all__ = [
     "class_means", "scatter", "mean_rows", "pinv_sym", "float32_centre", "centre_parts", "whitening", "chunked_percentile", "labelled",
 ]  # fmt: skip
 
-#: float64 elements per chunk (~32 MB); rows per chunk = this / row width.
-CHUNK_ELEMENTS = 4_000_000
-#: fewest rows per chunk
-MIN_CHUNK_ROWS = 256
-
-
-def chunk_rows(width: int) -> int:
-    """Rows per chunk for a row width of ``width`` values (at least MIN_CHUNK_ROWS)."""
-    return max(MIN_CHUNK_ROWS, CHUNK_ELEMENTS // max(1, int(width)))
-
-
-def chunks(n: int, width: int) -> Iterator[slice]:
-    """Consecutive row slices covering ``range(n)``."""
-    step = chunk_rows(width)
-    for start in range(0, n, step):
-        yield slice(start, min(n, start + step))
-
 
 def as64(a: np.ndarray) -> np.ndarray:
     """A float64 copy (or view) of a chunk."""
     return np.asarray(a, dtype=np.float64)
-
-
-def l2_normalise(z: np.ndarray, eps: float = 1e-12) -> np.ndarray:
-    """Rows divided by their Euclidean norm (rows of norm 0 stay 0)."""
-    norm = np.linalg.norm(z, axis=1, keepdims=True)
-    return z / np.maximum(norm, eps)
 
 
 def _shifted_exp_sum(f: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

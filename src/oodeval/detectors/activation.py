@@ -3,9 +3,9 @@
 Each reshapes the penultimate feature z (or the head W) and reads out the energy
 logsumexp(W z' + b) with T = 1. They work on the pooled feature z (N, D) the FeatureSet stores,
 which is what the papers' ImageNet ResNet-50 results use (ASH/SCALE act on the (B, 2048, 1, 1)
-map after average pooling). ``precision="float32"`` (default): the shaping and the head product
-in float32, the shaping sums and the log-sum-exp in float64; "float64": all in float64. DICE also
-takes ``device`` (None = numpy, or a torch device). float32 guarantees: each logit of the shaped
+map after average pooling). ``compute_dtype="float32"`` (default): the shaping and the head product
+in float32, the shaping sums and the log-sum-exp in float64; "float64": all in float64. Each also
+takes ``device`` (None = numpy, or a torch device for the head product). float32 guarantees: each logit of the shaped
 feature s is off by at most about sqrt(D) eps |w_c| |s| (the sgemm's rounding, eps = 2^-24), the
 log-sum-exp adds a few ulps; the shapings are nonlinear, so an offset they keep enters through |s|
 (Spearman 1.000000 with float64 on the conditioned problems of tests/test_detectors_precision.py).
@@ -17,32 +17,33 @@ import numpy as np
 
 from ..errors import InputError
 from ..features import FeatureSet
+from ..params import COMPUTE, Interval, Real
 from . import register
-from ._backend import Compute, compute_of
+from ._backend import Compute
 from ._common import as64, chunked_percentile, mean_rows
-from .base import Detector
+from .base import Backbone, Default, Detector
 
 __all__ = ["ReAct", "ASHS", "SCALE", "DICE", "ash_s_features", "scale_features"]
 
 
 def _energy_of(comp: Compute, x: FeatureSet, shape, weight: np.ndarray, bias: np.ndarray) -> np.ndarray:
-    """logsumexp(shape(z) W^T + b) per row: product in ``comp``'s precision, the sum in float64.
+    """logsumexp(shape(z) W^T + b) per row: product in ``comp``'s dtype, the sum in float64.
     The shaping, the product and the readout (in place on the product) run block by block, split
-    across cores (:meth:`Compute.by_rows`)."""
+    across cores (:meth:`Compute.by_rows`). On a torch device each chunk is shaped on the host (the
+    shapings are numpy functions) in the product dtype, then multiplied there."""
     z = x.features
     w, b = comp.put(weight).T, comp.put(bias)
+    width = max(z.shape[1], w.shape[1])
 
-    def block(zb):
-        f = shape(zb) @ w
+    def readout(s):
+        f = s @ w
         f += b
         return comp.logsumexp(f, overwrite=True)
 
-    return comp.map_rows(block, z, max(z.shape[1], w.shape[1]))
-
-
-def _check_percentile(p: float, who: str) -> None:
-    if not 0 <= p < 100:
-        raise InputError(f"{who} percentile must be in [0, 100), got {p}")
+    if comp.device is None:
+        return comp.map_rows(lambda zb: readout(shape(zb)), z, width)
+    host = np.dtype(comp.precision)
+    return np.concatenate([comp.get(readout(comp.put(shape(np.asarray(z[sl], dtype=host))))) for sl in comp.chunks(len(z), width)])
 
 
 def _keep(d: int, percentile: float) -> int:
@@ -105,20 +106,33 @@ class ReAct(Detector):
     chunked passes. Only the upper side is clipped, as in the release.
     """
 
+    label = "E+ReAct"
+
     needs = ("features", "head")
     fit_needs = ("features",)
 
-    def __init__(self, percentile: float = 90.0, precision: str = "float32") -> None:
+    constraints = {"percentile": Interval(Real, 0, 100), **COMPUTE}
+
+    def __init__(self, percentile: float = 90.0, compute_dtype: str = "float32", device: str | None = None) -> None:
         self.percentile = percentile
-        self.precision = precision
+        self.compute_dtype = compute_dtype
+        self.device = device
 
     def _fit(self, train: FeatureSet) -> None:
-        if not 0 <= self.percentile <= 100:
-            raise InputError(f"react percentile must be in [0, 100], got {self.percentile}")
         self.threshold_ = chunked_percentile(train.features, self.percentile)
 
     def _score(self, x: FeatureSet) -> np.ndarray:
-        return _energy_of(compute_of(self), x, lambda z: np.minimum(z, self.threshold_), x.weight, x.bias)
+        return _energy_of(self._compute(), x, lambda z: np.minimum(z, self.threshold_), x.weight, x.bias)
+
+
+#: ASH-S's release percentile per backbone family, with its source
+_ASH_RELEASE = {
+    "resnet": (90.0, "ASH release config/imagenet_config.yml: ash_s@90 (ResNet-50)"),
+    "vit": (95.0, "ASH release config/vit_config.yml: ash_s@95 (ViT)"),
+    "eva": (95.0, "ASH release config/vit_config.yml: ash_s@95 (ViT; EVA02/DINOv3 are ViTs)"),
+    "xcit": (95.0, "ASH release config/vit_config.yml: ash_s@95 (ViT; XCiT is ViT-like)"),
+    "densenet": (99.0, "ASH release config/densenet_config.yml: ash_s@99 (DenseNet-121)"),
+}
 
 
 @register("ash_s", tags=("paper21", "activation"), order=7)
@@ -128,20 +142,33 @@ class ASHS(Detector):
     Djurisic et al., "Extremely simple activation shaping for OOD detection", ICLR 2023.
     s1 = sum z, s2 = sum of the kept entries, k = D - round(D p / 100) kept. Default p = 90 (the
     paper's ImageNet ResNet-50 setting, "ASH-S@90"); the release's ViT (95) and DenseNet (99)
-    settings come from :func:`oodeval.detectors.defaults.resolve_defaults`. Not OpenOOD's "ash"
+    settings come from :meth:`backbone_defaults`. Not OpenOOD's "ash"
     postprocessor, which is ASH-B; ASH-B and ASH-P are not implemented. Rows whose kept sum is
     0 are not rescaled (the release would divide by zero).
     """
 
+    label = "ASH-S"
+
     needs = ("features", "head")
 
-    def __init__(self, percentile: float = 90.0, precision: str = "float32") -> None:
+    constraints = {"percentile": Interval(Real, 0, 100, closed="left"), **COMPUTE}
+
+    @classmethod
+    def backbone_defaults(cls, backbone: Backbone) -> dict[str, Default]:
+        """``percentile``: ResNet-50 / MobileNetV2 90, ViT 95, DenseNet-121 99 (andrijazz/ash
+        ``config/{imagenet,mobilenet,vit,densenet}_config.yml``: ``ash_s@90``, ``ash_s@90``,
+        ``ash_s@95``, ``ash_s@99``); ViT-like families take the ViT value; every other family keeps
+        the paper's 90 (the release runs no ASH-S on ConvNeXt, Swin or EfficientNet)."""
+        value, source = _ASH_RELEASE.get(backbone.family, (90.0, f"no ASH release setting for {backbone.family}: the paper's ImageNet p=90"))
+        return {"percentile": Default(value, source)}
+
+    def __init__(self, percentile: float = 90.0, compute_dtype: str = "float32", device: str | None = None) -> None:
         self.percentile = percentile
-        self.precision = precision
+        self.compute_dtype = compute_dtype
+        self.device = device
 
     def _score(self, x: FeatureSet) -> np.ndarray:
-        _check_percentile(self.percentile, "ash_s")
-        return _energy_of(compute_of(self), x, lambda z: ash_s_features(z, self.percentile), x.weight, x.bias)
+        return _energy_of(self._compute(), x, lambda z: ash_s_features(z, self.percentile), x.weight, x.bias)
 
 
 @register("scale", tags=("paper21", "activation"), order=8)
@@ -154,15 +181,19 @@ class SCALE(Detector):
     takes the percentile as a fraction (0.85).
     """
 
+    label = "SCALE"
+
     needs = ("features", "head")
 
-    def __init__(self, percentile: float = 85.0, precision: str = "float32") -> None:
+    constraints = {"percentile": Interval(Real, 0, 100, closed="left"), **COMPUTE}
+
+    def __init__(self, percentile: float = 85.0, compute_dtype: str = "float32", device: str | None = None) -> None:
         self.percentile = percentile
-        self.precision = precision
+        self.compute_dtype = compute_dtype
+        self.device = device
 
     def _score(self, x: FeatureSet) -> np.ndarray:
-        _check_percentile(self.percentile, "scale")
-        return _energy_of(compute_of(self), x, lambda z: scale_features(z, self.percentile), x.weight, x.bias)
+        return _energy_of(self._compute(), x, lambda z: scale_features(z, self.percentile), x.weight, x.bias)
 
 
 @register("dice", tags=("paper21", "activation"), order=9)
@@ -175,18 +206,20 @@ class DICE(Detector):
     ``--p 70`` for ImageNet, 90 for CIFAR), named like ReAct's and ASH's ``percentile``.
     """
 
+    label = "DICE"
+
     needs = ("features", "head")
     fit_needs = ("features", "head")
 
-    def __init__(self, percentile: float = 70.0, precision: str = "float32", device: str | None = None) -> None:
+    constraints = {"percentile": Interval(Real, 0, 100, closed="left"), **COMPUTE}
+
+    def __init__(self, percentile: float = 70.0, compute_dtype: str = "float32", device: str | None = None) -> None:
         self.percentile = percentile
-        self.precision = precision
+        self.compute_dtype = compute_dtype
         self.device = device
 
     def _fit(self, train: FeatureSet) -> None:
-        if not 0 <= self.percentile < 100:
-            raise InputError(f"dice percentile must be in [0, 100), got {self.percentile}")
-        self.mean_feature_ = mean_rows(train.features, comp=compute_of(self))
+        self.mean_feature_ = mean_rows(train.features, comp=self._compute())
         contrib = self.mean_feature_[None, :] * as64(train.weight)
         self.threshold_ = float(np.percentile(contrib, self.percentile))
         self.masked_weight_ = as64(train.weight) * (contrib > self.threshold_)
@@ -195,4 +228,4 @@ class DICE(Detector):
     def _score(self, x: FeatureSet) -> np.ndarray:
         if x.weight.shape != self.masked_weight_.shape:
             raise InputError(f"dice was fitted with a {self.masked_weight_.shape} head, got {x.weight.shape}")
-        return _energy_of(compute_of(self), x, lambda z: z, self.masked_weight_, self.bias_)
+        return _energy_of(self._compute(), x, lambda z: z, self.masked_weight_, self.bias_)

@@ -27,6 +27,7 @@ from scipy.special import logsumexp
 
 from ..errors import InputError
 from ..features import FeatureSet
+from ..params import Integral, Interval, Options
 from . import register
 from .base import Detector
 
@@ -37,6 +38,8 @@ __all__ = ["CnC"]
 class CnC(Detector):
     """s = 1 - p(K+1) (``form="prob"``) or its log-odds (``form="logodds"``, default)."""
 
+    label = "CnC"
+
     needs = ("logits",)
     reads_outlier_class = True
 
@@ -44,13 +47,13 @@ class CnC(Detector):
     def suits(cls, x: FeatureSet) -> bool:
         return x.meta.get("outlier_class") is not None
 
+    constraints = {"form": Options("prob", "logodds"), "outlier_class": Interval(Integral, None, None)}
+
     def __init__(self, form: str = "logodds", outlier_class: int = -1) -> None:
         self.form = form
         self.outlier_class = outlier_class
 
     def _score(self, x: FeatureSet) -> np.ndarray:
-        if self.form not in ("prob", "logodds"):
-            raise InputError(f"cnc form must be 'prob' or 'logodds', got {self.form!r}")
         if x.meta.get("cnc") is False:
             raise InputError("cnc needs logits of a K+1 (CnC) model; this FeatureSet comes from a plain K-way model")
         f = np.asarray(x.logits, dtype=np.float64)

@@ -1,7 +1,7 @@
 """Feature-based detectors reading class centroids or decision geometry: cosine, MCM, fDBD, NECO.
 
 (The Mahalanobis family and kNN, also feature-based, live in mahalanobis.py and neighbours.py;
-NAC in nac.py.) Each takes ``precision`` ("float32" products with float64 sums, the default, or
+NAC in nac.py.) Each takes ``compute_dtype`` ("float32" products with float64 sums, the default, or
 "float64") and ``device`` (None = numpy, or a torch device); see ``_backend``. float32 guarantees
 (eps = 2^-24): cosine and MCM multiply z - m (m the ID-train mean rounded to float32, so the
 difference is rounded relative to itself) and add m mu_c computed in float64, so a cosine is off by about sqrt(D) eps |z - m| / |z| plus one rounding,
@@ -16,10 +16,11 @@ from __future__ import annotations
 import numpy as np
 from ..errors import InputError
 from ..features import FeatureSet
+from ..params import BOOLEAN, COMPUTE, POSITIVE, Integral, Interval, Real
 from . import register
-from ._backend import compute_of, one_blas_thread
+from ._backend import one_blas_thread
 from ._common import as64, centre_parts, class_means, float32_centre, l2_normalise, labelled, mean_rows, scatter
-from .base import Detector
+from .base import Backbone, Default, Detector
 
 __all__ = ["Cosine", "MCM", "FDBD", "NECO"]
 
@@ -28,13 +29,15 @@ class _CentroidBase(Detector):
     needs = ("features",)
     fit_needs = ("features", "labels")
 
-    def __init__(self, precision: str = "float32", device: str | None = None) -> None:
-        self.precision = precision
+    constraints = COMPUTE
+
+    def __init__(self, compute_dtype: str = "float32", device: str | None = None) -> None:
+        self.compute_dtype = compute_dtype
         self.device = device
 
     def _fit(self, train: FeatureSet) -> None:
         _, self.classes_ = labelled(train.labels, type(self).__name__)
-        means, counts = class_means(train.features, train.labels, self.classes_, comp=compute_of(self))
+        means, counts = class_means(train.features, train.labels, self.classes_, comp=self._compute())
         self.centroids_ = l2_normalise(means)
         self.center_ = float32_centre(counts @ means / counts.sum())
         self.center_products_ = self.centroids_ @ self.center_
@@ -46,7 +49,7 @@ class _CentroidBase(Detector):
         to float32: z - m is rounded relative to itself, m mu_c is one float64 value per class, so
         the product's float32 error is that of z - m, not of an offset shared by all features
         (LayerNorm-like features)."""
-        comp = compute_of(self)
+        comp = self._compute()
         cent, offsets = comp.put(self.centroids_).T, comp.put(self.center_products_)
         center = comp.put(self.center_)
 
@@ -67,6 +70,8 @@ class Cosine(_CentroidBase):
     features. No hyperparameters.
     """
 
+    label = "cosine"
+
     def _score(self, x: FeatureSet) -> np.ndarray:
         return self._scores(x, lambda comp, p, inv: comp.rowmax(p) * inv)
 
@@ -81,14 +86,16 @@ class MCM(_CentroidBase):
     its temperature ``tau`` too (default 0.01 there, on text embeddings).
     """
 
-    def __init__(self, tau: float = 1.0, precision: str = "float32", device: str | None = None) -> None:
+    label = "MCM"
+
+    constraints = {"tau": POSITIVE, **COMPUTE}
+
+    def __init__(self, tau: float = 1.0, compute_dtype: str = "float32", device: str | None = None) -> None:
         self.tau = tau
-        self.precision = precision
+        self.compute_dtype = compute_dtype
         self.device = device
 
     def _score(self, x: FeatureSet) -> np.ndarray:
-        if not self.tau > 0:
-            raise InputError(f"mcm temperature tau must be > 0, got {self.tau}")
         # max softmax of cos / T (Compute.max_softmax): exp in the product dtype, sum in float64
 
         def readout(comp, p, inv):
@@ -108,15 +115,19 @@ class FDBD(Detector):
     regulariser). No hyperparameters.
     """
 
+    label = "fDBD"
+
     needs = ("features", "head")
     fit_needs = ("features", "head")
 
-    def __init__(self, precision: str = "float32", device: str | None = None) -> None:
-        self.precision = precision
+    constraints = COMPUTE
+
+    def __init__(self, compute_dtype: str = "float32", device: str | None = None) -> None:
+        self.compute_dtype = compute_dtype
         self.device = device
 
     def _fit(self, train: FeatureSet) -> None:
-        self.train_mean_ = mean_rows(train.features, comp=compute_of(self))
+        self.train_mean_ = mean_rows(train.features, comp=self._compute())
         w = as64(train.weight)
         sq = np.einsum("cd,cd->c", w, w)
         with one_blas_thread():  # 1000 x 1024 x 1000: 20 ms, and no idle BLAS threads under the scoring
@@ -132,7 +143,7 @@ class FDBD(Detector):
         c = x.weight.shape[0]
         if self.inv_boundary_norm_.shape != (c, c):
             raise InputError(f"fdbd was fitted with {len(self.inv_boundary_norm_)} classes, got {c}")
-        comp = compute_of(self)
+        comp = self._compute()
         w, b = comp.put(x.weight).T, comp.put(x.bias)
         inv = comp.put(self.inv_boundary_norm_)
         mean, rest = (comp.put(a) for a in centre_parts(self.train_mean_))
@@ -164,32 +175,47 @@ class NECO(Detector):
     ``variance`` (default 0.9) of the variance, unless ``dim`` is given. ``maxlogit=True``
     multiplies by max_c f_c, which the release does for every non-ResNet backbone (ViT, DeiT,
     Swin); needs logits then. The class default is off (the paper's formula);
-    :func:`oodeval.detectors.defaults.resolve_defaults` turns it on for non-ResNet backbones.
+    :meth:`backbone_defaults` turns it on for non-ResNet backbones.
     The scatter is in the product precision (float32 products, float64 sums): the principal
     space reads the largest eigenvalues, which it resolves. The release's denominator for DeiT/Swin uses the raw feature norm; we keep the standardised
     norm for every backbone (the paper's formula).
     """
 
+    label = "NECO"
+
     needs = ("features",)
     fit_needs = ("features",)
+
+    constraints = {"variance": Interval(Real, 0, 1, closed="right"), "dim": (Interval(Integral, 1, None), None), "maxlogit": BOOLEAN, **COMPUTE}
+    @classmethod
+    def backbone_defaults(cls, backbone: Backbone) -> dict[str, Default]:
+        """``maxlogit``: True for every non-ResNet model (NECO release, ``neco()``: ``if
+        model_architecture_type != 'resnet': score *= maxlogit``); needs logits, so it stays off
+        for features without them (a VLM without a probe head)."""
+        source = "NECO release: max-logit factor for every non-ResNet model"
+        if backbone.family == "resnet":
+            return {"maxlogit": Default(False, source + " (ResNet: off)")}
+        if not backbone.has_logits:
+            return {"maxlogit": Default(False, source + "; these features have no logits, so off")}
+        return {"maxlogit": Default(True, source)}
 
     def __init__(
         self,
         variance: float = 0.9,
         dim: int | None = None,
         maxlogit: bool = False,
-        precision: str = "float32",
+        compute_dtype: str = "float32",
         device: str | None = None,
     ) -> None:
         self.variance = variance
         self.dim = dim
         self.maxlogit = maxlogit
-        self.precision = precision
+        self.compute_dtype = compute_dtype
         self.device = device
 
     def _fit(self, train: FeatureSet) -> None:
         z = train.features
-        comp = compute_of(self)
+        comp = self._compute()
         self.mean_ = mean_rows(z, comp=comp)
         s, n = scatter(z, self.mean_, comp=comp)
         var = np.diag(s) / n
@@ -201,11 +227,9 @@ class NECO(Detector):
         self.explained_variance_ratio_ = evals / evals.sum()
         if self.dim is not None:
             if not 1 <= int(self.dim) <= z.shape[1]:
-                raise InputError(f"neco dim must be in [1, {z.shape[1]}], got {self.dim}")
+                raise InputError(f"detector 'neco': dim={self.dim} must be an integer in [1, {z.shape[1]}] for {z.shape[1]}-d features")
             d = int(self.dim)
         else:
-            if not 0 < self.variance <= 1:
-                raise InputError(f"neco variance must be in (0, 1], got {self.variance}")
             cum = np.cumsum(self.explained_variance_ratio_)
             d = int(min(np.searchsorted(cum, self.variance - 1e-12) + 1, z.shape[1]))
         self.n_components_ = d
@@ -215,7 +239,7 @@ class NECO(Detector):
         if self.maxlogit:
             x.require(("logits",), "neco(maxlogit=True)")
         z = x.features
-        comp = compute_of(self)
+        comp = self._compute()
         (mean, rest), scale, comps = (comp.put(a) for a in centre_parts(self.mean_)), comp.put(self.scale_), comp.put(self.components_)
 
         def block(zb):  # standardised as ((z - m32) - rest) / scale (centre_parts), then projected

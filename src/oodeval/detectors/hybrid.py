@@ -7,8 +7,9 @@ import scipy.linalg
 
 from ..errors import InputError
 from ..features import FeatureSet
+from ..params import COMPUTE, Integral, Interval
 from . import register
-from ._backend import Compute, compute_of, one_blas_thread
+from ._backend import Compute, one_blas_thread
 from ._common import as64, float32_centre, mean_rows, scatter
 from .base import Detector
 
@@ -76,7 +77,7 @@ class ViM(Detector):
     mean_train(max f) / mean_train(||(z - u) R||), fitted on ID train. D' (``dim``) defaults to
     the paper's rule: 1000 if D >= 2048, 512 if D >= 768, else D / 2. f = W z + b from the head.
     The release uses np.linalg.eig on the symmetric covariance; eigh is the right routine.
-    ``precision`` ("float32" products with float64 sums, default, or "float64") and ``device``
+    ``compute_dtype`` ("float32" products with float64 sums, default, or "float64") and ``device``
     (None = numpy, or a torch device): see ``_backend``. The fit (scatter about u, eigh) is
     float64: the residual space is the covariance's smallest eigenvalues, which a float32 scatter
     cannot resolve. float32 guarantees: the residual is (z - m) R + (m - u) R, m the ID-train
@@ -85,12 +86,16 @@ class ViM(Detector):
     features' offset; the energy is as in the logit detectors, of an sgemm of the head.
     """
 
+    label = "ViM"
+
     needs = ("features", "head")
     fit_needs = ("features", "head")
 
-    def __init__(self, dim: int | None = None, precision: str = "float32", device: str | None = None) -> None:
+    constraints = {"dim": (Interval(Integral, 1, None), None), **COMPUTE}
+
+    def __init__(self, dim: int | None = None, compute_dtype: str = "float32", device: str | None = None) -> None:
         self.dim = dim
-        self.precision = precision
+        self.compute_dtype = compute_dtype
         self.device = device
 
     def _fit(self, train: FeatureSet) -> None:
@@ -98,10 +103,10 @@ class ViM(Detector):
         d = z.shape[1]
         k = vim_dim(d) if self.dim is None else int(self.dim)
         if not 0 < k < d:
-            raise InputError(f"vim dim must be in [1, {d - 1}] for {d}-d features, got {k}")
+            raise InputError(f"detector 'vim': dim={k} must be an integer in [1, {d - 1}] for {d}-d features")
         self.principal_dim_ = k
         self.origin_ = logit_origin(train.weight, train.bias)
-        comp = compute_of(self)
+        comp = self._compute()
         # float64: the residual space is the smallest eigenvalues', which a float32 scatter cannot resolve
         s, n = scatter(z, self.origin_, comp=Compute("float64", comp.device))
         evals, evecs = np.linalg.eigh(s / n)
@@ -136,6 +141,6 @@ class ViM(Detector):
         return comp.map_rows(block, z, max(z.shape[1], w.shape[1]))
 
     def _score(self, x: FeatureSet) -> np.ndarray:
-        comp = compute_of(self)
+        comp = self._compute()
         energy, residual = self._parts(comp, x.features, x.weight, x.bias, energy=True)
         return energy - self.alpha_ * residual

@@ -1,7 +1,8 @@
 """Logit-based detectors: MSP, MaxLogit, KL-Matching, Energy, GEN (paper Sec. 2.1, group i).
 
-All read only the logits f (N, C), over row chunks. ``precision="float32"`` (default): exp and
+All read only the logits f (N, C), over row chunks. ``compute_dtype="float32"`` (default): exp and
 products in float32, every sum over classes accumulated in float64; "float64": all in float64.
+``device``: None = numpy, or a torch device (``_backend``).
 float32 guarantees: every exp is of a shifted logit (error (|f_c - shift| + 4) eps of its term,
 eps = 2^-24) and every sum is float64, so a score is within a few float32 ulps of its float64
 value whatever the logits' offset or scale (tests/test_detectors_precision.py, docs/performance.md).
@@ -11,10 +12,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import InputError
 from ..features import FeatureSet
+from ..params import COMPUTE, POSITIVE, Integral, Interval
 from . import register
-from ._backend import Compute, compute_of
+from ._backend import Compute
 from .base import Detector
 
 __all__ = ["MSP", "MaxLogit", "KLMatching", "Energy", "GEN"]
@@ -26,12 +27,6 @@ def _over_rows(x: FeatureSet, fn, comp: Compute) -> np.ndarray:
     return comp.map_rows(fn, x.logits, x.logits.shape[1])
 
 
-def _temperature(t: float, who: str) -> float:
-    if not (np.isfinite(t) and t > 0):
-        raise InputError(f"{who} temperature must be a finite number > 0, got {t}")
-    return float(t)
-
-
 @register("msp", tags=("paper21", "logit"), order=1)
 class MSP(Detector):
     """Maximum softmax probability, s = max_c softmax(f / T)_c (Hendrycks & Gimpel, ICLR 2017).
@@ -39,19 +34,24 @@ class MSP(Detector):
     Default T = ``temperature`` = 1 (the paper's baseline); T > 1 is temperature scaling as in ODIN's first step
     (without its input perturbation). Computed as exp(f_y - s) / sum_c exp(f_c - s) on f / T,
     y the argmax, s a shift that keeps every exp finite (:meth:`Compute.max_softmax`): the
-    numerator is the sum's own term, so a confident score keeps its distance to 1; ``precision``
+    numerator is the sum's own term, so a confident score keeps its distance to 1; ``compute_dtype``
     is that of the exp (the sum is float64 either way).
     """
 
+    label = "MSP"
+
     needs = ("logits",)
 
-    def __init__(self, temperature: float = 1.0, precision: str = "float32") -> None:
+    constraints = {"temperature": POSITIVE, **COMPUTE}
+
+    def __init__(self, temperature: float = 1.0, compute_dtype: str = "float32", device: str | None = None) -> None:
         self.temperature = temperature
-        self.precision = precision
+        self.compute_dtype = compute_dtype
+        self.device = device
 
     def _score(self, x: FeatureSet) -> np.ndarray:
-        t = _temperature(self.temperature, "msp")
-        comp = compute_of(self)
+        t = float(self.temperature)
+        comp = self._compute()
         return _over_rows(x, lambda f: comp.max_softmax(f if t == 1 else f / t), comp)
 
 
@@ -61,6 +61,8 @@ class MaxLogit(Detector):
 
     Read as f at its argmax (the same value: numpy's argmax takes 0.6-0.7x the time of its max).
     """
+
+    label = "MaxLogit"
 
     needs = ("logits",)
 
@@ -76,15 +78,20 @@ class Energy(Detector):
     Higher = ID (the negative free energy).
     """
 
+    label = "Energy"
+
     needs = ("logits",)
 
-    def __init__(self, temperature: float = 1.0, precision: str = "float32") -> None:
+    constraints = {"temperature": POSITIVE, **COMPUTE}
+
+    def __init__(self, temperature: float = 1.0, compute_dtype: str = "float32", device: str | None = None) -> None:
         self.temperature = temperature
-        self.precision = precision
+        self.compute_dtype = compute_dtype
+        self.device = device
 
     def _score(self, x: FeatureSet) -> np.ndarray:
-        t = _temperature(self.temperature, "energy")
-        comp = compute_of(self)
+        t = float(self.temperature)
+        comp = self._compute()
         return _over_rows(x, lambda f: comp.logsumexp(f if t == 1 else f / t) * t, comp)
 
 
@@ -95,26 +102,31 @@ class GEN(Detector):
     Liu, Lochman & Zach, "GEN: Pushing the limits of softmax-based OOD detection", CVPR 2023.
     Defaults g = ``gamma`` = 0.1 and M = ``top_m`` = 100 (the paper's ImageNet setting; its
     release uses the same); M is capped at the number of classes. The top M are found on the logits (softmax is
-    monotone); their p_c and 1 - p_c are computed in float64 whatever ``precision``, so
+    monotone); their p_c and 1 - p_c are computed in float64 whatever ``compute_dtype``, so
     p_c close to 1 keeps its (1 - p_c)^g.
     """
 
+    label = "GEN"
+
     needs = ("logits",)
 
-    def __init__(self, gamma: float = 0.1, top_m: int = 100, precision: str = "float32") -> None:
+    constraints = {"gamma": POSITIVE, "top_m": Interval(Integral, 1, None), **COMPUTE}
+
+    def __init__(self, gamma: float = 0.1, top_m: int = 100, compute_dtype: str = "float32", device: str | None = None) -> None:
         self.gamma = gamma
         self.top_m = top_m
-        self.precision = precision
+        self.compute_dtype = compute_dtype
+        self.device = device
 
     def _score(self, x: FeatureSet) -> np.ndarray:
-        if self.top_m < 1:
-            raise InputError(f"gen needs top_m >= 1, got {self.top_m}")
         g = self.gamma
-        comp = compute_of(self)
+        comp = self._compute()
 
         def fn(f: np.ndarray) -> np.ndarray:
             m = min(int(self.top_m), f.shape[1])
             log_top = comp.topk(f, m) - comp.logsumexp(f, own_max=True)[:, None]  # float64 log p of the top M
+            if comp.device is not None:
+                return -((g * log_top).exp() * (-log_top.expm1()) ** g).sum(dim=1)
             return -np.sum(np.exp(g * log_top) * (-np.expm1(log_top)) ** g, axis=1)
 
         return _over_rows(x, fn, comp)
@@ -130,18 +142,22 @@ class KLMatching(Detector):
     KL(p || d) = sum p log p - p . log d, so all templates are matched with one matrix product.
     """
 
+    label = "KL-Match."
+
     needs = ("logits",)
     fit_needs = ("logits",)
 
-    def __init__(self, eps: float = 1e-12, precision: str = "float32", device: str | None = None) -> None:
+    constraints = {"eps": POSITIVE, **COMPUTE}
+
+    def __init__(self, eps: float = 1e-12, compute_dtype: str = "float32", device: str | None = None) -> None:
         self.eps = eps
-        self.precision = precision
+        self.compute_dtype = compute_dtype
         self.device = device
 
     def _fit(self, train: FeatureSet) -> None:
         f = train.logits
         c = f.shape[1]
-        comp = compute_of(self)
+        comp = self._compute()
         sums = comp.zeros((c, c))
         counts = np.zeros(c)
         chunks = list(comp.chunks(len(f), c))
@@ -159,7 +175,7 @@ class KLMatching(Detector):
         self.log_templates_ = np.log(np.maximum(self.templates_, self.eps))
 
     def _score(self, x: FeatureSet) -> np.ndarray:
-        comp = compute_of(self)
+        comp = self._compute()
         log_t = comp.put(self.log_templates_.T)
 
         # -min_k (sum p log p - p . log d_k) = max_k (p . log d_k) - sum p log p: float64 rounding

@@ -9,7 +9,7 @@ largest), so every distance is a squared norm in whitened, centred coordinates:
 
     (z - mu_c)' S^+ (z - mu_c) = ||u - nu_c||^2,  u = (z - m) W,  nu_c = (mu_c - m) W,
 
-m the ID-train mean rounded to float32 (z - m is then rounded relative to itself, not to |m|). ``precision="float32"`` (default)
+m the ID-train mean rounded to float32 (z - m is then rounded relative to itself, not to |m|). ``compute_dtype="float32"`` (default)
 runs u = (z - m) W and the (N, C) cross term u nu^T as sgemm and sums ||u||^2 in float64; its
 error is a few float32 ulps of ||u||^2 + ||nu_c||^2, in units where the ID distances are about
 the rank k: it does not grow with the features' offset or scale (both removed before any float32
@@ -26,8 +26,9 @@ import numpy as np
 
 from ..errors import InputError
 from ..features import FeatureSet
+from ..params import COMPUTE
 from . import register
-from ._backend import Compute, compute_of
+from ._backend import Compute
 from ._common import class_means, float32_centre, labelled, scatter, whitening
 from .base import Detector
 
@@ -47,13 +48,15 @@ class _MahalanobisBase(Detector):
     normalise = False
     relative = False
 
-    def __init__(self, precision: str = "float32", device: str | None = None) -> None:
-        self.precision = precision
+    constraints = COMPUTE
+
+    def __init__(self, compute_dtype: str = "float32", device: str | None = None) -> None:
+        self.compute_dtype = compute_dtype
         self.device = device
 
     def _fit(self, train: FeatureSet) -> None:
         who = type(self).__name__
-        stats = Compute("float64", compute_of(self).device)
+        stats = Compute("float64", self._compute().device)
         _, classes = labelled(train.labels, who)
         self.classes_ = classes
         self.means_, self.counts_ = class_means(train.features, train.labels, classes, self.normalise, stats)
@@ -76,8 +79,8 @@ class _MahalanobisBase(Detector):
             self.background_offset_ = (mean - self.center_) @ self.background_whitening_
         widths = [self.whitening_] + ([self.background_whitening_] if self.relative else [])
         self.whitened_rounding_ = _whitened_rounding(self.covariance_, self.means_ - self.center_, self.counts_, widths)
-        if self.precision == "float32" and self.whitened_rounding_ > WHITENED_ROUNDING_LIMIT:
-            self.resolved_ = {"precision": "float64"}
+        if self.compute_dtype == "float32" and self.whitened_rounding_ > WHITENED_ROUNDING_LIMIT:
+            self.resolved_ = {"compute_dtype": "float64"}
 
     def _score(self, x: FeatureSet) -> np.ndarray:
         """-min_c ||u - nu_c||^2 = -(||u||^2 + min_c (||nu_c||^2 - 2 u nu_c)), u = (z - m) W; the
@@ -87,7 +90,7 @@ class _MahalanobisBase(Detector):
         z = x.features
         if z.shape[1] != self.means_.shape[1]:
             raise InputError(f"{type(self).__name__} was fitted on {self.means_.shape[1]}-d features, got {z.shape[1]}")
-        comp = Compute(self.resolved_params()["precision"], self.device)
+        comp = self._compute()
         white, nu = comp.put(self.whitening_), comp.put(self.whitened_means_).T
         block_dtype = "float64" if self.normalise else None
         const, center = comp.put(self.whitened_mean_norms_), comp.put(self.center_, block_dtype)
@@ -131,6 +134,8 @@ class Mahalanobis(_MahalanobisBase):
     hyperparameters. float32: see the module docstring (centred, whitened form).
     """
 
+    label = "Maha"
+
 
 @register("relative_mahalanobis", tags=("paper21", "feature"), order=11)
 class RelativeMahalanobis(_MahalanobisBase):
@@ -141,6 +146,8 @@ class RelativeMahalanobis(_MahalanobisBase):
     pytorch-ood's RMD builds the background covariance differently (see docs/detectors.md);
     this follows the paper. float32: see the module docstring.
     """
+
+    label = "rMaha"
 
     relative = True
 
@@ -153,6 +160,8 @@ class MahalanobisPP(_MahalanobisBase):
     Invariant to rescaling any single sample; rows are normalised in float64. No hyperparameters.
     """
 
+    label = "Maha++"
+
     normalise = True
 
 
@@ -161,6 +170,8 @@ class RelativeMahalanobisPP(_MahalanobisBase):
     """Relative Mahalanobis++: s = -min_c (MD_c(z/|z|) - MD_0(z/|z|)), all Gaussians fitted on
     l2-normalised ID-train features (Mueller & Hein, ICML 2025, applied to Ren et al. 2021).
     No hyperparameters."""
+
+    label = "rMaha++"
 
     normalise = True
     relative = True

@@ -15,8 +15,10 @@ ID-train samples drawn class-balanced with a seed (the release's ``valid_num``).
 samples, so it only keeps its meaning at the release's n_fit. Layers with other names fall back
 to the avgpool setting. The release's ViT setting (final norm, read at the classifier's token(s),
 and ``ln_2`` of the last three blocks, n_fit = 50,000), applied to every ViT-like backbone (ViT,
-DeiT, DINOv2, EVA02, DINOv3, XCiT), and the choice per backbone come from
-:func:`oodeval.detectors.defaults.resolve_defaults`; explicit ``layer_params`` / ``n_fit`` win.
+DeiT, DINOv2, EVA02, DINOv3, XCiT), and the choice per backbone come from :meth:`NAC.backbone_defaults`
+(BierOne/ood_coverage ``configs/postprocessors/nac/``); explicit ``layer_params`` / ``n_fit`` win,
+``layer_params`` merged layer by layer and key by key. NAC fits on its own rows (``fits_on``): the
+tapped class-balanced subset of ID train that extraction writes when ID train holds no taps.
 """
 
 from __future__ import annotations
@@ -26,9 +28,11 @@ from scipy.special import expit
 
 from ..errors import InputError
 from ..features import FeatureSet
+from ..params import POSITIVE, SEED, Instance, Integral, Interval
+from ..features.sampling import fit_rows
 from . import register
 from ._common import chunks
-from .base import Detector
+from .base import Backbone, Default, Detector, TappedRows
 
 __all__ = ["NAC", "NAC_DEFAULTS", "NAC_VIT_NORM", "NAC_VIT_BLOCKS", "NAC_N_FIT", "nac_grid", "fit_rows"]
 
@@ -65,6 +69,25 @@ def nac_grid(m: int) -> np.ndarray:
     return np.append(grid, 1.2)
 
 
+class LayerParams:
+    """The constraint of ``layer_params``: {layer: {"O": > 0, "M": an even integer >= 4, "alpha": > 0}},
+    each key optional (the rest from :data:`NAC_DEFAULTS`)."""
+
+    SPEC = {"O": POSITIVE, "M": Interval(Integral, 4, None), "alpha": POSITIVE}
+
+    def accepts(self, value: object) -> bool:
+        if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, dict) for k, v in value.items()):
+            return False
+        return all(set(p) <= set(self.SPEC) and all(self.SPEC[k].accepts(x) for k, x in p.items()) and p.get("M", 4) % 2 == 0
+                   for p in value.values())  # fmt: skip
+
+    def __str__(self) -> str:
+        return "a table {layer: {O: a number > 0, M: an even integer >= 4, alpha: a number > 0}}"
+
+    def outside(self) -> list[object]:
+        return [{"pre_logits": {"M": 5}}, {"pre_logits": {"O": 0}}, {"pre_logits": {"beta": 1}}]
+
+
 def _interval(s: np.ndarray, grid: np.ndarray) -> np.ndarray:
     """Interval index of each value (-1 when outside [grid[0], grid[-1]))."""
     idx = np.searchsorted(grid, s, side="right") - 1
@@ -72,31 +95,28 @@ def _interval(s: np.ndarray, grid: np.ndarray) -> np.ndarray:
     return idx
 
 
-def fit_rows(labels: np.ndarray, n_fit: int | None, seed: int) -> np.ndarray:
-    """The sorted ID-train rows NAC fits on: all when ``n_fit`` is None or >= N, else
-    floor(n_fit / K) rows per class (capped by the smallest class), drawn with ``seed``; the
-    release's class-balanced ``valid_num`` subset. Unlabelled data: n_fit rows at random.
-
-    Extraction calls this too, so NAC's taps are computed for exactly these rows.
-    """
-    labels = np.asarray(labels)
-    n = labels.shape[0]
-    if n_fit is None or n_fit >= n:
-        return np.arange(n)
-    if n_fit < 1:
-        raise InputError(f"nac n_fit must be >= 1 (or None for all rows), got {n_fit}")
-    rng = np.random.default_rng(seed)
-    classes = np.unique(labels[labels >= 0])
-    if classes.size == 0:
-        return np.sort(rng.choice(n, size=int(n_fit), replace=False))
-    if n_fit < classes.size:
-        raise InputError(
-            f"nac n_fit={n_fit} is below the {classes.size} classes of the train set: a class-balanced "
-            f"subset needs at least one row per class (use n_fit >= {classes.size}, or None for all rows)"
-        )
-    members = [np.flatnonzero(labels == c) for c in classes]
-    per = min(min(len(m) for m in members), int(n_fit) // classes.size)
-    return np.sort(np.concatenate([rng.choice(m, size=per, replace=False) for m in members]))
+def _layer_params(backbone: Backbone) -> dict[str, dict]:
+    """Per-layer (O, M, alpha) of the recorded NAC taps. A ViT block's setting depends on its place
+    from the last block: ``meta["nac_roles"]`` (recorded at extraction: 0 = final norm, k = k-th
+    block from the last) where present; else parsed from ``blocks.N.norm2`` with ``meta["depth"]``
+    (the block count; without it the deepest tapped block counts as the last)."""
+    taps, roles, depth = list(backbone.taps), backbone.meta.get("nac_roles"), backbone.meta.get("depth")
+    if not backbone.vit_like:  # ResNet's (O, M, alpha), deepest first, layer by layer
+        return {name: dict(p) for name, p in zip(taps, NAC_DEFAULTS.values())}
+    recipe = (NAC_VIT_NORM, *NAC_VIT_BLOCKS)
+    if roles:
+        return {name: dict(recipe[int(roles[name])]) for name in taps if name in roles and 0 <= int(roles[name]) < len(recipe)}
+    blocks = {}
+    for name in taps:
+        parts = name.split(".")
+        if len(parts) == 3 and parts[0] == "blocks" and parts[2] == "norm2" and parts[1].isdigit():
+            blocks[name] = int(parts[1])
+    last = depth - 1 if depth else max(blocks.values(), default=0)
+    out = {name: dict(NAC_VIT_NORM) for name in taps if name in ("norm", "fc_norm")}
+    for name, i in blocks.items():
+        if 0 <= last - i < len(NAC_VIT_BLOCKS):
+            out[name] = dict(NAC_VIT_BLOCKS[last - i])
+    return out
 
 
 @register("nac", tags=("paper21", "feature"), order=19)
@@ -108,8 +128,42 @@ class NAC(Detector):
     n_fit: ID-train samples to build coverage from (None = all); seed draws them.
     """
 
+    label = "NAC"
+
     needs = ("extra:nac/*",)
     fit_needs = ("extra:nac/*",)
+    constraints = {"layers": (Instance(list, tuple), None), "layer_params": (LayerParams(), None),
+                   "n_fit": (Interval(Integral, 1, None), None), "seed": SEED}  # fmt: skip
+    fits_on = TappedRows(size="n_fit", seed="seed")
+    merged_params = ("layer_params",)
+
+    @classmethod
+    def backbone_defaults(cls, backbone: Backbone) -> dict[str, Default]:
+        """``n_fit`` and ``layer_params`` (BierOne/ood_coverage ``configs/postprocessors/nac/``):
+        ResNet ``resnet/nac_imagenet.yml`` (avgpool/layer3/layer2/layer1, ``valid_num`` 1000, the
+        class defaults); ViT ``vit/nac_imagenet.yml``: the final LayerNorm (``encoder.ln`` = timm
+        ``norm`` / ``fc_norm``) O/M/alpha 500/50/100 and ``ln_2`` of the last three blocks (timm
+        ``<block>.norm2``) 50/500/1, 10/500/10, 10/1000/1, ``valid_num`` 50000, for every ViT-like
+        family on its own block names (the place of each tap is recorded at extraction,
+        ``meta["nac_roles"]``). The release has no setting for other families; they get the ResNet
+        values layer by layer in depth order (deepest tap = avgpool's) and ``n_fit`` 1000."""
+        family, vit = backbone.family, backbone.vit_like
+        if family == "resnet":
+            source = "NAC release resnet/nac_imagenet.yml"
+        elif vit:
+            source = "NAC release vit/nac_imagenet.yml" + ("" if family == "vit" else f" ({family} is a ViT)")
+        else:
+            source = f"no NAC release setting for {family}: ResNet-50's, layer by layer in depth order"
+        out = {"n_fit": Default(NAC_N_FIT["vit" if vit else "resnet"], source)}
+        if backbone.taps and family != "resnet":  # ResNet layers are the class defaults, by name
+            out["layer_params"] = Default(_layer_params(backbone), source)
+        return out
+
+    @classmethod
+    def backbone_notes(cls, backbone: Backbone) -> list[str]:
+        """Where each tapped layer is read (``meta["nac_readout"]``, recorded at extraction)."""
+        readout = backbone.meta.get("nac_readout") or {}
+        return ["reads " + "; ".join(f"{layer}: {how}" for layer, how in readout.items())] if readout else []
 
     def __init__(
         self,

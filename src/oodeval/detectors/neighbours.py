@@ -20,8 +20,9 @@ import numpy as np
 
 from ..errors import InputError
 from ..features import FeatureSet
+from ..params import COMPUTE, SEED, Integral, Interval, Real
 from . import register
-from ._backend import Compute, compute_of
+from ._backend import Compute
 from ._common import energy, float32_centre, mean_rows
 from .base import Detector
 
@@ -99,47 +100,48 @@ class KNN(Detector):
     Older pytorch-ood KNN versions did not normalise and used k = 1 (0.4.0 normalises, k = 50).
     """
 
+    label = "k-NN"
+
     needs = ("features",)
     fit_needs = ("features",)
+
+    constraints = {"k": Interval(Integral, 1, None), "bank_fraction": Interval(Real, 0, 1, closed="right"), "seed": SEED, **COMPUTE}
 
     def __init__(
         self,
         k: int = 1000,
         bank_fraction: float = 1.0,
         seed: int = 0,
-        precision: str = "float32",
+        compute_dtype: str = "float32",
         device: str | None = None,
     ) -> None:
         self.k = k
         self.bank_fraction = bank_fraction
         self.seed = seed
-        self.precision = precision
+        self.compute_dtype = compute_dtype
         self.device = device
 
     def _fit(self, train: FeatureSet) -> None:
         z = train.features
         subset = _bank_rows(len(z), self.bank_fraction, self.seed, int(self.k), "knn")
         self.bank_index_ = np.arange(len(z)) if subset is None else subset
-        self.bank_ = _bank(compute_of(self), z, subset)
+        self.bank_ = _bank(self._compute(), z, subset)
         self.center_ = float32_centre(mean_rows(z))
         self.bank_offsets_ = bank_offsets(self.bank_, self.center_)
 
     def _score(self, x: FeatureSet) -> np.ndarray:
-        comp = compute_of(self)
+        comp = self._compute()
         sims = top_similarities(comp, self.bank_, x.features, int(self.k), comp.rowmin, (self.center_, self.bank_offsets_))
         return -np.sqrt(np.maximum(2.0 - 2.0 * sims, 0.0))
 
 
 def _bank_rows(n: int, fraction: float, seed: int, k: int, who: str) -> np.ndarray | None:
-    """Sorted seeded random subset of ceil(fraction n) rows (None = all rows); checks k."""
-    if not 0 < fraction <= 1:
-        raise InputError(f"{who} bank_fraction must be in (0, 1], got {fraction}")
-    if k < 1:
-        raise InputError(f"{who} needs k >= 1, got {k}")
+    """Sorted seeded random subset of ceil(fraction n) rows (None = all rows); checks k against the
+    bank (``fraction`` in (0, 1] and k >= 1 are the detectors' declared constraints)."""
     size = n if fraction == 1 else max(k, int(np.ceil(fraction * n)))
     if k > size:
         raise InputError(
-            f"{who} k={k} exceeds the {size}-sample bank ({n} train rows, bank_fraction={fraction}); "
+            f"detector {who!r}: k={k} exceeds the {size}-sample bank ({n} train rows, bank_fraction={fraction}); "
             "use a smaller k (e.g. k=50 as for CIFAR-10)"
         )
     if size >= n:
@@ -161,31 +163,35 @@ class NNGuide(Detector):
     features at their ID-train 95th percentile (ReAct) first, which is not implemented.
     """
 
+    label = "NNGuide"
+
     needs = ("features", "logits")
     fit_needs = ("features", "logits")
+
+    constraints = {"k": Interval(Integral, 1, None), "bank_fraction": Interval(Real, 0, 1, closed="right"), "seed": SEED, **COMPUTE}
 
     def __init__(
         self,
         k: int = 10,
         bank_fraction: float = 0.01,
         seed: int = 0,
-        precision: str = "float32",
+        compute_dtype: str = "float32",
         device: str | None = None,
     ) -> None:
         self.k = k
         self.bank_fraction = bank_fraction
         self.seed = seed
-        self.precision = precision
+        self.compute_dtype = compute_dtype
         self.device = device
 
     def _fit(self, train: FeatureSet) -> None:
         z, f = train.features, train.logits
         idx = _bank_rows(len(z), self.bank_fraction, self.seed, int(self.k), "nnguide")
         self.bank_index_ = np.arange(len(z)) if idx is None else idx
-        self.bank_ = _bank(compute_of(self), z, self.bank_index_, lambda sl: energy(f[self.bank_index_[sl]]))
+        self.bank_ = _bank(self._compute(), z, self.bank_index_, lambda sl: energy(f[self.bank_index_[sl]]))
 
     def _score(self, x: FeatureSet) -> np.ndarray:
-        comp = compute_of(self)
+        comp = self._compute()
         mean = lambda top: comp.rowsum(top) / top.shape[1]  # noqa: E731
         guidance = top_similarities(comp, self.bank_, x.features, int(self.k), mean)
         return comp.map_rows(comp.logsumexp, x.logits, x.logits.shape[1]) * guidance

@@ -15,6 +15,7 @@ from sklearn.mixture import GaussianMixture
 
 from ..errors import InputError
 from ..features import FeatureSet
+from ..params import POSITIVE, SEED, Integral, Interval, Options, Real
 from . import register
 from ._common import as64, chunks, class_means, l2_normalise, labelled, mean_rows
 from ._peers import PeerMethod
@@ -35,6 +36,8 @@ class Residual(PeerMethod, ViM):
     leaves a 512-d feature no residual) and fits on its ID ``val`` split, here the ID-train set.
     float64 throughout (the residual space is the covariance's smallest eigenvalues).
     """
+
+    constraints = {"dim": (Interval(Integral, 1, None), None)}
 
     def __init__(self, dim: int | None = None) -> None:
         self.dim = dim
@@ -61,12 +64,12 @@ class SHE(PeerMethod):
     needs = ("features", "logits")
     fit_needs = ("features", "logits", "labels")
 
+    constraints = {"metric": Options(*_SHE_METRICS)}
+
     def __init__(self, metric: str = "inner_product") -> None:
         self.metric = metric
 
     def _fit(self, train: FeatureSet) -> None:
-        if self.metric not in _SHE_METRICS:
-            raise InputError(f"she metric must be one of {', '.join(_SHE_METRICS)}, got {self.metric!r}")
         y = np.asarray(train.labels)
         _, classes = labelled(y, "she")
         pred = np.concatenate([as64(train.logits[sl]).argmax(1) for sl in chunks(len(y), train.logits.shape[1])])
@@ -108,6 +111,8 @@ class Relation(PeerMethod):
 
     needs = ("features", "logits")
     fit_needs = ("features", "logits")
+
+    constraints = {"pow": POSITIVE, "thres": Interval(Real, None, None), "bank_fraction": Interval(Real, 0, 1, closed="right"), "seed": SEED}
 
     def __init__(self, pow: float = 1.0, thres: float = 0.03, bank_fraction: float = 1.0, seed: int = 0) -> None:
         self.pow = pow
@@ -152,6 +157,8 @@ class NCI(PeerMethod):
     needs = ("features", "logits", "head")
     fit_needs = ("features",)
 
+    constraints = {"alpha": Interval(Real, None, None)}
+
     def __init__(self, alpha: float = 1e-4) -> None:
         self.alpha = alpha
 
@@ -185,6 +192,8 @@ class GMM(PeerMethod):
     needs = ("features",)
     fit_needs = ("features", "labels")
 
+    constraints = {"n_components": (Interval(Integral, 1, None), None), "seed": SEED}
+
     def __init__(self, n_components: int | None = None, seed: int = 0) -> None:
         self.n_components = n_components
         self.seed = seed
@@ -192,8 +201,6 @@ class GMM(PeerMethod):
     def _fit(self, train: FeatureSet) -> None:
         _, classes = labelled(train.labels, "gmm")
         k = classes.size if self.n_components is None else int(self.n_components)
-        if k < 1:
-            raise InputError(f"gmm needs n_components >= 1, got {self.n_components}")
         self.mixture_ = GaussianMixture(n_components=k, covariance_type="tied", random_state=self.seed)
         self.mixture_.fit(as64(train.features))
         self.resolved_ = {"n_components": k}
@@ -214,6 +221,8 @@ class ClassGMM(PeerMethod):
 
     needs = ("features",)
     fit_needs = ("features", "labels")
+
+    constraints = {"reg": Interval(Real, 0, None)}
 
     def __init__(self, reg: float = 1e-6) -> None:
         self.reg = reg

@@ -1,7 +1,7 @@
 """The peers' logit detectors: Entropy, temperature scaling, OpenMax (OpenOOD v1.5, pytorch-ood 0.4).
 
 Each reads the logits f (N, C) (and, for OpenMax's fit, the ID-train labels). Softmax sums are
-float64 whatever ``precision`` (the exp of shifted logits in that precision, as in
+float64 whatever ``compute_dtype`` (the exp of shifted logits in that dtype, as in
 :mod:`oodeval.detectors.logit`); scores are float64, higher = more in-distribution. Where the
 peers differ from each other or from the paper, docs/detectors.md ("The peers' methods") says how.
 """
@@ -15,8 +15,9 @@ from scipy.stats import weibull_min
 
 from ..errors import InputError
 from ..features import FeatureSet
+from ..params import BOOLEAN, COMPUTE, SEED, Integral, Interval, Options, Real
 from . import register
-from ._backend import Compute, compute_of
+from ._backend import Compute
 from ._common import as64, chunks, labelled
 from ._peers import PeerMethod
 from .logit import MSP
@@ -49,11 +50,14 @@ class Entropy(PeerMethod):
 
     needs = ("logits",)
 
-    def __init__(self, precision: str = "float32") -> None:
-        self.precision = precision
+    constraints = COMPUTE
+
+    def __init__(self, compute_dtype: str = "float32", device: str | None = None) -> None:
+        self.compute_dtype = compute_dtype
+        self.device = device
 
     def _score(self, x: FeatureSet) -> np.ndarray:
-        comp = compute_of(self)
+        comp = self._compute()
         return comp.map_rows(lambda f: neg_entropy(comp, f), x.logits, x.logits.shape[1])
 
 
@@ -94,14 +98,15 @@ class TemperatureScaling(PeerMethod):
     needs = ("logits",)
     fit_needs = ("logits", "labels")
 
-    def __init__(self, val_fraction: float = 0.1, seed: int = 0, precision: str = "float32") -> None:
+    constraints = {"val_fraction": Interval(Real, 0, 1, closed="right"), "seed": SEED, **COMPUTE}
+
+    def __init__(self, val_fraction: float = 0.1, seed: int = 0, compute_dtype: str = "float32", device: str | None = None) -> None:
         self.val_fraction = val_fraction
         self.seed = seed
-        self.precision = precision
+        self.compute_dtype = compute_dtype
+        self.device = device
 
     def _fit(self, train: FeatureSet) -> None:
-        if not 0 < self.val_fraction <= 1:
-            raise InputError(f"temperature_scaling val_fraction must be in (0, 1], got {self.val_fraction}")
         idx, _ = labelled(train.labels, "temperature_scaling")
         n = max(1, int(round(self.val_fraction * idx.size)))
         if n < idx.size:
@@ -111,7 +116,7 @@ class TemperatureScaling(PeerMethod):
         self.resolved_ = {"temperature": self.temperature_}
 
     def _score(self, x: FeatureSet) -> np.ndarray:
-        return MSP(temperature=self.temperature_, precision=self.precision).fit()._score(x)
+        return MSP(temperature=self.temperature_, compute_dtype=self.compute_dtype, device=self.device).fit()._score(x)
 
 
 def _distances(f: np.ndarray, means: np.ndarray, kind: str, eu_weight: float) -> np.ndarray:
@@ -148,6 +153,8 @@ class OpenMax(PeerMethod):
     needs = ("logits",)
     fit_needs = ("logits", "labels")
 
+    constraints = {"tailsize": Interval(Integral, 2, None), "alpha": Interval(Integral, 1, None), "distance": Options("euclidean", "cosine", "eucos"), "eu_weight": Interval(Real, 0, None), "correct_only": BOOLEAN, "readout": Options("unknown", "max")}
+
     def __init__(
         self,
         tailsize: int = 20,
@@ -164,16 +171,7 @@ class OpenMax(PeerMethod):
         self.correct_only = correct_only
         self.readout = readout
 
-    def _check(self) -> None:
-        if self.distance not in ("euclidean", "cosine", "eucos"):
-            raise InputError(f"openmax distance must be euclidean, cosine or eucos, got {self.distance!r}")
-        if self.readout not in ("unknown", "max"):
-            raise InputError(f"openmax readout must be 'unknown' or 'max', got {self.readout!r}")
-        if int(self.tailsize) < 2 or int(self.alpha) < 1:
-            raise InputError(f"openmax needs tailsize >= 2 and alpha >= 1, got {self.tailsize}, {self.alpha}")
-
     def _fit(self, train: FeatureSet) -> None:
-        self._check()
         f, y = as64(train.logits), np.asarray(train.labels)
         c = f.shape[1]
         keep = (y >= 0) & (f.argmax(1) == y) if self.correct_only else y >= 0
@@ -202,7 +200,6 @@ class OpenMax(PeerMethod):
         return np.where(np.isnan(shape), 1.0, cdf)
 
     def _score(self, x: FeatureSet) -> np.ndarray:
-        self._check()
         alpha = min(int(self.alpha), x.logits.shape[1])
         out = np.empty(len(x))
         ranks = (alpha + 1 - np.arange(1, alpha + 1)) / alpha

@@ -2,7 +2,7 @@
 GradNorm, GradUncertainty (OpenOOD v1.5, pytorch-ood 0.4).
 
 The shapings act on the pooled penultimate feature z (N, D), as OpenOOD applies ASH and VRA,
-and read out the energy logsumexp(W z' + b) through the head (``precision`` as in
+and read out the energy logsumexp(W z' + b) through the head (``compute_dtype`` as in
 :mod:`oodeval.detectors.activation`). The gradient methods have a closed form: the gradient of
 a loss L(f) of the logits f = W z + b with respect to the head's weight is g z^T, g = dL/df, so
 its norms factor into a norm of g times a norm of z (and of 1 for the bias). Scores are float64,
@@ -15,10 +15,10 @@ import numpy as np
 
 from ..errors import InputError
 from ..features import FeatureSet
+from ..params import BOOLEAN, COMPUTE, POSITIVE, Interval, Real
 from . import register
-from ._backend import compute_of
 from ._common import as64, chunked_percentile, chunks, logsumexp_rows
-from .activation import _check_percentile, _energy_of, _keep, _sum64, _top_k
+from .activation import _energy_of, _keep, _sum64, _top_k
 from ._peers import PeerMethod
 
 __all__ = ["ASHB", "ASHP", "VRA", "LTS", "GradNorm", "GradUncertainty", "ash_b_features", "ash_p_features"]
@@ -53,13 +53,15 @@ class ASHB(PeerMethod):
 
     needs = ("features", "head")
 
-    def __init__(self, percentile: float = 65.0, precision: str = "float32") -> None:
+    constraints = {"percentile": Interval(Real, 0, 100, closed="left"), **COMPUTE}
+
+    def __init__(self, percentile: float = 65.0, compute_dtype: str = "float32", device: str | None = None) -> None:
         self.percentile = percentile
-        self.precision = precision
+        self.compute_dtype = compute_dtype
+        self.device = device
 
     def _score(self, x: FeatureSet) -> np.ndarray:
-        _check_percentile(self.percentile, "ash_b")
-        return _energy_of(compute_of(self), x, lambda z: ash_b_features(z, self.percentile), x.weight, x.bias)
+        return _energy_of(self._compute(), x, lambda z: ash_b_features(z, self.percentile), x.weight, x.bias)
 
 
 @register("ash_p", tags=("activation",))
@@ -72,13 +74,15 @@ class ASHP(PeerMethod):
 
     needs = ("features", "head")
 
-    def __init__(self, percentile: float = 90.0, precision: str = "float32") -> None:
+    constraints = {"percentile": Interval(Real, 0, 100, closed="left"), **COMPUTE}
+
+    def __init__(self, percentile: float = 90.0, compute_dtype: str = "float32", device: str | None = None) -> None:
         self.percentile = percentile
-        self.precision = precision
+        self.compute_dtype = compute_dtype
+        self.device = device
 
     def _score(self, x: FeatureSet) -> np.ndarray:
-        _check_percentile(self.percentile, "ash_p")
-        return _energy_of(compute_of(self), x, lambda z: ash_p_features(z, self.percentile), x.weight, x.bias)
+        return _energy_of(self._compute(), x, lambda z: ash_p_features(z, self.percentile), x.weight, x.bias)
 
 
 def _column_percentiles(z: np.ndarray, q: float, block: int = 64) -> np.ndarray:
@@ -99,15 +103,18 @@ class VRA(PeerMethod):
     needs = ("features", "head")
     fit_needs = ("features",)
 
-    def __init__(self, low: float = 10.0, high: float = 90.0, per_dim: bool = False, precision: str = "float32") -> None:
+    constraints = {"low": Interval(Real, 0, 100), "high": Interval(Real, 0, 100), "per_dim": BOOLEAN, **COMPUTE}
+
+    def __init__(self, low: float = 10.0, high: float = 90.0, per_dim: bool = False, compute_dtype: str = "float32", device: str | None = None) -> None:
         self.low = low
         self.high = high
         self.per_dim = per_dim
-        self.precision = precision
+        self.compute_dtype = compute_dtype
+        self.device = device
 
     def _fit(self, train: FeatureSet) -> None:
-        if not 0 <= self.low <= self.high <= 100:
-            raise InputError(f"vra needs 0 <= low <= high <= 100, got low={self.low}, high={self.high}")
+        if not self.low <= self.high:
+            raise InputError(f"detector 'vra': low={self.low} must not exceed high={self.high}")
         z = train.features
         if self.per_dim:
             self.lower_, self.upper_ = _column_percentiles(z, self.low), _column_percentiles(z, self.high)
@@ -119,7 +126,7 @@ class VRA(PeerMethod):
             lo = np.asarray(self.lower_, dtype=z.dtype)
             return np.clip(z, lo, np.asarray(self.upper_, dtype=z.dtype))
 
-        return _energy_of(compute_of(self), x, clip, x.weight, x.bias)
+        return _energy_of(self._compute(), x, clip, x.weight, x.bias)
 
 
 @register("lts", tags=("activation",))
@@ -133,12 +140,12 @@ class LTS(PeerMethod):
 
     needs = ("features", "logits")
 
+    constraints = {"p": Interval(Real, 0, 1, closed="right")}
+
     def __init__(self, p: float = 0.05) -> None:
         self.p = p
 
     def _score(self, x: FeatureSet) -> np.ndarray:
-        if not 0 < self.p <= 1:
-            raise InputError(f"lts p must be in (0, 1], got {self.p}")
         out = np.empty(len(x))
         for sl in chunks(len(x), x.features.shape[1]):
             z = np.maximum(as64(x.features[sl]), 0.0)
@@ -170,13 +177,13 @@ class GradNorm(PeerMethod):
 
     needs = ("features", "logits")
 
+    constraints = {"temperature": POSITIVE}
+
     def __init__(self, temperature: float = 1.0) -> None:
         self.temperature = temperature
 
     def _score(self, x: FeatureSet) -> np.ndarray:
         t = float(self.temperature)
-        if not (np.isfinite(t) and t > 0):
-            raise InputError(f"gradnorm temperature must be a finite number > 0, got {self.temperature}")
         out = np.empty(len(x))
         for sl in chunks(len(x), max(x.features.shape[1], x.logits.shape[1])):
             p = _softmax64(x.logits[sl], t)

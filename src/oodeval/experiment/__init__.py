@@ -6,7 +6,8 @@ runner that appends to one Parquet results table, and the per-cell score files t
 """
 
 from .config import DatasetSpec, DetectorSpec, ExperimentConfig, ModelSpec, load_config
-from .runner import RunSummary, extract_features, run_experiment, scores_dir
+from .grid import run_experiment
+from .runner import RunSummary, extract_features, scores_dir
 
 __all__ = [
     "ExperimentConfig", "ModelSpec", "DetectorSpec", "DatasetSpec", "load_config",

@@ -23,7 +23,7 @@ __all__ = ["check_experiment", "eoe_prompt_notes"]
 def _model_problem(model: ModelSpec) -> str | None:
     """A model name its library cannot build, or None. A ``hf:`` hub id cannot be verified offline (a local
     folder must hold a ``config.json``); a ``package.module:factory`` must import and name a callable."""
-    from ..features.backbones import parse_model_name
+    from ..features.names import parse_model_name
 
     kind, name, tag = parse_model_name(model.name)
     if kind == "timm":
@@ -34,6 +34,10 @@ def _model_problem(model: ModelSpec) -> str | None:
         if Path(name).exists() and not (Path(name) / "config.json").is_file():
             return f"model {model.label!r}: {name} has no config.json (expected a transformers model folder)"
         return None
+    if kind == "openood":
+        from ..features.openood import ARCHITECTURES
+
+        return None if name in ARCHITECTURES else f"model {model.label!r}: OpenOOD has no network {name!r} here; known: {', '.join('openood:' + n for n in ARCHITECTURES)}"
     if kind == "python":
         import importlib
 

@@ -13,6 +13,8 @@ relative paths are relative to the experiment file's folder. See ``docs/experime
     id_train = "imagefolder:train"    # fits the detectors (supervised models only)
     id_test = "imagefolder:val"
     ood = ["ninco", { name = "data/fi", label = "Fi", split_column = "fine_grained", group = "near" }]
+    # or, instead of [datasets], an OpenOOD v1.5 benchmark on an OpenOOD data root as it lies:
+    # [openood]  benchmark = "cifar10"  root = "/data/openood"   (near / far groups included)
 
     [[models]]
     name = "resnet50"
@@ -23,6 +25,10 @@ relative paths are relative to the experiment file's folder. See ``docs/experime
     [[detectors]]                     # omitted: every detector the features support
     name = "knn"
     hyperparameters = { k = 50 }
+
+Every detector's and zero-shot scorer's hyperparameters (names and values, search candidates
+included) are checked against its declared constraints (:mod:`oodeval.params`) while the file is
+loaded, and all problems found are one InputError, before anything is extracted.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from typing import Any
 from ..errors import InputError
 from ..features.pass_options import KINDS as PASS_KINDS
 from ..features.pass_options import PassSpec, parse_pass
+from ..params import Device, check_hyperparameters
 
 __all__ = ["ExperimentConfig", "ModelSpec", "DetectorSpec", "DatasetSpec", "SweepSpec", "SelectionSpec", "load_config", "KINDS"]
 
@@ -44,9 +51,10 @@ _ROLES = ("id_train", "id_test")
 _TOP = {
     "name", "store", "results", "data_root", "seeds", "bootstrap_draws", "bootstrap_fixed_id", "device", "batch_size",
     "num_workers", "retry_failed", "seed_detectors", "datasets", "models", "detectors", "zeroshot", "sweeps", "selection",
-    "eoe_prompts",
+    "eoe_prompts", "openood", "detector_device",
 }  # fmt: skip
 _DATASETS = {"id_train", "id_test", "ood", "split_column", "id_classes"}
+_OPENOOD = {"benchmark", "root"}
 _OOD = {"name", "label", "split_column", "group"}
 _MODEL = {
     "name", "label", "weights", "pretrained", "head", "kind", "model_kwargs", "taps", "patch_features", "full_patch_features", "features",
@@ -177,6 +185,9 @@ class ExperimentConfig:
     bootstrap_draws: int = 1000
     bootstrap_fixed_id: bool = True
     device: str = "auto"
+    #: where the detectors compute (their ``device`` unless a detector sets its own): None = numpy
+    #: (default), "auto" = the experiment's ``device``, or "cpu" / "cuda" / "cuda:N" (torch there)
+    detector_device: str | None = None
     batch_size: int = 64
     num_workers: int = 0
     retry_failed: bool = True
@@ -188,6 +199,9 @@ class ExperimentConfig:
     eoe_prompts: Path | None = None
     #: not a file key: whether extraction shows progress bars (``run_experiment(progress=...)``)
     progress: bool = True
+    #: not a file key: the experiment file's folder when the file names code of its own
+    #: (``module:factory``, ``module:Class``); put on ``sys.path`` here and by every distributed worker
+    code_dir: Path | None = None
 
     def detectors_for(self, model: ModelSpec) -> tuple[DetectorSpec, ...] | None:
         """The detector list of ``model``: its own, else the experiment's list for its kind
@@ -264,7 +278,23 @@ def _dataset(entry: Any, where: str, base: Path, split_column: str | None) -> Da
     )
 
 
-def _detector(entry: Any, where: str, known: set[str], base: Path, zeroshot: bool) -> DetectorSpec:
+def _openood(t: dict, base: Path) -> dict:
+    """``[openood] benchmark = "cifar10", root = "DIR"``: the ``[datasets]`` table of an OpenOOD v1.5
+    benchmark read from an OpenOOD data root as it lies (:func:`oodeval.data.openood.experiment_datasets`)."""
+    from ..data.openood import experiment_datasets
+    from ..errors import UnknownNameError
+
+    if "datasets" in t:
+        raise _fail("top level", "give [openood] (an OpenOOD benchmark's datasets) or [datasets], not both")
+    o = _check_keys(t["openood"], _OPENOOD, "[openood]")
+    benchmark = _typed(o, "benchmark", str, "[openood]", required=True)
+    try:
+        return experiment_datasets(_path(_typed(o, "root", str, "[openood]", required=True), base), benchmark)
+    except UnknownNameError as exc:
+        raise _fail("[openood]", exc.args[0]) from None
+
+
+def _detector(entry: Any, where: str, known: set[str], base: Path, zeroshot: bool, problems: list[str]) -> DetectorSpec:
     if isinstance(entry, str):
         entry = {"name": entry}
     t = _check_keys(entry, _DETECTOR, where)
@@ -283,7 +313,7 @@ def _detector(entry: Any, where: str, known: set[str], base: Path, zeroshot: boo
         what = "zero-shot scorer" if zeroshot else "detector"
         raise _fail(where, f"unknown {what} {name!r}; known: {', '.join(sorted(known))}")
     hp = _typed(t, "hyperparameters", dict, where, {})
-    _check_hyperparameters(name, hp, where, zeroshot)
+    problems += _hyperparameter_problems(name, hp, where, zeroshot)
     vocab = _typed(t, "vocabulary", str, where)
     if not zeroshot and vocab is not None:
         raise _fail(where, "vocabulary applies to zero-shot scorers (the `zeroshot` list) only")
@@ -291,10 +321,10 @@ def _detector(entry: Any, where: str, known: set[str], base: Path, zeroshot: boo
         raise _fail(where, f"{name!r} needs a `vocabulary` (a Vocabulary JSON or a text file)" if vocab is None
                     else f"{name!r} takes no vocabulary; only {', '.join(n for n, c in _registry(True).items() if c.uses_negatives)} do")
     search = _typed(t, "search", dict, where, {})
-    _check_hyperparameters(name, search, where, zeroshot)
     bad = sorted(k for k, v in search.items() if not isinstance(v, list) or not v)
     if bad:
         raise _fail(where, f"search values must be non-empty lists of candidates; bad: {', '.join(bad)}")
+    problems += _hyperparameter_problems(name, search, f"{where} search", zeroshot, candidates=True)
     both = sorted(set(search) & set(hp))
     if both:
         raise _fail(where, f"{', '.join(both)} set both in hyperparameters and in search; give each in one place")
@@ -303,21 +333,17 @@ def _detector(entry: Any, where: str, known: set[str], base: Path, zeroshot: boo
 
 def _registry(zeroshot: bool) -> dict:
     """name -> class of the post-hoc detectors, or of the zero-shot scorers."""
-    if zeroshot:
-        from ..zeroshot.scorers import REGISTRY
+    from ..detectors import REGISTRY as DETECTORS
+    from ..zeroshot.scorers import REGISTRY as SCORERS
 
-        return REGISTRY
-    from ..detectors import REGISTRY
-
-    return REGISTRY
+    return SCORERS if zeroshot else DETECTORS
 
 
-def _check_hyperparameters(name: str, hp: dict, where: str, zeroshot: bool) -> None:
-    """Reject hyperparameter names the detector's constructor does not take."""
-    allowed = set(_registry(zeroshot)[name]().get_params())
-    unknown = sorted(set(hp) - allowed)
-    if unknown:
-        raise _fail(where, f"{name!r} has no hyperparameter(s) {', '.join(unknown)}; it takes: {', '.join(sorted(allowed)) or 'none'}")
+def _hyperparameter_problems(name: str, hp: dict, where: str, zeroshot: bool, candidates: bool = False) -> list[str]:
+    """What the declared constraints of the detector (or scorer) refuse in ``hp``: unknown names with
+    "did you mean", renamed ones, values out of range (with ``candidates``, every candidate of a
+    search), as ``where: ...`` sentences."""
+    return [f"{where}: {p}" for p in check_hyperparameters(_registry(zeroshot)[name], hp, candidates)]
 
 
 def _generations(entry: Any, where: str) -> list:
@@ -341,14 +367,14 @@ def _generations(entry: Any, where: str) -> list:
     return [{**rest, "vocabulary": vocab.replace(GENERATION, str(g))} for g in range(n)]
 
 
-def _detectors(value: Any, where: str, base: Path, zeroshot: bool = False) -> tuple[DetectorSpec, ...] | None:
+def _detectors(value: Any, where: str, base: Path, problems: list[str], zeroshot: bool = False) -> tuple[DetectorSpec, ...] | None:
     if value is None:
         return None
     if not isinstance(value, list) or not value:
         raise _fail(where, "must be a non-empty list of detector names or tables")
     known = _registry(zeroshot)
     expanded = [(f"{where}[{i}]", e) for i, raw in enumerate(value) for e in _generations(raw, f"{where}[{i}]")]
-    specs = tuple(_detector(e, w, set(known), base, zeroshot) for w, e in expanded)
+    specs = tuple(_detector(e, w, set(known), base, zeroshot, problems) for w, e in expanded)
     seen: dict[tuple, int] = {}
     for i, s in enumerate(specs):
         k = (s.name, tuple(sorted((str(a), str(b)) for a, b in s.hyperparameters.items())), s.vocabulary, s.label)
@@ -358,7 +384,7 @@ def _detectors(value: Any, where: str, base: Path, zeroshot: bool = False) -> tu
     return specs
 
 
-def _model(entry: Any, i: int, base: Path, n_seeds: int) -> ModelSpec:
+def _model(entry: Any, i: int, base: Path, n_seeds: int, problems: list[str]) -> ModelSpec:
     where = f"[[models]] #{i + 1}"
     t = _check_keys(entry, _MODEL, where)
     name = _typed(t, "name", str, where, required=True)
@@ -393,7 +419,7 @@ def _model(entry: Any, i: int, base: Path, n_seeds: int) -> ModelSpec:
         patch_features=_typed(t, "patch_features", bool, where, False),
         full_patch_features=_typed(t, "full_patch_features", bool, where, False),
         features={k: str(_path(v, base)) for k, v in feats.items()},
-        detectors=_detectors(t.get("detectors"), f"{where} detectors", base, zeroshot=kind == "zero-shot"),
+        detectors=_detectors(t.get("detectors"), f"{where} detectors", base, problems, zeroshot=kind == "zero-shot"),
         passes=_passes(t, where, kind),
     )
 
@@ -422,16 +448,25 @@ def _names_code(t: dict) -> bool:
     dets = [d if isinstance(d, str) else d.get("name", "") for d in t.get("detectors") or [] if isinstance(d, str | dict)]
     dets += [d if isinstance(d, str) else d.get("name", "") for m in t.get("models", []) if isinstance(m, dict)
              for d in m.get("detectors") or [] if isinstance(d, str | dict)]  # fmt: skip
-    return any(isinstance(n, str) and ":" in n and not n.startswith(("timm:", "open_clip:", "hf:")) for n in models + dets)
+    return any(isinstance(n, str) and ":" in n and not n.startswith(("timm:", "open_clip:", "hf:", "openood:")) for n in models + dets)
 
 
-def _importable(t: dict, base: Path) -> None:
+def _importable(t: dict, base: Path) -> Path | None:
     """Put the experiment file's own folder on ``sys.path`` (first) when the file names code of its
-    own, so ``my_models:net`` beside it imports without ``PYTHONPATH=.``."""
+    own, so ``my_models:net`` beside it imports without ``PYTHONPATH=.``; returns that folder (None
+    when the file names no code), which workers put on their path (:func:`code_on_path`)."""
+    if not _names_code(t):
+        return None
+    code_on_path(base)
+    return base
+
+
+def code_on_path(folder: Path | None) -> None:
+    """Put ``folder`` (an experiment's ``code_dir``) first on ``sys.path`` unless it is there already."""
     import sys
 
-    if _names_code(t) and str(base) not in sys.path:
-        sys.path.insert(0, str(base))
+    if folder is not None and str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
 
 
 def _check_weights_chosen(m: ModelSpec, has_train: bool, ood_labels: list[str]) -> None:
@@ -446,7 +481,7 @@ def _check_weights_chosen(m: ModelSpec, has_train: bool, ood_labels: list[str]) 
                     "(random init, on purpose)")
 
 
-def _sweep(entry: Any, i: int, base: Path) -> SweepSpec:
+def _sweep(entry: Any, i: int, base: Path, problems: list[str]) -> SweepSpec:
     where = f"[[sweeps]] #{i + 1}"
     t = _check_keys(entry, _SWEEP, where)
     sizes = _typed(t, "sizes", list, where, required=True)
@@ -457,7 +492,7 @@ def _sweep(entry: Any, i: int, base: Path) -> SweepSpec:
     if scorer not in reg or not reg[scorer].uses_negatives:
         raise _fail(where, f"scorer must be a vocabulary scorer ({', '.join(n for n, c in reg.items() if c.uses_negatives)}), got {scorer!r}")
     hp = _typed(t, "hyperparameters", dict, where, {})
-    _check_hyperparameters(scorer, hp, where, True)
+    problems += _hyperparameter_problems(scorer, hp, where, True)
     kind = _typed(t, "kind", str, where, "prefix")
     if kind not in ("prefix", "siblings"):
         raise _fail(where, f"kind must be 'prefix' (first M labels, Fig. A2) or 'siblings' (k per ID class, Fig. A1/A3), got {kind!r}")
@@ -487,11 +522,14 @@ def _selection(value: Any, base: Path, id_test: DatasetSpec, ood: tuple[DatasetS
 
 
 def _default_taps(model: ModelSpec, detectors: tuple[DetectorSpec, ...] | None) -> ModelSpec:
-    """``taps`` left unset: on for a supervised model whose explicit detector list names nac."""
+    """``taps`` left unset: on for a supervised model whose explicit detector list names a detector
+    that fits on tapped rows (its class declares ``fits_on``: NAC)."""
     if model.taps is not None:
         return model
+    from ..detectors import REGISTRY
+
     listed = model.detectors or detectors or ()
-    return replace(model, taps=model.kind == "supervised" and any(d.name == "nac" for d in listed))
+    return replace(model, taps=model.kind == "supervised" and any(d.name in REGISTRY and REGISTRY[d.name].fits_on is not None for d in listed))
 
 
 def _read(path: Path) -> dict:
@@ -533,13 +571,13 @@ def load_config(source: str | Path | dict | ExperimentConfig, base_dir: str | Pa
         path = Path(source)
         data, base = _read(path), Path(base_dir or path.parent).resolve()
     t = _check_keys(data, _TOP, "top level")
-    _importable(t, base)
+    code_dir = _importable(t, base)
     seeds = _typed(t, "seeds", list, "top level", [0])
     if not seeds or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
         raise _fail("top level", f"seeds must be a non-empty list of integers, got {seeds!r}")
     if len(set(seeds)) != len(seeds):
         raise _fail("top level", f"seeds repeat a value: {seeds!r}")
-    ds = _check_keys(_typed(t, "datasets", dict, "top level", required=True), _DATASETS, "[datasets]")
+    ds = _openood(t, base) if "openood" in t else _check_keys(_typed(t, "datasets", dict, "top level", required=True), _DATASETS, "[datasets]")
     split_column = _typed(ds, "split_column", str, "[datasets]")
     ood_raw = _typed(ds, "ood", list, "[datasets]", required=True)
     if not ood_raw:
@@ -558,7 +596,8 @@ def load_config(source: str | Path | dict | ExperimentConfig, base_dir: str | Pa
     models_raw = _typed(t, "models", list, "top level", required=True)
     if not models_raw:
         raise _fail("top level", "models must list at least one [[models]] table")
-    models = tuple(_model(m, i, base, len(seeds)) for i, m in enumerate(models_raw))
+    problems: list[str] = []  # hyperparameter and device values, collected to be refused together
+    models = tuple(_model(m, i, base, len(seeds), problems) for i, m in enumerate(models_raw))
     mlabels = [(m.label) for m in models]
     dup = sorted({x for x in mlabels if mlabels.count(x) > 1})
     if dup:
@@ -577,8 +616,17 @@ def load_config(source: str | Path | dict | ExperimentConfig, base_dir: str | Pa
             )
     for m in models:
         _check_weights_chosen(m, id_train is not None, labels)
-    detectors = _detectors(t.get("detectors"), "detectors", base)
-    zeroshot = _detectors(t.get("zeroshot"), "zeroshot", base, zeroshot=True)
+    detectors = _detectors(t.get("detectors"), "detectors", base, problems)
+    zeroshot = _detectors(t.get("zeroshot"), "zeroshot", base, problems, zeroshot=True)
+    sweeps = tuple(_sweep(e, i, base, problems) for i, e in enumerate(_typed(t, "sweeps", list, "top level", [])))
+    device = _typed(t, "device", str, "top level", "auto")
+    detector_device = _typed(t, "detector_device", str, "top level")
+    for key, value in (("device", device), ("detector_device", detector_device)):
+        if value is not None and value != "auto" and not Device().accepts(value):
+            problems.append(f"top level: {key}={value!r} must be 'auto' or {Device()}")
+    if problems:
+        raise InputError(f"experiment file: {len(problems)} problem(s) with hyperparameters or devices:\n"
+                         + "\n".join(f"  - {p}" for p in problems))
     models = tuple(_default_taps(m, detectors) for m in models)
     draws = _typed(t, "bootstrap_draws", int, "top level", 1000)
     if draws < 1:
@@ -597,7 +645,7 @@ def load_config(source: str | Path | dict | ExperimentConfig, base_dir: str | Pa
         ood=ood,
         id_train=id_train,
         detectors=detectors,
-        sweeps=tuple(_sweep(e, i, base) for i, e in enumerate(_typed(t, "sweeps", list, "top level", []))),
+        sweeps=sweeps,
         zeroshot=zeroshot,
         seeds=tuple(seeds),
         store=_path(_typed(t, "store", str, "top level", "store"), base),
@@ -605,7 +653,8 @@ def load_config(source: str | Path | dict | ExperimentConfig, base_dir: str | Pa
         data_root=_path(_typed(t, "data_root", str, "top level"), base),
         bootstrap_draws=draws,
         bootstrap_fixed_id=_typed(t, "bootstrap_fixed_id", bool, "top level", True),
-        device=_typed(t, "device", str, "top level", "auto"),
+        device=device,
+        detector_device=detector_device,
         batch_size=batch,
         num_workers=_typed(t, "num_workers", int, "top level", 0),
         retry_failed=_typed(t, "retry_failed", bool, "top level", True),
@@ -613,4 +662,5 @@ def load_config(source: str | Path | dict | ExperimentConfig, base_dir: str | Pa
         id_classes=_id_classes(_typed(ds, "id_classes", str, "[datasets]"), base),
         name=_typed(t, "name", str, "top level", "experiment"),
         eoe_prompts=_path(_typed(t, "eoe_prompts", str, "top level"), base),
+        code_dir=code_dir,
     )

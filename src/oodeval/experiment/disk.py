@@ -79,7 +79,7 @@ def _hf_config(name: str) -> dict | None:
 
 def tower_shape(model: str) -> tuple[int, int] | None:
     """``(P, E)``: patch tokens per image and embedding dimension of a VLM image tower, from its config; None if unknown offline."""
-    from ..features.backbones import parse_model_name
+    from ..features.names import parse_model_name
 
     kind, name, _ = parse_model_name(model)
     if kind == "hf":

@@ -38,7 +38,7 @@ from types import SimpleNamespace
 
 from ..errors import InputError
 from ..results import compact_results, load_results
-from .config import ExperimentConfig
+from .config import ExperimentConfig, code_on_path
 from .runner import RunSummary, Unit, _failed_kept, pending_units, run_units
 
 __all__ = ["run_distributed", "jobs_dir"]
@@ -55,12 +55,14 @@ def jobs_dir(results: Path) -> Path:
 
 
 def _extract_job(cfg: ExperimentConfig, features, label: str, weights: str, role: str) -> None:
+    code_on_path(cfg.code_dir)  # a worker process does not share the coordinator's sys.path
     model = next(m for m in cfg.models if m.label == label)
     ds = cfg.id_test if role == "id_test" else cfg.id_train if role == "id_train" else next(d for d in cfg.ood if d.label == role)
     features(model, weights or None, ds, role, cfg)
 
 
 def _units_job(cfg: ExperimentConfig, features, units: list[Unit]) -> RunSummary:
+    code_on_path(cfg.code_dir)
     return run_units(cfg, features, units, progress=False, compact=False, sweeps=False)
 
 
@@ -68,8 +70,8 @@ def _extractions(cfg: ExperimentConfig, units: list[Unit]) -> list[tuple[str, st
     """(model label, weights, role) of every dataset a pending unit reads from the store."""
     out: dict[tuple[str, str, str], None] = {}
     models = {m.label: m for m in cfg.models}
-    for label, weights, _, _ in units:
-        model = models[label]
+    for unit in units:
+        label, weights, model = unit.model, unit.weights, models[unit.model]
         roles = ["id_test"] + [d.label for d in cfg.ood]
         if model.kind == "supervised" and cfg.id_train is not None:
             roles.insert(0, "id_train")
@@ -178,7 +180,7 @@ def _run_all(cfg: ExperimentConfig, ex, max_jobs: int | None, features, progress
     if extractions:
         calls = [(f"extract {m}/{r}", _extract_job, (cfg, features, m, w, r)) for m, w, r in extractions]
         _run_jobs(ex, calls, max_jobs, summary)
-    calls = [(f"{u[0]}/{u[2] or '*'}", _units_job, (cfg, features, [u])) for u in units]
+    calls = [(f"{u.model}/{u.detector or '*'}", _units_job, (cfg, features, [u])) for u in units]
     for part in _run_jobs(ex, calls, max_jobs, summary):
         _absorb(summary, part)
     compact_results(cfg.results)

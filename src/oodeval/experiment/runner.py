@@ -2,9 +2,11 @@
 
 For every model run (a model with one weights file; per-seed weights make one run per seed):
 FeatureSets come from the store (``oodeval.features.extract``, cached) or from precomputed folders;
-each detector configuration goes through ``oodeval.scoring.fit_score_evaluate`` (the loop of
-``oodeval score`` and ``cnc evaluate`` too): fitted ONCE on ID-train (once per seed only for seeded
-detectors when ``seed_detectors = true``), ID-test and every OOD set scored once, each
+each detector configuration is built by ``oodeval.scorer.build_scorer`` (the seam of ``oodeval
+score`` and ``cnc evaluate`` too: backbone defaults, fitting rows, seed and view, as the detector's
+class declares them) and goes through ``oodeval.scoring.fit_score_evaluate``: fitted ONCE on its
+fitting rows (once per seed only for seeded detectors when ``seed_detectors = true``), ID-test and
+every OOD set scored once, each
 (dataset, split, seed) cell evaluated with ``oodeval.scoring.cell_metrics`` (percentile 95% CIs
 seeded by the cell's seed). The cells of each detector fit are
 added to the table as one results part (``oodeval.results.write_part``; also when interrupted),
@@ -20,42 +22,55 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
 
-from .._io import check_output, claim_folder, hash_json, save_npy_atomic
+from .._io import hash_json, save_npy_atomic
 from ..errors import InputError
 from ..features import FeatureSet
 from ..results import (
     ALL_SPLIT,
     KEY,
-    PARTS_KIND,
+    CellKey,
     compact_results,
     _key_of,
     hp_json,
     load_results,
-    parts_dir,
+    result_row,
     write_part,
 )
+from ..scorer import RunSets, Scorer, build_scorer
 from ..scoring import fit_score_evaluate
-from .config import DatasetSpec, DetectorSpec, ExperimentConfig, ModelSpec, load_config
+from .config import DatasetSpec, DetectorSpec, ExperimentConfig, ModelSpec
 from .zeroshot import vocabulary_label, vocabulary_source
 
-__all__ = ["run_experiment", "RunSummary", "scores_dir", "EXECUTORS"]
+__all__ = ["RunSummary", "Unit", "scores_dir", "EXECUTORS"]
 
 log = logging.getLogger(__name__)
 
-#: hyperparameter names through which a seeded detector receives the cell's seed
-SEED_PARAMS = ("seed", "random_state")
 #: where the grid's work runs: in this process (default), or as submitit jobs
 EXECUTORS = ("inprocess", "local", "slurm", "ray")
-#: a unit of work: (model label, weights or "", detector name, hyperparameter key); the last
-#: two are None for a model whose detectors are only known from its features
-Unit = tuple[str, str, "str | None", "str | None"]
+
+
+class Unit(NamedTuple):
+    """A unit of work: one model run (model label, weights or "") and one detector configuration
+    (its name and hyperparameter key), or every detector of the run (both None: a model whose
+    detectors are only known from its features)."""
+
+    model: str
+    weights: str
+    detector: str | None = None
+    hyperparameters: str | None = None
+
+    def covers(self, run: _Run, spec: DetectorSpec | None) -> bool:
+        """Whether this unit is (or includes) ``spec`` of ``run`` (``spec`` None: any of its detectors)."""
+        return (self.model, self.weights) == (run.model.label, run.weights or "") and (
+            self.detector is None or spec is None or (self.detector, self.hyperparameters) == (spec.name, spec.result_key))
 
 
 @dataclass
@@ -121,7 +136,7 @@ def extract_features(model: ModelSpec, weights: str | None, ds: DatasetSpec, rol
     """The FeatureSet of ``ds`` under ``model``: a precomputed folder named in the model's
     ``features`` table (by role ``id_train`` / ``id_test`` or OOD label), else the store.
     NAC taps (``model.taps``) are extracted for the test and OOD sets here; on ID train only
-    for NAC's fitting rows (:func:`nac_fit_features`). A zero-shot model with ``patch_features`` gets
+    for the fitting rows of a detector that declares them (:func:`tapped_fit_features`). A zero-shot model with ``patch_features`` gets
     GL-MCM's patch readouts for the ID names at each gl_mcm tau (``zeroshot.patch_readouts``); the full
     patch tensor (float16) only with ``full_patch_features``. A supervised model's precomputed FeatureSet
     that records no model is taken to come from its ``name`` (which picks the backbone defaults)."""
@@ -170,9 +185,10 @@ def _role_passes(model: ModelSpec, weights: str | None, role: str, cfg: Experime
     return out
 
 
-def nac_fit_features(run: _Run, cfg: ExperimentConfig, n_fit: int | None, seed: int) -> FeatureSet:
-    """The tapped ID-train rows NAC fits on (``extract_nac_fit``), extracted once per (n_fit, seed)."""
-    key = f"nac-fit/{n_fit}/{seed}"
+def tapped_fit_features(run: _Run, cfg: ExperimentConfig, n_fit: int | None, seed: int) -> FeatureSet:
+    """The tapped class-balanced ID-train rows a detector that declares ``fits_on`` fits on
+    (``extract_nac_fit``), extracted once per (size, seed)."""
+    key = f"tapped-fit/{n_fit}/{seed}"
     if key not in run.feats:
         from ..features.extract import extract_nac_fit
 
@@ -216,62 +232,33 @@ def _split_masks(values: np.ndarray | None, column: str | None) -> dict[str, np.
 
 
 # ---------------------------------------------------------------------------- scorers
-class _Scorer:
-    """fit(train) / score(fs) over a post-hoc detector or a zero-shot scorer.
-
-    A post-hoc detector takes the backbone defaults of ``source`` (the FeatureSet whose metadata
-    names the model) under the explicit ``hp``; ``resolved`` is the JSON of every hyperparameter
-    it runs with."""
-
-    def __init__(self, model: ModelSpec, spec: DetectorSpec, hp: dict, context: dict, source: FeatureSet | None = None) -> None:
-        self.model, self.spec, self.hp, self.context = model, spec, hp, context
-        self.resolved = hp_json(hp)
-        if model.kind == "supervised":
-            from .. import detectors
-            from ..detectors.defaults import resolve_defaults
-
-            try:
-                self.det = detectors.create(spec.name, **resolve_defaults(spec.name, source, hp))
-            except TypeError as exc:
-                raise InputError(f"detector {spec.name!r} rejects hyperparameters {hp}: {exc}") from exc
-            self.fit_needs = self.det.fit_needs
-            self.resolved = hp_json(self.det.get_params())
-
-    def _view(self, fs: FeatureSet | None) -> FeatureSet | None:
-        """A K+1 (CnC) model's first K logits for every detector but ``cnc``, as ``cnc evaluate`` does."""
-        from ..cnc.evaluate import id_view
-
-        return fs if fs is None or self.spec.name == "cnc" else id_view(fs)
-
-    def fit(self, train: FeatureSet | None) -> None:
-        if self.model.kind == "supervised":
-            self.det.fit(self._view(train))
-            self.resolved = hp_json(self.det.resolved_params())
-
-    def score(self, fs: FeatureSet) -> np.ndarray:
-        if self.model.kind == "supervised":
-            return self.det.score(self._view(fs))
-        from .zeroshot import zeroshot_scores
-
-        return zeroshot_scores(self.spec, self.hp, fs, self.context)
+def _run_sets(run: _Run, cfg: ExperimentConfig) -> RunSets:
+    """The FeatureSets a scorer of ``run`` is built from (:func:`oodeval.scorer.build_scorer`): ID
+    train and test, and the tapped fitting rows, extracted on demand where the ID-train set holds
+    no taps of its own (:func:`_taps_fit_rows`)."""
+    train = run.feats.get("id_train")
+    tapped = (lambda size, seed: tapped_fit_features(run, cfg, size, seed)) if _taps_fit_rows(run, train) else None
+    return RunSets(train, run.feats.get("id_test"), tapped)
 
 
-def _seeded_hp(model: ModelSpec, spec: DetectorSpec, seed: int, seed_detectors: bool) -> dict:
-    """The spec's overrides; with ``seed_detectors``, plus the cell's seed for a detector that
-    takes one (``seed`` / ``random_state``) and was not given one in the experiment file."""
-    hp = dict(spec.hyperparameters)
-    if model.kind != "supervised" or not seed_detectors:
-        return hp
-    from .. import detectors
+def _build(run: _Run, spec: DetectorSpec, cfg: ExperimentConfig, seed: int | None = None, hyperparameters: dict | None = None) -> Scorer:
+    """The scorer of ``spec`` (with ``hyperparameters`` instead of its own, for the validation search) in ``run``."""
+    hp = spec.hyperparameters if hyperparameters is None else hyperparameters
+    return build_scorer(spec.name, hp, _run_sets(run, cfg), seed=seed, kind=run.model.kind, context=run.context,
+                        vocabulary=spec.vocabulary, device=_detector_device(cfg))  # fmt: skip
 
-    try:
-        params = detectors.create(spec.name).get_params()
-    except Exception:  # noqa: BLE001 - an unbuildable detector fails later, as a recorded cell
-        return hp
-    for name in SEED_PARAMS:
-        if name in params and name not in hp:
-            hp[name] = seed
-    return hp
+
+def _detector_device(cfg: ExperimentConfig) -> str | None:
+    """The experiment's ``detector_device`` ("auto": its extraction ``device``, resolved as extraction
+    resolves it); None without one (the detectors compute with numpy)."""
+    if cfg.detector_device is None:
+        return None
+    device = cfg.device if cfg.detector_device == "auto" else cfg.detector_device
+    if device == "auto":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return device
 
 
 def _id_accuracy(model: ModelSpec, fs: FeatureSet, context: dict) -> float:
@@ -280,7 +267,7 @@ def _id_accuracy(model: ModelSpec, fs: FeatureSet, context: dict) -> float:
     if not (fs.labels >= 0).any():
         return float("nan")
     if model.kind == "supervised":
-        from ..cnc.evaluate import id_view
+        from ..features.views import id_view
 
         fs = id_view(fs)  # a K+1 (CnC) model: argmax over the first K logits
         return accuracy(fs.logits, fs.labels) if fs.logits is not None else float("nan")
@@ -316,20 +303,17 @@ def _specs_for(run: _Run, cfg: ExperimentConfig) -> list[DetectorSpec]:
         if test is None:
             return []
         names = detectors.supported(run.feats.get("id_train"), test)
-        if _taps_nac_fit_rows(run, run.feats.get("id_train")) and detectors.supported(test, test, ["nac"]):
-            names = [n for n in detectors.names() if n in names or n == "nac"]  # NAC fits on its own tapped rows
+        if _taps_fit_rows(run, run.feats.get("id_train")):  # a detector that fits on its own tapped rows
+            own = [n for n in detectors.default_names() if detectors.REGISTRY[n].fits_on is not None and detectors.supported(test, test, [n])]
+            names = [n for n in detectors.names() if n in names or n in own]
         return [DetectorSpec(n) for n in names]
     from .zeroshot import default_zeroshot_specs
 
     return default_zeroshot_specs()
 
 
-def _hp_key(spec: DetectorSpec) -> str:
-    return spec.result_key
-
-
-def _cell_key(run: _Run, spec: DetectorSpec, dataset: str, split: str, seed: int) -> tuple:
-    return (run.model.label, run.weights or "", spec.name, _hp_key(spec), dataset, split, int(seed))
+def _cell_key(run: _Run, spec: DetectorSpec, dataset: str, split: str, seed: int) -> CellKey:
+    return CellKey(run.model.label, run.weights or "", spec.name, spec.result_key, dataset, split, int(seed))
 
 
 def _feature_roles(model: ModelSpec, cfg: ExperimentConfig) -> list[tuple[str, DatasetSpec]]:
@@ -398,18 +382,18 @@ def _plan_run(run: _Run, cfg: ExperimentConfig, features: FeatureFn) -> None:
         run.specs = [DetectorSpec("*")]
 
 
-def _split_cells(done: set[tuple]) -> dict[tuple, int]:
+def _split_cells(done: set[CellKey]) -> dict[tuple, int]:
     """Number of done split cells (split != all) per key without its split."""
     out: dict[tuple, int] = {}
     for key in done:
-        if key[5] != ALL_SPLIT:
-            k = key[:5] + key[6:]
+        if key.split != ALL_SPLIT:
+            k = key.without_split()
             out[k] = out.get(k, 0) + 1
     return out
 
 
 def _settled(
-    run: _Run, cfg: ExperimentConfig, done: dict[tuple, str | None], split_done: dict[tuple, int], specs: list | None = None
+    run: _Run, cfg: ExperimentConfig, done: dict[CellKey, str | None], split_done: dict[tuple, int], specs: list | None = None
 ) -> int | None:
     """The number of cells of a run (of its ``specs``, default all) when every one of them is
     already done from the current inputs (known without its features: an explicit detector list,
@@ -427,7 +411,7 @@ def _settled(
                     return None
                 n += 1
                 if ds.split_column is not None:
-                    parts = split_done.get(key[:5] + key[6:], 0)
+                    parts = split_done.get(key.without_split(), 0)
                     if parts == 0:
                         return None
                     n += parts
@@ -441,43 +425,12 @@ def _current(table: pd.DataFrame) -> pd.DataFrame:
     return table[~stale.fillna(False).astype(bool)]
 
 
-def _row(key: tuple, **values) -> dict:
-    row = dict(zip(KEY, key))
-    row.update(values)
-    row["created"] = _now()
-    return row
+def _row(key: CellKey, cell: dict, scorer: Scorer | None = None, **values) -> dict:
+    """A results row of the grid (:func:`oodeval.results.result_row`), stamped with its creation time."""
+    return result_row(cell, scorer, key, resolved=scorer is not None, **values, created=_now())
 
 
-def run_experiment(
-    config: str | Path | dict | ExperimentConfig,
-    *,
-    progress: bool = True,
-    features: FeatureFn | None = None,
-    executor: str = "inprocess",
-    executor_options: dict | None = None,
-) -> RunSummary:
-    """Run (or resume) the grid of ``config`` and return a :class:`RunSummary`; ``.results`` is
-    the Parquet table's path. ``features`` replaces the FeatureSet source (default:
-    :func:`extract_features`). ``executor``: "inprocess" (default), or "local" / "slurm" to fan
-    the work out as submitit jobs with ``executor_options`` passed to ``update_parameters``, or
-    "ray" for Ray tasks (see :mod:`oodeval.experiment.executors`)."""
-    cfg = replace(load_config(config), progress=progress)
-    features = features or extract_features
-    if executor not in EXECUTORS:
-        raise InputError(f"executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
-    check_output(cfg.results, "results table")  # refused before any work
-    if cfg.results.suffix != ".parquet":
-        raise InputError(f"results = {str(cfg.results)!r}: the results table is Parquet, so its path must end in .parquet")
-    claim_folder(scores_dir(cfg.results), "run scores")
-    claim_folder(parts_dir(cfg.results), PARTS_KIND)
-    if executor != "inprocess":
-        from .executors import run_distributed
-
-        return run_distributed(cfg, executor, executor_options or {}, features, progress)
-    return run_units(cfg, features, progress=progress)
-
-
-def _done(table: pd.DataFrame, cfg: ExperimentConfig) -> dict[tuple, str | None]:
+def _done(table: pd.DataFrame, cfg: ExperimentConfig) -> dict[CellKey, str | None]:
     """{key: recorded inputs fingerprint} of the cells that count as done (failed ones too unless
     ``retry_failed``). An ok cell recorded without a fingerprint (by an older oodeval) is not done."""
     rows = _current(table)
@@ -490,7 +443,7 @@ def _done(table: pd.DataFrame, cfg: ExperimentConfig) -> dict[tuple, str | None]
             for r in rows[keep][[*KEY, "inputs"]].itertuples(index=False, name=None)}
 
 
-def _model_runs(cfg: ExperimentConfig, done: dict[tuple, str | None], split_done: dict[tuple, int]) -> tuple[list[_Run], int]:
+def _model_runs(cfg: ExperimentConfig, done: dict[CellKey, str | None], split_done: dict[tuple, int]) -> tuple[list[_Run], int]:
     """The model runs (a model with one weights file and its seeds) with cells left to compute,
     and the number of cells of the settled ones."""
     runs, settled = [], 0
@@ -521,12 +474,12 @@ def pending_units(cfg: ExperimentConfig) -> tuple[list[Unit], int]:
     for run in runs:
         specs = cfg.detectors_for(run.model)
         if specs is None or (cfg.sweeps and run.model.kind == "zero-shot"):
-            units.append((run.model.label, run.weights or "", None, None))
+            units.append(Unit(run.model.label, run.weights or ""))
             continue
         for spec in specs:
             n = _settled(run, cfg, done, split_done, [spec])
             if n is None:
-                units.append((run.model.label, run.weights or "", spec.name, _hp_key(spec)))
+                units.append(Unit(run.model.label, run.weights or "", spec.name, spec.result_key))
             else:
                 settled += n
     return units, settled
@@ -555,18 +508,11 @@ def run_units(
     split_done = _split_cells(set(done))
     runs, settled_cells = _model_runs(cfg, done, split_done)
 
-    def is_done(run: _Run, cell: tuple) -> bool:
-        return cell[0] in done and done[cell[0]] == run.inputs.get(cell[1])
+    def is_done(run: _Run, cell: CellKey) -> bool:
+        return cell in done and done[cell] == run.inputs.get(cell.dataset)
 
     def wanted(run: _Run, spec: DetectorSpec | None) -> bool:
-        if units is None:
-            return True
-        for label, weights, name, hp in units:
-            if (label, weights) == (run.model.label, run.weights or "") and (
-                name is None or spec is None or (name, hp) == (spec.name, _hp_key(spec))
-            ):
-                return True
-        return False
+        return units is None or any(unit.covers(run, spec) for unit in units)
 
     runs = [r for r in runs if wanted(r, None) or (sweeps and cfg.sweeps and r.model.kind == "zero-shot")]
     for run in runs:
@@ -577,7 +523,7 @@ def run_units(
             if not wanted(run, spec):
                 continue
             cells = [
-                (_cell_key(run, spec, ds.label, split, seed), ds.label, split, seed)
+                _cell_key(run, spec, ds.label, split, seed)
                 for ds in cfg.ood
                 for split in run.splits[ds.label]
                 for seed in run.seeds
@@ -638,7 +584,6 @@ def _base_info(run: _Run, spec: DetectorSpec, cfg: ExperimentConfig) -> dict:
     return {
         "kind": run.model.kind,
         "backbone": backbone_family(source.meta.get("model") if source is not None else run.model.name),
-        "hyperparameters_resolved": None,
         "label": spec.display,
         "vocabulary": vocabulary_label(spec.vocabulary),
         "vocabulary_source": vocabulary_source(spec.vocabulary),
@@ -650,7 +595,7 @@ def _base_info(run: _Run, spec: DetectorSpec, cfg: ExperimentConfig) -> dict:
     }
 
 
-def _run_detector(run: _Run, spec: DetectorSpec, cells: list, cfg: ExperimentConfig, record, summary: RunSummary) -> None:
+def _run_detector(run: _Run, spec: DetectorSpec, cells: list[CellKey], cfg: ExperimentConfig, record, summary: RunSummary) -> None:
     """Fit once per distinct (seeded) hyperparameter set, score once per dataset, evaluate every cell."""
     info = _base_info(run, spec, cfg)
     if spec.search and not run.errors.get("id_test"):
@@ -658,71 +603,79 @@ def _run_detector(run: _Run, spec: DetectorSpec, cells: list, cfg: ExperimentCon
 
         t0 = time.perf_counter()
         try:
-            spec, info["selection"] = choose_on_validation(run, spec, cfg)
+            spec, info["selection"] = choose_on_validation(run, spec, cfg, lambda hp: _build(run, spec, cfg, hyperparameters=hp))
         except Exception as exc:  # noqa: BLE001 - recorded, the grid goes on
-            for key, _, _, _ in cells:
-                record(_row(key, status="error", error=f"validation search failed: {_error_text(exc)}", seconds=time.perf_counter() - t0, **info))
+            for key in cells:
+                record(_row(key, _failed(f"validation search failed: {_error_text(exc)}"), seconds=time.perf_counter() - t0, **info))
             return
-    by_hp: dict[str, tuple[dict, list]] = {}
-    for cell in cells:
-        hp = _seeded_hp(run.model, spec, cell[3], cfg.seed_detectors)
-        by_hp.setdefault(hp_json(hp), (hp, []))[1].append(cell)
 
-    def fail(cell_list: list, message: str, t0: float) -> None:
-        for key, _, _, _ in cell_list:
-            record(_row(key, status="error", error=message, seconds=time.perf_counter() - t0, **info))
+    def fail(cell_list: list[CellKey], message: str, t0: float, scorer: Scorer | None = None) -> None:
+        for key in cell_list:
+            record(_row(key, _failed(message), scorer, seconds=time.perf_counter() - t0, **info))
 
-    for hpj, (hp, hp_cells) in by_hp.items():
+    blocking = run.errors.get("id_test") or ("no detector applies to these features" if spec.name == "*" else None)
+    if blocking:
+        fail(cells, blocking, time.perf_counter())
+        return
+    by_hp: dict[str, tuple[Scorer | None, list[CellKey]]] = {}
+    built: dict[int | None, Scorer | BaseException] = {}
+    t0 = time.perf_counter()
+    for key in cells:
+        seed = key.seed if cfg.seed_detectors else None
+        if seed not in built:
+            try:
+                built[seed] = _build(run, spec, cfg, seed)
+            except Exception as exc:  # noqa: BLE001 - recorded, the grid goes on
+                log.debug("detector %s failed", spec.name, exc_info=True)
+                built[seed] = exc
+        scorer = built[seed]
+        group = hp_json(scorer.hyperparameters) if isinstance(scorer, Scorer) else f"failed: {seed}"
+        by_hp.setdefault(group, (scorer, []))[1].append(key)
+
+    for hpj, (scorer, hp_cells) in by_hp.items():
+        if isinstance(scorer, BaseException):
+            fail(hp_cells, _error_text(scorer), t0)
+            continue
         t0 = time.perf_counter()
-        info["hyperparameters_resolved"] = None
-        if spec.name == "*":
-            fail(hp_cells, run.errors.get("id_test") or "no detector applies to these features", t0)
-            continue
-        blocking = run.errors.get("id_test")
-        if blocking:
-            fail(hp_cells, blocking, t0)
-            continue
         try:
-            train = run.feats.get("id_train")
-            scorer = _Scorer(run.model, spec, hp, run.context, train if train is not None else run.feats.get("id_test"))
-            if spec.name == "nac" and _taps_nac_fit_rows(run, train):
-                train = nac_fit_features(run, cfg, scorer.det.n_fit, scorer.det.seed)
-                scorer = _Scorer(run.model, spec, hp, run.context, train)  # its layer defaults follow the tapped layers
-            info["hyperparameters_resolved"] = scorer.resolved
-            if run.model.kind == "supervised" and scorer.fit_needs and train is None:
+            if scorer.fit_needs and scorer.train is None:
                 raise RuntimeError(run.errors.get("id_train", "no ID-train features to fit on"))
             if run.id_accuracy is None:
                 run.id_accuracy = _id_accuracy(run.model, run.feats["id_test"], run.context)
         except Exception as exc:  # noqa: BLE001 - recorded, the grid goes on
             log.debug("detector %s failed", spec.name, exc_info=True)
-            fail(hp_cells, _error_text(exc), t0)
+            fail(hp_cells, _error_text(exc), t0, scorer)
             continue
         by_set: dict[str, list] = {}
-        for _, label, split, seed in hp_cells:
-            by_set.setdefault(label, []).append((split, seed, run.splits[label][split]))
+        for key in hp_cells:
+            by_set.setdefault(key.dataset, []).append((key.split, key.seed, run.splits[key.dataset][key.split]))
         oods = {label: RuntimeError(run.errors[label]) if label in run.errors else run.feats[label] for label in by_set}
-        keys = {(label, split, seed): key for key, label, split, seed in hp_cells}
+        keys = {(key.dataset, key.split, key.seed): key for key in hp_cells}
         scores: dict = {}
         fitted = False
-        folder = scores_dir(cfg.results) / hash_json([run.model.label, run.weights or "", spec.name, _hp_key(spec), hpj])
-        for row in fit_score_evaluate(scorer, train, run.feats["id_test"], oods, cells=by_set, draws=cfg.bootstrap_draws,
+        folder = scores_dir(cfg.results) / hash_json([run.model.label, run.weights or "", spec.name, spec.result_key, hpj])
+        for row in fit_score_evaluate(scorer, scorer.train, run.feats["id_test"], oods, cells=by_set, draws=cfg.bootstrap_draws,
                                       fixed_id=cfg.bootstrap_fixed_id, scores_out=scores):  # fmt: skip
             if "id" in scores and not fitted:
                 fitted, summary.fits = True, summary.fits + 1
                 save_npy_atomic(folder / "id.npy", np.asarray(scores["id"], dtype=np.float64))
-            label, split, seed = row.pop("ood"), row.pop("split"), row.pop("seed")
+            label, split, seed = row["ood"], row["split"], row["seed"]
             if row["status"] == "ok":
                 mask = run.splits[label][split]
                 ood_file = folder / f"{hash_json([label, split])}.npy"
                 save_npy_atomic(ood_file, np.asarray(scores[label] if mask is None else scores[label][mask], dtype=np.float64))
                 row.update(id_accuracy=run.id_accuracy, scores_id=str((folder / "id.npy").relative_to(cfg.results.parent)),
                            scores_ood=str(ood_file.relative_to(cfg.results.parent)),
-                           seconds=row.pop("fit_seconds") / len(hp_cells) + row.pop("score_seconds"))  # fmt: skip
-            record(_row(keys[(label, split, seed)], **info, **row))
+                           seconds=row["fit_seconds"] / len(hp_cells) + row["score_seconds"])  # fmt: skip
+            record(_row(keys[(label, split, seed)], row, scorer, **info))
 
 
-def _taps_nac_fit_rows(run: _Run, train: FeatureSet | None) -> bool:
-    """Whether NAC's fitting rows must be extracted with taps: an extracted (not precomputed) ID
-    train set of a model with taps, which therefore holds no NAC states of its own."""
+def _failed(message: str) -> dict:
+    return {"status": "error", "error": message}
+
+
+def _taps_fit_rows(run: _Run, train: FeatureSet | None) -> bool:
+    """Whether a detector's own fitting rows (``fits_on``) must be extracted with taps: an extracted
+    (not precomputed) ID train set of a model with taps, which therefore holds no tapped states of its own."""
     return (run.model.kind == "supervised" and bool(run.model.taps) and train is not None
             and "id_train" not in run.model.features and not train.extras_with_prefix("nac/"))  # fmt: skip

@@ -234,15 +234,10 @@ def build_context(model: ModelSpec, weights: str | None, cfg: ExperimentConfig, 
 
 def zeroshot_scores(spec: DetectorSpec, hp: dict, fs: FeatureSet, context: dict) -> np.ndarray:
     """Scores of zero-shot scorer ``spec`` on image embeddings ``fs``, streamed from the store in
-    chunks and l2-normalised chunk by chunk (``ZeroShotScorer.score(normalize=True)``)."""
-    from ..zeroshot.scorers import create
+    chunks and l2-normalised chunk by chunk (the zero-shot :class:`oodeval.scorer.Scorer`)."""
+    from ..scorer import RunSets, build_scorer
 
-    scorer = create(spec.name, **hp)
-    fs.check_finite(list(scorer.needs), spec.name)
-    negatives = context["vocab"](spec.vocabulary) if scorer.uses_negatives else None
-    if scorer.uses_negatives and negatives is None:
-        raise InputError(f"zero-shot scorer {spec.name!r} needs a vocabulary (set `vocabulary` in its table)")
-    return scorer.score(fs, context["id_text"], negatives, normalize=True)
+    return build_scorer(spec.name, hp, RunSets(None, fs), kind="zero-shot", context=context, vocabulary=spec.vocabulary).score(fs)
 
 
 def zeroshot_logits(fs: FeatureSet, context: dict, rows: int = 8192) -> np.ndarray | None:
@@ -301,12 +296,11 @@ def default_zeroshot_specs() -> list[DetectorSpec]:
 def run_sweeps(model: ModelSpec, feats: dict[str, FeatureSet], context: dict, errors: dict, cfg: ExperimentConfig, summary) -> None:
     """Fig. A1-A3 curves of one zero-shot model run on every OOD set, via ``oodeval.zeroshot.sweeps``
     (``sweep_prefix``, or ``sweep_siblings`` for ``kind = "siblings"``),
-    recorded with :func:`oodeval.report.save_sweep`; curves already recorded are skipped, failures
+    recorded with :func:`oodeval.zeroshot.sweeps.save_sweep`; curves already recorded are skipped, failures
     are added to the summary's errors."""
     import pandas as pd
 
-    from ..report import save_sweep, sweeps_path
-    from ..zeroshot.sweeps import sweep_prefix
+    from ..zeroshot.sweeps import save_sweep, sweep_prefix, sweeps_path
 
     path = sweeps_path(cfg.results)
     have = pd.read_parquet(path) if path.exists() else pd.DataFrame(columns=["sweep", "model", "dataset", "key"])

@@ -364,13 +364,13 @@ def extract_nac_fit(
     """NAC's fitting set: only the ID-train rows NAC fits on, extracted with taps (cached).
 
     NAC's states need a backward pass per image; fitting reads ``n_fit`` class-balanced rows
-    (:func:`oodeval.detectors.nac.fit_rows` with ``seed``), so only those are tapped, not the whole
+    (:func:`oodeval.features.sampling.fit_rows` with ``seed``), so only those are tapped, not the whole
     training set. The rows are chosen in manifest order, so they are the rows NAC picks from a
     full tapped extraction of the same manifest when no image is unreadable. Fit NAC on the result
     with the same ``n_fit`` (it holds at most ``n_fit`` rows, all of which are used). ``options``
     are :func:`extract`'s (``taps`` is implied).
     """
-    from ..detectors.nac import fit_rows
+    from .sampling import fit_rows
 
     manifest = dataset if isinstance(dataset, Manifest) else resolve(dataset, data_root, strict=strict)
     rows = fit_rows(manifest.labels, n_fit, seed)

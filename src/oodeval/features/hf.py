@@ -89,9 +89,9 @@ def load_hf(name: str, weights: str | Path | None = None, pretrained: bool = Fal
     else:
         net = AutoModel.from_config(AutoConfig.from_pretrained(name))
         if weights is not None:
-            from .backbones import _load_into
+            from .backbone import load_weights_into
 
-            _load_into(net, weights)
+            load_weights_into(net, weights)
     if not (hasattr(net, "get_image_features") and hasattr(net, "get_text_features")):
         raise InputError(f"hf:{name} is a {type(net).__name__}, not an image-text dual encoder "
                          "(needs get_image_features and get_text_features)")

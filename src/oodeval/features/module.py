@@ -29,7 +29,8 @@ from torch import nn
 
 from .._io import hash_arrays
 from ..errors import InputError
-from .backbones import Backbone, full_precision, unknown_prefix_hint
+from .backbone import Backbone, full_precision
+from .names import unknown_prefix_hint
 
 log = logging.getLogger(__name__)
 

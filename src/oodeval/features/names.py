@@ -1,4 +1,4 @@
-"""Model names (``timm:``, ``open_clip:``, ``hf:``, ``package.module:factory``) parsed without
+"""Model names (``timm:``, ``open_clip:``, ``hf:``, ``openood:``, ``package.module:factory``) parsed without
 importing torch, so that the core (scoring FeatureSets) can read the model a FeatureSet records."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from ..errors import InputError
 __all__ = ["MODEL_PREFIXES", "parse_model_name", "unknown_prefix_hint"]
 
 #: the model-name prefixes oodeval knows (anything else before ':' must be an importable module)
-MODEL_PREFIXES = ("timm", "open_clip", "hf")
+MODEL_PREFIXES = ("timm", "open_clip", "hf", "openood")
 
 
 def unknown_prefix_hint(head: str) -> str:
@@ -34,7 +34,8 @@ def _refused_prefix(head: str) -> bool:
 
 def parse_model_name(model: str) -> tuple[str, str, str | None]:
     """``(kind, name, tag)`` for ``timm:<name>``, ``<name>``, ``open_clip:<arch>[@<tag>]``, ``hf:<repo or folder>``
-    (a transformers VLM, :mod:`oodeval.features.hf`), and ``package.module:factory`` (kind ``python``: user
+    (a transformers VLM, :mod:`oodeval.features.hf`), ``openood:<network>`` (OpenOOD's own network and checkpoint
+    layout, :mod:`oodeval.features.openood`), and ``package.module:factory`` (kind ``python``: user
     code returning an ``nn.Module``, see :mod:`oodeval.features.module`). A misspelt prefix (``openclip:``,
     ``open-clip:``) is an :class:`~oodeval.errors.InputError` naming the known ones (:data:`MODEL_PREFIXES`)."""
     if model.startswith("hf:"):
@@ -47,6 +48,10 @@ def parse_model_name(model: str) -> tuple[str, str, str | None]:
         if not arch:
             raise InputError(f"model {model!r}: no open_clip architecture after 'open_clip:'")
         return "open_clip", arch, tag or None
+    if model.startswith("openood:"):
+        if not model[len("openood:") :]:
+            raise InputError(f"model {model!r}: no OpenOOD network after 'openood:' (e.g. openood:resnet18_32x32)")
+        return "openood", model[len("openood:") :], None
     if model.startswith("timm:"):
         model = model[len("timm:") :]
     elif ":" in model:

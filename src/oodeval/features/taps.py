@@ -258,7 +258,7 @@ def nac_plan(model: str, model_kwargs: dict | None = None) -> dict | None:
     layers), ``nac_roles`` and ``depth`` - from an instance on the meta device (no weights, no
     memory, no download), for ``oodeval run --check``. None for a model that is not timm's or
     cannot be built."""
-    from .backbones import parse_model_name
+    from .names import parse_model_name
 
     kind, name, _ = parse_model_name(model)
     if kind != "timm":

@@ -8,18 +8,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
-from .._io import check_output, claim_folder, remove_own, write_parquet_atomic, write_text_atomic
+from .._io import claim_folder, remove_own, write_text_atomic
 from ..errors import InputError
 from ..results import ALL_SPLIT, METRICS, load_cell_scores, load_results, missing_cell_scores, parts_dir
+from ..zeroshot.sweeps import save_sweep, sweeps_path
+from . import cnc, groups, reference, tables  # noqa: F401 - they register their views
 from . import figures as figs
 from .paper_views import CLEAN_SUFFIX, gallery_items
 from .render import html_page, latex, markdown
 from .selection import select_configurations
 from .summary import run_summary
-from .subsampling import model_scores, subsampling_curves
+from .subsampling import default_subsample_n, model_scores, subsampling_curves
 from .views import VIEWS, Figure, View, add_det, best_row, full_split, prepare, register_view
 
 __all__ = ["write_report", "build_views", "register_view", "VIEWS", "sweeps_path", "save_sweep", "CONVENTIONS"]
@@ -27,39 +28,6 @@ __all__ = ["write_report", "build_views", "register_view", "VIEWS", "sweeps_path
 #: which FPR@95 leads (``oodeval.metrics.FPR95_CONVENTIONS``): ``paper`` (ID positive) or ``openood``
 #: (OOD positive, OpenOOD v1.5 and pytorch-ood); the other is shown beside it
 CONVENTIONS = ("paper", "openood")
-
-def sweeps_path(results: str | Path) -> Path:
-    """Where vocabulary-size sweeps of a results table live: ``<stem>.sweeps.parquet`` beside it."""
-    results = Path(results)
-    return results.parent / f"{results.stem}.sweeps.parquet"
-
-
-def save_sweep(results: str | Path, sweep: str, model: str, dataset: str, sizes, fpr95=None, key: str | None = None) -> Path:
-    """Record one vocabulary-size curve (FPR@95 fractions against sizes) for Fig. A1 / A2.
-
-    ``sizes`` is a sequence of sizes with ``fpr95`` beside it, or a curve dict of
-    ``oodeval.zeroshot.sweeps`` (``{"param", "x", "fpr95", ...}``). ``sweep`` names the curve family;
-    a name containing "wordnet" or a curve with param "M" is drawn as Fig. A2 (log x), otherwise
-    Fig. A1. A curve with the same (sweep, model, dataset) is replaced. ``key`` records what the
-    curve was computed from (the experiment runner recomputes a curve whose key changed).
-    """
-    param = ""
-    if isinstance(sizes, dict):
-        param = str(sizes.get("param", ""))
-        sizes, fpr95 = sizes["x"], sizes["fpr95"]
-    sizes = np.asarray(sizes, dtype=np.int64)
-    fpr95 = np.asarray(fpr95, dtype=np.float64)
-    if sizes.shape != fpr95.shape or sizes.ndim != 1 or sizes.size == 0:
-        raise InputError(f"sizes and fpr95 must be equal-length 1-d arrays, got {sizes.shape} and {fpr95.shape}")
-    path = check_output(sweeps_path(results), "sweeps table")
-    new = pd.DataFrame({"sweep": sweep, "param": param, "model": model, "dataset": dataset, "size": sizes, "fpr95": fpr95, "key": key})
-    if path.exists():
-        old = pd.read_parquet(path)
-        old = old[~((old["sweep"] == sweep) & (old["model"] == model) & (old["dataset"] == dataset))]
-        new = pd.concat([old, new], ignore_index=True)
-    write_parquet_atomic(path, new, "sweeps table")
-    return path
-
 
 def _check_values(df: pd.DataFrame, results: Path) -> None:
     """Refuse a table holding a metric outside [0, 1] (every metric is a fraction): it is not one oodeval computed."""
@@ -133,12 +101,11 @@ def build_views(
         raise InputError(f"model {model!r} is not in the results; they hold: {', '.join(models)}")
     model = model or _pick_model(frame)
     scores = model_scores(df, results_path, model) if model else {}
-    if subsample_n is None and primary in scores:
-        subsample_n = next(iter(scores[primary].values()))[1].size
     inputs = {"frame": frame, "primary": primary or "", "model": model, "groups": groups, "results": df, "scores": scores,
               "subsample_n": subsample_n, "draws": draws, "seed": seed, "convention": convention}  # fmt: skip
     views = [VIEWS[key](*(inputs[n] for n in VIEWS[key].needs)) for key in VIEWS.names()]
-    return views, {"frame": frame, "primary": primary, "model": model, "scores": scores, "n": subsample_n}
+    n = default_subsample_n(scores, primary)[0] if subsample_n is None else subsample_n  # as Tab. A6 chose it
+    return views, {"frame": frame, "primary": primary, "model": model, "scores": scores, "n": n}
 
 
 def _gallery_figures(export: str | Path | None, fig_dir: Path, seed: int, formats: tuple[str, ...]) -> list[Figure]:
@@ -254,7 +221,8 @@ def write_report(
     ``results``: the Parquet table (or a :class:`~oodeval.experiment.RunSummary`); ``primary``: the
     OOD set of Tabs. 1, A1, 2 (default: the first in the table); ``model``: the model of Tab. 3, A3,
     A6 and Fig. 1, A4, ROC (default: the supervised model with the best Top-1, as the paper); ``subsample_n``:
-    the draw size of Tab. A6 (default: the primary set's size); ``draws``/``seed``: sub-sampling.
+    the draw size of Tab. A6 (default: the primary set's size, the paper's, capped at half the smallest
+    other OOD set, :func:`~oodeval.report.subsampling.default_subsample_n`); ``draws``/``seed``: sub-sampling.
     ``experiment`` (a path or :class:`~oodeval.experiment.ExperimentConfig`): show only its declared
     configurations (:mod:`oodeval.report.selection`) and take its OOD groups; ``convention``: which
     FPR@95 leads in Tabs. 1 and A1, ``"paper"`` (ID positive) or ``"openood"`` (OOD positive, OpenOOD
@@ -277,7 +245,7 @@ def write_report(
         raise InputError(f"{len(damaged)} score file(s) of {results} are missing or damaged ({damaged[0]}); "
                          "the figures and tables drawn from them would be wrong: rerun `oodeval run` (with retry) to recompute them")
     if experiment is not None:
-        from ..experiment import load_config
+        from ..experiment.config import load_config
 
         experiment = load_config(experiment)
     selection = select_configurations(df, experiment)

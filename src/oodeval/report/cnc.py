@@ -21,6 +21,7 @@ import pandas as pd
 
 from ..results import ALL_SPLIT
 from ..stats import mean_std
+from .labels import det_cell
 from .views import Cell, View, add_det, register_view
 
 __all__ = ["cnc_summary", "DDOF", "GROUP_BY"]
@@ -79,13 +80,13 @@ def cnc_summary(df: pd.DataFrame) -> View:
         runs = g["run"].nunique()
         group = _describe(dict(zip(GROUP_BY, key)), g)
         for dataset, d in g.groupby("dataset", sort=False):
-            rows.append({"Model": model, "Detector": det, "Group": group, "OOD set": dataset, "runs": str(runs),
+            rows.append({"Model": model, "Detector": det_cell(det), "Group": group, "OOD set": dataset, "runs": str(runs),
                          **{name: _fmt(d[col].to_numpy(float)) for col, name in _METRICS}})  # fmt: skip
         per_run = g.groupby("run")[[c for c, _ in _METRICS]].mean()
         rows.append(
             {
                 "Model": model,
-                "Detector": det,
+                "Detector": det_cell(det),
                 "Group": group,
                 "OOD set": Cell("mean over OOD sets", bold=True),
                 "runs": str(runs),

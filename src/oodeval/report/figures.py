@@ -4,11 +4,12 @@
 - ROC curves (ID positive) of one model's best detectors on the primary set (``sklearn.metrics.roc_curve``).
 - ID vs OOD score histograms of each model's best detector on the primary set.
 - Fig. A4: mean FPR@95 over sub-sampling draws ± 2 std against n, full-set values dotted, the
-  primary set as a black reference line and a gray line at the primary set's size.
+  primary set as a black reference line and a gray line at Tab. A6's draw size n.
 - Fig. A1 / A2: vocabulary-size curves (one gray line per model, the mean in blue) from sweep tables.
 - Fig. A3: FPR@95 against k negatives per ID class from the merged pool, mean over models, one line
   per OOD set (the primary set solid, the others dashed).
 - Fig. 2 / A5: a gallery of certified OOD images, the verified label in green, the original in red.
+Detectors are shown by the paper's labels (:func:`oodeval.report.labels.detector_label`).
 Each function returns a matplotlib Figure (Agg canvas); :func:`save_figure` writes it atomically as
 PNG (200 dpi, for the HTML page) with PDF and SVG beside it.
 """
@@ -23,6 +24,7 @@ import pandas as pd
 from .._extras import needs
 from .._io import atomic_path
 from ..errors import InputError
+from .labels import detector_label
 
 with needs():  # matplotlib is the report extra
     from matplotlib.figure import Figure
@@ -65,7 +67,7 @@ def best_per_dataset(best: pd.DataFrame, model: str) -> Figure:
             ax.errorbar(v[known], y[known], xerr=[v[known] - lo[known], hi[known] - v[known]], fmt="none", ecolor="k", capsize=3, lw=1)
             right = np.where(known, hi, v)
     for yi, (r, val, d) in enumerate(zip(right, v, best["det"])):
-        ax.text(r + 1.0, yi, f"{val:.1f} ({d})", va="center", fontsize=8)
+        ax.text(r + 1.0, yi, f"{val:.1f} ({detector_label(d)})", va="center", fontsize=8)
     ax.set_yticks(y, list(best["dataset"]))
     ax.invert_yaxis()
     ax.set_xlim(0, 115)
@@ -83,7 +85,7 @@ def roc_curves(curves: dict[str, tuple[np.ndarray, np.ndarray]], title: str) -> 
     for label, (id_s, ood_s) in curves.items():
         y = np.r_[np.ones(id_s.size), np.zeros(ood_s.size)]
         fpr, tpr, _ = roc_curve(y, np.r_[id_s, ood_s])
-        ax.plot(100 * fpr, 100 * tpr, label=label, lw=1.4)
+        ax.plot(100 * fpr, 100 * tpr, label=detector_label(label), lw=1.4)
     ax.axhline(95, color="0.5", ls=":", lw=1)
     ax.plot([0, 100], [0, 100], color="0.8", lw=0.8)
     ax.set_xlabel("FPR: OOD accepted (%)")
@@ -111,7 +113,7 @@ def histograms(panels: dict[str, tuple[str, np.ndarray, np.ndarray]], dataset: s
         ax.hist(ood_s, bins=bins, density=True, alpha=0.55, label=f"{dataset} (n={ood_s.size})")
         k95 = int(np.ceil(0.95 * id_s.size))
         ax.axvline(np.sort(id_s)[::-1][k95 - 1], color="k", ls="--", lw=1, label="TPR95 threshold")
-        ax.set_title(f"{model} / {det}", fontsize=9)
+        ax.set_title(f"{model} / {detector_label(det)}", fontsize=9)
         ax.set_xlabel("score (higher = ID)")
         ax.set_ylabel("density")
         ax.legend(fontsize=7)
@@ -128,7 +130,7 @@ def subsampling_bands(curves: dict, model: str, reference: tuple[str, float] | N
         m, s = 100 * c["mean"], 100 * c["std"]
         # hollow markers shrinking series by series: lines that coincide (all at 0) stay visible
         ax.plot(c["n"], m, color=color, marker=markers[i % len(markers)], ms=max(10 - 2 * i, 3), mfc="none", mew=1.2,
-                label=f"{dataset} ({c['detector']})", zorder=3)  # fmt: skip
+                label=f"{dataset} ({detector_label(c['detector'])})", zorder=3)  # fmt: skip
         ax.fill_between(c["n"], np.clip(m - 2 * s, 0, 100), np.clip(m + 2 * s, 0, 100), color=color, alpha=0.2)
         ax.axhline(100 * c["full"], color=color, ls=":", lw=1)
     if reference is not None:

@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import InputError
+from .labels import det_cell
 from .views import Cell, View, best_row, full_split, pct, register_view, row_ci
 
 __all__ = ["benchmarks", "clean_subsamples", "eoe_prompts", "supervised_models", "gallery_items", "CLEAN_SUFFIX"]
@@ -40,7 +41,7 @@ def _supervised(frame: pd.DataFrame) -> pd.DataFrame:
 
 def _best_pair(g: pd.DataFrame) -> dict:
     r, a = best_row(g, "fpr95"), best_row(g, "auroc")
-    return {"FPR@95": row_ci(r, "fpr95"), "FPR detector": Cell(r["det"], muted=True), "AUROC": row_ci(a, "auroc"), "AUROC detector": Cell(a["det"], muted=True)}
+    return {"FPR@95": row_ci(r, "fpr95"), "FPR detector": det_cell(r["det"]), "AUROC": row_ci(a, "auroc"), "AUROC detector": det_cell(a["det"])}
 
 
 @register_view("tab3", order=30, needs=("frame", "primary", "model"))
@@ -79,8 +80,8 @@ def clean_subsamples(frame: pd.DataFrame, model: str | None) -> View:
         n, m = int(g["n_ood"].iloc[0]), int(c["n_ood"].iloc[0])
         bf, bc = best_row(g), best_row(c)
         rows.append({
-            "Dataset": full, "n": str(n), "FPR@95": row_ci(bf, "fpr95"), "detector": Cell(bf["det"], muted=True), "AUROC": row_ci(best_row(g, "auroc"), "auroc"),
-            "n clean": str(m), "%": f"{100 * m / n:.1f}", "FPR@95 clean": row_ci(bc, "fpr95"), "detector clean": Cell(bc["det"], muted=True),
+            "Dataset": full, "n": str(n), "FPR@95": row_ci(bf, "fpr95"), "detector": det_cell(bf["det"]), "AUROC": row_ci(best_row(g, "auroc"), "auroc"),
+            "n clean": str(m), "%": f"{100 * m / n:.1f}", "FPR@95 clean": row_ci(bc, "fpr95"), "detector clean": det_cell(bc["det"]),
             "AUROC clean": row_ci(best_row(c, "auroc"), "auroc"), "ΔFPR": f"{100 * (bc['fpr95'] - bf['fpr95']):+.1f}",
         })  # fmt: skip
     return View("tabA3", title, caption, pd.DataFrame(rows))
@@ -158,8 +159,8 @@ def supervised_models(frame: pd.DataFrame, primary: str) -> View:
         known = m in ref.index
         rows.append({
             "Model": m, "Pre-training": ref.loc[m, "pretraining"] if known else "–", "Params": ref.loc[m, "params"] if known else "–",
-            "Top-1": pct(g["id_accuracy"].mean()), "FPR@95": row_ci(r, "fpr95"), "FPR detector": Cell(r["det"], muted=True),
-            "AUROC": row_ci(a, "auroc"), "AUROC detector": Cell(a["det"], muted=True), "_fpr": r["fpr95"],
+            "Top-1": pct(g["id_accuracy"].mean()), "FPR@95": row_ci(r, "fpr95"), "FPR detector": det_cell(r["det"]),
+            "AUROC": row_ci(a, "auroc"), "AUROC detector": det_cell(a["det"]), "_fpr": r["fpr95"],
         })  # fmt: skip
     table = pd.DataFrame(rows).sort_values("_fpr", ascending=False, kind="stable").drop(columns="_fpr")
     return View("tabA7", title, caption, table.reset_index(drop=True))

@@ -16,7 +16,8 @@ import numpy as np
 import pandas as pd
 
 from ..errors import InputError
-from .views import View, best_row, full_split, register_view, row_ci
+from .labels import det_cell, detector_label
+from .views import Cell, View, best_row, full_split, register_view, row_ci, vocabulary_columns
 
 __all__ = ["TABLES", "load_reference", "comparison_view"]
 
@@ -41,7 +42,13 @@ def _generations_mean(rows: pd.DataFrame, metric: str = "fpr95") -> pd.Series:
     return pd.Series({metric: mean, f"{metric}_lo": mean - half, f"{metric}_hi": mean + half, "std": std, "n_gen": n})
 
 
-def _entry(table: str, row: pd.Series, metric: str, ours: pd.Series | None, paper: float, what: str) -> dict | None:
+def _best(det: str, paper: str | None = None) -> Cell:
+    """"best: rMaha++ (paper: Maha++)", the registry names as the tooltip."""
+    names = f"best: {det}" + (f" (paper: {paper})" if paper else "")
+    return Cell(f"best: {detector_label(det)}" + (f" (paper: {detector_label(paper)})" if paper else ""), title=names)
+
+
+def _entry(table: str, row: pd.Series, metric: str, ours: pd.Series | None, paper: float, what: str | Cell) -> dict | None:
     if ours is None or not np.isfinite(paper):
         return None
     value, lo, hi = (100 * float(ours.get(k, np.nan)) for k in (metric, f"{metric}_lo", f"{metric}_hi"))
@@ -89,21 +96,19 @@ def comparison_view(frame: pd.DataFrame) -> View:
             if len(g):
                 for metric in ("fpr95", "auroc"):
                     b = best_row(g, metric)
-                    out.append(_entry(name, r, metric, b, float(r[metric]), f"best: {b['det']} (paper: {r[metric + '_detector']})"))
+                    out.append(_entry(name, r, metric, b, float(r[metric]), _best(b["det"], r[metric + "_detector"])))
     for name in ("tabA2", "tab3"):
         for _, r in reference(name).iterrows():
             g = cells(r["model"], r["dataset"], "supervised")
             if len(g):
                 for metric in ("fpr95", "auroc"):
                     b = best_row(g, metric)
-                    out.append(_entry(name, r, metric, b, float(r[metric]), f"best: {b['det']}"))
+                    out.append(_entry(name, r, metric, b, float(r[metric]), _best(b["det"])))
     for _, r in reference("tabA1").iterrows():
         g = cells(r["model"], r["dataset"])
         g = g[g["det"] == r["detector"]]
         for metric in ("fpr95", "auroc"):
-            out.append(_entry("tabA1", r, metric, g.iloc[0] if len(g) == 1 else None, float(r[metric]), r["detector"]))
-    from .tables import vocabulary_columns
-
+            out.append(_entry("tabA1", r, metric, g.iloc[0] if len(g) == 1 else None, float(r[metric]), det_cell(r["detector"])))
     vocab = vocabulary_columns(f)
     for _, r in reference("tab2").iterrows():
         if r["vocabulary"] == "logit-sp.":

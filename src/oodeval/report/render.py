@@ -153,7 +153,7 @@ table{border-collapse:collapse;margin:0.6em 0 1.6em;font-size:13px}
 th,td{border-bottom:1px solid #ddd;padding:3px 9px;text-align:right;white-space:nowrap}
 th{border-bottom:2px solid #444;background:#f4f4f4}
 td:first-child,th:first-child{text-align:left}
-td.muted{color:#555} td.text{text-align:left} .note{color:#555;font-style:italic} .caption{max-width:1000px;color:#333}
+td.muted{color:#555} span[title]{border-bottom:1px dotted #666;cursor:help} td.text{text-align:left} .note{color:#555;font-style:italic} .caption{max-width:1000px;color:#333}
 ul.summary{background:#f6f8fa;border:1px solid #d0d7de;padding:0.8em 0.8em 0.8em 2em;max-width:1300px}
 ul.summary li{margin:0.2em 0} li.omitted{color:#444}
 details.fold summary{cursor:pointer;color:#0550ae;margin:-1.2em 0 1.6em}
@@ -165,8 +165,14 @@ nav a{margin-right:1em}
 _NUMERIC = re.compile(r"^[-+–]?[\d.]")
 
 
-def _html_cell(c: Cell) -> str:
+def _html_text(c: Cell) -> str:
+    """The cell's text, with its ``title`` (a detector's registry name) as a tooltip where it differs."""
     t = html.escape(c.text)
+    return f'<span title="{html.escape(c.title)}">{t}</span>' if c.title and c.title != c.text else t
+
+
+def _html_cell(c: Cell) -> str:
+    t = _html_text(c)
     if c.bold:
         t = f"<b>{t}</b>"
     if c.underline:
@@ -190,7 +196,7 @@ def _html_summary(summary: Summary) -> str:
 
 def _html_table(v: View) -> list[str]:
     """The view's table; a long one folded: head and first rows visible, the rest (same head) in <details>."""
-    head = "<thead><tr>" + "".join(f"<th>{html.escape(str(c))}</th>" for c in v.frame.columns) + "</tr></thead>"
+    head = "<thead><tr>" + "".join(f"<th>{_html_text(c if isinstance(c, Cell) else Cell(str(c)))}</th>" for c in v.frame.columns) + "</tr></thead>"
     rows = ["<tr>" + "".join(_html_cell(c) for c in row) + "</tr>" for row in _cells(v.frame)]
     if len(rows) <= FOLD_ROWS:
         return [f'<table data-view="{v.key}">{head}<tbody>', *rows, "</tbody></table>"]

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from .labels import detector_label
 from .views import hp_text
 
 __all__ = ["Selection", "select_configurations"]
@@ -56,7 +57,7 @@ def _several(df: pd.DataFrame) -> list[str]:
     for (model, det), g in ok.assign(det=label).groupby(["model", "det"], sort=False):
         hps = list(dict.fromkeys(g["hyperparameters"].astype(str)))
         if len(hps) > 1:
-            out.append(f"{det} on {model} ({'; '.join(hp_text(h) for h in hps)})")
+            out.append(f"{detector_label(det)} on {model} ({'; '.join(hp_text(h) for h in hps)})")
     return out
 
 
@@ -65,7 +66,7 @@ def _validation_choices(df: pd.DataFrame) -> str:
     if len(ok) == 0:
         return ""
     choices = ok.drop_duplicates(["model", "detector", "hyperparameters", "weights"])
-    listed = "; ".join(f"{r['label'] or r['detector']} on {r['model']}: {r['selection']}" for _, r in choices.iterrows())
+    listed = "; ".join(f"{detector_label(r['label'] or r['detector'])} on {r['model']}: {r['selection']}" for _, r in choices.iterrows())
     return f" Chosen on validation data, never on a test set: {listed}."
 
 

@@ -7,7 +7,9 @@ bias (mean - full) and standard deviation (ddof=1) over the draws, the closed-fo
 sqrt(p(1-p)/n) * sqrt((N-n)/(N-1)) at the full-set p (``oodeval.stats.standard_error``, Eq. 5 with the
 finite-population correction) and the mean Spearman rho between the detector ranking on a draw and on
 the full set (``oodeval.stats.rank_stability``, all detectors). A set with N <= n gets only the
-plug-in closed form (no correction), as the paper's Fi-ImageNet-1k row.
+plug-in closed form (no correction), as the paper's Fi-ImageNet-1k row. The default n
+(:func:`default_subsample_n`) is the paper's, the primary set's size, capped at half the smallest
+other OOD set, so that every other set is drawn from.
 """
 
 from __future__ import annotations
@@ -20,11 +22,14 @@ import pandas as pd
 from ..metrics import auroc, fpr_at_tpr
 from ..results import ALL_SPLIT, load_cell_scores
 from ..stats import rank_stability, standard_error, subsample
-from .views import Cell, View, add_det, best_row, pct, register_view
+from .labels import det_cell
+from .views import View, add_det, best_row, pct, register_view
 
-__all__ = ["model_scores", "subsampling_table", "subsampling_curves", "chunked_subsample"]
+__all__ = ["model_scores", "subsampling_table", "subsampling_view", "subsampling_curves", "chunked_subsample", "default_subsample_n"]
 
 _CHUNK = 4_000_000  # draws x m entries per call of stats.subsample
+#: the largest share of the smallest other OOD set the default n takes (at n = N a draw is the whole set)
+DEFAULT_SHARE = 0.5
 
 
 def model_scores(df: pd.DataFrame, results_path: Path, model: str) -> dict[str, dict[str, tuple[np.ndarray, np.ndarray]]]:
@@ -42,6 +47,31 @@ def model_scores(df: pd.DataFrame, results_path: Path, model: str) -> dict[str, 
         except (OSError, ValueError):
             continue
     return out
+
+
+def _size(scores: dict, dataset: str) -> int:
+    return next(iter(scores[dataset].values()))[1].size
+
+
+def default_subsample_n(scores: dict, primary: str | None) -> tuple[int | None, str]:
+    """Tab. A6's default draw size and the caption's sentence saying why: the paper's n, the primary
+    set's size N_p (Fi-ImageNet-1k's 655, smaller than every other set), capped at
+    floor(:data:`DEFAULT_SHARE` x N_min), N_min the smallest other OOD set, so that no other set is
+    drawn whole (n >= N leaves its row without draws: mean = full, std 0, no rho). Where the primary
+    set is the smallest, this is N_p and its own row has the closed form only, as in the paper.
+    (None, "") without stored scores on the primary set."""
+    if primary not in scores:
+        return None, ""
+    n_p = _size(scores, primary)
+    others = {d: _size(scores, d) for d in scores if d != primary}
+    if not others:
+        return n_p, f"n = the primary set's size ({primary}, the paper's choice)."
+    smallest = min(others, key=others.get)
+    cap = max(1, int(DEFAULT_SHARE * others[smallest]))
+    if n_p <= cap:
+        return n_p, f"n = the primary set's size ({primary}, the paper's choice)."
+    return cap, (f"n = {cap}: the paper's n, the primary set's size ({n_p}, {primary}), capped at {DEFAULT_SHARE:g} x the smallest "
+                 f"other OOD set ({smallest}, N = {others[smallest]}) so that every set is drawn from, not drawn whole (the default; `report --n` sets n).")
 
 
 def _best(names: list[str], dets: dict, full: np.ndarray) -> int:
@@ -64,15 +94,19 @@ def chunked_subsample(id_scores: np.ndarray, ood_scores: np.ndarray, n: int, dra
     return np.concatenate(parts, axis=1), full
 
 
-def subsampling_table(scores: dict, n: int, draws: int = 1000, seed: int = 0, model: str = "") -> View:
-    """Tab. A6 for one model's scores (:func:`model_scores`) at draw size ``n``."""
-    title = "Tab. A6 — sub-sampling to the primary set's size"
+TITLE = "Tab. A6 — sub-sampling to n images"
+
+
+def subsampling_table(scores: dict, n: int, draws: int = 1000, seed: int = 0, model: str = "", why: str = "") -> View:
+    """Tab. A6 for one model's scores (:func:`model_scores`) at draw size ``n``; ``why``: the
+    caption's sentence on how n was chosen."""
+    title = TITLE
     caption = (
         f"{model}: each OOD set re-evaluated on {draws} random draws of n={n} images without replacement, the ID "
         "set and the detector (best full-set FPR@95, named) fixed. full / mean / bias / std (ddof=1 over the draws) "
         "in FPR@95 %; closed form: sqrt(p(1-p)/n) x sqrt((N-n)/(N-1)) at p = full (Eq. 5 with the finite-population "
         "correction; plug-in without it where N <= n); rho: mean Spearman correlation of the detector ranking on a draw "
-        "vs the full set."
+        "vs the full set." + (f" {why}" if why else "")
     )
     if not scores:
         return View("tabA6", title, caption, note="omitted: no stored scores")
@@ -84,7 +118,7 @@ def subsampling_table(scores: dict, n: int, draws: int = 1000, seed: int = 0, mo
         N = ood_m.shape[1]
         full = np.array([fpr_at_tpr(id_m[k], ood_m[k]) for k in range(len(names))])
         b = _best(names, dets, full)
-        row = {"Dataset": dataset, "N": str(N), "n/N (%)": f"{100 * min(n, N) / N:.1f}", "full": pct(full[b], 2), "detector": Cell(names[b], muted=True)}
+        row = {"Dataset": dataset, "N": str(N), "n/N (%)": f"{100 * min(n, N) / N:.1f}", "full": pct(full[b], 2), "detector": det_cell(names[b])}
         if N <= n:
             row.update({"mean": "–", "bias": "–", "std": "–", "closed form": pct(standard_error(full[b], N), 2), "rho": "–"})
         else:
@@ -107,13 +141,17 @@ def subsampling_table(scores: dict, n: int, draws: int = 1000, seed: int = 0, mo
     return View("tabA6", title, caption, pd.DataFrame(rows))
 
 
-@register_view("tabA6", order=90, needs=("scores", "subsample_n", "draws", "seed", "model"))
-def subsampling_view(scores: dict, n: int | None, draws: int, seed: int, model: str | None) -> View:
-    """Tab. A6 as the report shows it: :func:`subsampling_table`, or a note when the figure model
-    has no stored scores or no draw size is known."""
+@register_view("tabA6", order=90, needs=("scores", "subsample_n", "draws", "seed", "model", "primary"))
+def subsampling_view(scores: dict, n: int | None, draws: int, seed: int, model: str | None, primary: str | None = None) -> View:
+    """Tab. A6 as the report shows it: :func:`subsampling_table` at ``n`` (None:
+    :func:`default_subsample_n`), or a note when the figure model has no stored scores or no draw
+    size is known."""
+    why = ""
+    if n is None:
+        n, why = default_subsample_n(scores, primary)
     if scores and n:
-        return subsampling_table(scores, n, draws=draws, seed=seed, model=model)
-    return View("tabA6", "Tab. A6 — sub-sampling to the primary set's size", "", note="omitted: no stored scores for a model on the primary set")
+        return subsampling_table(scores, n, draws=draws, seed=seed, model=model, why=why)
+    return View("tabA6", TITLE, "", note="omitted: no stored scores for a model on the primary set")
 
 
 def subsampling_curves(scores: dict, draws: int = 1000, seed: int = 0, points: int = 8, max_sets: int = 6) -> dict:

@@ -22,10 +22,11 @@ import numpy as np
 import pandas as pd
 
 from ..results import ALL_SPLIT
-from .views import Cell, View, best_row, full_split, order_detectors, pct, register_view, row_ci
+from .labels import det_cell
+from .views import Cell, View, best_row, full_split, order_detectors, pct, register_view, row_ci, vocabulary_columns
 
 __all__ = ["best_per_model", "detector_by_model", "dataset_by_model", "vocabularies", "vocabularies_by_dataset", "split_rows", "fpr_cell",
-           "generations_cell", "vocabulary_columns"]
+           "generations_cell"]
 
 _ORACLE = "oracle"
 _OPENOOD = "fpr95_ood_positive"
@@ -102,10 +103,10 @@ def best_per_model(frame: pd.DataFrame, primary: str, convention: str = "paper")
             }
             if openood and convention == "openood":
                 row[_OPENOOD_LABEL] = row_ci(r, _OPENOOD)
-            row.update({"FPR@95": Cell(row_ci(r, "fpr95"), bold=bool(r["fpr95"] == lo_fpr)), "FPR detector": r["det"]})
+            row.update({"FPR@95": Cell(row_ci(r, "fpr95"), bold=bool(r["fpr95"] == lo_fpr)), "FPR detector": det_cell(r["det"])})
             if openood and convention != "openood":
                 row[_OPENOOD_LABEL] = row_ci(r, _OPENOOD)
-            row.update({"AUROC": Cell(row_ci(a, "auroc"), bold=bool(a["auroc"] == hi_auc)), "AUROC detector": a["det"]})
+            row.update({"AUROC": Cell(row_ci(a, "auroc"), bold=bool(a["auroc"] == hi_auc)), "AUROC detector": det_cell(a["det"])})
             rows.append(row)
     if openood:
         caption += _OPENOOD_MEANING + " The FPR detector is the one with the best paper FPR@95."
@@ -130,7 +131,7 @@ def detector_by_model(frame: pd.DataFrame, primary: str, convention: str = "pape
         caption += f" With both conventions each cell reads {order}." + _OPENOOD_MEANING
     models = _models(f)
     dets = order_detectors(list(f["det"]))
-    table = {d: {"Detector": d} for d in dets}
+    table = {d: {"Detector": det_cell(d)} for d in dets}
     for m in models:
         g = f[f["model"] == m].set_index("det")
         lo, hi = g["fpr95"].min(), g["auroc"].max()
@@ -219,16 +220,10 @@ def _vocab_cells(rows: pd.DataFrame, cols: list[str]) -> dict[str, Cell]:
     return {c: Cell(text, bold=bool(c in deploy and val == best), muted=_ORACLE in c.lower()) for c, (val, text) in cells.items()}
 
 
-def vocabulary_columns(frame: pd.DataFrame) -> pd.DataFrame:
-    """The vocabulary rows with ``col`` (the vocabulary without its generation suffix, prefixed by
-    the scorer when several scorers share it) and ``gen`` (its LLM generation, or NaN)."""
-    from ..experiment.zeroshot import vocabulary_generation
-
-    v = frame[frame["vocabulary"].notna()]
-    split = [vocabulary_generation(str(x)) for x in v["vocabulary"]]
-    v = v.assign(base=[b for b, _ in split], gen=[np.nan if g is None else g for _, g in split])
-    shared = v.groupby("base")["detector"].nunique() > 1
-    return v.assign(col=[f"{d}:{b}" if shared.get(b, False) else b for d, b in zip(v["detector"], v["base"])])
+def _scorer_heads(cols: list[str]) -> dict:
+    """Vocabulary columns that name their scorer (``neglabel:wordnet``, :func:`vocabulary_columns`)
+    headed by the scorer's label (``NegLabel:wordnet``)."""
+    return {c: det_cell(c) for c in cols if ":" in c}
 
 
 @register_view("tab2", order=20, needs=("frame", "primary"))
@@ -263,7 +258,7 @@ def vocabularies(frame: pd.DataFrame, primary: str) -> View:
         per_model = g.groupby("model")["fpr95"].mean()  # a model's mean over its generations
         mean[c] = generations_cell(g)[1] if g["gen"].nunique() > 1 else pct(per_model.mean())
     rows.append({"Model": Cell("Mean", bold=True), **mean})
-    return View("tab2", title, caption, pd.DataFrame(rows))
+    return View("tab2", title, caption, pd.DataFrame(rows).rename(columns=_scorer_heads(cols)))
 
 
 def _group_means(datasets: list[str], groups: dict[str, str] | None) -> list[tuple[str, list[str]]]:
@@ -303,7 +298,7 @@ def vocabularies_by_dataset(frame: pd.DataFrame, primary: str, groups: dict[str,
         rows.append({"Dataset": Cell(name, bold=True), "n": "", **{c: pct(per.get(c, np.nan)) for c in cols}})
     if primary in set(v["dataset"]):
         rows.append(row(primary))
-    return View("tabA5", title, caption, pd.DataFrame(rows))
+    return View("tabA5", title, caption, pd.DataFrame(rows).rename(columns=_scorer_heads(cols)))
 
 
 @register_view("splits", order=110)
@@ -327,5 +322,5 @@ def split_rows(frame: pd.DataFrame) -> View:
             cells = {k: fpr_cell(gs[gs["det"] == k]) for k in dets}
             best = np.nanmin([c[0] for c in cells.values()])
             name = d if split == ALL_SPLIT else f"  {split}"
-            rows.append({"Dataset / split": name, "n": str(gs["n_ood"].iloc[0]), **{k: Cell(c[1], bold=bool(c[0] == best)) for k, c in cells.items()}})
+            rows.append({"Dataset / split": name, "n": str(gs["n_ood"].iloc[0]), **{det_cell(k): Cell(c[1], bold=bool(c[0] == best)) for k, c in cells.items()}})
     return View("splits", title, caption, pd.DataFrame(rows))

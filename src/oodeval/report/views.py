@@ -16,17 +16,21 @@ from ..errors import InputError
 from ..registry import Registry
 from ..results import ALL_SPLIT
 
-__all__ = ["Cell", "View", "Figure", "VIEWS", "VIEW_INPUTS", "register_view", "prepare", "add_det", "full_split", "pct", "pct_ci", "row_ci", "order_detectors", "best_row", "hp_text"]
+__all__ = ["Cell", "View", "Figure", "VIEWS", "VIEW_INPUTS", "register_view", "prepare", "add_det", "full_split", "pct", "pct_ci", "row_ci", "order_detectors", "best_row", "hp_text",
+           "vocabulary_columns"]
 
 
 @dataclass(frozen=True)
 class Cell:
-    """A table cell: text, shown bold and/or underlined (the paper's best-value marks)."""
+    """A table cell: text, shown bold and/or underlined (the paper's best-value marks), muted (a
+    placeholder, a lower bound), with ``title`` as the HTML page's tooltip (a detector label's
+    registry name, :func:`oodeval.report.labels.det_cell`). A Cell may also head a column."""
 
     text: str
     bold: bool = False
     underline: bool = False
     muted: bool = False
+    title: str = ""
 
     def __str__(self) -> str:
         return self.text
@@ -60,17 +64,15 @@ class Figure:
 
 #: what a view may ask for (``needs``): the prepared frame (:func:`prepare`), the primary OOD set
 #: ("" when none), the figure model, the OOD groups (set -> group), the raw results rows, the
-#: figure model's stored scores (``subsampling.model_scores``), the Tab. A6 draw size, draws and seed,
+#: figure model's stored scores (``subsampling.model_scores``), the Tab. A6 draw size asked for (None:
+#: ``subsampling.default_subsample_n``), draws and seed,
 #: and the FPR@95 convention that leads (``paper`` or ``openood``, ``oodeval.metrics.FPR95_CONVENTIONS``)
 VIEW_INPUTS = ("frame", "primary", "model", "groups", "results", "scores", "subsample_n", "draws", "seed", "convention")
 
 
-def _load_builtin_views() -> None:
-    from . import cnc, paper_views, reference, subsampling, tables  # noqa: F401 - they register their views
-
-
-#: report views by key, in report order; plugins name a module in the entry-point group ``oodeval.report_views``
-VIEWS = Registry("report view", "oodeval.report_views", load=_load_builtin_views)
+#: report views by key, in report order; the built-in ones register when ``oodeval.report`` is imported
+#: (it imports their modules), plugins name a module in the entry-point group ``oodeval.report_views``
+VIEWS = Registry("report view", "oodeval.report_views")
 
 
 def register_view(key: str, *, order: int | None = None, needs: tuple[str, ...] = ("frame",)) -> Callable:
@@ -213,3 +215,15 @@ def prepare(df: pd.DataFrame) -> pd.DataFrame:
 def full_split(frame: pd.DataFrame) -> pd.DataFrame:
     """Rows over whole OOD sets (split ``all``)."""
     return frame[frame["split"] == ALL_SPLIT]
+
+
+def vocabulary_columns(frame: pd.DataFrame) -> pd.DataFrame:
+    """The vocabulary rows with ``col`` (the vocabulary without its generation suffix, prefixed by
+    the scorer when several scorers share it) and ``gen`` (its LLM generation, or NaN)."""
+    from ..experiment.zeroshot import vocabulary_generation
+
+    v = frame[frame["vocabulary"].notna()]
+    split = [vocabulary_generation(str(x)) for x in v["vocabulary"]]
+    v = v.assign(base=[b for b, _ in split], gen=[np.nan if g is None else g for _, g in split])
+    shared = v.groupby("base")["detector"].nunique() > 1
+    return v.assign(col=[f"{d}:{b}" if shared.get(b, False) else b for d, b in zip(v["detector"], v["base"])])

@@ -29,9 +29,11 @@ import numpy as np
 from scipy.special import log_softmax, logsumexp
 from sklearn.base import BaseEstimator
 
+from .. import _arrays
 from ..detectors.base import as_scores
 from ..errors import InputError
 from ..features import FeatureSet
+from ..params import POSITIVE, SEED, Checked, Integral, Interval, Options, Real
 from ..registry import Registry
 
 __all__ = [
@@ -100,7 +102,7 @@ def _prepare(name: str, x: np.ndarray, normalize: bool) -> np.ndarray:
     return _check_unit(name, x, x.ndim)
 
 
-class ZeroShotScorer(BaseEstimator):
+class ZeroShotScorer(Checked, BaseEstimator):
     """Base class: constructor = hyperparameters; ``score(image, id_text, negatives=None, normalize=False)``.
 
     image: a FeatureSet whose ``features`` are l2-normalised image embeddings (N, E), or that array.
@@ -109,11 +111,16 @@ class ZeroShotScorer(BaseEstimator):
     Images are streamed in row chunks (``features.stream.iter_chunks``: a memory-mapped store is read with
     file reads), so peak memory is one chunk's float64 work arrays plus the text embeddings,
     whatever N. Rows per chunk: ``chunk_rows`` if set, else ``CHUNK_ELEMENTS`` / the per-row width.
+    Hyperparameters are checked against ``constraints`` when built (:mod:`oodeval.params`).
     """
+
+    param_kind = "zero-shot scorer"
 
     needs: ClassVar[tuple[str, ...]] = ("features",)
     #: set by the registration (tag "needs-vocabulary")
     uses_negatives: ClassVar[bool] = False
+    #: the paper's name in reports (``GL-MCM``), as :attr:`oodeval.detectors.base.Detector.label`
+    label: ClassVar[str] = ""
     chunk_rows: int | None = None
 
     def _row_width(self, image: FeatureSet, n_labels: int) -> int:
@@ -123,7 +130,6 @@ class ZeroShotScorer(BaseEstimator):
     def score(self, image: FeatureSet | np.ndarray, id_text: np.ndarray, negatives: np.ndarray | None = None,
               normalize: bool = False) -> np.ndarray:
         """float64 (N,) scores, higher = more in-distribution."""
-        from ..detectors._common import CHUNK_ELEMENTS
         from ..features.stream import iter_chunks
 
         who = type(self).__name__
@@ -135,8 +141,7 @@ class ZeroShotScorer(BaseEstimator):
             image = FeatureSet(features=np.asarray(image))
         if negatives is not None and not self.uses_negatives:
             raise InputError(f"{who} uses the ID names only; negatives were given ({len(negatives)})")
-        if not self.tau > 0:
-            raise InputError(f"tau must be > 0, got {self.tau}")
+        self.check_params()
         id_text = _check_unit("text embeddings", id_text, 2)
         if id_text.shape[0] == 0:
             raise InputError("no text embeddings (0 labels)")
@@ -151,7 +156,7 @@ class ZeroShotScorer(BaseEstimator):
         extras = [need[len("extra:") :] for need in self.needs if need.startswith("extra:")]
         arrays = {"features": image.features, **{k: image.extras[k] for k in extras}}
         n_labels = len(id_text) + (0 if negatives is None else len(negatives))
-        rows = self.chunk_rows or max(1, CHUNK_ELEMENTS // max(1, self._row_width(image, n_labels)))
+        rows = self.chunk_rows or max(1, _arrays.CHUNK_ELEMENTS // max(1, self._row_width(image, n_labels)))
         out = np.empty(n)
         for part, chunk in iter_chunks(arrays, rows):
             feats = _prepare("image embeddings", chunk.pop("features"), normalize)
@@ -173,6 +178,9 @@ def _logits(image: np.ndarray, text: np.ndarray, tau: float) -> np.ndarray:
 class MCM(ZeroShotScorer):
     """max_c softmax_c(h't_c / tau) (MCM)."""
 
+    label = "MCM"
+    constraints = {"tau": POSITIVE}
+
     def __init__(self, tau: float = 0.01) -> None:
         self.tau = tau
 
@@ -184,6 +192,9 @@ class MCM(ZeroShotScorer):
 class MaxLogit(ZeroShotScorer):
     """max_c h't_c / tau."""
 
+    label = "MaxLogit"
+    constraints = {"tau": POSITIVE}
+
     def __init__(self, tau: float = 0.01) -> None:
         self.tau = tau
 
@@ -194,6 +205,9 @@ class MaxLogit(ZeroShotScorer):
 @register("energy", 3)
 class Energy(ZeroShotScorer):
     """T * logsumexp_c(l_c / T) on the tau-scaled logits (T = 1)."""
+
+    label = "Energy"
+    constraints = {"tau": POSITIVE, "temperature": POSITIVE}
 
     def __init__(self, tau: float = 0.01, temperature: float = 1.0) -> None:
         self.tau = tau
@@ -208,6 +222,9 @@ class Energy(ZeroShotScorer):
 class GEN(ZeroShotScorer):
     """-sum over the top-M probabilities of p^g (1-p)^g (GEN; g = 0.1, M = 100, capped at C)."""
 
+    label = "GEN"
+    constraints = {"tau": POSITIVE, "gamma": POSITIVE, "top_m": Interval(Integral, 1, None)}
+
     def __init__(self, tau: float = 0.01, gamma: float = 0.1, top_m: int = 100) -> None:
         self.tau = tau
         self.gamma = gamma
@@ -216,8 +233,6 @@ class GEN(ZeroShotScorer):
     def _score(self, image, id_text, negatives):
         logits = _logits(image.features, id_text, self.tau)
         m = min(int(self.top_m), logits.shape[1])
-        if m < 1:
-            raise InputError(f"GEN top_m must be >= 1, got {self.top_m}")
         lse = logsumexp(logits, axis=1, keepdims=True)
         top = np.exp(-np.sort(-logits, axis=1)[:, :m] - lse)
         rest = 1.0 - top
@@ -232,6 +247,9 @@ class GEN(ZeroShotScorer):
 class Entropy(ZeroShotScorer):
     """Negative entropy of the ID posterior, sum_c p log p (0 for a one-hot posterior)."""
 
+    label = "Entropy"
+    constraints = {"tau": POSITIVE}
+
     def __init__(self, tau: float = 0.01) -> None:
         self.tau = tau
 
@@ -244,6 +262,9 @@ class Entropy(ZeroShotScorer):
 class Margin(ZeroShotScorer):
     """Gap between the two largest logits (``space="logit"``) or probabilities (``space="prob"``)."""
 
+    label = "Margin"
+    constraints = {"tau": POSITIVE, "space": Options("logit", "prob")}
+
     def __init__(self, tau: float = 0.01, space: str = "logit") -> None:
         self.tau = tau
         self.space = space
@@ -254,8 +275,6 @@ class Margin(ZeroShotScorer):
             raise InputError("margin needs at least 2 ID labels")
         if self.space == "prob":
             logits = np.exp(log_softmax(logits, axis=1))
-        elif self.space != "logit":
-            raise InputError(f"margin space must be 'logit' or 'prob', got {self.space!r}")
         top2 = -np.partition(-logits, 1, axis=1)[:, :2]
         return top2[:, 0] - top2[:, 1]
 
@@ -270,7 +289,11 @@ class GLMCM(ZeroShotScorer):
     value-path pass. Readouts for other labels or another tau only are refused (ValueError).
     """
 
+    label = "GL-MCM"
+
     needs = ("features", "extra:patch_features")
+
+    constraints = {"tau": POSITIVE, "lam": Interval(Real, 0, None)}
 
     def __init__(self, tau: float = 0.01, lam: float = 1.0) -> None:
         self.tau = tau
@@ -288,8 +311,7 @@ class GLMCM(ZeroShotScorer):
                 src = image.meta.get("dataset", "this FeatureSet")
                 raise InputError(f"gl_mcm needs patch features, which {src} does not have: extract the VLM with "
                                  "patch_features (`oodeval extract --patch-features`, `patch_features = true` in a grid)")
-            if not self.tau > 0:
-                raise InputError(f"tau must be > 0, got {self.tau}")
+            self.check_params()
             local = stored_readout(image, _check_unit("text embeddings", id_text, 2), self.tau)
             if local is not None:
                 if negatives is not None:
@@ -323,6 +345,9 @@ class NegLabel(ZeroShotScorer):
     equal size; when M < G every negative is its own group (G = M).
     """
 
+    label = "NegLabel"
+    constraints = {"tau": POSITIVE, "n_groups": Interval(Integral, 1, None), "seed": SEED}
+
     def __init__(self, tau: float = 0.01, n_groups: int = 100, seed: int = 0) -> None:
         self.tau = tau
         self.n_groups = n_groups
@@ -332,8 +357,6 @@ class NegLabel(ZeroShotScorer):
         id_logits = _logits(image.features, id_text, self.tau)
         if negatives is None or len(negatives) == 0:
             return np.ones(len(id_logits))
-        if int(self.n_groups) < 1:
-            raise InputError(f"n_groups must be >= 1, got {self.n_groups}")
         lse_id = logsumexp(id_logits, axis=1)
         neg_logits = _logits(image.features, negatives, self.tau)
         m = neg_logits.shape[1]
@@ -351,6 +374,9 @@ class EOE(ZeroShotScorer):
 
     Without negatives it is MCM.
     """
+
+    label = "EOE"
+    constraints = {"tau": POSITIVE, "beta": Interval(Real, 0, None)}
 
     def __init__(self, tau: float = 0.01, beta: float = 0.25) -> None:
         self.tau = tau

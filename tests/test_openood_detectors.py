@@ -1,0 +1,77 @@
+"""Every feature/logit-space method of OpenOOD v1.5's post-hoc table (``detectors.names("openood")``,
+those needing a network pass excepted) runs in ``oodeval score`` on the features of OpenOOD's
+random-init ResNet18_32x32 extracted from a generated OpenOOD data root; the table's metrics are
+those of the detector's own scores."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from test_data_openood import make_openood_root
+
+from oodeval import cli, detectors
+from oodeval.detectors import REGISTRY
+from oodeval.features import FeatureSet
+from oodeval.features.extract import extract
+from oodeval.metrics import auroc, fpr_at_tpr
+
+#: OpenOOD v1.5's openood/postprocessors/utils.py methods that apply to a standard classifier without
+#: training or a network pass, under oodeval's name (OpenOOD's name where it differs)
+OPENOOD_POST_HOC = {
+    "msp": "msp", "energy": "ebo", "maxlogit": "mls", "kl_matching": "klm", "gen": "gen", "react": "react", "dice": "dice",
+    "ash_b": "ash", "vra": "vra", "mahalanobis": "mds", "relative_mahalanobis": "rmds", "knn": "knn", "fdbd": "fdbd",
+    "vim": "vim", "residual": "residual", "she": "she", "relation": "relation", "nci": "nci", "gmm": "gmm",
+    "temperature_scaling": "temperature_scaling", "openmax": "openmax", "gradnorm": "gradnorm",
+}  # fmt: skip
+POST_HOC = [n for n in detectors.names("openood") if "network" not in REGISTRY[n].tags]
+#: overrides an 18-image training set of a random-init network needs: kNN's k=1000 exceeds it; OpenMax fits its Weibull tails (20
+#: per class) on correct predictions only, of which random weights make none
+SMALL = {"knn": {"k": 5}, "openmax": {"tailsize": 2, "correct_only": False}}
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("openood")
+    make_openood_root(root, n_train=6, n_test=3, n_ood=3)
+    lists = root / "benchmark_imglist" / "cifar10"
+    out = {}
+    for name, file in (("train", "train_cifar10.txt"), ("test", "test_cifar10.txt"), ("tin", "test_tin.txt"), ("svhn", "test_svhn.txt")):
+        out[name] = extract("openood:resnet18_32x32", lists / file, root / "store", taps=True, device="cpu", progress=False)
+    return out
+
+
+def test_the_openood_tag_holds_every_applicable_post_hoc_method():
+    missing = sorted(set(OPENOOD_POST_HOC) - set(detectors.names("openood")))
+    assert not missing, f"OpenOOD post-hoc methods not tagged openood: {missing}"
+    for ours, theirs in OPENOOD_POST_HOC.items():
+        assert detectors.canonical(theirs) == ours
+
+
+def test_the_features_are_resnet18_32x32s(folders):
+    fs = FeatureSet.load(folders["train"])
+    assert fs.features.shape == (18, 512) and fs.logits.shape == (18, 10) and fs.weight.shape == (10, 512)
+    assert fs.meta["model"] == "openood:resnet18_32x32"
+
+
+@pytest.mark.parametrize("name", POST_HOC)
+def test_each_runs_in_score_on_resnet18_32x32_features(folders, name, tmp_path):
+    out = tmp_path / "table.csv"
+    sets = [f"{n}={folders[n]}" for n in ("tin", "svhn")]
+    extra = [a for k, v in SMALL.get(name, {}).items() for a in ("--set", f"{name}.{k}={json.dumps(v)}")]
+    argv = ["score", "--train", str(folders["train"]), "--test", str(folders["test"]), "--ood", *sets, "--detectors", name,
+            *extra, "--draws", "0", "--out", str(out), "--no-progress", "--format", "csv"]
+    assert cli.main(argv) == 0
+    table = pd.read_csv(out, comment="#")
+    assert list(table["ood"]) == ["tin", "svhn"] and (table["detector"] == name).all()
+    train, test = FeatureSet.load(folders["train"]), FeatureSet.load(folders["test"])
+    det = detectors.create(name, **SMALL.get(name, {})).fit(train)
+    s_id = det.score(test)
+    assert s_id.shape == (9,) and np.isfinite(s_id).all()
+    for _, row in table.iterrows():
+        s_ood = det.score(FeatureSet.load(folders[row.ood]))
+        assert np.isfinite(s_ood).all()
+        assert row.auroc == pytest.approx(auroc(s_id, s_ood), abs=1e-12)
+        assert row.fpr95 == pytest.approx(fpr_at_tpr(s_id, s_ood), abs=1e-12)
