@@ -21,6 +21,7 @@ import numpy as np
 from ..errors import InputError
 from ..features import FeatureSet
 from ..features.pass_options import require_pass
+from ..params import BOOLEAN, POSITIVE, SEED, Instance, Interval, Options, Real
 from . import register
 from ._backend import Compute
 from ._common import as64, chunks, energy, labelled
@@ -76,6 +77,7 @@ class ODIN(NetworkMethod):
 
     needs = ("extra:odin/logits",)
     pass_kind = "odin"
+    constraints = {"temperature": (POSITIVE, None), "noise": (Interval(Real, 0, None), None)}
 
     def __init__(self, temperature: float | None = None, noise: float | None = None) -> None:
         self.temperature = temperature
@@ -127,6 +129,7 @@ class MahalanobisEnsemble(NetworkMethod):
     needs = ("extra:mds/*",)
     fit_needs = ("labels", "extra:mds/*")
     pass_kind = "mds"
+    constraints = {"layers": (Instance(list, tuple), None), "weights": (Instance(list, tuple), None), "noise": (Interval(Real, 0, None), None)}
 
     def __init__(self, layers: Sequence[str] | None = None, weights: Sequence[float] | None = None, noise: float | None = None) -> None:
         self.layers = layers
@@ -200,6 +203,8 @@ class Gram(NetworkMethod):
     needs = ("logits", "extra:gram/*")
     fit_needs = ("logits", "extra:gram/*")
     pass_kind = "gram"
+    constraints = {"val_fraction": Interval(Real, 0, 1, closed="left"), "seed": SEED, "assign": Options("prediction", "label"),
+                   "by_confidence": BOOLEAN}  # fmt: skip
 
     def __init__(self, val_fraction: float = 0.1, seed: int = 0, assign: str = "prediction", by_confidence: bool = True) -> None:
         self.val_fraction = val_fraction
@@ -208,10 +213,6 @@ class Gram(NetworkMethod):
         self.by_confidence = by_confidence
 
     def _fit(self, train: FeatureSet) -> None:
-        if self.assign not in ("prediction", "label"):
-            raise InputError(f"gram assign must be 'prediction' or 'label', got {self.assign!r}")
-        if not 0 <= self.val_fraction < 1:
-            raise InputError(f"gram val_fraction must be in [0, 1), got {self.val_fraction}")
         self.layers_ = [k[len("gram/") :] for k in sorted(train.extras) if k.startswith("gram/")]
         if self.assign == "label":
             idx, _ = labelled(train.labels, "gram")
@@ -287,6 +288,7 @@ class RankFeat(NetworkMethod):
 
     needs = ("extra:rankfeat/*",)
     pass_kind = "rankfeat"
+    constraints = {"blocks": (Instance(list, tuple), None), "temperature": POSITIVE}
 
     def __init__(self, blocks: Sequence[str] | None = None, temperature: float = 1.0) -> None:
         self.blocks = blocks
@@ -314,6 +316,7 @@ class MCDropout(NetworkMethod):
 
     needs = ("extra:mcd/*",)
     pass_kind = "mcd"
+    constraints = {"mode": Options("mean", "var", "logits")}
 
     def __init__(self, mode: str = "mean") -> None:
         self.mode = mode
@@ -323,7 +326,4 @@ class MCDropout(NetworkMethod):
             return as64(x.extras["mcd/probs"]).max(axis=1)
         if self.mode == "var":
             return -as64(x.extras["mcd/var"])
-        if self.mode == "logits":
-            comp = Compute("float64")
-            return comp.max_softmax(as64(x.extras["mcd/logits"]))
-        raise InputError(f"mc_dropout mode must be 'mean', 'var' or 'logits', got {self.mode!r}")
+        return Compute("float64").max_softmax(as64(x.extras["mcd/logits"]))  # "logits" (constraints allow no other)
