@@ -20,7 +20,7 @@ import numpy as np
 
 from ..errors import InputError
 from ..features import FeatureSet
-from ..features.pass_options import require_pass
+from ..features.pass_options import fit_digests, require_pass
 from ..params import BOOLEAN, POSITIVE, SEED, Instance, Interval, Options, Real
 from . import register
 from ._backend import Compute
@@ -28,8 +28,8 @@ from ._common import as64, chunks, energy, labelled
 from ._peers import PeerMethod
 from .mahalanobis import Mahalanobis
 
-__all__ = ["ODIN", "MahalanobisEnsemble", "Gram", "RankFeat", "MCDropout", "fit_layer_gaussians", "gaussians_digest",
-           "fit_layer_weights", "gram_deviations"]
+__all__ = ["ODIN", "MahalanobisEnsemble", "Gram", "RankFeat", "MCDropout", "fit_layer_gaussians", "fit_layer_weights",
+           "gram_deviations"]
 
 
 class NetworkMethod(PeerMethod):
@@ -103,14 +103,6 @@ def fit_layer_gaussians(train: FeatureSet, layers: Sequence[str] | None = None) 
     return {n: Mahalanobis().fit(_view(train, features=np.asarray(train.extras[f"mds/{n}"]))) for n in layers}
 
 
-def gaussians_digest(gaussians: dict[str, Mahalanobis]) -> dict[str, str]:
-    """Per layer, a hash of its fitted Gaussians (class means and covariance): recorded by the mds
-    pass that perturbs along them, checked by the detector that scores with them."""
-    from .._io import hash_arrays
-
-    return {n: hash_arrays({"means": g.means_, "covariance": g.covariance_}) for n, g in gaussians.items()}
-
-
 @register("mahalanobis_ensemble", tags=("feature", "network"))
 class MahalanobisEnsemble(NetworkMethod):
     """s = sum_l w_l M_l(x~_l), M_l = -min_c (h_l - mu_{l,c})' S_l^+ (h_l - mu_{l,c}).
@@ -142,7 +134,7 @@ class MahalanobisEnsemble(NetworkMethod):
         self.gaussians_ = fit_layer_gaussians(train, self.layers)
         if self.weights is not None and len(self.weights) != len(self.gaussians_):
             raise InputError(f"mahalanobis_ensemble: {len(self.weights)} weights for {len(self.gaussians_)} layers {list(self.gaussians_)}")
-        self.digest_ = gaussians_digest(self.gaussians_)
+        self.digest_ = fit_digests(train, list(self.gaussians_))
 
     def layer_scores(self, x: FeatureSet) -> np.ndarray:
         """(N, L): M_l of each layer, in the order of ``gaussians_``."""

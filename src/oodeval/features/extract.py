@@ -31,6 +31,7 @@ from . import store as st
 from .backbones import Backbone, file_hash, full_precision, load_backbone, parse_model_name
 from .pass_options import KINDS as PASS_KINDS
 from .pass_options import PassSpec
+from .passes import build_passes, context_of, key_entries
 from .patchreadout import PatchReadout, local_mcm
 from .preprocess import SplitTransform, split_transform
 
@@ -303,8 +304,6 @@ def extract(
         None if weights is None else st.weights_digest(weights, store))
     head_hash = None if head is None else file_hash(head)
     cache_name = model if kind != "timm" or model.startswith("timm:") else f"timm:{model}"  # 'x' and 'timm:x': one entry
-    from .passes import build_passes, key_entries
-
     passes = sorted(passes, key=lambda p: PASS_KINDS.index(p.kind))  # one entry whatever order they are given in
     keyed = [key_entries(p) | ({"batch_size": batch_size, "shard_size": shard_size} if p.kind == "mcd" else {}) for p in passes]
     key = entry_key(cache_name, manifest, weights_hash=weights_hash, head_hash=head_hash, pretrained=pretrained,
@@ -456,8 +455,6 @@ def _run(job: _Job) -> Path:
         readout = describe_readout(bb.model, layers) if bb.kind == "timm" else {}
     pass_ctx = None
     if job.passes:
-        from .passes import context_of
-
         pass_ctx = context_of(bb)
         for p in job.passes:
             p.resolve(pass_ctx)

@@ -28,12 +28,13 @@ iteration (the paper's faster form, OpenOOD's ``accelerate`` with 20). ``mds``'s
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from .._io import hash_arrays
 from ..errors import InputError
 
-__all__ = ["KINDS", "DEFAULTS", "ALIASES", "PassSpec", "parse_pass", "option_hint", "require_pass"]
+__all__ = ["KINDS", "DEFAULTS", "ALIASES", "PassSpec", "parse_pass", "option_hint", "require_pass", "fit_digests"]
 
 #: every pass, in the order extraction runs them
 KINDS = ("odin", "mds", "gram", "rankfeat", "mcd")
@@ -160,3 +161,10 @@ def require_pass(meta: Mapping, kind: str, who: str) -> dict:
     if got is None:
         raise InputError(f"{who} needs the {kind} pass, which {meta.get('dataset', 'this FeatureSet')!r} does not hold: {option_hint(kind)}")
     return got
+
+
+def fit_digests(train, layers: Sequence[str]) -> dict[str, str]:
+    """Per layer, a hash of what its Gaussians are fitted on (the ID-train set's ``mds/<layer>`` and
+    labels): recorded by the mds pass that perturbs along them, checked by the detector that scores
+    with Gaussians fitted on its own ID-train set (``detectors.network``)."""
+    return {n: hash_arrays({"features": train.extras[f"mds/{n}"], "labels": train.labels}) for n in layers}

@@ -10,8 +10,9 @@ FeatureSet extras (float32, prefixed with its kind). What each stores:
 * ``mds/<layer>`` (N, C_l): the spatial mean of layer l's output (Lee et al., NeurIPS 2018). With
   noise eps > 0, of the input x~ = x - eps sign(grad_x (1/2) min_c (h - mu_c)' S^+ (h - mu_c)) / std
   perturbed for that layer (one backward and one forward per layer), mu_c, S the layer's class
-  means and tied covariance fitted on the ``fit`` set's ``mds/<layer>`` by the ``mahalanobis``
-  detector (its centred, whitened form); noise 0 is the clean features (the fit set itself).
+  means and tied covariance fitted on the ``fit`` set's ``mds/<layer>`` with its labels (float64,
+  S^+ from eigh with numpy's pseudo-inverse cutoff, as the ``mahalanobis`` detector; :func:`gaussians`);
+  noise 0 is the clean features (the fit set itself).
 * ``gram/<layer>`` (N, P, C_l): for p = 1..P, the row sums of the p-th order Gram matrix of the
   feature map F (C_l x HW), G_p = sum_j (F^p F^p')_{.j}, then sign(G_p) |G_p|^(1/p) (Sastry & Oore,
   ICML 2020; computed in float64; the row sums as in both peers' releases).
@@ -40,7 +41,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..errors import InputError
-from .pass_options import PassSpec
+from .featureset import FeatureSet
+from .pass_options import PassSpec, fit_digests
+from .preprocess import split_transform
 
 __all__ = ["Context", "NetPass", "build_passes", "key_entries", "context_of", "remove_rank1", "gram_rows", "model_logits",
            "perturb", "PREFIX"]
@@ -81,8 +84,6 @@ def context_of(bb) -> Context:
         stages = [e["module"] for e in (info.get_dicts() if hasattr(info, "get_dicts") else list(info or []))]
         head = model.get_classifier() if probe is None else probe
     else:
-        from .preprocess import split_transform
-
         split = split_transform(bb.transform)  # a transform ending in ToTensor + Normalize: its std
         std = None if split is None else tuple(split.std)
         stages = [n for n in ("layer1", "layer2", "layer3", "layer4") if n in modules]
@@ -242,7 +243,7 @@ class MdsPass(NetPass):
     """``fit``: per layer (center m, whitening W, whitened class means nu) of the fitted Gaussians."""
 
     def __init__(self, spec: PassSpec, fit: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None,
-                 digest: str | None = None) -> None:
+                 digest: dict[str, str] | None = None) -> None:
         super().__init__(spec)
         self.fit, self.digest = fit, digest
 
@@ -400,8 +401,28 @@ def _fit_hash(path: str) -> str:
         raise InputError(f"mds fit={path}: not a FeatureSet folder ({exc}); extract the ID-train set with --mds noise=0") from exc
 
 
-def _mds_fit(spec: PassSpec) -> tuple[dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] | None, str | None]:
-    """Per layer (center, whitening, whitened class means) of the Gaussians fitted on the fit set, and their digest."""
+def gaussians(z: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(center m, whitening W, whitened class means nu) of class-conditional Gaussians with a tied
+    covariance S fitted on the labelled rows of ``z`` (float64): (h - mu_c)' S^+ (h - mu_c) =
+    ||(h - m) W - nu_c||^2, S^+ = W W' over the eigenvalues above numpy's pseudo-inverse cutoff."""
+    y = np.asarray(labels)
+    keep = y >= 0
+    if not keep.any():
+        raise InputError("mds: the fit set has no class labels (all are -1)")
+    z64, y = np.asarray(z, dtype=np.float64)[keep], y[keep]
+    classes = np.unique(y)
+    means = np.stack([z64[y == c].mean(axis=0) for c in classes])
+    centred = z64 - means[np.searchsorted(classes, y)]
+    vals, vecs = np.linalg.eigh(centred.T @ centred / len(z64))
+    kept = vals > vals.max() * max(vals.shape) * np.finfo(np.float64).eps
+    white = vecs[:, kept] / np.sqrt(vals[kept])
+    center = z64.mean(axis=0)
+    return center, white, (means - center) @ white
+
+
+def _mds_fit(spec: PassSpec) -> tuple[dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] | None, dict[str, str] | None]:
+    """Per layer (center, whitening, whitened class means) of the Gaussians fitted on the fit set,
+    and the digests of what they are fitted on (:func:`~oodeval.features.pass_options.fit_digests`)."""
     if float(spec.get("noise")) == 0:
         if spec.get("fit") is not None:
             raise InputError("mds: fit applies to noise > 0 (the clean pass is what a fit set holds)")
@@ -409,13 +430,14 @@ def _mds_fit(spec: PassSpec) -> tuple[dict[str, tuple[np.ndarray, np.ndarray, np
     if spec.get("fit") is None:
         raise InputError("mds with noise > 0 perturbs along the ID-train Gaussians: give fit=ID_TRAIN_FEATURESET, the ID-train "
                          "set extracted with --mds noise=0 (oodeval run does this itself)")
-    from ..detectors.network import fit_layer_gaussians, gaussians_digest
-    from .featureset import FeatureSet
-
     train = FeatureSet.load(spec.get("fit"))
-    layers = spec.get("layers")
-    gaussians = fit_layer_gaussians(train, None if layers is None else list(layers))
-    return {name: (m.center_, m.whitening_, m.whitened_means_) for name, m in gaussians.items()}, gaussians_digest(gaussians)
+    stored = [k[len("mds/") :] for k in sorted(train.extras) if k.startswith("mds/")]
+    layers = list(spec.get("layers")) if spec.get("layers") is not None else stored
+    missing = [n for n in layers if n not in stored]
+    if missing or not layers:
+        raise InputError(f"mds fit={spec.get('fit')}: layers {missing or layers} are not in its mds pass, which holds {stored}")
+    fit = {n: gaussians(train.extras[f"mds/{n}"], train.labels) for n in layers}
+    return fit, fit_digests(train, layers)
 
 
 def build_passes(specs: Sequence[PassSpec]) -> list[NetPass]:
