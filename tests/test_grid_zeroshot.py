@@ -11,6 +11,7 @@ import pytest
 from oodeval.experiment import load_config, run_experiment
 from oodeval.features import FeatureSet
 from oodeval.report import build_views
+from oodeval.report.views import Cell
 from oodeval.results import load_cell_scores, load_results
 from oodeval.zeroshot import score_zeroshot
 
@@ -80,14 +81,14 @@ def test_zeroshot_report_views(zs):
     views, _ = build_views(df, summary.results)
     tab2 = next(v for v in views if v.key == "tab2")
     assert tab2.present
-    cols = list(tab2.frame.columns)
+    cols = [(c.title if isinstance(c, Cell) else str(c)) for c in tab2.frame.columns]  # a scorer-named column's id is its tooltip
     assert "logit-sp." in cols and "oracle" in cols and "neglabel:wordnet" in cols and "eoe:wordnet" in cols
     logit = df[df["vocabulary"].isna()]["fpr95"].min()
     best = df[df["vocabulary"].isna() & (df["fpr95"] == logit)]
     cis = {f"{100 * logit:.1f} [{100 * r['fpr95_lo']:.1f}, {100 * r['fpr95_hi']:.1f}]" for _, r in best.iterrows()}
     assert str(tab2.frame.iloc[0]["logit-sp."]) in cis  # the best logit-space scorer with its CI
     tab1 = next(v for v in views if v.key == "tab1")
-    assert set(tab1.frame["FPR detector"]) <= {"mcm", "energy"}  # vocabularies stay out of Tab. 1
+    assert {(c.title if isinstance(c, Cell) else str(c)) for c in tab1.frame["FPR detector"]} <= {"mcm", "energy"}  # vocabularies stay out of Tab. 1
     assert not next(v for v in views if v.key == "tabA1").present  # no supervised model
 
 
