@@ -112,7 +112,7 @@ def _detector_rank() -> dict[str, int]:
     from .. import detectors
 
     try:
-        from ..zeroshot.scorers import names as zs_names
+        from ..zeroshot.scorers import scorer_names as zs_names
 
         zs = zs_names()
     except Exception:  # noqa: BLE001 - zero-shot package optional for ordering

@@ -35,8 +35,8 @@ from ..features import FeatureSet
 from ..registry import Registry
 
 __all__ = [
-    "ZeroShotScorer", "REGISTRY", "register", "names", "create", "score_zeroshot", "similarity_logits",
-    "MCM", "MaxLogit", "Energy", "GEN", "Entropy", "Margin", "GLMCM", "NegLabel", "EOE",
+    "ZeroShotScorer", "REGISTRY", "register", "scorer_names", "create_scorer", "score_zeroshot", "similarity_logits",
+    "ZeroShotMCM", "ZeroShotMaxLogit", "ZeroShotEnergy", "ZeroShotGEN", "ZeroShotEntropy", "Margin", "GLMCM", "NegLabel", "EOE",
 ]  # fmt: skip
 
 REGISTRY = Registry("zero-shot scorer", "oodeval.zeroshot_scorers")
@@ -170,7 +170,7 @@ def _logits(image: np.ndarray, text: np.ndarray, tau: float) -> np.ndarray:
 
 
 @register("mcm", 1)
-class MCM(ZeroShotScorer):
+class ZeroShotMCM(ZeroShotScorer):
     """max_c softmax_c(h't_c / tau) (MCM)."""
 
     def __init__(self, tau: float = 0.01) -> None:
@@ -181,7 +181,7 @@ class MCM(ZeroShotScorer):
 
 
 @register("maxlogit", 2)
-class MaxLogit(ZeroShotScorer):
+class ZeroShotMaxLogit(ZeroShotScorer):
     """max_c h't_c / tau."""
 
     def __init__(self, tau: float = 0.01) -> None:
@@ -192,7 +192,7 @@ class MaxLogit(ZeroShotScorer):
 
 
 @register("energy", 3)
-class Energy(ZeroShotScorer):
+class ZeroShotEnergy(ZeroShotScorer):
     """T * logsumexp_c(l_c / T) on the tau-scaled logits (T = 1)."""
 
     def __init__(self, tau: float = 0.01, temperature: float = 1.0) -> None:
@@ -205,7 +205,7 @@ class Energy(ZeroShotScorer):
 
 
 @register("gen", 4)
-class GEN(ZeroShotScorer):
+class ZeroShotGEN(ZeroShotScorer):
     """-sum over the top-M probabilities of p^g (1-p)^g (GEN; g = 0.1, M = 100, capped at C)."""
 
     def __init__(self, tau: float = 0.01, gamma: float = 0.1, top_m: int = 100) -> None:
@@ -229,7 +229,7 @@ class GEN(ZeroShotScorer):
 
 
 @register("entropy", 5)
-class Entropy(ZeroShotScorer):
+class ZeroShotEntropy(ZeroShotScorer):
     """Negative entropy of the ID posterior, sum_c p log p (0 for a one-hot posterior)."""
 
     def __init__(self, tau: float = 0.01) -> None:
@@ -365,13 +365,13 @@ class EOE(ZeroShotScorer):
         return np.exp(id_logits.max(axis=1) - lse) - self.beta * np.exp(neg_logits.max(axis=1) - lse)
 
 
-def names(*tags: str) -> list[str]:
+def scorer_names(*tags: str) -> list[str]:
     """Zero-shot scorer names carrying every tag in ``tags``: the 7 logit-space ones ("logit"),
     then the 2 vocabulary-based ones ("needs-vocabulary")."""
     return REGISTRY.names(*tags)
 
 
-def create(name: str, **hyperparameters) -> ZeroShotScorer:
+def create_scorer(name: str, **hyperparameters) -> ZeroShotScorer:
     """A new scorer ``name`` with the paper's defaults overridden by ``hyperparameters``."""
     return REGISTRY.create(name, **hyperparameters)
 
@@ -384,4 +384,4 @@ def score_zeroshot(
     **hyperparameters,
 ) -> np.ndarray:
     """Scores (float64 (N,), higher = ID) of scorer ``name`` for image embeddings and label embeddings."""
-    return create(name, **hyperparameters).score(image, id_text, negatives)
+    return create_scorer(name, **hyperparameters).score(image, id_text, negatives)

@@ -17,7 +17,7 @@ from ..errors import InputError
 from ..features import FeatureSet
 from ..metrics import evaluate
 from .llm_vocab import siblings_vocabulary
-from .scorers import create
+from .scorers import create_scorer
 
 __all__ = ["sweep_prefix", "sweep_siblings"]
 
@@ -37,7 +37,7 @@ def sweep_prefix(
     **hyperparameters,
 ) -> dict:
     """FPR@95 vs M: the scorer with the first M rows of ``ranked_negatives`` (NegMined order)."""
-    det = create(scorer, **hyperparameters)
+    det = create_scorer(scorer, **hyperparameters)
     curve = {"param": "M", "x": [], "vocab_size": [], "fpr95": [], "auroc": []}
     for m in sizes:
         if not 0 <= m <= len(ranked_negatives):
@@ -62,7 +62,7 @@ def sweep_siblings(
     **hyperparameters,
 ) -> dict:
     """FPR@95 vs k: the pool of k siblings per class (seeded random order); ``embed(labels) -> (L, E)``."""
-    det = create(scorer, **hyperparameters)
+    det = create_scorer(scorer, **hyperparameters)
     curve = {"param": "k", "x": [], "vocab_size": [], "fpr95": [], "auroc": []}
     for k in ks:
         if k < 0:
