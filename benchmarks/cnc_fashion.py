@@ -45,7 +45,7 @@ def main() -> None:
 
     from oodeval.cnc.evaluate import aggregate, evaluate_run, format_table
     from oodeval.cnc.suites import suite
-    from oodeval.cnc.train import TrainConfig, extract, load_checkpoint, train
+    from oodeval.cnc.train import CnCTrainConfig, extract, load_checkpoint, train
     from oodeval.demo.data import DemoSizes, build_benchmark, read_set
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
@@ -66,7 +66,7 @@ def main() -> None:
     for seed in args.seeds:
         for kind in ("plain", "cnc"):
             data_side = dict(augment="crop_flip", outlier_augment="release", outlier_pairing="shuffled")
-            cfg = TrainConfig(model=args.model, num_classes=k, in_chans=1, cnc=kind == "cnc", epochs=args.epochs,
+            cfg = CnCTrainConfig(model=args.model, num_classes=k, in_chans=1, cnc=kind == "cnc", epochs=args.epochs,
                               batch_size=args.batch_size, lr=args.lr, seed=seed,
                               **(data_side if args.recipe == "release" else {}))  # fmt: skip
             folder = args.work / f"{kind}-{args.model}-{args.recipe}-e{args.epochs}-s{seed}"

@@ -265,12 +265,12 @@ def test_cli_evaluate_results_table_shows_in_report(tmp_path, capsys):
 def test_cli_evaluate_refuses_unfinished_checkpoints_unless_marked(tmp_path, capsys, monkeypatch):
     from oodeval.cli import main
     from oodeval.cnc.suites import Suite
-    from oodeval.cnc.train import TrainConfig, train
+    from oodeval.cnc.train import CnCTrainConfig, train
 
     rng, images, labels = _striped_set()
     np.savez(tmp_path / "train.npz", images=images, labels=labels)
     np.savez(tmp_path / "ood.npz", images=rng.integers(0, 256, size=(20, 12, 12), dtype=np.uint8))
-    cfg = TrainConfig(model="test_resnet", num_classes=3, in_chans=1, epochs=3, batch_size=16, corruptions=("contrast",))
+    cfg = CnCTrainConfig(model="test_resnet", num_classes=3, in_chans=1, epochs=3, batch_size=16, corruptions=("contrast",))
     train(cfg, images, labels, tmp_path / "part", progress=False, stop_after=1)  # 1 of 3 epochs
     capsys.readouterr()
     base = ["cnc", "evaluate", "--id-test", str(tmp_path / "train.npz"), "--ood", str(tmp_path / "ood.npz"), "--no-progress"]

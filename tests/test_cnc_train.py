@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from oodeval.cnc.train import (
-    TrainConfig, build_model, extract, id_predictions, load_checkpoint, lr_at, milestone_epochs, to_tensor, train,
+    CnCTrainConfig, build_model, extract, id_predictions, load_checkpoint, lr_at, milestone_epochs, to_tensor, train,
 )  # fmt: skip
 
 
@@ -24,7 +24,7 @@ def _cfg(**kw):
     base = dict(model="test_resnet", num_classes=3, in_chans=1, epochs=3, batch_size=32, lr=0.05, seed=0,
                 corruptions=("contrast", "gaussian_noise", "pixelate"))  # fmt: skip
     base.update(kw)
-    return TrainConfig(**base)
+    return CnCTrainConfig(**base)
 
 
 def test_k_plus_one_head_and_plain_head():
@@ -58,7 +58,7 @@ def test_config_validation():
     with pytest.raises(ValueError, match="class_ids"):
         _cfg(class_ids=(0, 1))
     cfg = _cfg(class_ids=(2, 5, 7))
-    assert TrainConfig.from_json(json.loads(json.dumps(cfg.to_json()))) == cfg
+    assert CnCTrainConfig.from_json(json.loads(json.dumps(cfg.to_json()))) == cfg
 
 
 def test_training_loss_falls_and_checkpoint_loads(tmp_path):
@@ -166,7 +166,7 @@ def test_step_batches_do_not_depend_on_the_worker_count():
     from oodeval.cnc.loader import step_loader
 
     images, labels = _toy(n=24, size=12)
-    cfg = TrainConfig.recipe("cnc-cifar", model="test_resnet", num_classes=3, in_chans=1, batch_size=8,
+    cfg = CnCTrainConfig.recipe("cnc-cifar", model="test_resnet", num_classes=3, in_chans=1, batch_size=8,
                              mean=(0.5,), std=(0.5,), corruptions=("contrast", "gaussian_noise", "fog"))  # fmt: skip
     runs = []
     for workers in (0, 1, 2):
@@ -190,12 +190,12 @@ def torch_equal(a, b):
 def test_release_recipe_and_cifar_stem():
     import torch
 
-    cfg = TrainConfig.recipe("cnc-cifar", num_classes=10)
+    cfg = CnCTrainConfig.recipe("cnc-cifar", num_classes=10)
     assert (cfg.model, cfg.batch_size, cfg.epochs, cfg.weight_decay, cfg.lr) == ("resnet34", 64, 200, 5e-4, 0.1)
     assert milestone_epochs(cfg) == [100, 150] and len(cfg.corruptions) == 15 and "motion_blur" not in cfg.corruptions
     assert (cfg.augment, cfg.outlier_augment, cfg.outlier_pairing) == ("crop_flip", "release", "shuffled")
     with pytest.raises(ValueError, match="unknown recipe"):
-        TrainConfig.recipe("nope")
+        CnCTrainConfig.recipe("nope")
     # a CIFAR stem keeps 32 px at full resolution into the first stage (timm's stem would give 8 x 8)
     small = _cfg(in_chans=3, cifar_stem=True)
     m = build_model(small).eval()

@@ -51,7 +51,7 @@ _RUN_FIELDS = ("seed",)
 
 
 def comparable(configs: Sequence, names: Sequence[str] | None = None, epochs_done: Sequence[int] | None = None):
-    """The first of several :class:`~oodeval.cnc.train.TrainConfig` when all runs share one
+    """The first of several :class:`~oodeval.cnc.train.CnCTrainConfig` when all runs share one
     configuration and training data (everything but the seed: the data hash, device and
     precision included) and, when ``epochs_done`` is given, reached the same epoch; otherwise
     ValueError naming the runs and what differs."""

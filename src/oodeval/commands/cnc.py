@@ -172,7 +172,7 @@ def _train(args: argparse.Namespace) -> int:
 
     from .._io import check_output
     from ..cnc.corruptions import pool
-    from ..cnc.train import CHECKPOINT_KIND, RECIPES, TrainConfig, train
+    from ..cnc.train import CHECKPOINT_KIND, RECIPES, CnCTrainConfig, train
 
     check_output(args.out, CHECKPOINT_KIND, folder=True)  # before loading any data
     images, labels, info = _load(args, args.dataset, size=args.size)
@@ -192,7 +192,7 @@ def _train(args: argparse.Namespace) -> int:
     if base and chans != len(base["mean"]):
         base["mean"], base["std"] = (sum(base["mean"]) / 3,), (sum(base["std"]) / 3,)  # grey: the channel average
     base.update({k: v for k, v in given.items() if v is not None})
-    config = TrainConfig(**base, num_classes=k, in_chans=chans, cnc=not args.plain, seed=args.seed, class_ids=args.classes)
+    config = CnCTrainConfig(**base, num_classes=k, in_chans=chans, cnc=not args.plain, seed=args.seed, class_ids=args.classes)
     print(f"training {'CnC (K+1)' if config.cnc else 'plain'} {config.model} on {len(images)} images of "
           f"{info['name']}, K={k}, {images.shape[1]}x{images.shape[2]}x{chans}, {config.epochs} epochs -> {args.out}")
     prog = train(config, np.asarray(images), labels, args.out, progress=not args.no_progress, log=print,
