@@ -45,7 +45,7 @@ def main() -> None:
 
     from oodeval.cnc.evaluate import aggregate, evaluate_run, format_table
     from oodeval.cnc.suites import suite
-    from oodeval.cnc.train import CnCTrainConfig, extract, load_checkpoint, train
+    from oodeval.cnc.train import CnCTrainConfig, extract_in_memory, load_checkpoint, train
     from oodeval.demo.data import DemoSizes, build_benchmark, read_set
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
@@ -73,8 +73,8 @@ def main() -> None:
             t0 = time.time()
             prog = train(cfg, x_train, y_train, folder, progress=False)
             model, cfg, _ = load_checkpoint(folder)
-            fs_test = extract(model, x_test, cfg, y_test)
-            fs_ood = {n: extract(model, a, cfg) for n, a in ood.items()}
+            fs_test = extract_in_memory(model, x_test, cfg, y_test)
+            fs_ood = {n: extract_in_memory(model, a, cfg) for n, a in ood.items()}
             dets = ["cnc", "msp", "energy"] if kind == "cnc" else ["msp", "energy"]
             runs[kind].append(evaluate_run(fs_test, fs_ood, dets, groups=s.groups))
             last = prog["history"][-1]

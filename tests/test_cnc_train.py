@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from oodeval.cnc.train import (
-    CnCTrainConfig, build_model, extract, id_predictions, load_checkpoint, lr_at, milestone_epochs, to_tensor, train,
+    CnCTrainConfig, build_model, extract_in_memory, id_predictions, load_checkpoint, lr_at, milestone_epochs, to_tensor, train,
 )  # fmt: skip
 
 
@@ -38,7 +38,7 @@ def test_k_plus_one_head_and_plain_head():
     assert _cfg().outputs == 4 and _cfg(cnc=False).outputs == 3
     # any timm model: a ViT gets the same K+1 linear head
     vit = _cfg(model="test_vit", model_kwargs={"img_size": 16, "patch_size": 8})
-    fs = extract(build_model(vit), _toy(n=4)[0], vit)
+    fs = extract_in_memory(build_model(vit), _toy(n=4)[0], vit)
     assert fs.logits.shape == (4, 4) and fs.weight.shape[0] == 4
     np.testing.assert_allclose(fs.features @ fs.weight.T + fs.bias, fs.logits, rtol=1e-4, atol=1e-4)
 
@@ -77,7 +77,7 @@ def test_training_loss_falls_and_checkpoint_loads(tmp_path):
     # the stored config records what the data and the installation fixed
     assert cfg.image_size == (16, 16) and cfg.in_chans == 1 and cfg.num_classes == 3 and len(cfg.data_hash) == 32
     assert cfg == _cfg(epochs=4, image_size=(16, 16), data_hash=cfg.data_hash, frost=cfg.frost, device="cpu", precision="fp32")
-    fs = extract(model, images[:10], cfg, labels[:10])
+    fs = extract_in_memory(model, images[:10], cfg, labels[:10])
     assert fs.logits.shape == (10, 4) and fs.weight.shape == (4, fs.features.shape[1])
     assert fs.meta["outlier_class"] == 3 and fs.meta["num_id_classes"] == 3
     # the linear head reproduces the stored logits
@@ -361,7 +361,7 @@ def test_precision_choice_is_recorded_and_never_mixed(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match=r"precision \('fp32' in the checkpoint, 'bf16' now\)"):
         train(cfg, images, labels, tmp_path / "fp", progress=False, precision="bf16")
     assert train(cfg, images, labels, tmp_path / "fp", progress=False)["epochs_done"] == 2
-    fs = extract(build_model(bf_cfg), images[:4], bf_cfg, precision="bf16")
+    fs = extract_in_memory(build_model(bf_cfg), images[:4], bf_cfg, precision="bf16")
     assert (fs.meta["device"], fs.meta["precision"]) == ("cpu", "bf16")
 
 

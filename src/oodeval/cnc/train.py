@@ -53,7 +53,7 @@ from .corruptions import CORRUPTIONS, DEFAULT_POOL, PRESETS, RELEASE_POOL, frost
 __all__ = [
     "CnCTrainConfig", "RECIPES", "to_tensor", "build_model", "id_predictions", "lr_at", "milestone_epochs",
     "resolve_device", "resolve_precision", "PRECISIONS", "train", "save_checkpoint", "load_checkpoint", "load_tensors",
-    "is_finished", "extract", "CHECKPOINT_FORMAT",
+    "is_finished", "extract_in_memory", "CHECKPOINT_FORMAT",
 ]  # fmt: skip
 
 CHECKPOINT_FORMAT = "oodeval.cnc.checkpoint/2"
@@ -667,7 +667,7 @@ def train(
 # ---------------------------------------------------------------- features
 
 
-def extract(
+def extract_in_memory(
     model,
     images: np.ndarray,
     config: CnCTrainConfig,

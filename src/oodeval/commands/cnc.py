@@ -207,7 +207,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     from .._io import check_output, write_json_atomic
     from ..cnc.evaluate import aggregate, check_finished, check_id_labels, comparable, evaluate_run, format_table
     from ..cnc.suites import suite
-    from ..cnc.train import extract, load_checkpoint, resolve_device, resolve_precision
+    from ..cnc.train import extract_in_memory, load_checkpoint, resolve_device, resolve_precision
     from ..detectors import create
 
     if args.json:
@@ -251,9 +251,9 @@ def _evaluate(args: argparse.Namespace) -> int:
     mark = "" if all(finished) else f" UNFINISHED ({epochs[0]} of {cfg0.epochs} epochs)"
     for path, (model, cfg, _) in zip(args.checkpoint, loaded):
         kw = dict(device=str(dev), precision=prec)
-        fs_test = extract(model, x_test, cfg, y_test, meta={"dataset": id_test, "checkpoint": str(path)}, **kw)
-        fs_train = extract(model, x_train, cfg, y_train, meta={"dataset": id_train}, **kw) if needs_train else None
-        fs_ood = {n: extract(model, a, cfg, meta={"dataset": n}, **kw) for n, a in ood_arrays.items()}
+        fs_test = extract_in_memory(model, x_test, cfg, y_test, meta={"dataset": id_test, "checkpoint": str(path)}, **kw)
+        fs_train = extract_in_memory(model, x_train, cfg, y_train, meta={"dataset": id_train}, **kw) if needs_train else None
+        fs_ood = {n: extract_in_memory(model, a, cfg, meta={"dataset": n}, **kw) for n, a in ood_arrays.items()}
         run_rows: list = []
         r = evaluate_run(fs_test, fs_ood, detectors, train=fs_train, groups=groups, rows_out=run_rows if args.results else None,
                          draws=args.draws, seed=cfg.seed)  # fmt: skip
