@@ -27,9 +27,10 @@ def main() -> None:
     import torch
     from skimage import data, transform
 
+    from oodeval._device import resolve_device
     from oodeval.cnc.corruptions import frost_source
     from oodeval.cnc.loader import step_loader
-    from oodeval.cnc.train import CnCTrainConfig, _forward, build_model, resolve_device, resolve_precision
+    from oodeval.cnc.train import CnCTrainConfig, _forward, build_model, resolve_precision
 
     rng = np.random.default_rng(0)
     photos = [data.astronaut(), data.chelsea(), data.coffee(), data.rocket()]

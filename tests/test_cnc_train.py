@@ -216,7 +216,7 @@ def test_bad_training_data_is_rejected(tmp_path):
 
 def test_cli_recipe_with_overrides_and_device_choice(tmp_path):
     from oodeval.cli import main
-    from oodeval.cnc.train import resolve_device
+    from oodeval._device import resolve_device
 
     images, labels = _toy(n=32, size=12)
     np.savez(tmp_path / "train.npz", images=images, labels=labels)

@@ -46,13 +46,14 @@ from pathlib import Path
 
 import numpy as np
 
+from .._device import resolve_device
 from .._io import atomic_path, claim_folder, hash_arrays, write_json_atomic
 from ..errors import InputError
 from .corruptions import CORRUPTIONS, DEFAULT_POOL, PRESETS, RELEASE_POOL, frost_source
 
 __all__ = [
     "CnCTrainConfig", "RECIPES", "to_tensor", "build_model", "id_predictions", "lr_at", "milestone_epochs",
-    "resolve_device", "resolve_precision", "PRECISIONS", "train", "save_checkpoint", "load_checkpoint", "load_tensors",
+    "resolve_precision", "PRECISIONS", "train", "save_checkpoint", "load_checkpoint", "load_tensors",
     "is_finished", "extract_in_memory", "CHECKPOINT_FORMAT",
 ]  # fmt: skip
 
@@ -243,19 +244,6 @@ def milestone_epochs(config: CnCTrainConfig) -> list[int]:
 def lr_at(config: CnCTrainConfig, epoch: int) -> float:
     """The learning rate of (0-based) ``epoch``: lr * gamma ** (number of milestones <= epoch)."""
     return config.lr * config.gamma ** sum(m <= epoch for m in milestone_epochs(config))
-
-
-def resolve_device(device: str = "auto"):
-    """``"auto"`` (CUDA when available, else CPU), ``"cpu"`` or ``"cuda"`` / ``"cuda:N"``."""
-    import torch
-
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if not (device == "cpu" or device.startswith("cuda")):
-        raise InputError(f"device must be auto, cpu or cuda[:N], got {device!r}")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise InputError("device cuda was asked for but torch sees no CUDA device")
-    return torch.device(device)
 
 
 #: autocast dtypes of the trunk (the head and the loss always run in float32)

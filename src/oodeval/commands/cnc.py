@@ -204,10 +204,11 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _evaluate(args: argparse.Namespace) -> int:
+    from .._device import resolve_device
     from .._io import check_output, write_json_atomic
     from ..cnc.evaluate import aggregate, check_finished, check_id_labels, comparable, evaluate_run, format_table
     from ..cnc.suites import suite
-    from ..cnc.train import extract_in_memory, load_checkpoint, resolve_device, resolve_precision
+    from ..cnc.train import extract_in_memory, load_checkpoint, resolve_precision
     from ..detectors import create
 
     if args.json:
