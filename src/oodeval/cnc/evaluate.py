@@ -3,7 +3,7 @@
 Seed spec (Hebbalaguppe et al. 2022, "Evaluation Metrics"): TNR@TPR95 (primary), AUROC and
 detection error per OOD set, "averaged over all OOD benchmark datasets", plus ID accuracy;
 CnC results are "averaged on 3 evaluation runs" (the paper says no more, and the release has no
-aggregation code). Metrics come from :func:`oodeval.metrics.evaluate` (ID positive, exact ties;
+aggregation code). Metrics come from :func:`oodeval.metrics.all_metrics` (ID positive, exact ties;
 detection error = min over thresholds of 0.5(1-TPR) + 0.5 FPR); the spread is
 :func:`oodeval.stats.mean_std` with ddof = 1 (the sample std over seeds, oodeval's choice; the
 tables state it). Only like runs are averaged: :func:`comparable` refuses runs whose config
@@ -24,7 +24,7 @@ import numpy as np
 
 from ..errors import InputError
 from ..features import FeatureSet
-from ..metrics import accuracy, evaluate
+from ..metrics import accuracy, all_metrics
 from ..stats import mean_std
 
 __all__ = [
@@ -119,7 +119,7 @@ def set_metrics(id_scores: np.ndarray, ood_scores: Mapping[str, np.ndarray]) -> 
         raise InputError("no OOD sets to evaluate")
     out = {}
     for name, scores in ood_scores.items():
-        m = evaluate(id_scores, scores)
+        m = all_metrics(id_scores, scores)
         out[name] = {k: m[k] for k in METRICS}
     out["mean"] = {k: float(np.mean([out[n][k] for n in ood_scores])) for k in METRICS}
     return out

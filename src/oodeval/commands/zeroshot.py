@@ -29,7 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from .._io import claim_folder, save_npy_atomic, write_json_atomic
     from ..features import FeatureSet
-    from ..metrics import evaluate
+    from ..metrics import all_metrics
     from ..zeroshot import REGISTRY, create_scorer, scorer_names
     from ..zeroshot.vocabulary import Vocabulary
     from .vocab import _print_stats, check_weights, encoder_for, id_names_for
@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
         det = create_scorer(name, tau=args.tau)
         neg = negatives if det.uses_negatives else None
         s_id, s_ood = det.score(id_fs, id_text, neg), det.score(ood_fs, id_text, neg)
-        table[name] = evaluate(s_id, s_ood)
+        table[name] = all_metrics(s_id, s_ood)
         print(f"{name:<10} {100 * table[name]['fpr95']:7.2f}% {100 * table[name]['auroc']:7.2f}%")
         if args.out:
             for part, scores in (("id", s_id), ("ood", s_ood)):

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..errors import InputError
 from ..features import FeatureSet
-from ..metrics import evaluate
+from ..metrics import all_metrics
 from .llm_vocab import siblings_vocabulary
 from .scorers import create_scorer
 
@@ -23,7 +23,7 @@ __all__ = ["sweep_prefix", "sweep_siblings"]
 
 
 def _point(scorer, id_image, ood_image, id_text, neg) -> dict:
-    res = evaluate(scorer.score(id_image, id_text, neg), scorer.score(ood_image, id_text, neg))
+    res = all_metrics(scorer.score(id_image, id_text, neg), scorer.score(ood_image, id_text, neg))
     return {"fpr95": res["fpr95"], "auroc": res["auroc"]}
 
 
