@@ -105,7 +105,7 @@ def test_rerun_computes_nothing_new(grid):
 
     def features(*args):
         calls.append(args)
-        return runner.extract_features(*args)
+        return runner.extract_experiment_features(*args)
 
     again = run_experiment(cfg, progress=False, features=features)
     assert again.computed == 0 and again.fits == 0 and again.skipped == again.total == summary.total

@@ -6,9 +6,9 @@ runner that appends to one Parquet results table, and the per-cell score files t
 """
 
 from .config import DatasetSpec, DetectorSpec, ExperimentConfig, ModelSpec, load_config
-from .runner import RunSummary, extract_features, run_experiment, scores_dir
+from .runner import RunSummary, extract_experiment_features, run_experiment, scores_dir
 
 __all__ = [
     "ExperimentConfig", "ModelSpec", "DetectorSpec", "DatasetSpec", "load_config",
-    "run_experiment", "RunSummary", "extract_features", "scores_dir",
+    "run_experiment", "RunSummary", "extract_experiment_features", "scores_dir",
 ]  # fmt: skip

@@ -117,7 +117,7 @@ def _extract_options(model: ModelSpec, weights: str | None, cfg: ExperimentConfi
             "device": cfg.device, "model_kwargs": model.model_kwargs or None, "progress": cfg.progress, "head": model.head}
 
 
-def extract_features(model: ModelSpec, weights: str | None, ds: DatasetSpec, role: str, cfg: ExperimentConfig) -> FeatureSet:
+def extract_experiment_features(model: ModelSpec, weights: str | None, ds: DatasetSpec, role: str, cfg: ExperimentConfig) -> FeatureSet:
     """The FeatureSet of ``ds`` under ``model``: a precomputed folder named in the model's
     ``features`` table (by role ``id_train`` / ``id_test`` or OOD label), else the store.
     NAC taps (``model.taps``) are extracted for the test and OOD sets here; on ID train only
@@ -432,11 +432,11 @@ def run_experiment(
 ) -> RunSummary:
     """Run (or resume) the grid of ``config`` and return a :class:`RunSummary`; ``.results`` is
     the Parquet table's path. ``features`` replaces the FeatureSet source (default:
-    :func:`extract_features`). ``executor``: "inprocess" (default), or "local" / "slurm" to fan
+    :func:`extract_experiment_features`). ``executor``: "inprocess" (default), or "local" / "slurm" to fan
     the work out as submitit jobs with ``executor_options`` passed to ``update_parameters``, or
     "ray" for Ray tasks (see :mod:`oodeval.experiment.executors`)."""
     cfg = replace(load_config(config), progress=progress)
-    features = features or extract_features
+    features = features or extract_experiment_features
     if executor not in EXECUTORS:
         raise InputError(f"executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
     check_output(cfg.results, "results table")  # refused before any work
