@@ -43,7 +43,7 @@ def main() -> None:
 
     import torch
 
-    from oodeval.cnc.evaluate import aggregate, evaluate_run, format_table
+    from oodeval.cnc.evaluate import aggregate, evaluate_run, format_cnc_table
     from oodeval.cnc.suites import suite
     from oodeval.cnc.train import CnCTrainConfig, extract_in_memory, load_checkpoint, train
     from oodeval.demo.data import DemoSizes, build_benchmark, read_set
@@ -84,7 +84,7 @@ def main() -> None:
     agg = {kind: aggregate(r) if len(r) > 1 else r[0] for kind, r in runs.items()}
     for kind in ("plain", "cnc"):
         print()
-        print(format_table(agg[kind], title=f"== {kind} {args.model}, {args.recipe}, {args.epochs} epochs, seeds {args.seeds}"))
+        print(format_cnc_table(agg[kind], title=f"== {kind} {args.model}, {args.recipe}, {args.epochs} epochs, seeds {args.seeds}"))
     print()
     print(summary(agg, args))
     print(f"\ntotal wall time {time.time() - t_start:.0f}s")

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy.special import softmax
 
-from oodeval.cnc.evaluate import aggregate, comparable, evaluate_run, format_table, id_view, set_metrics
+from oodeval.cnc.evaluate import aggregate, comparable, evaluate_run, format_cnc_table, id_view, set_metrics
 from oodeval.cnc.suites import SUITES, ood_sets, suite
 from oodeval.detectors import REGISTRY, create, names
 from oodeval.features import FeatureSet
@@ -97,7 +97,7 @@ def test_aggregate_mean_std_ddof1_and_table():
     leaf = agg["detectors"]["cnc"]["sets"]["o"]["auroc"]
     assert leaf["mean"] == pytest.approx(np.mean(vals)) and leaf["std"] == pytest.approx(np.std(vals, ddof=1))
     assert leaf["ddof"] == 1 and leaf["n"] == 3
-    text = format_table(agg)
+    text = format_cnc_table(agg)
     assert "TNR@TPR95" in text and "±" in text and "ddof=1" in text
     with pytest.raises(ValueError, match="ddof"):
         aggregate(runs[:1])

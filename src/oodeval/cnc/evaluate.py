@@ -13,7 +13,7 @@ unfinished run.
 On a CnC FeatureSet (``meta["outlier_class"] = K``) the ``cnc`` detector reads all K+1
 logits; every other detector sees the K-way classifier (:func:`id_view`: logits and head
 restricted to the first K classes), and ID accuracy is the argmax over the first K logits.
-Values are fractions; :func:`format_table` prints percentages.
+Values are fractions; :func:`format_cnc_table` prints percentages.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from ..metrics import accuracy, all_metrics
 from ..stats import mean_std
 
 __all__ = [
-    "METRICS", "id_view", "set_metrics", "evaluate_run", "aggregate", "format_table", "comparable", "check_id_labels",
+    "METRICS", "id_view", "set_metrics", "evaluate_run", "aggregate", "format_cnc_table", "comparable", "check_id_labels",
     "check_finished",
 ]  # fmt: skip
 
@@ -211,7 +211,7 @@ def _fmt(v) -> str:
     return f"{100 * v:.2f}"
 
 
-def format_table(result: dict, per_set: bool = True, title: str | None = None) -> str:
+def format_cnc_table(result: dict, per_set: bool = True, title: str | None = None) -> str:
     """A plain-text table in percent (pandas ``to_string``): one row per (detector, OOD set / group / mean).
 
     Accepts one :func:`evaluate_run` result or an :func:`aggregate` of several (mean ± std).

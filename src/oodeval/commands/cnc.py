@@ -206,7 +206,7 @@ def _train(args: argparse.Namespace) -> int:
 def _evaluate(args: argparse.Namespace) -> int:
     from .._device import resolve_device
     from .._io import check_output, write_json_atomic
-    from ..cnc.evaluate import aggregate, check_finished, check_id_labels, comparable, evaluate_run, format_table
+    from ..cnc.evaluate import aggregate, check_finished, check_id_labels, comparable, evaluate_run, format_cnc_table
     from ..cnc.suites import suite
     from ..cnc.train import extract_in_memory, load_checkpoint, resolve_precision
     from ..detectors import create
@@ -261,11 +261,11 @@ def _evaluate(args: argparse.Namespace) -> int:
         rows += [dict(row, weights=str(Path(path).resolve())) for row in run_rows]
         runs.append(r)
         if len(args.checkpoint) > 1:
-            print(format_table(r, per_set=not args.no_per_set, title=f"== {path}{mark}"))
+            print(format_cnc_table(r, per_set=not args.no_per_set, title=f"== {path}{mark}"))
     result = aggregate(runs) if len(runs) > 1 else runs[0]
     title = (f"== {args.suite or 'custom'}: {len(runs)} run(s), {cfg0.model}, {'CnC' if cfg0.cnc else 'plain'}, "
              f"trained on {_trained_on(cfg0)}, scored on {dev.type} {prec}{mark}")
-    print(format_table(result, per_set=not args.no_per_set, title=title))
+    print(format_cnc_table(result, per_set=not args.no_per_set, title=title))
     training = {"epochs_done": epochs[0], "finished": all(finished), "train_config": _config_key(cfg0)}
     if args.json:
         write_json_atomic(args.json, {
