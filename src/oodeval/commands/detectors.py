@@ -16,7 +16,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="one JSON list instead of the table")
 
 
-def describe(tags: list[str]) -> list[dict]:
+def listing(tags: list[str]) -> list[dict]:
     """One entry per detector carrying every tag in ``tags``: name, tags, hyperparameters (name ->
     default), the peers' names for it (alias -> whose), and whether the default selection picks it."""
     from ..detectors import REGISTRY
@@ -44,7 +44,7 @@ def _line(entry: dict) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    entries = describe(args.tag)
+    entries = listing(args.tag)
     if args.json:
         print(json.dumps(entries, indent=1, default=str))
     else:

@@ -142,7 +142,7 @@ def display_rows(rows: list[dict]) -> list[dict]:
 
 def _check(cfg, names_only: bool = False) -> int:
     from .. import detectors
-    from ..detectors.defaults import describe
+    from ..detectors.defaults import describe_defaults
     from ..experiment.check import check_experiment, eoe_prompt_notes
     from ..features.taps import nac_plan
 
@@ -161,7 +161,7 @@ def _check(cfg, names_only: bool = False) -> int:
             source = {"model": m.name}
             if m.taps and "nac" in listed:  # the layers extraction will tap, from the model's structure
                 source.update(nac_plan(m.name, m.model_kwargs) or {})
-            for line in describe(listed, source, explicit):
+            for line in describe_defaults(listed, source, explicit):
                 print(f"    {line.strip()}")
     print(f"  ID train {cfg.id_train.label if cfg.id_train else '-'}, ID test {cfg.id_test.label}; OOD: {', '.join(d.label for d in cfg.ood)}")
     print(f"  results -> {cfg.results}")
@@ -170,11 +170,11 @@ def _check(cfg, names_only: bool = False) -> int:
         print(f"  note: {note}")
     disk = None
     if not names_only:
-        from ..experiment.disk import describe, estimate_disk
+        from ..experiment.disk import describe_disk, estimate_disk
 
         disk = estimate_disk(cfg)
         for row in disk:
-            print(describe(row))
+            print(describe_disk(row))
     problems = check_experiment(cfg, names_only, disk) + prompt_problems
     if problems:
         raise InputError(f"{len(problems)} problem(s) before this experiment can run:\n" + "\n".join(f"  - {p}" for p in problems))

@@ -92,7 +92,7 @@ def print_rows(rows: list[dict], args: argparse.Namespace, train, hps: dict, fit
     import pandas as pd
 
     from .._io import write_csv_atomic
-    from ..detectors.defaults import describe
+    from ..detectors.defaults import describe_defaults
     from ..scoring import failures
 
     if not rows:
@@ -101,10 +101,10 @@ def print_rows(rows: list[dict], args: argparse.Namespace, train, hps: dict, fit
     if train.meta.get("random_init"):
         print(f"note: features of {train.meta.get('model')} with RANDOM-INIT weights (--pretrained none): a baseline", file=log)
     ran = list(dict.fromkeys(r["detector"] for r in rows))
-    print("\n".join(describe([n for n in ran if n not in fit_sets], train, hps)), file=log)
+    print("\n".join(describe_defaults([n for n in ran if n not in fit_sets], train, hps)), file=log)
     for name, fs in fit_sets.items():
         if name in ran:
-            print("\n".join(describe([name], fs, hps)[1:]), file=log)
+            print("\n".join(describe_defaults([name], fs, hps)[1:]), file=log)
     write_rows(rows, args.format, args.convention)
     if getattr(args, "out", None) is not None:
         write_csv_atomic(args.out, pd.DataFrame(rows).to_csv(index=False, lineterminator="\n"), "score table")

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from ..features import FeatureSet
 from .nac import NAC_DEFAULTS, NAC_N_FIT, NAC_VIT_BLOCKS, NAC_VIT_NORM
 
-__all__ = ["Default", "backbone_family", "backbone_defaults", "resolve_defaults", "describe", "FAMILIES", "VIT_LIKE",
+__all__ = ["Default", "backbone_family", "backbone_defaults", "resolve_defaults", "describe_defaults", "FAMILIES", "VIT_LIKE",
            "FAMILY_NOTES", "family_note"]
 
 #: timm module (``timm.models.<module>``) -> backbone family
@@ -197,7 +197,7 @@ def resolve_defaults(name: str, source: FeatureSet | Mapping | None, explicit: M
     return out
 
 
-def describe(names: list[str], source: FeatureSet | Mapping | None, explicit: Mapping[str, Mapping] | None = None) -> list[str]:
+def describe_defaults(names: list[str], source: FeatureSet | Mapping | None, explicit: Mapping[str, Mapping] | None = None) -> list[str]:
     """A line naming the backbone, then one line per backbone-dependent hyperparameter of
     ``names``: its value and source, or the user's value where it wins."""
     explicit = explicit or {}
