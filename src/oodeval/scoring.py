@@ -53,8 +53,8 @@ def check_request(names: list[str] | None, hyperparameters: Mapping[str, Mapping
     from . import detectors
 
     hyperparameters = dict(hyperparameters or {})
-    names = [_canonical(detectors.resolve(n)) for n in names or ()]
-    hyperparameters = {_canonical(detectors.resolve(n)): hp for n, hp in hyperparameters.items()}
+    names = [_canonical(detectors.registry_name(n)) for n in names or ()]
+    hyperparameters = {_canonical(detectors.registry_name(n)): hp for n, hp in hyperparameters.items()}
     unknown = sorted((set(names) | set(hyperparameters)) - set(detectors.names()))
     if unknown:
         raise InputError(f"unknown detectors {unknown}; known: {', '.join(detectors.names())}")

@@ -79,11 +79,11 @@ def run(args: argparse.Namespace) -> int:
 
 def parse_names(value: list[str] | None) -> list[str] | None:
     """``--detectors`` names (:class:`~oodeval.commands._options.NameList`) as oodeval's own (a peer's
-    alias resolved, a ``module:Class`` one registered: :func:`oodeval.detectors.resolve`); None:
+    alias resolved, a ``module:Class`` one registered: :func:`oodeval.detectors.registry_name`); None:
     every supported detector."""
-    from ..detectors import canonical, resolve
+    from ..detectors import canonical, registry_name
 
-    return [canonical(resolve(n)) for n in value] if value else None
+    return [canonical(registry_name(n)) for n in value] if value else None
 
 
 def print_rows(rows: list[dict], args: argparse.Namespace, train, hps: dict, fit_sets: dict, command: str) -> int:

@@ -268,10 +268,10 @@ def _detector(entry: Any, where: str, known: set[str], base: Path, zeroshot: boo
     if not zeroshot and name in _registry(False):
         name = _registry(False).canonical(name)  # a peer's name (ebo, EnergyBased) as oodeval's
     if not zeroshot and ":" in name and name not in known:
-        from ..detectors import resolve
+        from ..detectors import registry_name
 
         try:
-            name = resolve(name)
+            name = registry_name(name)
         except ValueError as exc:
             raise _fail(where, str(exc)) from None
         known = known | {name}
