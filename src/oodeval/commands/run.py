@@ -121,13 +121,15 @@ def summary_rows(cfg, results) -> list[dict]:
 def display_rows(rows: list[dict]) -> list[dict]:
     """``rows`` with ``detector`` made unique per (model, configuration, seed) for the text table:
     the model, the detector label, its hyperparameters where one model ran several, the seed where
-    there are several."""
+    there are several; ``zs:`` before a zero-shot scorer that a post-hoc detector shown shares a name with."""
     import pandas as pd
+
+    from ..report.views import mark_zero_shot
 
     if not rows:
         return rows
     df = pd.DataFrame(rows)
-    label = df["label"].fillna(df["detector"]).astype(str)
+    label = mark_zero_shot(df["label"].fillna(df["detector"]).astype(str), df["kind"])
     parts = [df["model"].astype(str) + " / "] if df["model"].nunique() > 1 else []
     parts.append(label)
     if (df.assign(_l=label).groupby(["model", "_l"])["hyperparameters"].nunique() > 1).any():

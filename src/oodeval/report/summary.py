@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from .views import Figure, View
+from .views import Figure, View, mark_zero_shot
 
 __all__ = ["run_summary"]
 
@@ -17,7 +17,7 @@ def run_summary(df: pd.DataFrame, views: list[View], figures: list[Figure], choi
     kinds = ok.groupby("model", sort=False)["kind"].first() if len(ok) else pd.Series(dtype=str)
     random = set(df.loc[df["random_init"].fillna(False).astype(bool), "model"])
     models = [f"{m} ({kinds.get(m, '?')}{', RANDOM-INIT weights' if m in random else ''})" for m in dict.fromkeys(df["model"])]
-    labels = ok["label"].fillna(ok["detector"]).astype(str) if len(ok) else pd.Series(dtype=str)
+    labels = mark_zero_shot(ok["label"].fillna(ok["detector"]).astype(str), ok["kind"]) if len(ok) else pd.Series(dtype=str)
     detectors = list(dict.fromkeys(labels))
     sets = list(dict.fromkeys(df["dataset"]))
     n_err = int((df["status"] != "ok").sum())

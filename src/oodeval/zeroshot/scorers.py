@@ -35,11 +35,14 @@ from ..features import FeatureSet
 from ..registry import Registry
 
 __all__ = [
-    "ZeroShotScorer", "REGISTRY", "register", "scorer_names", "create_scorer", "score_zeroshot", "similarity_logits",
+    "ZeroShotScorer", "REGISTRY", "ZS_PREFIX", "register", "scorer_names", "create_scorer", "score_zeroshot", "similarity_logits",
     "ZeroShotMCM", "ZeroShotMaxLogit", "ZeroShotEnergy", "ZeroShotGEN", "ZeroShotEntropy", "Margin", "GLMCM", "NegLabel", "EOE",
 ]  # fmt: skip
 
 REGISTRY = Registry("zero-shot scorer", "oodeval.zeroshot_scorers")
+#: how a zero-shot scorer is shown where a post-hoc detector of the same name is shown too (mcm,
+#: maxlogit, energy, gen: different methods under one registry name); stored names stay plain
+ZS_PREFIX = "zs:"
 
 
 def register(name: str, order: int | None = None, vocabulary: bool = False):
