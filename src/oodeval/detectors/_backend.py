@@ -21,6 +21,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -438,12 +439,18 @@ def _run_blocks(fn: Callable, arrays: tuple, starts: range, threads: int) -> lis
     return parts
 
 
+_BLAS: dict = {}
+
+
 def _blas():
-    """The BLAS libraries loaded now (threadpoolctl), numpy's among them: the one that runs the
-    blocks' products."""
+    """The BLAS libraries loaded (threadpoolctl), numpy's among them: the one that runs the blocks'
+    products. Looked up again only once a module was imported since the last look (a library
+    loads with a module; a look-up scans every loaded library, see docs/performance.md)."""
     from threadpoolctl import ThreadpoolController
 
-    return ThreadpoolController().select(user_api="blas")
+    if _BLAS.get("modules") != len(sys.modules):
+        _BLAS.update(controller=ThreadpoolController().select(user_api="blas"), modules=len(sys.modules))
+    return _BLAS["controller"]
 
 
 _HOLDS: dict = {"count": 0, "limiter": None, "threads": 1}

@@ -297,7 +297,7 @@ class GLMCM(ZeroShotScorer):
             if local is not None:
                 if negatives is not None:
                     raise InputError(f"GLMCM uses the ID names only; negatives were given ({len(negatives)})")
-                mcm = MCM(self.tau)
+                mcm = ZeroShotMCM(self.tau)
                 mcm.chunk_rows = self.chunk_rows
                 glob = mcm.score(FeatureSet(features=image.features), id_text, normalize=normalize)
                 return as_scores(glob + self.lam * local, len(image), type(self).__name__)
