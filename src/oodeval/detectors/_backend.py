@@ -522,5 +522,7 @@ def _torch():
 
 
 def compute_of(det) -> Compute:
-    """The Compute of a detector from its ``precision`` / ``device`` hyperparameters."""
-    return Compute(getattr(det, "precision", "float64"), getattr(det, "device", None))
+    """The Compute of a detector from its compute dtype (``compute_dtype``, or ``precision`` where a
+    detector still calls it so; float64 when it has neither) and ``device`` hyperparameters."""
+    dtype = getattr(det, "compute_dtype", getattr(det, "precision", "float64"))
+    return Compute(dtype, getattr(det, "device", None))
