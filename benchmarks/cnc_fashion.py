@@ -43,9 +43,9 @@ def main() -> None:
 
     import torch
 
-    from oodeval.cnc.evaluate import aggregate, evaluate_run, format_table
+    from oodeval.cnc.evaluate import aggregate, evaluate_run, format_cnc_table
     from oodeval.cnc.suites import suite
-    from oodeval.cnc.train import TrainConfig, extract, load_checkpoint, train
+    from oodeval.cnc.train import CnCTrainConfig, extract_in_memory, load_checkpoint, train
     from oodeval.demo.data import DemoSizes, build_benchmark, read_set
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
@@ -66,15 +66,15 @@ def main() -> None:
     for seed in args.seeds:
         for kind in ("plain", "cnc"):
             data_side = dict(augment="crop_flip", outlier_augment="release", outlier_pairing="shuffled")
-            cfg = TrainConfig(model=args.model, num_classes=k, in_chans=1, cnc=kind == "cnc", epochs=args.epochs,
+            cfg = CnCTrainConfig(model=args.model, num_classes=k, in_chans=1, cnc=kind == "cnc", epochs=args.epochs,
                               batch_size=args.batch_size, lr=args.lr, seed=seed,
                               **(data_side if args.recipe == "release" else {}))  # fmt: skip
             folder = args.work / f"{kind}-{args.model}-{args.recipe}-e{args.epochs}-s{seed}"
             t0 = time.time()
             prog = train(cfg, x_train, y_train, folder, progress=False)
             model, cfg, _ = load_checkpoint(folder)
-            fs_test = extract(model, x_test, cfg, y_test)
-            fs_ood = {n: extract(model, a, cfg) for n, a in ood.items()}
+            fs_test = extract_in_memory(model, x_test, cfg, y_test)
+            fs_ood = {n: extract_in_memory(model, a, cfg) for n, a in ood.items()}
             dets = ["cnc", "msp", "energy"] if kind == "cnc" else ["msp", "energy"]
             runs[kind].append(evaluate_run(fs_test, fs_ood, dets, groups=s.groups))
             last = prog["history"][-1]
@@ -84,7 +84,7 @@ def main() -> None:
     agg = {kind: aggregate(r) if len(r) > 1 else r[0] for kind, r in runs.items()}
     for kind in ("plain", "cnc"):
         print()
-        print(format_table(agg[kind], title=f"== {kind} {args.model}, {args.recipe}, {args.epochs} epochs, seeds {args.seeds}"))
+        print(format_cnc_table(agg[kind], title=f"== {kind} {args.model}, {args.recipe}, {args.epochs} epochs, seeds {args.seeds}"))
     print()
     print(summary(agg, args))
     print(f"\ntotal wall time {time.time() - t_start:.0f}s")

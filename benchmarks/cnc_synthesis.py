@@ -27,9 +27,10 @@ def main() -> None:
     import torch
     from skimage import data, transform
 
+    from oodeval._device import resolve_device
     from oodeval.cnc.corruptions import frost_source
     from oodeval.cnc.loader import step_loader
-    from oodeval.cnc.train import TrainConfig, _forward, build_model, resolve_device, resolve_precision
+    from oodeval.cnc.train import CnCTrainConfig, _forward, build_model, resolve_precision
 
     rng = np.random.default_rng(0)
     photos = [data.astronaut(), data.chelsea(), data.coffee(), data.rocket()]
@@ -40,7 +41,7 @@ def main() -> None:
         crops.append(transform.resize(p[top : top + 128, left : left + 128], (32, 32), anti_aliasing=True))
     images = np.rint(np.stack(crops) * 255).astype(np.uint8)
     labels = np.arange(len(images)) % 10
-    cfg = TrainConfig.recipe("cnc-cifar", num_classes=10, model=args.model)
+    cfg = CnCTrainConfig.recipe("cnc-cifar", num_classes=10, model=args.model)
     print(f"frost: {frost_source()}; {len(images)} images 32x32x3, batch {cfg.batch_size} ID + {cfg.batch_size} outliers")
     for w in args.workers:
         loader = step_loader(images, labels, cfg, epoch=0, workers=w)

@@ -14,7 +14,7 @@ import time
 import numpy as np
 from sklearn.metrics import roc_auc_score, roc_curve
 
-from oodeval.metrics import evaluate
+from oodeval.metrics import all_metrics
 from oodeval.stats import bootstrap, rank_stability, subsample
 
 p = argparse.ArgumentParser()
@@ -29,7 +29,7 @@ ood = rng.normal(0.0, 1.0, (K, N_OOD))
 big_ood = rng.normal(0.0, 1.0, (K, 5_879))
 
 t0 = time.perf_counter()
-full = [evaluate(ids[k], ood[k]) for k in range(K)]
+full = [all_metrics(ids[k], ood[k]) for k in range(K)]
 t_full = time.perf_counter() - t0
 
 t0 = time.perf_counter()

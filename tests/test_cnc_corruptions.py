@@ -216,9 +216,9 @@ def test_elastic_matches_the_release_strength_at_every_severity(size, photos):
     from scipy.ndimage import map_coordinates
 
     from oodeval.cnc.corruptions import elastic_displacement
-    from oodeval.cnc.train import TrainConfig
+    from oodeval.cnc.train import CnCTrainConfig
 
-    assert TrainConfig.recipe("cnc-cifar", num_classes=10).severity == "imagecorruptions"
+    assert CnCTrainConfig.recipe("cnc-cifar", num_classes=10).severity == "imagecorruptions"
     rms = []
     for sev in range(1, 6):
         ours, ref = [], []

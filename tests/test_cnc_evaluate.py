@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy.special import softmax
 
-from oodeval.cnc.evaluate import aggregate, comparable, evaluate_run, format_table, id_view, set_metrics
+from oodeval.cnc.evaluate import aggregate, comparable, evaluate_run, format_cnc_table, id_view, set_metrics
 from oodeval.cnc.suites import SUITES, ood_sets, suite
 from oodeval.detectors import REGISTRY, create, names
 from oodeval.features import FeatureSet
@@ -98,7 +98,7 @@ def test_aggregate_mean_std_ddof1_and_table():
     leaf = agg["detectors"]["cnc"]["sets"]["o"]["auroc"]
     assert leaf["mean"] == pytest.approx(np.mean(vals)) and leaf["std"] == pytest.approx(np.std(vals, ddof=1))
     assert leaf["ddof"] == 1 and leaf["n"] == 3
-    text = format_table(agg)
+    text = format_cnc_table(agg)
     assert "TNR@TPR95" in text and "±" in text and "ddof=1" in text
     with pytest.raises(ValueError, match="ddof"):
         aggregate(runs[:1])
@@ -266,12 +266,12 @@ def test_cli_evaluate_results_table_shows_in_report(tmp_path, capsys):
 def test_cli_evaluate_refuses_unfinished_checkpoints_unless_marked(tmp_path, capsys, monkeypatch):
     from oodeval.cli import main
     from oodeval.cnc.suites import Suite
-    from oodeval.cnc.train import TrainConfig, train
+    from oodeval.cnc.train import CnCTrainConfig, train
 
     rng, images, labels = _striped_set()
     np.savez(tmp_path / "train.npz", images=images, labels=labels)
     np.savez(tmp_path / "ood.npz", images=rng.integers(0, 256, size=(20, 12, 12), dtype=np.uint8))
-    cfg = TrainConfig(model="test_resnet", num_classes=3, in_chans=1, epochs=3, batch_size=16, corruptions=("contrast",))
+    cfg = CnCTrainConfig(model="test_resnet", num_classes=3, in_chans=1, epochs=3, batch_size=16, corruptions=("contrast",))
     train(cfg, images, labels, tmp_path / "part", progress=False, stop_after=1)  # 1 of 3 epochs
     capsys.readouterr()
     base = ["cnc", "evaluate", "--id-test", str(tmp_path / "train.npz"), "--ood", str(tmp_path / "ood.npz"), "--no-progress"]

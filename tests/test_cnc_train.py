@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from oodeval.cnc.train import (
-    TrainConfig, build_model, extract, id_predictions, load_checkpoint, lr_at, milestone_epochs, to_tensor, train,
+    CnCTrainConfig, build_model, extract_in_memory, id_predictions, load_checkpoint, lr_at, milestone_epochs, to_tensor, train,
 )  # fmt: skip
 
 
@@ -24,7 +24,7 @@ def _cfg(**kw):
     base = dict(model="test_resnet", num_classes=3, in_chans=1, epochs=3, batch_size=32, lr=0.05, seed=0,
                 corruptions=("contrast", "gaussian_noise", "pixelate"))  # fmt: skip
     base.update(kw)
-    return TrainConfig(**base)
+    return CnCTrainConfig(**base)
 
 
 def test_k_plus_one_head_and_plain_head():
@@ -38,7 +38,7 @@ def test_k_plus_one_head_and_plain_head():
     assert _cfg().outputs == 4 and _cfg(cnc=False).outputs == 3
     # any timm model: a ViT gets the same K+1 linear head
     vit = _cfg(model="test_vit", model_kwargs={"img_size": 16, "patch_size": 8})
-    fs = extract(build_model(vit), _toy(n=4)[0], vit)
+    fs = extract_in_memory(build_model(vit), _toy(n=4)[0], vit)
     assert fs.logits.shape == (4, 4) and fs.weight.shape[0] == 4
     np.testing.assert_allclose(fs.features @ fs.weight.T + fs.bias, fs.logits, rtol=1e-4, atol=1e-4)
 
@@ -58,7 +58,7 @@ def test_config_validation():
     with pytest.raises(ValueError, match="class_ids"):
         _cfg(class_ids=(0, 1))
     cfg = _cfg(class_ids=(2, 5, 7))
-    assert TrainConfig.from_json(json.loads(json.dumps(cfg.to_json()))) == cfg
+    assert CnCTrainConfig.from_json(json.loads(json.dumps(cfg.to_json()))) == cfg
 
 
 def test_training_loss_falls_and_checkpoint_loads(tmp_path):
@@ -77,7 +77,7 @@ def test_training_loss_falls_and_checkpoint_loads(tmp_path):
     # the stored config records what the data and the installation fixed
     assert cfg.image_size == (16, 16) and cfg.in_chans == 1 and cfg.num_classes == 3 and len(cfg.data_hash) == 32
     assert cfg == _cfg(epochs=4, image_size=(16, 16), data_hash=cfg.data_hash, frost=cfg.frost, device="cpu", precision="fp32")
-    fs = extract(model, images[:10], cfg, labels[:10])
+    fs = extract_in_memory(model, images[:10], cfg, labels[:10])
     assert fs.logits.shape == (10, 4) and fs.weight.shape == (4, fs.features.shape[1])
     assert fs.meta["outlier_class"] == 3 and fs.meta["num_id_classes"] == 3
     # the linear head reproduces the stored logits
@@ -166,7 +166,7 @@ def test_step_batches_do_not_depend_on_the_worker_count():
     from oodeval.cnc.loader import step_loader
 
     images, labels = _toy(n=24, size=12)
-    cfg = TrainConfig.recipe("cnc-cifar", model="test_resnet", num_classes=3, in_chans=1, batch_size=8,
+    cfg = CnCTrainConfig.recipe("cnc-cifar", model="test_resnet", num_classes=3, in_chans=1, batch_size=8,
                              mean=(0.5,), std=(0.5,), corruptions=("contrast", "gaussian_noise", "fog"))  # fmt: skip
     runs = []
     for workers in (0, 1, 2):
@@ -190,12 +190,12 @@ def torch_equal(a, b):
 def test_release_recipe_and_cifar_stem():
     import torch
 
-    cfg = TrainConfig.recipe("cnc-cifar", num_classes=10)
+    cfg = CnCTrainConfig.recipe("cnc-cifar", num_classes=10)
     assert (cfg.model, cfg.batch_size, cfg.epochs, cfg.weight_decay, cfg.lr) == ("resnet34", 64, 200, 5e-4, 0.1)
     assert milestone_epochs(cfg) == [100, 150] and len(cfg.corruptions) == 15 and "motion_blur" not in cfg.corruptions
     assert (cfg.augment, cfg.outlier_augment, cfg.outlier_pairing) == ("crop_flip", "release", "shuffled")
     with pytest.raises(ValueError, match="unknown recipe"):
-        TrainConfig.recipe("nope")
+        CnCTrainConfig.recipe("nope")
     # a CIFAR stem keeps 32 px at full resolution into the first stage (timm's stem would give 8 x 8)
     small = _cfg(in_chans=3, cifar_stem=True)
     m = build_model(small).eval()
@@ -216,7 +216,7 @@ def test_bad_training_data_is_rejected(tmp_path):
 
 def test_cli_recipe_with_overrides_and_device_choice(tmp_path):
     from oodeval.cli import main
-    from oodeval.cnc.train import resolve_device
+    from oodeval._device import resolve_device
 
     images, labels = _toy(n=32, size=12)
     np.savez(tmp_path / "train.npz", images=images, labels=labels)
@@ -361,7 +361,7 @@ def test_precision_choice_is_recorded_and_never_mixed(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match=r"precision \('fp32' in the checkpoint, 'bf16' now\)"):
         train(cfg, images, labels, tmp_path / "fp", progress=False, precision="bf16")
     assert train(cfg, images, labels, tmp_path / "fp", progress=False)["epochs_done"] == 2
-    fs = extract(build_model(bf_cfg), images[:4], bf_cfg, precision="bf16")
+    fs = extract_in_memory(build_model(bf_cfg), images[:4], bf_cfg, precision="bf16")
     assert (fs.meta["device"], fs.meta["precision"]) == ("cpu", "bf16")
 
 

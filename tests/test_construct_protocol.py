@@ -11,7 +11,7 @@ import pytest
 
 from oodeval.construct.candidates import Candidate
 from oodeval.construct.protocol import AuthError, ProtocolError, ProtocolStore, wordnet_senses
-from oodeval.construct.rules import Outcome, Verdict, agree, check_verdict, concept, differences, normalise_label, resolve
+from oodeval.construct.rules import Outcome, Verdict, agree, check_verdict, concept, differences, normalise_label, resolve_verdicts
 
 TAYRA = "n02451415"  # WordNet 3.0: tayra, taira, Eira barbara
 
@@ -53,26 +53,26 @@ STAGE12 = [
 
 @pytest.mark.parametrize("stage1, expected", [c[1:] for c in STAGE12], ids=[c[0] for c in STAGE12])
 def test_stage1_and_stage2(stage1, expected):
-    assert resolve(stage1) == expected
+    assert resolve_verdicts(stage1) == expected
 
 
 @pytest.mark.needs("wordnet")
 def test_labels_agree_on_the_chosen_wordnet_sense_only():
     senses = wordnet_senses()
     assert senses is not None  # wordnet-base is installed (the needs marker)
-    got = resolve([ood("a", "Tayra", True, TAYRA), ood("b", "Eira barbara", True, TAYRA)])
+    got = resolve_verdicts([ood("a", "Tayra", True, TAYRA), ood("b", "Eira barbara", True, TAYRA)])
     assert got == Outcome("final", "ood", 2, "Tayra", True, None, ("Tayra", "Eira barbara"), TAYRA)
     assert concept("Tayra", TAYRA) == concept("Eira_barbara", TAYRA) == ("sense", TAYRA)
-    assert resolve([ood("a", "Tayra", True, TAYRA), ood("b", "Eira barbara", False, TAYRA)]) == Outcome("stage3")
+    assert resolve_verdicts([ood("a", "Tayra", True, TAYRA), ood("b", "Eira barbara", False, TAYRA)]) == Outcome("stage3")
     # free labels (no sense chosen) match only the same label; a sense never matches a free label
-    assert resolve([ood("a", "tayra"), ood("b", "Eira barbara")]) == Outcome("stage3")
-    assert resolve([ood("a", "tayra", sense=TAYRA), ood("b", "tayra")]) == Outcome("stage3")
+    assert resolve_verdicts([ood("a", "tayra"), ood("b", "Eira barbara")]) == Outcome("stage3")
+    assert resolve_verdicts([ood("a", "tayra", sense=TAYRA), ood("b", "tayra")]) == Outcome("stage3")
     # the old all-senses synonym rule made these final agreements; each annotator's first noun sense differs
     for a, b in [("hotdog", "dog"), ("seal", "stamp"), ("pitcher", "hurler")]:
-        assert resolve([ood("a", a), ood("b", b)]) == Outcome("stage3"), (a, b)
+        assert resolve_verdicts([ood("a", a), ood("b", b)]) == Outcome("stage3"), (a, b)
     first = {w: _first_sense(w) for w in ("hotdog", "dog", "seal", "stamp")}
-    assert resolve([ood("a", "hotdog", sense=first["hotdog"]), ood("b", "dog", sense=first["dog"])]) == Outcome("stage3")
-    assert resolve([ood("a", "seal", sense=first["seal"]), ood("b", "stamp", sense=first["stamp"])]) == Outcome("stage3")
+    assert resolve_verdicts([ood("a", "hotdog", sense=first["hotdog"]), ood("b", "dog", sense=first["dog"])]) == Outcome("stage3")
+    assert resolve_verdicts([ood("a", "seal", sense=first["seal"]), ood("b", "stamp", sense=first["stamp"])]) == Outcome("stage3")
     seal_stamp = "n04159058"  # "a device incised to make an impression": both chose it, so they agree
     assert agree(ood("a", "seal", sense=seal_stamp), ood("b", "stamp", sense=seal_stamp))
     assert normalise_label(" Denison_barb ") == normalise_label("denison-barb") == "denison barb"
@@ -111,7 +111,7 @@ MAKERS = {"ood": lambda w: ood(w, "tayra", True), "id": lambda w: idv(w, 5), "am
 @pytest.mark.parametrize("combo", list(itertools.product(MAKERS, repeat=3)), ids="-".join)
 def test_stage3_every_combination(combo):
     stage3 = [MAKERS[v](w) for v, w in zip(combo, "abc")]
-    got = resolve(DISPUTE, stage3)
+    got = resolve_verdicts(DISPUTE, stage3)
     assert got.status == "final" and got.stage == 3
     if len(set(combo)) == 1:
         assert got.verdict == combo[0]
@@ -141,7 +141,7 @@ LABEL_FLAG = [
 @pytest.mark.parametrize("votes, expected", LABEL_FLAG, ids=[" / ".join(f"{v[0]}{'*' if v[1] else ''}" for v in c[0]) for c in LABEL_FLAG])
 def test_stage3_label_and_flag_consensus(votes, expected):
     stage3 = [ood(w, *vote) for w, vote in zip("abc", votes)]
-    got = resolve(DISPUTE, stage3)
+    got = resolve_verdicts(DISPUTE, stage3)
     if expected is None:
         assert got == Outcome("final", "ambiguous", 3)
     else:
@@ -157,11 +157,11 @@ def test_differences_name_every_field():
 
 
 def test_stage3_id_needs_the_same_class_and_waits_for_all_three():
-    assert resolve(DISPUTE, [idv("a", 5), idv("b", 5), idv("c", 6)]) == Outcome("final", "ambiguous", 3)
-    assert resolve(DISPUTE, [idv("a", 5), idv("b", 5)]) == Outcome("stage3")
-    assert resolve(DISPUTE, []) == Outcome("stage3")
+    assert resolve_verdicts(DISPUTE, [idv("a", 5), idv("b", 5), idv("c", 6)]) == Outcome("final", "ambiguous", 3)
+    assert resolve_verdicts(DISPUTE, [idv("a", 5), idv("b", 5)]) == Outcome("stage3")
+    assert resolve_verdicts(DISPUTE, []) == Outcome("stage3")
     with pytest.raises(ValueError, match="three annotators"):
-        resolve(DISPUTE, [amb("a")] * 4)
+        resolve_verdicts(DISPUTE, [amb("a")] * 4)
 
 
 # ---- the store ------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from PIL import Image
 from scipy.special import softmax
 
 from oodeval import cli, detectors
-from oodeval.detectors.defaults import backbone_family, describe, family_note, resolve_defaults
+from oodeval.detectors.defaults import backbone_family, describe_defaults, family_note, resolve_defaults
 from oodeval.detectors.nac import NAC_DEFAULTS, fit_rows, nac_grid
 from oodeval.experiment import run_experiment
 from oodeval.features import FeatureSet
@@ -62,7 +62,7 @@ def test_other_family_says_which_module_and_what_it_gets():
     note = family_note("regnety_040")
     assert "timm module regnet" in note and "p=90" in note
     assert "no ASH-S or NAC release setting" in family_note("convnext_tiny")
-    assert describe(["ash_s"], {"model": "regnety_040"})[0].startswith("backbone regnety_040: family other (timm module regnet")
+    assert describe_defaults(["ash_s"], {"model": "regnety_040"})[0].startswith("backbone regnety_040: family other (timm module regnet")
 
 
 @pytest.mark.parametrize(("model", "maxlogit", "percentile"), [
@@ -118,7 +118,7 @@ def test_check_plan_gives_the_vit_recipe_on_eva_and_dinov3(model, final, last, r
     assert plan["taps"] == taps and plan["depth"] == last + 1
     hp = resolve_defaults("nac", {"model": model, **plan})
     assert hp == {"n_fit": 50000, "layer_params": dict(zip(taps, [VIT_NORM, *VIT_BLOCKS]))}
-    lines = describe(["ash_s", "nac"], {"model": model, **plan})
+    lines = describe_defaults(["ash_s", "nac"], {"model": model, **plan})
     assert any(read in line for line in lines)
     assert f"ash_s.percentile = 95.0  [ASH release config/vit_config.yml" in "\n".join(lines)
 

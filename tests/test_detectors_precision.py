@@ -8,7 +8,7 @@ from oodeval import detectors
 from oodeval.detectors._backend import Compute
 from oodeval.detectors._synthetic import CONDITIONED, conditioned_problem, synthetic_problem
 from oodeval.errors import InputError
-from oodeval.metrics import evaluate
+from oodeval.metrics import all_metrics
 
 #: every detector with a compute_dtype hyperparameter: all but maxlogit (a max is exact), nac (its own
 #: per-layer states), cnc (one logit of a K+1 head) and the peers' methods that are float64 throughout
@@ -59,7 +59,7 @@ def test_float32_agrees_with_float64_on_real_conditioning(conditioned, name):
         got[dtype] = (det.score(test), det.score(ood))
     (a_id, a_ood), (b_id, b_ood) = got["float32"], got["float64"]
     assert spearmanr(np.concatenate([a_id, a_ood]), np.concatenate([b_id, b_ood])).statistic >= 0.9999
-    fast, ref = evaluate(a_id, a_ood), evaluate(b_id, b_ood)
+    fast, ref = all_metrics(a_id, a_ood), all_metrics(b_id, b_ood)
     assert abs(fast["fpr95"] - ref["fpr95"]) <= 0.001 + 1e-12
     assert abs(fast["auroc"] - ref["auroc"]) <= 0.001
 

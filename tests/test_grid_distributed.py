@@ -78,7 +78,7 @@ class _KillOnRead(np.ndarray):
 
 def killing_features(model, weights, ds, role, cfg):
     """The normal features; the 'far' OOD set's logits kill the job that scores them first."""
-    fs = runner.extract_features(model, weights, ds, role, cfg)
+    fs = runner.extract_experiment_features(model, weights, ds, role, cfg)
     if role == "far":
         fs.logits = fs.logits.view(_KillOnRead)
     return fs

@@ -10,7 +10,7 @@ from scipy.special import softmax
 from oodeval import cli, scoring
 from oodeval.experiment import run_experiment, runner
 from oodeval.features import FeatureSet
-from oodeval.metrics import evaluate
+from oodeval.metrics import all_metrics
 from oodeval.results import KEY, load_cell_scores, load_results
 
 C, D = 4, 8
@@ -82,7 +82,7 @@ def test_grid_cells_metrics_and_failures(grid):
     fine = np.asarray(far.extras["fine_grained"])
     for split, mask in [("all", slice(None)), ("fine_grained=True", fine), ("fine_grained=False", ~fine)]:
         row = ok[(ok["detector"] == "msp") & (ok["dataset"] == "far") & (ok["split"] == split) & (ok["seed"] == 0)].iloc[0]
-        ref = evaluate(id_msp, far_msp[mask])
+        ref = all_metrics(id_msp, far_msp[mask])
         for m, v in ref.items():
             assert row[m] == pytest.approx(v, abs=1e-12)
         assert row["n_ood"] == far_msp[mask].size and row["n_id"] == 90
@@ -105,7 +105,7 @@ def test_rerun_computes_nothing_new(grid):
 
     def features(*args):
         calls.append(args)
-        return runner.extract_features(*args)
+        return runner.extract_experiment_features(*args)
 
     again = run_experiment(cfg, progress=False, features=features)
     assert again.computed == 0 and again.fits == 0 and again.skipped == again.total == summary.total

@@ -102,10 +102,10 @@ def test_metrics_refuses_empty_npy_and_complex_scores(tmp_path: Path, capsys) ->
     cplx = tmp_path / "c.npy"
     np.save(cplx, np.linspace(0, 1, 20) + 1j)
     one_line_error(capsys, ["metrics", good, cplx], f"score file {cplx}")
-    from oodeval.metrics import evaluate
+    from oodeval.metrics import all_metrics
 
     with pytest.raises(ValueError, match="complex"):
-        evaluate(np.linspace(0, 1, 20), np.linspace(0, 1, 20) + 0.5j)
+        all_metrics(np.linspace(0, 1, 20), np.linspace(0, 1, 20) + 0.5j)
 
 
 # ------------------------------------------------------------------ FeatureSets and vocabularies

@@ -4,11 +4,11 @@ from sklearn.metrics import average_precision_score, roc_auc_score, roc_curve
 
 from oodeval.metrics import (
     accuracy,
+    all_metrics,
     aupr_in,
     aupr_out,
     auroc,
     detection_error,
-    evaluate,
     fpr_at_tpr,
     fpr_ood_positive,
     tnr_at_tpr,
@@ -34,7 +34,7 @@ def test_hand_computed_ties_and_constant_scores():
     assert auroc([1, 1], [1]) == 0.5
     assert fpr_at_tpr([1, 1], [1]) == 1.0
     assert detection_error([1, 1], [1]) == 0.5
-    const = evaluate(np.zeros(6), np.zeros(4))
+    const = all_metrics(np.zeros(6), np.zeros(4))
     assert const["auroc"] == 0.5 and const["fpr95"] == 1.0 and const["detection_error"] == 0.5
     assert const["aupr_in"] == pytest.approx(6 / 10) and const["aupr_out"] == pytest.approx(4 / 10)
     # id [1, 2, 2] vs ood [2]: wins = 0.5 + 0.5 + 0 over 3 pairs
@@ -55,7 +55,7 @@ def test_against_sklearn_with_ties(seed):
     y = np.r_[np.ones(n), np.zeros(m)]
     s = np.r_[ids, ood]
     fpr, tpr, _ = roc_curve(y, s, drop_intermediate=False)
-    got = evaluate(ids, ood)
+    got = all_metrics(ids, ood)
     assert got["auroc"] == pytest.approx(roc_auc_score(y, s), abs=1e-12)
     assert got["fpr95"] == pytest.approx(fpr[np.argmax(tpr >= 0.95)], abs=1e-12)
     assert got["tnr95"] == pytest.approx(1 - got["fpr95"], abs=1e-12)
@@ -96,7 +96,7 @@ def test_openood_fpr_has_its_own_name():
 )
 def test_bad_input_is_named(bad, pattern):
     with pytest.raises(ValueError, match="id_scores.*" + pattern):
-        evaluate(bad, [0.0])
+        all_metrics(bad, [0.0])
     with pytest.raises(ValueError, match="ood_scores"):
         auroc([0.0], bad)
 

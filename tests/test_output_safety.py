@@ -285,11 +285,11 @@ def test_python_save_functions(sets: Path, foreign, tmp_path: Path) -> None:
 def test_cnc_checkpoints_replace_only_their_own(foreign, tmp_path: Path) -> None:
     import torch
 
-    from oodeval.cnc.train import TrainConfig, save_checkpoint
+    from oodeval.cnc.train import CnCTrainConfig, save_checkpoint
 
     model = torch.nn.Linear(2, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    save = lambda p: save_checkpoint(p, model, opt, TrainConfig(), {"epochs_done": 1, "history": []})  # noqa: E731
+    save = lambda p: save_checkpoint(p, model, opt, CnCTrainConfig(), {"epochs_done": 1, "history": []})  # noqa: E731
     refused_by_call(save, foreign)
     save(tmp_path / "ckpt")
     save(tmp_path / "ckpt")

@@ -66,14 +66,14 @@ def test_construction_set_params_and_clone_refuse_out_of_range_values():
 
 def test_zero_shot_scorers_refuse_out_of_range_values_when_built():
     with pytest.raises(InputError, match=r"zero-shot scorer 'mcm': tau=0 must be a number > 0"):
-        scorers.create("mcm", tau=0)
+        scorers.create_scorer("mcm", tau=0)
     with pytest.raises(InputError, match=r"zero-shot scorer 'margin': space='log' must be one of 'logit', 'prob'"):
         scorers.Margin(space="log")
     with pytest.raises(InputError, match=r"n_groups=0 must be an integer >= 1"):
-        scorers.create("neglabel").set_params(n_groups=0)
+        scorers.create_scorer("neglabel").set_params(n_groups=0)
 
 
-@pytest.mark.parametrize("name", scorers.names())
+@pytest.mark.parametrize("name", scorers.scorer_names())
 def test_every_zero_shot_scorer_declares_every_hyperparameter_and_refuses_outside_values(name):
     cls = scorers.REGISTRY[name]
     params = cls().get_params()

@@ -35,10 +35,10 @@ def test_names_come_from_tags_and_order():
     assert detectors.names("paper21", "hybrid") == ["vim", "nnguide"]
     assert len(detectors.names("paper21", "feature")) == 10 and len(detectors.names("paper21", "activation")) == 4
     assert detectors.names("cnc") == ["cnc"] and detectors.REGISTRY["cnc"].tags == {"logit", "cnc"}
-    assert zeroshot.names("logit") == ["mcm", "maxlogit", "energy", "gen", "entropy", "margin", "gl_mcm"]
-    assert zeroshot.names("needs-vocabulary") == ["neglabel", "eoe"]
-    assert zeroshot.names("zeroshot") == zeroshot.names()
-    for name in zeroshot.names():
+    assert zeroshot.scorer_names("logit") == ["mcm", "maxlogit", "energy", "gen", "entropy", "margin", "gl_mcm"]
+    assert zeroshot.scorer_names("needs-vocabulary") == ["neglabel", "eoe"]
+    assert zeroshot.scorer_names("zeroshot") == zeroshot.scorer_names()
+    for name in zeroshot.scorer_names():
         assert zeroshot.REGISTRY[name].uses_negatives == ("needs-vocabulary" in zeroshot.REGISTRY[name].tags)
     with pytest.raises(ValueError, match="unknown detector tag.*paper22.*tags: activation"):
         detectors.names("paper22")
@@ -50,7 +50,7 @@ def test_create_names_the_valid_names():
     with pytest.raises(ValueError, match=r"detector 'energy' has no hyperparameter\(s\) t; it takes: compute_dtype, device, temperature"):
         detectors.create("energy", t=2.0)
     with pytest.raises(ValueError, match=r"zero-shot scorer 'gen' has no hyperparameter\(s\) m; it takes: gamma, tau, top_m"):
-        zeroshot.create("gen", m=5)
+        zeroshot.create_scorer("gen", m=5)
     reg = Registry("widget", "oodeval.test-widgets")
 
     @reg.register("b", tags=("x",))
@@ -71,7 +71,7 @@ def test_one_hyperparameter_vocabulary_across_families():
     shared = {"energy": "temperature", "gen": "top_m", "mcm": "tau"}
     for name, param in shared.items():
         assert param in detectors.create(name).get_params(), name
-        assert param in zeroshot.create(name).get_params(), name
+        assert param in zeroshot.create_scorer(name).get_params(), name
     assert detectors.create("gen").get_params() == {"gamma": 0.1, "top_m": 100, "compute_dtype": "float32", "device": None}
 
 
@@ -150,7 +150,7 @@ def test_the_documented_zeroshot_scorer_registers(monkeypatch):
     for attr in ("_classes", "_tags", "_order"):
         monkeypatch.setattr(reg, attr, dict(getattr(reg, attr)))
     exec(compile(_doc_block("## A zero-shot scorer"), "extending.md", "exec"), {})
-    assert zeroshot.names("logit")[-1] == "lse_margin" and not reg["lse_margin"].uses_negatives
+    assert zeroshot.scorer_names("logit")[-1] == "lse_margin" and not reg["lse_margin"].uses_negatives
     rng = np.random.default_rng(0)
     image, text = (a / np.linalg.norm(a, axis=1, keepdims=True) for a in (rng.normal(size=(5, 8)), rng.normal(size=(3, 8))))
     logits = image @ text.T / 0.01

@@ -75,7 +75,7 @@ def test_preset_names_the_papers_grid_and_resolves_offline(capsys, monkeypatch):
     assert {m.label for m in sup} == set(load_reference("tabA7")["model"])
     assert {m.label for m in vlm} == set(load_reference("tab2")["model"]) - {"Mean"}
     assert [d.name for d in cfg.detectors] == detectors.names("paper21")  # the 21, in the paper's order
-    assert {d.name for d in cfg.zeroshot if d.vocabulary is None} == set(zeroshot.names("logit"))
+    assert {d.name for d in cfg.zeroshot if d.vocabulary is None} == set(zeroshot.scorer_names("logit"))
     assert len([d for d in cfg.zeroshot if d.vocabulary is None]) == 7
     # Tab. 2 / A4: 30 EOE generations per prompt, 10 GPT generations; the unions; Fig. A1, A2, A3 sweeps
     from collections import Counter

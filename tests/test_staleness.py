@@ -19,7 +19,7 @@ from oodeval.detectors._synthetic import synthetic_problem
 from oodeval.experiment import run_experiment
 from oodeval.features import FeatureSet
 from oodeval.features.extract import extract
-from oodeval.metrics import evaluate
+from oodeval.metrics import all_metrics
 from oodeval.results import load_results
 
 
@@ -116,6 +116,6 @@ def test_the_ood_numbers_are_those_of_the_current_folder(sets: Path) -> None:
     out = sets / "t.parquet"
     assert main(_score(sets, out)) == 0
     msp = lambda fs: softmax(np.asarray(fs.logits, np.float64), axis=1).max(axis=1)  # noqa: E731
-    ref = evaluate(msp(test), msp(ood))
+    ref = all_metrics(msp(test), msp(ood))
     row = load_results(out).set_index("dataset").loc["o"]
     assert row["auroc"] == pytest.approx(ref["auroc"], abs=1e-12) and isinstance(load_results(out), pd.DataFrame)

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 from scipy.stats import spearmanr
 
-from oodeval.metrics import auroc, detection_error, evaluate, fpr_at_tpr
+from oodeval.metrics import all_metrics, auroc, detection_error, fpr_at_tpr
 from oodeval.stats import (
     _collapsed_bins,
     bootstrap,
@@ -71,7 +71,7 @@ def test_bootstrap_fixed_id_matches_plain_loop():
     for b in range(20):
         idx = boot["ood_index"][b]
         for k in range(4):
-            ref = evaluate(x[k], y[k, idx])
+            ref = all_metrics(x[k], y[k, idx])
             for name in ("fpr95", "tnr95", "auroc", "detection_error"):
                 assert boot[name][k, b] == pytest.approx(ref[name], abs=1e-12), name
 
@@ -80,7 +80,7 @@ def test_collapsed_bins_keep_the_metrics_exact():
     x, y = _scores(3, k=1, rounding=2)
     I, O = _collapsed_bins(x[0], y[0])
     assert I.size < x.size + y.size
-    ref = evaluate(x[0], y[0])
+    ref = all_metrics(x[0], y[0])
     assert _fpr_from_counts(I, O, 0.95) == pytest.approx(ref["fpr95"], abs=1e-12)
     assert _auroc_from_counts(I, O) == pytest.approx(ref["auroc"], abs=1e-12)
     assert _detection_error_from_counts(I, O) == pytest.approx(ref["detection_error"], abs=1e-12)

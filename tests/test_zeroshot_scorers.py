@@ -5,7 +5,7 @@ import pytest
 from sklearn.base import clone
 
 from oodeval.features import FeatureSet
-from oodeval.zeroshot import create, names, score_zeroshot
+from oodeval.zeroshot import create_scorer, score_zeroshot, scorer_names
 
 
 def unit(rng, *shape):
@@ -25,12 +25,12 @@ def naive_p(img, text, tau=0.01):
 
 
 def test_names_and_registry():
-    assert names() == ["mcm", "maxlogit", "energy", "gen", "entropy", "margin", "gl_mcm", "neglabel", "eoe"]
-    det = create("neglabel", n_groups=3)
+    assert scorer_names() == ["mcm", "maxlogit", "energy", "gen", "entropy", "margin", "gl_mcm", "neglabel", "eoe"]
+    det = create_scorer("neglabel", n_groups=3)
     assert det.get_params() == {"tau": 0.01, "n_groups": 3, "seed": 0}
     assert clone(det).get_params() == det.get_params()
     with pytest.raises(KeyError, match="unknown zero-shot scorer"):
-        create("nope")
+        create_scorer("nope")
 
 
 def test_logit_space_scorers_match_plain_formulas(emb):
@@ -59,7 +59,7 @@ def test_logit_space_scorers_match_plain_formulas(emb):
     # top_m larger than C uses all C classes
     full = gen_ref(p, 7, 0.5)
     np.testing.assert_allclose(score_zeroshot("gen", img, t, gamma=0.5), full, rtol=1e-10)
-    for name in names():
+    for name in scorer_names():
         if name != "gl_mcm":
             out = score_zeroshot(name, img, t)
             assert out.dtype == np.float64 and out.shape == (40,)
@@ -147,7 +147,7 @@ def test_bad_inputs_are_named(emb):
 def test_scoring_in_image_chunks_gives_the_same_scores(emb):
     fs = FeatureSet(features=emb["img"].astype(np.float32), extras={"patch_features": emb["patch"].astype(np.float32)})
     for name in ("neglabel", "gl_mcm", "eoe"):
-        det = create(name)
+        det = create_scorer(name)
         neg = emb["neg"] if det.uses_negatives else None
         whole = det.score(fs, emb["id"], neg)
         det.chunk_rows = 7  # 40 rows in 6 chunks
@@ -179,11 +179,11 @@ def test_scoring_streams_a_memory_mapped_store_in_chunks(tmp_path, monkeypatch):
     unit = lambda x: x / np.linalg.norm(x, axis=-1, keepdims=True)
     expect = score_zeroshot("gl_mcm", FeatureSet(features=unit(feats.astype(np.float64)),
                                                  extras={"patch_features": unit(patches.astype(np.float64))}), context["id_text"])
-    create("gl_mcm").score(FeatureSet(features=unit(feats[:2].astype(np.float64)), extras={"patch_features": unit(patches[:2].astype(np.float64))}),
+    create_scorer("gl_mcm").score(FeatureSet(features=unit(feats[:2].astype(np.float64)), extras={"patch_features": unit(patches[:2].astype(np.float64))}),
                            context["id_text"])  # warm-up: lazy imports do not count
     monkeypatch.setattr(common, "CHUNK_ELEMENTS", 20_000)  # ~45 of the 3000 rows per chunk (width 17 x 26)
     tracemalloc.start()
-    got = create("gl_mcm").score(fs, context["id_text"], normalize=True)  # what the grid's zeroshot_scores calls
+    got = create_scorer("gl_mcm").score(fs, context["id_text"], normalize=True)  # what the grid's zeroshot_scores calls
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     np.testing.assert_allclose(got, expect, rtol=1e-12)

@@ -175,7 +175,7 @@ def test_aimv2_loads_from_saved_weights_and_value_path_equals_hand_written(aimv2
 def test_aimv2_extraction_text_side_and_every_scorer(aimv2_dir: Path, tmp_path: Path) -> None:
     from transformers import AutoTokenizer, Aimv2Model
 
-    from oodeval.zeroshot import names, score_zeroshot
+    from oodeval.zeroshot import score_zeroshot, scorer_names
     from oodeval.zeroshot.text import encode_labels
 
     rng = np.random.default_rng(4)
@@ -195,7 +195,7 @@ def test_aimv2_extraction_text_side_and_every_scorer(aimv2_dir: Path, tmp_path: 
     np.testing.assert_allclose(text, ref, rtol=0, atol=TOL)
 
     negatives = encode_labels(model, ["the large cat", "many dog"], pretrained="local", templates=("a photo of a {}.",), progress=False)
-    for name in names():
+    for name in scorer_names():
         neg = negatives if name in ("neglabel", "eoe") else None
         scores = score_zeroshot(name, fs, text.astype(np.float64), neg)
         assert scores.shape == (4,) and np.isfinite(scores).all()

@@ -194,7 +194,7 @@ def test_eoe_prompts_turns_and_filter(endpoint, tmp_path):
 
 
 def test_sweeps_match_direct_evaluation():
-    from oodeval.metrics import evaluate
+    from oodeval.metrics import all_metrics
     from oodeval.zeroshot import score_zeroshot
     from oodeval.zeroshot.sweeps import sweep_prefix, sweep_siblings
 
@@ -207,7 +207,7 @@ def test_sweeps_match_direct_evaluation():
     id_img, ood_img, id_text, neg = unit(60, 8), unit(40, 8), unit(5, 8), unit(30, 8)
     curve = sweep_prefix(id_img, ood_img, id_text, neg, [0, 10, 30], n_groups=2)
     assert curve["x"] == [0, 10, 30] and curve["fpr95"][0] == 1.0
-    direct = evaluate(score_zeroshot("neglabel", id_img, id_text, neg[:10], n_groups=2),
+    direct = all_metrics(score_zeroshot("neglabel", id_img, id_text, neg[:10], n_groups=2),
                       score_zeroshot("neglabel", ood_img, id_text, neg[:10], n_groups=2))
     assert curve["fpr95"][1] == direct["fpr95"] and curve["auroc"][1] == direct["auroc"]
     table = {f"s{i}": neg[i] for i in range(30)}

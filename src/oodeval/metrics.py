@@ -28,7 +28,7 @@ __all__ = [
     "aupr_out",
     "detection_error",
     "accuracy",
-    "evaluate",
+    "all_metrics",
     "METRIC_NAMES",
     "FPR95_CONVENTIONS",
     "fpr95_columns",
@@ -190,7 +190,7 @@ def detection_error(id_scores: object, ood_scores: object) -> float:
     return float(_detection_error_from_counts(I, O))
 
 
-def evaluate(id_scores: object, ood_scores: object, tpr: float = 0.95) -> dict[str, float]:
+def all_metrics(id_scores: object, ood_scores: object, tpr: float = 0.95) -> dict[str, float]:
     """All metrics in one pass (fractions): fpr95 (ID positive, the papers'), fpr95_ood_positive
     (OOD positive, OpenOOD / pytorch-ood), tnr95, auroc, aupr_in, aupr_out, detection_error."""
     I, O = grouped_counts(id_scores, ood_scores)

@@ -91,9 +91,9 @@ class Scorer:
     def score(self, fs: FeatureSet) -> np.ndarray:
         if self.kind == "supervised":
             return self.detector.score(fs)
-        from .zeroshot.scorers import create
+        from .zeroshot.scorers import create_scorer
 
-        scorer = create(self.name, **self.hyperparameters)
+        scorer = create_scorer(self.name, **self.hyperparameters)
         fs.check_finite(list(scorer.needs), self.name)
         negatives = self.context["vocab"](self.vocabulary) if scorer.uses_negatives else None
         if scorer.uses_negatives and negatives is None:
@@ -147,7 +147,7 @@ def build_scorer(
     if kind != "supervised":
         return Scorer(name, kind, dict(hyperparameters or {}), None, family, context=dict(context or {}), vocabulary=vocabulary)
     hp = seeded(name, hyperparameters, seed)
-    cls = detectors.REGISTRY[detectors.resolve(name)]
+    cls = detectors.REGISTRY[detectors.registry_name(name)]
     if device is not None and "device" not in hp and "device" in inspect.signature(cls).parameters:
         hp["device"] = device
     det = _create(name, cls, source, hp)

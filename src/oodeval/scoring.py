@@ -59,8 +59,8 @@ def check_request(names: list[str] | None, hyperparameters: Mapping[str, Mapping
     from .params import check_hyperparameters, refuse
 
     hyperparameters = dict(hyperparameters or {})
-    names = [_canonical(detectors.resolve(n)) for n in names or ()]
-    hyperparameters = {_canonical(detectors.resolve(n)): hp for n, hp in hyperparameters.items()}
+    names = [_canonical(detectors.registry_name(n)) for n in names or ()]
+    hyperparameters = {_canonical(detectors.registry_name(n)): hp for n, hp in hyperparameters.items()}
     unknown = sorted((set(names) | set(hyperparameters)) - set(detectors.names()))
     if unknown:
         raise InputError(f"unknown detectors {unknown}; known: {', '.join(detectors.names())}")
@@ -250,12 +250,12 @@ def cell_metrics(id_scores, ood_scores, seed: int = 0, draws: int = 1000, fixed_
     protocol, or both sets resampled when ``fixed_id`` is False); ``draws=0``: the metrics alone."""
     import numpy as np
 
-    from .metrics import evaluate
+    from .metrics import all_metrics
     from .results import BOOTSTRAPPED
     from .stats import bootstrap, confidence_interval
 
     id_scores, ood_scores = np.asarray(id_scores), np.asarray(ood_scores)
-    out: dict = {k: float(v) for k, v in evaluate(id_scores, ood_scores).items()}
+    out: dict = {k: float(v) for k, v in all_metrics(id_scores, ood_scores).items()}
     out["n_id"], out["n_ood"] = int(id_scores.size), int(ood_scores.size)
     if draws == 0:
         return out

@@ -3,7 +3,7 @@
 Seed spec (Hebbalaguppe et al. 2022, "Evaluation Metrics"): TNR@TPR95 (primary), AUROC and
 detection error per OOD set, "averaged over all OOD benchmark datasets", plus ID accuracy;
 CnC results are "averaged on 3 evaluation runs" (the paper says no more, and the release has no
-aggregation code). Metrics come from :func:`oodeval.metrics.evaluate` (ID positive, exact ties;
+aggregation code). Metrics come from :func:`oodeval.metrics.all_metrics` (ID positive, exact ties;
 detection error = min over thresholds of 0.5(1-TPR) + 0.5 FPR); the spread is
 :func:`oodeval.stats.mean_std` with ddof = 1 (the sample std over seeds, oodeval's choice; the
 tables state it). Only like runs are averaged: :func:`comparable` refuses runs whose config
@@ -16,7 +16,7 @@ grid: its backbone defaults and its view come from its class. On a CnC FeatureSe
 detector) sees all K+1 logits; every other one sees the K-way classifier (:func:`id_view`, from
 :mod:`oodeval.features.views`: logits and head restricted to the first K classes), and ID accuracy
 is the argmax over the first K logits.
-Values are fractions; :func:`format_table` prints percentages.
+Values are fractions; :func:`format_cnc_table` prints percentages.
 """
 
 from __future__ import annotations
@@ -29,11 +29,11 @@ from ..errors import InputError
 from ..features import FeatureSet
 from ..features.views import id_view
 from ..features.views import num_id_classes as _num_id_classes
-from ..metrics import accuracy, evaluate
+from ..metrics import accuracy, all_metrics
 from ..stats import mean_std
 
 __all__ = [
-    "METRICS", "id_view", "outlier_class_readers", "set_metrics", "evaluate_run", "aggregate", "format_table", "comparable", "check_id_labels",
+    "METRICS", "id_view", "outlier_class_readers", "set_metrics", "evaluate_run", "aggregate", "format_cnc_table", "comparable", "check_id_labels",
     "check_finished",
 ]  # fmt: skip
 
@@ -47,7 +47,7 @@ _RUN_FIELDS = ("seed",)
 
 
 def comparable(configs: Sequence, names: Sequence[str] | None = None, epochs_done: Sequence[int] | None = None):
-    """The first of several :class:`~oodeval.cnc.train.TrainConfig` when all runs share one
+    """The first of several :class:`~oodeval.cnc.train.CnCTrainConfig` when all runs share one
     configuration and training data (everything but the seed: the data hash, device and
     precision included) and, when ``epochs_done`` is given, reached the same epoch; otherwise
     ValueError naming the runs and what differs."""
@@ -106,7 +106,7 @@ def set_metrics(id_scores: np.ndarray, ood_scores: Mapping[str, np.ndarray]) -> 
         raise InputError("no OOD sets to evaluate")
     out = {}
     for name, scores in ood_scores.items():
-        m = evaluate(id_scores, scores)
+        m = all_metrics(id_scores, scores)
         out[name] = {k: m[k] for k in METRICS}
     out["mean"] = {k: float(np.mean([out[n][k] for n in ood_scores])) for k in METRICS}
     return out
@@ -202,7 +202,7 @@ def _fmt(v) -> str:
     return f"{100 * v:.2f}"
 
 
-def format_table(result: dict, per_set: bool = True, title: str | None = None) -> str:
+def format_cnc_table(result: dict, per_set: bool = True, title: str | None = None) -> str:
     """A plain-text table in percent (pandas ``to_string``): one row per (detector, OOD set / group / mean).
 
     Accepts one :func:`evaluate_run` result or an :func:`aggregate` of several (mean ± std).

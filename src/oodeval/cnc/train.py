@@ -11,7 +11,7 @@ K logits; the OOD score is p(K+1) (see the ``cnc`` detector). ``cnc=False`` trai
 K-way baseline with the same loop, data order and schedule.
 
 Defaults: SGD, lr 0.1, momentum 0.9, weight decay 5e-4, lr x 0.1 at 50% and 75% of the epochs.
-``TrainConfig.recipe("cnc-cifar")`` is the CnC release's CIFAR recipe (``cnc-ood/cnc_ood``
+``CnCTrainConfig.recipe("cnc-cifar")`` is the CnC release's CIFAR recipe (``cnc-ood/cnc_ood``
 ``scripts/cifar10.sh``, ``utils/argparser.py``, ``datasets/cifar10.py``): ResNet-34 with a CIFAR
 stem (timm ``resnet34`` with a 3x3 stride-1 first convolution and no max-pool, the release's
 ``models/resnet.py`` layout), 200 epochs, 64 ID + 64 outliers per step, lr 0.1 x 0.1 at epochs
@@ -46,15 +46,16 @@ from pathlib import Path
 
 import numpy as np
 
+from .._device import resolve_device
 from .._io import atomic_path, claim_folder, hash_arrays, write_json_atomic
 from ..errors import InputError
 from .corruptions import CORRUPTIONS, DEFAULT_POOL, PRESETS, RELEASE_POOL, frost_source
 from .tensors import to_tensor
 
 __all__ = [
-    "TrainConfig", "RECIPES", "to_tensor", "build_model", "id_predictions", "lr_at", "milestone_epochs",
-    "resolve_device", "resolve_precision", "PRECISIONS", "train", "save_checkpoint", "load_checkpoint", "load_tensors",
-    "is_finished", "extract", "CHECKPOINT_FORMAT",
+    "CnCTrainConfig", "RECIPES", "to_tensor", "build_model", "id_predictions", "lr_at", "milestone_epochs",
+    "resolve_precision", "PRECISIONS", "train", "save_checkpoint", "load_checkpoint", "load_tensors",
+    "is_finished", "extract_in_memory", "CHECKPOINT_FORMAT",
 ]  # fmt: skip
 
 CHECKPOINT_FORMAT = "oodeval.cnc.checkpoint/2"
@@ -73,7 +74,7 @@ CHECKPOINT_KIND = "CnC checkpoint"
 
 
 @dataclass
-class TrainConfig:
+class CnCTrainConfig:
     """Everything that defines a run (stored as ``config.json``).
 
     ``image_size`` (H, W), ``data_hash``, ``frost``, ``device`` and ``precision`` are filled in by
@@ -154,10 +155,10 @@ class TrainConfig:
             if getattr(self, name) not in allowed:
                 problems.append(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
         if problems:
-            raise InputError("invalid TrainConfig: " + "; ".join(problems))
+            raise InputError("invalid CnCTrainConfig: " + "; ".join(problems))
 
     @classmethod
-    def recipe(cls, name: str, **overrides) -> TrainConfig:
+    def recipe(cls, name: str, **overrides) -> CnCTrainConfig:
         """The named recipe of :data:`RECIPES` with ``overrides`` (e.g. num_classes, in_chans, seed)."""
         if name not in RECIPES:
             raise InputError(f"unknown recipe {name!r}; known: {', '.join(RECIPES)}")
@@ -175,7 +176,7 @@ class TrainConfig:
         return d
 
     @classmethod
-    def from_json(cls, d: dict) -> TrainConfig:
+    def from_json(cls, d: dict) -> CnCTrainConfig:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
@@ -199,7 +200,7 @@ def _cifar_stem(model, name: str) -> None:
     model.maxpool = nn.Identity()
 
 
-def build_model(config: TrainConfig):
+def build_model(config: CnCTrainConfig):
     """``timm.create_model(config.model, num_classes=K+1 (CnC) or K, in_chans, pretrained=False)``,
     with a CIFAR stem when ``config.cifar_stem``."""
     import timm
@@ -220,28 +221,15 @@ def id_predictions(logits: np.ndarray, num_classes: int) -> np.ndarray:
     return logits[:, :num_classes].argmax(axis=1)
 
 
-def milestone_epochs(config: TrainConfig) -> list[int]:
+def milestone_epochs(config: CnCTrainConfig) -> list[int]:
     """Epoch indices (0-based) from which each decay applies: max(1, round(f * epochs)) per fraction,
     duplicates kept (two milestones on one epoch decay twice)."""
     return sorted(max(1, int(round(f * config.epochs))) for f in config.milestones)
 
 
-def lr_at(config: TrainConfig, epoch: int) -> float:
+def lr_at(config: CnCTrainConfig, epoch: int) -> float:
     """The learning rate of (0-based) ``epoch``: lr * gamma ** (number of milestones <= epoch)."""
     return config.lr * config.gamma ** sum(m <= epoch for m in milestone_epochs(config))
-
-
-def resolve_device(device: str = "auto"):
-    """``"auto"`` (CUDA when available, else CPU), ``"cpu"`` or ``"cuda"`` / ``"cuda:N"``."""
-    import torch
-
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if not (device == "cpu" or device.startswith("cuda")):
-        raise InputError(f"device must be auto, cpu or cuda[:N], got {device!r}")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise InputError("device cuda was asked for but torch sees no CUDA device")
-    return torch.device(device)
 
 
 #: autocast dtypes of the trunk (the head and the loss always run in float32)
@@ -347,7 +335,7 @@ def _versions() -> dict[str, str]:
     return out
 
 
-def save_checkpoint(folder: str | Path, model, optimizer, config: TrainConfig, progress: dict, scaler=None) -> Path:
+def save_checkpoint(folder: str | Path, model, optimizer, config: CnCTrainConfig, progress: dict, scaler=None) -> Path:
     """Write ``epoch-NNNN/`` (weights, optimizer, the fp16 GradScaler's state), then point
     ``progress.json`` at it, then drop the previous epoch folder. ``config.json`` is (re)written
     before the first ``progress.json`` and never after: a folder with a ``progress.json`` always
@@ -387,17 +375,17 @@ def _read_progress(folder: Path) -> dict:
     return prog
 
 
-def _read_config(folder: Path) -> TrainConfig:
+def _read_config(folder: Path) -> CnCTrainConfig:
     path = folder / "config.json"
     try:
-        return TrainConfig.from_json(_read_json(path, "training config"))
+        return CnCTrainConfig.from_json(_read_json(path, "training config"))
     except TypeError as exc:
         raise InputError(f"{path}: not a training config ({exc})") from None
     except ValueError as exc:
         raise InputError(str(exc) if str(exc).startswith(str(path)) else f"{path}: {exc}") from None
 
 
-def _recorded_device(config: TrainConfig, progress: dict) -> TrainConfig:
+def _recorded_device(config: CnCTrainConfig, progress: dict) -> CnCTrainConfig:
     """A config written before device and precision were recorded (both None) gets them from its
     history rows ("cpu" -> fp32, "cuda... bf16-trunk" -> bf16, that version's only choices)."""
     history = progress.get("history") or []
@@ -421,13 +409,13 @@ def _load_weights(model, path: Path) -> None:
         raise InputError(f"{path}: weights that do not fit the config's model ({str(exc).splitlines()[0]})") from None
 
 
-def is_finished(config: TrainConfig, progress: dict) -> bool:
+def is_finished(config: CnCTrainConfig, progress: dict) -> bool:
     """Whether the run reached its configured number of epochs."""
     return int(progress.get("epochs_done", 0)) >= config.epochs
 
 
 def load_checkpoint(folder: str | Path):
-    """(model in eval mode, TrainConfig, progress dict) from a run folder; unreadable files are a
+    """(model in eval mode, CnCTrainConfig, progress dict) from a run folder; unreadable files are a
     ValueError naming them."""
     folder = Path(folder)
     progress = _read_progress(folder)
@@ -441,7 +429,7 @@ def load_checkpoint(folder: str | Path):
 # ---------------------------------------------------------------- training
 
 
-def _check_data(images: np.ndarray, labels: np.ndarray, config: TrainConfig) -> tuple[np.ndarray, np.ndarray]:
+def _check_data(images: np.ndarray, labels: np.ndarray, config: CnCTrainConfig) -> tuple[np.ndarray, np.ndarray]:
     images = np.asarray(images)
     labels = np.asarray(labels, dtype=np.int64)
     if images.dtype != np.uint8 or images.ndim not in (3, 4):
@@ -459,7 +447,7 @@ def _check_data(images: np.ndarray, labels: np.ndarray, config: TrainConfig) -> 
     return images, labels
 
 
-def _complete(config: TrainConfig, images: np.ndarray, labels: np.ndarray, dev, precision: str) -> TrainConfig:
+def _complete(config: CnCTrainConfig, images: np.ndarray, labels: np.ndarray, dev, precision: str) -> CnCTrainConfig:
     """``config`` with image_size, data_hash, frost, device and precision filled in (a given value must agree)."""
     found = {
         "image_size": tuple(images.shape[1:3]),
@@ -474,7 +462,7 @@ def _complete(config: TrainConfig, images: np.ndarray, labels: np.ndarray, dev, 
     return replace(config, **found)
 
 
-def _diff(old: TrainConfig, new: TrainConfig) -> list[str]:
+def _diff(old: CnCTrainConfig, new: CnCTrainConfig) -> list[str]:
     a, b = old.to_json(), new.to_json()
     return [f"{k} ({a[k]!r} in the checkpoint, {b[k]!r} now)" for k in a if a[k] != b[k]]
 
@@ -496,7 +484,7 @@ def _remove_leftovers(folder: Path, progress: dict | None) -> list[str]:
     return gone
 
 
-def _check_folder(out: Path, config: TrainConfig) -> dict | None:
+def _check_folder(out: Path, config: CnCTrainConfig) -> dict | None:
     """The progress record of the run in ``out`` (None for a new run), after checking that its
     ``config.json``, when there is one, matches ``config``: a folder left by a run killed before
     its first ``progress.json`` is checked as well as one that holds finished epochs."""
@@ -520,7 +508,7 @@ def _scaler(precision: str):
 
 
 def train(
-    config: TrainConfig,
+    config: CnCTrainConfig,
     images: np.ndarray,
     labels: np.ndarray,
     out: str | Path,
@@ -653,10 +641,10 @@ def train(
 # ---------------------------------------------------------------- features
 
 
-def extract(
+def extract_in_memory(
     model,
     images: np.ndarray,
-    config: TrainConfig,
+    config: CnCTrainConfig,
     labels: np.ndarray | None = None,
     batch_size: int = 256,
     meta: dict | None = None,

@@ -79,15 +79,6 @@ def add_device(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda or cuda:N (default auto)")
 
 
-def resolve_device(device: str) -> str:
-    """``auto`` -> ``cuda`` when torch sees a GPU, else ``cpu``; anything else unchanged."""
-    if device != "auto":
-        return device
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
 def add_pretrained(p: argparse.ArgumentParser, absent: str) -> None:
     """``--pretrained [TAG]``; ``absent`` says what the command does without it."""
     p.add_argument(

@@ -174,7 +174,7 @@ def _train(args: argparse.Namespace) -> int:
 
     from .._io import check_output
     from ..cnc.corruptions import pool
-    from ..cnc.train import CHECKPOINT_KIND, RECIPES, TrainConfig, train
+    from ..cnc.train import CHECKPOINT_KIND, RECIPES, CnCTrainConfig, train
 
     check_output(args.out, CHECKPOINT_KIND, folder=True)  # before loading any data
     images, labels, info = _load(args, args.dataset, size=args.size)
@@ -194,7 +194,7 @@ def _train(args: argparse.Namespace) -> int:
     if base and chans != len(base["mean"]):
         base["mean"], base["std"] = (sum(base["mean"]) / 3,), (sum(base["std"]) / 3,)  # grey: the channel average
     base.update({k: v for k, v in given.items() if v is not None})
-    config = TrainConfig(**base, num_classes=k, in_chans=chans, cnc=not args.plain, seed=args.seed, class_ids=args.classes)
+    config = CnCTrainConfig(**base, num_classes=k, in_chans=chans, cnc=not args.plain, seed=args.seed, class_ids=args.classes)
     print(f"training {'CnC (K+1)' if config.cnc else 'plain'} {config.model} on {len(images)} images of "
           f"{info['name']}, K={k}, {images.shape[1]}x{images.shape[2]}x{chans}, {config.epochs} epochs -> {args.out}")
     prog = train(config, np.asarray(images), labels, args.out, progress=not args.no_progress, log=print,
@@ -206,10 +206,11 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _evaluate(args: argparse.Namespace) -> int:
+    from .._device import resolve_device
     from .._io import check_output, write_json_atomic
-    from ..cnc.evaluate import aggregate, check_finished, check_id_labels, comparable, evaluate_run, format_table, outlier_class_readers
+    from ..cnc.evaluate import aggregate, check_finished, check_id_labels, comparable, evaluate_run, format_cnc_table, outlier_class_readers
     from ..cnc.suites import suite
-    from ..cnc.train import extract, load_checkpoint, resolve_device, resolve_precision
+    from ..cnc.train import extract_in_memory, load_checkpoint, resolve_precision
     from ..detectors import create
 
     if args.json:
@@ -254,20 +255,20 @@ def _evaluate(args: argparse.Namespace) -> int:
     mark = "" if all(finished) else f" UNFINISHED ({epochs[0]} of {cfg0.epochs} epochs)"
     for path, (model, cfg, _) in zip(args.checkpoint, loaded):
         kw = dict(device=str(dev), precision=prec)
-        fs_test = extract(model, x_test, cfg, y_test, meta={"dataset": id_test, "checkpoint": str(path)}, **kw)
-        fs_train = extract(model, x_train, cfg, y_train, meta={"dataset": id_train}, **kw) if needs_train else None
-        fs_ood = {n: extract(model, a, cfg, meta={"dataset": n}, **kw) for n, a in ood_arrays.items()}
+        fs_test = extract_in_memory(model, x_test, cfg, y_test, meta={"dataset": id_test, "checkpoint": str(path)}, **kw)
+        fs_train = extract_in_memory(model, x_train, cfg, y_train, meta={"dataset": id_train}, **kw) if needs_train else None
+        fs_ood = {n: extract_in_memory(model, a, cfg, meta={"dataset": n}, **kw) for n, a in ood_arrays.items()}
         run_rows: list = []
         r = evaluate_run(fs_test, fs_ood, detectors, train=fs_train, groups=groups, rows_out=run_rows if args.results else None,
                          draws=args.draws, seed=cfg.seed)  # fmt: skip
         rows += [dict(row, weights=str(Path(path).resolve())) for row in run_rows]
         runs.append(r)
         if len(args.checkpoint) > 1:
-            print(format_table(r, per_set=not args.no_per_set, title=f"== {path}{mark}"))
+            print(format_cnc_table(r, per_set=not args.no_per_set, title=f"== {path}{mark}"))
     result = aggregate(runs) if len(runs) > 1 else runs[0]
     title = (f"== {args.suite or 'custom'}: {len(runs)} run(s), {cfg0.model}, {'CnC' if cfg0.cnc else 'plain'}, "
              f"trained on {_trained_on(cfg0)}, scored on {dev.type} {prec}{mark}")
-    print(format_table(result, per_set=not args.no_per_set, title=title))
+    print(format_cnc_table(result, per_set=not args.no_per_set, title=title))
     training = {"epochs_done": epochs[0], "finished": all(finished), "train_config": _config_key(cfg0)}
     if args.json:
         write_json_atomic(args.json, {

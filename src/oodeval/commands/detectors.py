@@ -16,11 +16,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="one JSON list instead of the table")
 
 
-def describe(tags: list[str]) -> list[dict]:
+def _defaults(cls) -> dict:
+    return {p.name: p.default for p in inspect.signature(cls).parameters.values() if p.default is not inspect.Parameter.empty}
+
+
+def listing(tags: list[str]) -> list[dict]:
     """One entry per detector carrying every tag in ``tags``: name, tags, hyperparameters (name ->
-    default), the peers' names for it (alias -> whose), and whether the default selection picks it."""
+    default), the peers' names for it (alias -> whose), whether the default selection picks it, and
+    the zero-shot scorer registered under the same name (``zero_shot_namesake``: its display name
+    ``zs:NAME`` and hyperparameters; None when there is none)."""
     from ..detectors import REGISTRY
     from ..detectors._peers import PeerMethod
+    from ..zeroshot.scorers import REGISTRY as SCORERS
+    from ..zeroshot.scorers import ZS_PREFIX
 
     aliases: dict[str, dict[str, str]] = {}
     for alias, (target, source) in REGISTRY.aliases().items():
@@ -28,23 +36,30 @@ def describe(tags: list[str]) -> list[dict]:
     out = []
     for name in REGISTRY.names(*tags):
         cls = REGISTRY[name]
-        params = {p.name: p.default for p in inspect.signature(cls).parameters.values() if p.default is not inspect.Parameter.empty}
+        namesake = {"name": ZS_PREFIX + name, "hyperparameters": _defaults(SCORERS[name])} if name in SCORERS else None
         out.append({
-            "name": name, "tags": sorted(REGISTRY.tags_of(name)), "hyperparameters": params,
+            "name": name, "tags": sorted(REGISTRY.tags_of(name)), "hyperparameters": _defaults(cls),
             "aliases": aliases.get(name, {}), "default_selection": not issubclass(cls, PeerMethod),
+            "zero_shot_namesake": namesake,
         })  # fmt: skip
     return out
 
 
+def _params_text(params: dict) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in params.items()) or "-"
+
+
 def _line(entry: dict) -> str:
-    hp = ", ".join(f"{k}={v!r}" for k, v in entry["hyperparameters"].items()) or "-"
+    hp = _params_text(entry["hyperparameters"])
     names = ", ".join(f"{a} ({s})" for a, s in entry["aliases"].items())
     opt = "" if entry["default_selection"] else "  [when named]"
-    return f"{entry['name']:<24}{','.join(entry['tags'])}{opt}\n    {hp}" + (f"\n    also: {names}" if names else "")
+    twin = entry["zero_shot_namesake"]
+    other = f"\n    not the zero-shot scorer {twin['name']} (oodeval zeroshot; {_params_text(twin['hyperparameters'])})" if twin else ""
+    return f"{entry['name']:<24}{','.join(entry['tags'])}{opt}\n    {hp}" + (f"\n    also: {names}" if names else "") + other
 
 
 def run(args: argparse.Namespace) -> int:
-    entries = describe(args.tag)
+    entries = listing(args.tag)
     if args.json:
         print(json.dumps(entries, indent=1, default=str))
     else:

@@ -70,12 +70,12 @@ def format_metrics(id_scores: np.ndarray, ood_scores: np.ndarray, draws: int, se
     """A text table of all metrics; both FPR@95s (``convention``'s first, :func:`oodeval.metrics.fpr95_columns`),
     TNR@95, AUROC and detection error with bootstrap percentile 95% CIs (OOD resampled, ID fixed;
     both with ``resample_id``), AUPR as point values."""
-    from ..metrics import evaluate, fpr95_columns
+    from ..metrics import all_metrics, fpr95_columns
     from ..stats import bootstrap, confidence_interval
 
     check_draws(draws)
     conventions = fpr95_columns(convention)
-    values = evaluate(id_scores, ood_scores)
+    values = all_metrics(id_scores, ood_scores)
     values = {c[0]: values[c[0]] for c in conventions} | values
     boot = bootstrap(id_scores, ood_scores, draws=draws, seed=seed, fixed_id=not resample_id) if draws else {}
     which = "ID and OOD scores both resampled" if resample_id else "OOD scores resampled, ID scores and their FPR@95 threshold fixed"

@@ -121,13 +121,15 @@ def summary_rows(cfg, results) -> list[dict]:
 def display_rows(rows: list[dict]) -> list[dict]:
     """``rows`` with ``detector`` made unique per (model, configuration, seed) for the text table:
     the model, the detector label, its hyperparameters where one model ran several, the seed where
-    there are several."""
+    there are several; ``zs:`` before a zero-shot scorer that a post-hoc detector shown shares a name with."""
     import pandas as pd
+
+    from ..report.views import mark_zero_shot
 
     if not rows:
         return rows
     df = pd.DataFrame(rows)
-    label = df["label"].fillna(df["detector"]).astype(str)
+    label = mark_zero_shot(df["label"].fillna(df["detector"]).astype(str), df["kind"])
     parts = [df["model"].astype(str) + " / "] if df["model"].nunique() > 1 else []
     parts.append(label)
     if (df.assign(_l=label).groupby(["model", "_l"])["hyperparameters"].nunique() > 1).any():
@@ -142,7 +144,7 @@ def display_rows(rows: list[dict]) -> list[dict]:
 
 def _check(cfg, names_only: bool = False) -> int:
     from .. import detectors
-    from ..detectors.defaults import describe
+    from ..detectors.defaults import describe_defaults
     from ..experiment.check import check_experiment, eoe_prompt_notes
     from ..features.taps import nac_plan
 
@@ -161,7 +163,7 @@ def _check(cfg, names_only: bool = False) -> int:
             source = {"model": m.name}
             if m.taps and any(n in detectors.REGISTRY and detectors.REGISTRY[n].fits_on is not None for n in listed):  # the layers extraction will tap
                 source.update(nac_plan(m.name, m.model_kwargs) or {})
-            for line in describe(listed, source, explicit):
+            for line in describe_defaults(listed, source, explicit):
                 print(f"    {line.strip()}")
     print(f"  ID train {cfg.id_train.label if cfg.id_train else '-'}, ID test {cfg.id_test.label}; OOD: {', '.join(d.label for d in cfg.ood)}")
     print(f"  results -> {cfg.results}")
@@ -170,8 +172,7 @@ def _check(cfg, names_only: bool = False) -> int:
         print(f"  note: {note}")
     disk = None
     if not names_only:
-        from ..experiment.disk import describe as describe_disk
-        from ..experiment.disk import estimate_disk
+        from ..experiment.disk import describe_disk, estimate_disk
 
         disk = estimate_disk(cfg)
         for row in disk:

@@ -81,11 +81,11 @@ def run(args: argparse.Namespace) -> int:
 
 def parse_names(value: list[str] | None) -> list[str] | None:
     """``--detectors`` names (:class:`~oodeval.commands._options.NameList`) as oodeval's own (a peer's
-    alias resolved, a ``module:Class`` one registered: :func:`oodeval.detectors.resolve`); None:
+    alias resolved, a ``module:Class`` one registered: :func:`oodeval.detectors.registry_name`); None:
     every supported detector."""
-    from ..detectors import canonical, resolve
+    from ..detectors import canonical, registry_name
 
-    return [canonical(resolve(n)) for n in value] if value else None
+    return [canonical(registry_name(n)) for n in value] if value else None
 
 
 def print_rows(rows: list[dict], args: argparse.Namespace, train, hps: dict, tapped, command: str) -> int:
@@ -96,7 +96,7 @@ def print_rows(rows: list[dict], args: argparse.Namespace, train, hps: dict, tap
 
     from .._io import write_csv_atomic
     from ..detectors import REGISTRY
-    from ..detectors.defaults import describe
+    from ..detectors.defaults import describe_defaults
     from ..scoring import failures
 
     if not rows:
@@ -106,9 +106,9 @@ def print_rows(rows: list[dict], args: argparse.Namespace, train, hps: dict, tap
         print(f"note: features of {train.meta.get('model')} with RANDOM-INIT weights (--pretrained none): a baseline", file=log)
     ran = list(dict.fromkeys(r["detector"] for r in rows))
     own = [n for n in ran if tapped is not None and REGISTRY[n].fits_on is not None]
-    print("\n".join(describe([n for n in ran if n not in own], train, hps)), file=log)
+    print("\n".join(describe_defaults([n for n in ran if n not in own], train, hps)), file=log)
     if own:
-        print("\n".join(describe(own, tapped, hps)[1:]), file=log)
+        print("\n".join(describe_defaults(own, tapped, hps)[1:]), file=log)
     write_rows(rows, args.format, args.convention)
     if getattr(args, "out", None) is not None:
         write_csv_atomic(args.out, pd.DataFrame(rows).to_csv(index=False, lineterminator="\n"), "score table")

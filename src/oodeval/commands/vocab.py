@@ -7,7 +7,8 @@ import os
 from pathlib import Path
 
 from ..errors import InputError
-from ._options import add_command, add_device, add_out, add_pretrained, check_weights, resolve_device, with_pretrained
+from .._device import resolve_device
+from ._options import add_command, add_device, add_out, add_pretrained, check_weights, with_pretrained
 
 HELP = "build negative vocabularies (WordNet+NegMining, LLM siblings, EOE, union, oracle) and size sweeps"
 EXAMPLES = [
@@ -163,7 +164,7 @@ def _encoder(args):
     tag = (model if kind == "hf" else model.partition("@")[2]) if download else None  # hf: any tag = from_pretrained
     if download and not tag:
         raise InputError(f"--pretrained: {args.model} names no weights; give --pretrained TAG or --model ARCH@TAG")
-    device = resolve_device(args.device)
+    device = str(resolve_device(args.device))
     model, tokenizer, name = load_clip(model, args.weights, tag, args.seed, device)
     weights = args.weights or tag or f"random-init(seed={args.seed})"
     return TextEncoder(model, tokenizer, name, weights, template_set(args.templates), args.cache or _default_cache(),

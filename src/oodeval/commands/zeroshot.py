@@ -29,19 +29,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from .._io import claim_folder, save_npy_atomic, write_json_atomic
     from ..features import FeatureSet
-    from ..metrics import evaluate
-    from ..zeroshot import REGISTRY, create, names
+    from ..metrics import all_metrics
+    from ..zeroshot import REGISTRY, create_scorer, scorer_names
     from ..zeroshot.vocabulary import Vocabulary
     from .vocab import _print_stats, check_weights, encoder_for, id_names_for
 
     check_weights(args)
     if args.out:
         claim_folder(args.out, "zero-shot scores")
-    logit = names("logit")
-    chosen = logit if args.scorers == "logit" else names() if args.scorers == "all" else args.scorers.split(",")
-    unknown = [n for n in chosen if n not in names()]
+    logit = scorer_names("logit")
+    chosen = logit if args.scorers == "logit" else scorer_names() if args.scorers == "all" else args.scorers.split(",")
+    unknown = [n for n in chosen if n not in scorer_names()]
     if unknown:
-        raise InputError(f"unknown zero-shot scorers {unknown}; known: {', '.join(names())}")
+        raise InputError(f"unknown zero-shot scorers {unknown}; known: {', '.join(scorer_names())}")
     id_fs, ood_fs = FeatureSet.load(args.id_features), FeatureSet.load(args.ood_features)
     omitted = {}
     if "gl_mcm" in chosen and args.scorers in ("logit", "all") and not all("patch_features" in f.extras for f in (id_fs, ood_fs)):
@@ -60,10 +60,10 @@ def run(args: argparse.Namespace) -> int:
     for name, why in omitted.items():
         print(f"{name:<10} {why}")
     for name in chosen:
-        det = create(name, tau=args.tau)
+        det = create_scorer(name, tau=args.tau)
         neg = negatives if det.uses_negatives else None
         s_id, s_ood = det.score(id_fs, id_text, neg), det.score(ood_fs, id_text, neg)
-        table[name] = evaluate(s_id, s_ood)
+        table[name] = all_metrics(s_id, s_ood)
         print(f"{name:<10} {100 * table[name]['fpr95']:7.2f}% {100 * table[name]['auroc']:7.2f}%")
         if args.out:
             for part, scores in (("id", s_id), ("ood", s_ood)):

@@ -39,7 +39,7 @@ from threading import Lock
 from .._io import atomic_path
 from ..errors import InputError
 from .candidates import Candidate, Project, evidence_sha256, pool_sha256
-from .rules import Outcome, SenseLemmas, Verdict, check_verdict, differences, resolve
+from .rules import Outcome, SenseLemmas, Verdict, check_verdict, differences, resolve_verdicts
 
 __all__ = ["ProtocolStore", "ProtocolError", "AuthError", "Annotator", "VerdictRow", "open_store", "wordnet_senses", "MAX_ROWS", "MAX_NOTE"]
 
@@ -359,7 +359,7 @@ class ProtocolStore:
 
     def _outcome(self, rows: list[VerdictRow]) -> Outcome:
         s1, s3 = self._latest(rows)
-        return resolve([r.as_verdict() for r in s1], [r.as_verdict() for r in s3])
+        return resolve_verdicts([r.as_verdict() for r in s1], [r.as_verdict() for r in s3])
 
     def _current(self, image: str, rows: list[VerdictRow]) -> list[VerdictRow]:
         """The rows that count: those after the image's latest reopening."""

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from ..errors import InputError
 
-__all__ = ["VERDICTS", "MAX_LABEL", "Verdict", "Outcome", "agree", "differences", "resolve", "check_verdict", "normalise_label",
+__all__ = ["VERDICTS", "MAX_LABEL", "Verdict", "Outcome", "agree", "differences", "resolve_verdicts", "check_verdict", "normalise_label",
            "concept", "SenseLemmas"]
 
 VERDICTS = ("ood", "id", "ambiguous")
@@ -176,7 +176,7 @@ def _final(verdicts: list[Verdict], stage: int) -> Outcome:
     return Outcome("final", first.verdict, stage, None, False, first.id_class if first.verdict == "id" else None)
 
 
-def resolve(stage1: list[Verdict], stage3: list[Verdict] | None = None) -> Outcome:
+def resolve_verdicts(stage1: list[Verdict], stage3: list[Verdict] | None = None) -> Outcome:
     """The outcome of one image.
 
     stage1: the Stage-1 verdicts in annotator order (first annotator first); fewer than two = pending.

@@ -19,7 +19,7 @@ from typing import TextIO
 
 from ..errors import InputError
 from .data import OOD_SETS, SET_NAMES, DemoSizes, build_benchmark
-from .train import TrainConfig, TrainedModel, train_model
+from .train import DemoTrainConfig, TrainedModel, train_model
 
 __all__ = ["DemoResult", "run_demo", "experiment_dict", "to_toml", "ood_tables", "format_tables", "MODEL_LABEL"]
 
@@ -207,7 +207,7 @@ def _run(
     out = claim_folder(Path(out).resolve(), "demo")
     root = Path(data_root).resolve() if data_root else out / "data"
     sizes = DemoSizes.quick() if quick else DemoSizes()
-    config = TrainConfig(seed=seed, **({"epochs": 2, "batch_size": 64} if quick else {}))
+    config = DemoTrainConfig(seed=seed, **({"epochs": 2, "batch_size": 64} if quick else {}))
     if epochs is not None:
         config = replace(config, epochs=epochs)
     draws = draws if draws is not None else (200 if quick else 1000)

@@ -26,11 +26,11 @@ from .._io import atomic_folder, hash_json
 #: bump when the training procedure changes, so cached weights are not reused across versions
 TRAINER_VERSION = 2
 
-__all__ = ["TrainConfig", "TrainedModel", "timm_kwargs", "train_model", "evaluate_accuracy"]
+__all__ = ["DemoTrainConfig", "TrainedModel", "timm_kwargs", "train_model", "evaluate_accuracy"]
 
 
 @dataclass(frozen=True)
-class TrainConfig:
+class DemoTrainConfig:
     """Hyperparameters of the demo classifier (defaults: under a minute on 2 quiet cores)."""
 
     arch: str = "test_resnet"
@@ -56,7 +56,7 @@ class TrainedModel:
     info: dict
 
 
-def timm_kwargs(config: TrainConfig, num_classes: int, mean: float, std: float) -> dict:
+def timm_kwargs(config: DemoTrainConfig, num_classes: int, mean: float, std: float) -> dict:
     """``timm.create_model`` keyword arguments: head size, one input channel, and a pretrained
     config overlay with the 28x28 input and the ID-train pixel mean/std (pixels scaled to [0, 1])."""
     return dict(
@@ -116,7 +116,7 @@ def train_model(
     train_set: str | Path,
     test_set: str | Path,
     cache_dir: str | Path,
-    config: TrainConfig | None = None,
+    config: DemoTrainConfig | None = None,
     progress: bool = True,
 ) -> TrainedModel:
     """Train ``config.arch`` on the built ID-train set, or reuse the cached weights.
@@ -132,7 +132,7 @@ def train_model(
 
     from .data import read_set
 
-    config = config or TrainConfig()
+    config = config or DemoTrainConfig()
     train_set, test_set = Path(train_set), Path(test_set)
     train_build = json.loads((train_set / "build.json").read_text())
     test_build = json.loads((test_set / "build.json").read_text())

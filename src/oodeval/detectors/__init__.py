@@ -41,7 +41,7 @@ def names(*tags: str) -> list[str]:
 
 def default_names() -> list[str]:
     """The detectors a default selection draws from: every registered one except the ``module:Class``
-    ones :func:`resolve` registered (those run where they are named)."""
+    ones :func:`registry_name` registered (those run where they are named)."""
     return [n for n in REGISTRY.names() if "plugin" not in REGISTRY[n].tags]
 
 
@@ -52,12 +52,12 @@ def canonical(name: str) -> str:
 
 
 def create(name: str, **hyperparameters) -> Detector:
-    """A new detector ``name`` (a registered one, or ``module:Class``, :func:`resolve`) with its
+    """A new detector ``name`` (a registered one, or ``module:Class``, :func:`registry_name`) with its
     defaults, overridden by ``hyperparameters``."""
-    return REGISTRY.create(resolve(name), **hyperparameters)
+    return REGISTRY.create(registry_name(name), **hyperparameters)
 
 
-def resolve(name: str) -> str:
+def registry_name(name: str) -> str:
     """``name`` as a registry name: a registered detector as it is; ``package.module:Class`` (a
     :class:`~oodeval.detectors.base.Detector` subclass importable from ``sys.path``) is imported and
     registered under that name (tag ``plugin``), so it works in every command like a built-in one

@@ -6,17 +6,24 @@ matrices, means) accumulated in float64; scores come back float64. ``"float64"``
 float64 (the reference path). ``device=None`` (default) computes with numpy; ``"cpu"``, ``"cuda"``
 or ``"cuda:N"`` with torch on that device, in row chunks whose size is fixed by
 :data:`TORCH_CHUNK_ELEMENTS`, so the device memory needed does not grow with N.
+
+``Compute(precision, device)`` is the numpy or the torch backend (as ``pathlib.Path`` is a
+``PosixPath`` or a ``WindowsPath``): the detectors call its operations and never branch on which
+one it is. Nothing a call does outlives it: the numpy backend's worker threads are started and
+joined within each :meth:`Compute.by_rows` call, BLAS's thread count (process-wide, as BLAS's
+setting is) is held to one only while such a call runs and is then restored, and scratch buffers
+are dropped when the call returns. Why each hand-written part is there, with its measurements:
+docs/performance.md.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
-import functools
 import os
+import sys
 import threading
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,7 +31,7 @@ import numpy as np
 from .._arrays import chunk_rows
 from ..errors import InputError
 
-__all__ = ["Compute", "compute_of", "one_blas_thread", "PRECISIONS", "TORCH_CHUNK_ELEMENTS"]
+__all__ = ["Compute", "one_blas_thread", "PRECISIONS", "TORCH_CHUNK_ELEMENTS"]
 
 PRECISIONS = ("float32", "float64")
 #: values per row chunk on a torch device (64M: 256 MB of float32 per chunk operand)
@@ -41,122 +48,113 @@ UNDERFLOW_MARGIN = 40.0
 @dataclass(frozen=True)
 class Compute:
     """A precision and a device; ``put`` moves a host array there, ``get`` brings a result back
-    as float64 numpy, and the row reductions accumulate in float64 on either backend."""
+    as float64 numpy, and the row reductions accumulate in float64 on either backend.
+    ``Compute(...)`` returns the numpy backend for ``device=None``, else the torch one."""
 
     precision: str = "float32"
     device: str | None = None
 
+    def __new__(cls, precision: str = "float32", device: str | None = None):
+        if cls is Compute:
+            cls = _NumpyCompute if device is None else _TorchCompute
+        return super().__new__(cls)
+
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
             raise InputError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
-        if self.device is not None:
-            import torch
-
-            dev = torch.device(self.device)  # raises on a malformed name
-            if dev.type == "cuda" and not torch.cuda.is_available():
-                raise InputError(f"device {self.device!r} requested but torch sees no CUDA device")
-            if dev.type not in ("cpu", "cuda"):
-                raise InputError(f"device must be None, 'cpu' or 'cuda[:N]', got {self.device!r}")
-
-    @property
-    def dtype(self):
-        """The product dtype (numpy or torch)."""
-        if self.device is None:
-            return np.dtype(self.precision)
-        import torch
-
-        return getattr(torch, self.precision)
-
-    def rows(self, width: int) -> int:
-        """Rows per chunk for rows of ``width`` values (numpy: a whole number of
-        :data:`PARALLEL_ROWS` blocks, so the blocks of a chunk share the cores evenly)."""
-        if self.device is None:
-            return -(-chunk_rows(width) // PARALLEL_ROWS) * PARALLEL_ROWS
-        return max(256, TORCH_CHUNK_ELEMENTS // max(1, int(width)))
 
     def chunks(self, n: int, width: int) -> Iterator[slice]:
+        """Consecutive row slices of :meth:`rows` (``width``) rows covering ``n`` rows."""
         step = self.rows(width)
         for start in range(0, n, step):
             yield slice(start, min(n, start + step))
-
-    def put(self, a, dtype=None):
-        """Host (or backend) array -> backend array in the product dtype (or ``dtype``, e.g. "float64")."""
-        if self.device is None:
-            return np.asarray(a, dtype=dtype or self.dtype)
-        import torch
-
-        dt = self.dtype if dtype is None else getattr(torch, dtype)
-        t = a if isinstance(a, torch.Tensor) else torch.as_tensor(np.asarray(a))
-        return t.to(device=self.device, dtype=dt)
-
-    def get(self, a) -> np.ndarray:
-        """Backend array -> float64 numpy."""
-        if self.device is None:
-            return np.asarray(a, dtype=np.float64)
-        return a.detach().to("cpu", dtype=_torch().float64).numpy()
-
-    def rowsum(self, a):
-        """Row sums accumulated in float64 (numpy: einsum, which casts in its inner loop and
-        takes 0.8x the time of ``sum(dtype=float64)``)."""
-        if self.device is None:
-            return np.einsum("ij->i", a, dtype=np.float64)
-        return a.sum(dim=1, dtype=_torch().float64)
-
-    def rowdot(self, a, b):
-        """sum_j a_ij b_ij per row of two arrays of one shape, accumulated in float64 (numpy:
-        float32 products are exact in float64, so each product is rounded only when added)."""
-        if self.device is None:
-            return np.einsum("ij,ij->i", a, b, dtype=np.float64)
-        return self.rowsum(a * b)
 
     def rownorm(self, a):
         """Euclidean row norms, accumulated in float64."""
         return self.rowdot(a, a) ** 0.5
 
+    def normalise(self, a, eps: float = 1e-12):
+        """Rows divided by their Euclidean norm (norm accumulated in float64)."""
+        return self.scale_rows(a, self.inverse_norm(a, eps))
+
+    def _weights(self, group: np.ndarray, weights: np.ndarray | None) -> np.ndarray:
+        return np.ones(len(group)) if weights is None else np.asarray(weights, dtype=np.float64)
+
+
+class _NumpyCompute(Compute):
+    """numpy: row blocks on one thread per core (:meth:`by_rows`), exp sums shifted per block."""
+
+    @property
+    def dtype(self):
+        """The product dtype."""
+        return np.dtype(self.precision)
+
+    def rows(self, width: int) -> int:
+        """Rows per chunk for rows of ``width`` values: a whole number of :data:`PARALLEL_ROWS`
+        blocks, so the blocks of a chunk share the cores evenly."""
+        return -(-chunk_rows(width) // PARALLEL_ROWS) * PARALLEL_ROWS
+
+    def put(self, a, dtype=None):
+        """Host array -> array in the product dtype (or ``dtype``, e.g. "float64")."""
+        return np.asarray(a, dtype=dtype or self.dtype)
+
+    def get(self, a) -> np.ndarray:
+        """Backend array -> float64 numpy."""
+        return np.asarray(a, dtype=np.float64)
+
+    def host(self, a) -> np.ndarray:
+        """Backend array -> numpy, its dtype kept (indices stay integers)."""
+        return np.asarray(a)
+
+    def rowsum(self, a):
+        """Row sums accumulated in float64 (einsum casts in its inner loop)."""
+        return np.einsum("ij->i", a, dtype=np.float64)
+
+    def rowdot(self, a, b):
+        """sum_j a_ij b_ij per row of two arrays of one shape, accumulated in float64 (float32
+        products are exact in float64, so each product is rounded only when added)."""
+        return np.einsum("ij,ij->i", a, b, dtype=np.float64)
+
     def centred(self, a, centre):
-        """a - centre (broadcast), with numpy in a per-thread scratch buffer: valid until the next
-        use of that buffer on this thread (another ``centred``, ``logsumexp`` or ``max_softmax``)."""
-        if self.device is None:
-            return np.subtract(a, centre, out=_scratch(a.shape, a.dtype))
-        return a - centre
+        """a - centre (broadcast), inside :meth:`by_rows` in a per-thread scratch buffer: valid
+        until the next use of that buffer on this thread (another ``centred``, ``logsumexp`` or
+        ``max_softmax``)."""
+        return np.subtract(a, centre, out=_scratch(a.shape, a.dtype))
 
     def pick(self, a, index):
         """a[i, index_i] per row."""
-        if self.device is None:
-            return np.take_along_axis(a, index[:, None], axis=1)[:, 0]
-        return a.gather(1, index[:, None])[:, 0]
+        return np.take_along_axis(a, index[:, None], axis=1)[:, 0]
 
     def rowmax(self, a):
-        return a.max(axis=1) if self.device is None else a.amax(dim=1)
+        return a.max(axis=1)
 
     def rowmin(self, a):
-        return a.min(axis=1) if self.device is None else a.amin(dim=1)
+        return a.min(axis=1)
 
     def argmax(self, a):
-        return a.argmax(axis=1) if self.device is None else a.argmax(dim=1)
+        return a.argmax(axis=1)
 
     def exp(self, a):
-        return np.exp(a) if self.device is None else a.exp()
+        return np.exp(a)
+
+    def log(self, a):
+        return np.log(a)
 
     def shifted_exp(self, a, out=None):
         """(max_c a_c, exp(a - max), sum_c exp(a_c - max)) per row: the exp in the product dtype,
         written into ``out`` (an array shaped like ``a``, possibly ``a`` itself; default a new
         one) and exponentiated there in place, the sum in float64."""
         m = self.rowmax(a)
-        if self.device is None:
-            e = np.subtract(a, m[:, None], out=out)
-            np.exp(e, out=e)
-        else:
-            e = _torch().sub(a, m[:, None], out=out).exp_() if out is not None else (a - m[:, None]).exp_()
+        e = np.subtract(a, m[:, None], out=out)
+        np.exp(e, out=e)
         return m, e, self.rowsum(e)
 
     def _block_exp(self, a, out, top=None):
-        """numpy: (shift, exp(a - shift), its row sums in float64, rows with their own shift),
-        one shift for the whole block (a scalar subtraction, or none, costs 0.2 ns per value
-        against 0.5 for a per-row one): 0 when the block's max is at most :data:`UNSHIFTED_MAX`,
-        else that max. A row whose max lies more than :data:`UNDERFLOW_MARGIN` below the shift
-        (its small terms could underflow) is summed with its own max as its shift: found from the
-        row maxima ``top`` and summed from a copy before ``out`` (possibly ``a``) is written, or,
+        """(shift, exp(a - shift), its row sums in float64, rows with their own shift), one
+        shift for the whole block: 0 when the block's max is at most :data:`UNSHIFTED_MAX`, else
+        that max. A row whose max lies more than :data:`UNDERFLOW_MARGIN` below the shift (its
+        small terms could underflow) is summed with its own max as its shift: found from the row
+        maxima ``top`` and summed from a copy before ``out`` (possibly ``a``) is written, or,
         without ``top`` (then ``out`` must not be ``a``), found afterwards by a sum below
         C exp(-margin)."""
         s = float(a.max() if top is None else top.max())
@@ -168,7 +166,7 @@ class Compute:
 
         if top is not None:
             rows = np.flatnonzero(top < s - UNDERFLOW_MARGIN)
-            own = own_sums(rows) if rows.size else None  # skipped when empty: 6-8% of energy
+            own = own_sums(rows) if rows.size else None
         if s == 0.0:
             e = np.exp(a, out=out)
         else:
@@ -183,20 +181,19 @@ class Compute:
         return shift, e, total, rows
 
     def _exp_out(self, a, overwrite: bool):
-        """Where a softmax sum writes its exp: ``a`` itself, else a per-thread scratch buffer
-        (numpy) or a new tensor (torch, None)."""
-        return a if overwrite else (_scratch(a.shape, a.dtype) if self.device is None else None)
+        """Where a softmax sum writes its exp: ``a`` itself, else a scratch buffer (or new)."""
+        return a if overwrite else _scratch(a.shape, a.dtype)
 
     def logsumexp(self, a, overwrite: bool = False, own_max: bool = False):
         """log sum_c exp(a_c) per row, float64: s + log sum_c exp(a_c - s), the exp in the
-        product dtype, the sum in float64, s the row max on torch or with ``own_max`` and else a
-        shift per block (see :meth:`_block_exp`). ``own_max`` makes the row max's term exactly
-        1, so that max a - logsumexp a = -log(1 + rest) <= 0 resolves p_max close to 1.
-        ``overwrite``: the exp is taken in ``a`` itself."""
+        product dtype, the sum in float64, s the row max with ``own_max`` and else a shift per
+        block (see :meth:`_block_exp`). ``own_max`` makes the row max's term exactly 1, so that
+        max a - logsumexp a = -log(1 + rest) <= 0 resolves p_max close to 1. ``overwrite``: the
+        exp is taken in ``a`` itself."""
         out = self._exp_out(a, overwrite)
-        if self.device is not None or own_max:
+        if own_max:
             m, _, total = self.shifted_exp(a, out)
-            return m + (total.log() if self.device is not None else np.log(total))
+            return m + np.log(total)
         shift, _, total, _ = self._block_exp(a, out, None if out is not a else self.rowmax(a))
         return shift + np.log(total)
 
@@ -206,195 +203,311 @@ class Compute:
         term, so a confident row keeps its distance to 1 (1 + the rest of the sum, the rest
         resolved to float64, not rounded away in a float32 total)."""
         out = self._exp_out(a, overwrite)
-        if self.device is not None:
-            return 1.0 / self.shifted_exp(a, out)[2]
         y = self.argmax(a)
         shift, e, total, own = self._block_exp(a, out, self.pick(a, y))
         top = self.pick(e, y).astype(np.float64)
         top[own] = 1.0  # exp(0): a row shifted by its own max
         return top / total
 
-    def by_rows(self, fn, *arrays):
+    def by_rows(self, fn: Callable, *arrays):
         """fn(*arrays) for a row-wise fn of arrays with equal row counts (fn may return a tuple of
-        row-wise arrays, or None when it writes into one of the arrays). With numpy: fn of each
-        block of :data:`PARALLEL_ROWS` rows, the blocks run on a kept pool of one thread per core,
-        each thread taking the next pending block (numpy's elementwise passes are single-threaded
-        and release the GIL; one task per core, as a task per block cost 0.1-0.2 ms of wake-ups
-        each, 10-20% of a softmax over the logits), and the passes of one fn stay in the core's
-        cache; the blocks do not depend on the number of cores, so neither does any result. fn
-        may multiply its block by a matrix: BLAS is held to one thread meanwhile, so each core
-        runs its own block's product and then its passes over the product while that is in
-        cache. (A product on every core, over a whole chunk or over a short last chunk alike,
-        leaves BLAS's idle threads spinning for about 0.1 s on the cores the passes then need:
-        10-20% more CPU time measured, 50% on NNGuide's small products.)
-        On torch (whose ops use every core): fn(*arrays)."""
-        if self.device is not None:
-            return fn(*arrays)
-        n = len(arrays[0])
-        with one_blas_thread():
-            if n <= PARALLEL_ROWS:
-                return fn(*arrays)
-            starts = range(0, n, PARALLEL_ROWS)
-            parts: list = [None] * len(starts)
-            pending, lock = iter(range(len(starts))), threading.Lock()
-
-            def work(_) -> None:  # one per core: takes the next pending block until none is left
-                while True:
-                    with lock:
-                        i = next(pending, None)
-                    if i is None:
-                        return
-                    try:
-                        parts[i] = fn(*(a[starts[i] : starts[i] + PARALLEL_ROWS] for a in arrays))
-                    except BaseException:
-                        with lock:
-                            collections.deque(pending, maxlen=0)  # the other cores take no more
-                        raise
-
-            list(_pool().map(work, range(min(len(starts), os.cpu_count() or 1))))
+        row-wise arrays, or None when it writes into one of the arrays): fn of each block of
+        :data:`PARALLEL_ROWS` rows, the blocks taken in turn by one thread per core (the calling
+        thread and threads started for this call and joined before it returns; no more threads
+        than BLAS was allowed when the call began, so a user's ``threadpool_limits`` bounds them
+        too), while BLAS is held to one thread (:func:`one_blas_thread`), so each core runs its
+        own block's product and then its passes over the product. The blocks do not depend on the
+        number of threads, so neither does any result."""
+        starts = range(0, len(arrays[0]), PARALLEL_ROWS)
+        with one_blas_thread() as threads:
+            if len(starts) <= 1:
+                with _scratch_scope():
+                    return fn(*arrays)
+            parts = _run_blocks(fn, arrays, starts, min(len(starts), os.cpu_count() or 1, threads))
         if parts[0] is None:  # fn wrote its result into an array it was given
             return None
         if isinstance(parts[0], tuple):
             return tuple(np.concatenate(column) for column in zip(*parts))
         return np.concatenate(parts)
 
-    def map_rows(self, fn, a, width: int, dtype: str | None = None):
-        """fn(block) over the rows of the host array ``a``, each block first made a backend array
-        in the product dtype (or ``dtype``, e.g. "float64" for a block that is centred before its
-        product), the results as float64 numpy (a tuple of them when fn returns a tuple). With numpy, :meth:`by_rows` over the whole of ``a``: each block is converted on
-        its own core, so no chunk is ever copied whole and the pool is started once (a start per
-        4096-row chunk cost 7% of a softmax over the logits). On torch, per chunk of
-        :meth:`rows` (``width``) rows."""
-        if self.device is None:
-            out = self.by_rows(lambda block: fn(self.put(block, dtype)), a)
-            return tuple(map(self.get, out)) if isinstance(out, tuple) else self.get(out)
+    def map_rows(self, fn: Callable, a, width: int, dtype: str | None = None):
+        """fn(block) over the rows of the host array ``a``, each block first made an array in the
+        product dtype (or ``dtype``, e.g. "float64" for a block that is centred before its
+        product) on its own thread, the results as float64 numpy (a tuple of them when fn returns
+        a tuple): :meth:`by_rows` over the whole of ``a``, so no chunk is copied whole.
+        ``width`` (the torch backend's chunk width) is not needed here."""
+        out = self.by_rows(lambda block: fn(self.put(block, dtype)), a)
+        return tuple(map(self.get, out)) if isinstance(out, tuple) else self.get(out)
+
+    def inverse_norm(self, a, eps: float = 1e-12):
+        """1 / max(||a_i||, eps) per row, float64 (norm accumulated in float64)."""
+        return 1.0 / np.maximum(self.rownorm(a), eps)
+
+    def scale_rows(self, a, s):
+        """a_i * s_i for a float64 vector s, in a's dtype."""
+        return a * s[:, None].astype(a.dtype)
+
+    def topk(self, a, k: int):
+        """The k largest values of each row (in no particular order)."""
+        return np.partition(a, a.shape[1] - k, axis=1)[:, a.shape[1] - k :]
+
+    def colsum(self, a):
+        """Column sums accumulated in float64."""
+        return a.sum(axis=0, dtype=np.float64)
+
+    def zeros(self, shape: tuple[int, ...]):
+        """A float64 accumulator."""
+        return np.zeros(shape)
+
+    def groupsum(self, a, group: np.ndarray, n_groups: int, weights: np.ndarray | None = None):
+        """(n_groups, D) sums of the rows of ``a`` (one chunk), each times its ``weights`` entry
+        (host floats; default 1), by their group index (host ints), to be added into a float64
+        accumulator: one sparse product in ``a``'s dtype (a float32 chunk is not copied to
+        float64 first)."""
+        import scipy.sparse
+
+        w = self._weights(group, weights)
+        rows = np.arange(len(group))
+        pick = scipy.sparse.csr_matrix((w.astype(a.dtype), (group, rows)), shape=(n_groups, len(group)))
+        return np.asarray(pick @ a)
+
+    def subtract(self, a, b, out=None):
+        """a - b (broadcast), written into ``out`` when given."""
+        return np.subtract(a, b, out=out)
+
+    def empty(self, shape: tuple[int, ...]):
+        """An uninitialised array of the product dtype."""
+        return np.empty(shape, dtype=self.dtype)
+
+    def concat(self, parts: list, axis: int = 1):
+        return np.concatenate(parts, axis=axis)
+
+
+class _TorchCompute(Compute):
+    """torch on ``device``: the operations of :class:`_NumpyCompute` as torch ops (which use
+    torch's own intra-op threads), over row chunks of :meth:`rows` rows; softmax sums shift each
+    row by its own max."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        torch = _torch()
+        try:
+            dev = torch.device(self.device)
+        except (RuntimeError, TypeError):
+            dev = None
+        if dev is None or dev.type not in ("cpu", "cuda"):
+            raise InputError(f"device must be None, 'cpu' or 'cuda[:N]', got {self.device!r}")
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            raise InputError(f"device {self.device!r} requested but torch sees no CUDA device")
+
+    @property
+    def dtype(self):
+        return getattr(_torch(), self.precision)
+
+    def rows(self, width: int) -> int:
+        """Rows per chunk: :data:`TORCH_CHUNK_ELEMENTS` values (at least 256 rows)."""
+        return max(256, TORCH_CHUNK_ELEMENTS // max(1, int(width)))
+
+    def put(self, a, dtype=None):
+        torch = _torch()
+        dt = self.dtype if dtype is None else getattr(torch, dtype)
+        t = a if isinstance(a, torch.Tensor) else torch.as_tensor(np.asarray(a))
+        return t.to(device=self.device, dtype=dt)
+
+    def get(self, a) -> np.ndarray:
+        return a.detach().to("cpu", dtype=_torch().float64).numpy()
+
+    def host(self, a) -> np.ndarray:
+        return np.asarray(a.detach().cpu())
+
+    def rowsum(self, a):
+        return a.sum(dim=1, dtype=_torch().float64)
+
+    def rowdot(self, a, b):
+        return self.rowsum(a * b)
+
+    def centred(self, a, centre):
+        return a - centre
+
+    def pick(self, a, index):
+        return a.gather(1, index[:, None])[:, 0]
+
+    def rowmax(self, a):
+        return a.amax(dim=1)
+
+    def rowmin(self, a):
+        return a.amin(dim=1)
+
+    def argmax(self, a):
+        return a.argmax(dim=1)
+
+    def exp(self, a):
+        return a.exp()
+
+    def log(self, a):
+        return a.log()
+
+    def shifted_exp(self, a, out=None):
+        m = self.rowmax(a)
+        e = _torch().sub(a, m[:, None], out=out).exp_() if out is not None else (a - m[:, None]).exp_()
+        return m, e, self.rowsum(e)
+
+    def logsumexp(self, a, overwrite: bool = False, own_max: bool = False):
+        """Each row shifted by its own max (``own_max`` is always so here)."""
+        m, _, total = self.shifted_exp(a, a if overwrite else None)
+        return m + total.log()
+
+    def max_softmax(self, a, overwrite: bool = False):
+        return 1.0 / self.shifted_exp(a, a if overwrite else None)[2]
+
+    def by_rows(self, fn: Callable, *arrays):
+        return fn(*arrays)
+
+    def map_rows(self, fn: Callable, a, width: int, dtype: str | None = None):
+        """fn per chunk of :meth:`rows` (``width``) rows of the host array ``a``."""
         parts = [fn(self.put(a[sl], dtype)) for sl in self.chunks(len(a), width)]
         if isinstance(parts[0], tuple):
             return tuple(np.concatenate([self.get(p[i]) for p in parts]) for i in range(len(parts[0])))
         return np.concatenate([self.get(p) for p in parts])
 
     def inverse_norm(self, a, eps: float = 1e-12):
-        """1 / max(||a_i||, eps) per row, float64 (norm accumulated in float64)."""
-        norm = self.rownorm(a)
-        return 1.0 / (np.maximum(norm, eps) if self.device is None else norm.clamp_min(eps))
+        return 1.0 / self.rownorm(a).clamp_min(eps)
 
     def scale_rows(self, a, s):
-        """a_i * s_i for a float64 vector s, in a's dtype."""
-        return a * (s[:, None].astype(a.dtype) if self.device is None else s[:, None].to(a.dtype))
-
-    def normalise(self, a, eps: float = 1e-12):
-        """Rows divided by their Euclidean norm (norm accumulated in float64)."""
-        return self.scale_rows(a, self.inverse_norm(a, eps))
+        return a * s[:, None].to(a.dtype)
 
     def topk(self, a, k: int):
-        """The k largest values of each row (in no particular order)."""
-        if self.device is None:
-            return np.partition(a, a.shape[1] - k, axis=1)[:, a.shape[1] - k :]
         return a.topk(k, dim=1, sorted=False).values
 
     def colsum(self, a):
-        """Column sums accumulated in float64."""
-        if self.device is None:
-            return a.sum(axis=0, dtype=np.float64)
         return a.sum(dim=0, dtype=_torch().float64)
 
     def zeros(self, shape: tuple[int, ...]):
-        """A float64 accumulator on the backend."""
-        if self.device is None:
-            return np.zeros(shape)
         return _torch().zeros(shape, dtype=_torch().float64, device=self.device)
 
     def groupsum(self, a, group: np.ndarray, n_groups: int, weights: np.ndarray | None = None):
-        """(n_groups, D) sums of the rows of ``a`` (one chunk), each times its ``weights`` entry
-        (host floats; default 1), by their group index (host ints), to be added into a float64
-        accumulator. With numpy the sparse product runs in ``a``'s dtype (a float32 chunk is not
-        copied to float64 first, which took 7x the product's time)."""
-        w = np.ones(len(group)) if weights is None else np.asarray(weights, dtype=np.float64)
-        if self.device is None:
-            import scipy.sparse
-
-            rows = np.arange(len(group))
-            pick = scipy.sparse.csr_matrix((w.astype(a.dtype), (group, rows)), shape=(n_groups, len(group)))
-            return np.asarray(pick @ a)
+        w = self._weights(group, weights)
         out = self.zeros((n_groups, a.shape[1]))
         idx = _torch().as_tensor(group, device=self.device)
         return out.index_add_(0, idx, a.to(_torch().float64) * self.put(w, "float64")[:, None])
 
     def subtract(self, a, b, out=None):
-        """a - b (broadcast), written into ``out`` when given."""
-        if self.device is None:
-            return np.subtract(a, b, out=out)
         return a - b if out is None else _torch().sub(a, b, out=out)
 
     def empty(self, shape: tuple[int, ...]):
-        """An uninitialised array of the product dtype on the backend."""
-        if self.device is None:
-            return np.empty(shape, dtype=self.dtype)
         return _torch().empty(shape, dtype=self.dtype, device=self.device)
 
     def concat(self, parts: list, axis: int = 1):
-        return np.concatenate(parts, axis=axis) if self.device is None else _torch().cat(parts, dim=axis)
+        return _torch().cat(parts, dim=axis)
 
 
-_POOL: list[ThreadPoolExecutor] = []
+def _run_blocks(fn: Callable, arrays: tuple, starts: range, threads: int) -> list:
+    """[fn(block) for each block of rows beginning at ``starts``], on the calling thread and
+    ``threads - 1`` threads started here and joined before it returns, each taking the next
+    pending block; the first error stops the others taking more and is raised."""
+    parts: list = [None] * len(starts)
+    pending, lock, errors = iter(range(len(starts))), threading.Lock(), []
+
+    def work() -> None:
+        with _scratch_scope():
+            while True:
+                with lock:
+                    i = next(pending, None)
+                if i is None:
+                    return
+                try:
+                    parts[i] = fn(*(a[starts[i] : starts[i] + PARALLEL_ROWS] for a in arrays))
+                except BaseException as error:
+                    with lock:
+                        collections.deque(pending, maxlen=0)  # the other threads take no more
+                        errors.append(error)
+                    return
+
+    helpers = [threading.Thread(target=work, name=f"oodeval-rows-{i}") for i in range(1, threads)]
+    for t in helpers:
+        t.start()
+    try:
+        work()
+    finally:
+        with lock:
+            collections.deque(pending, maxlen=0)
+        for t in helpers:
+            t.join()
+    if errors:
+        raise errors[0]
+    return parts
 
 
-def _pool() -> ThreadPoolExecutor:
-    """One thread per core, started on first use and kept (starting threads per call costs
-    milliseconds, as much as a softmax over 10k x 1000 logits)."""
-    if not _POOL:
-        _POOL.append(ThreadPoolExecutor(os.cpu_count() or 1, thread_name_prefix="oodeval"))
-    return _POOL[0]
+_BLAS: dict = {}
 
 
-@functools.cache
 def _blas():
-    """The BLAS libraries loaded when first asked (threadpoolctl), numpy's among them: the one
-    that runs the blocks' products."""
+    """The BLAS libraries loaded (threadpoolctl), numpy's among them: the one that runs the blocks'
+    products. Looked up again only once a module was imported since the last look (a library
+    loads with a module; a look-up scans every loaded library, see docs/performance.md)."""
     from threadpoolctl import ThreadpoolController
 
-    return ThreadpoolController().select(user_api="blas")
+    if _BLAS.get("modules") != len(sys.modules):
+        _BLAS.update(controller=ThreadpoolController().select(user_api="blas"), modules=len(sys.modules))
+    return _BLAS["controller"]
 
 
-_HOLDS = {"count": 0, "saved": None}
+_HOLDS: dict = {"count": 0, "limiter": None, "threads": 1}
 _HOLDS_LOCK = threading.Lock()
 
 
 @contextlib.contextmanager
-def one_blas_thread() -> Iterator[None]:
-    """A context holding BLAS to one thread (process-wide, as BLAS's setting is): for the
-    per-core blocks of :meth:`Compute.by_rows`, and for a short product (tens of ms) just before
-    a detector's passes, which would otherwise run beside BLAS's idle threads spinning for ~0.1 s.
-    Holds from several threads nest: the first sets one thread, the last restores the setting."""
+def one_blas_thread() -> Iterator[int]:
+    """A context holding BLAS to one thread, for the per-core blocks of :meth:`Compute.by_rows`
+    and for a short product just before a detector's passes. BLAS's setting is process-wide, so
+    holds from several threads nest: the first sets one thread, the last restores the setting
+    that was in force before the first (a user's ``threadpool_limits`` included). Yields the
+    largest BLAS thread count of that setting (the most threads a caller should occupy)."""
     with _HOLDS_LOCK:
         if _HOLDS["count"] == 0:
-            _HOLDS["saved"] = _blas().limit(limits=1)
+            blas = _blas()
+            _HOLDS["threads"] = max([lib["num_threads"] for lib in blas.info()], default=os.cpu_count() or 1)
+            _HOLDS["limiter"] = blas.limit(limits=1)
         _HOLDS["count"] += 1
+        threads = _HOLDS["threads"]
     try:
-        yield
+        yield threads
     finally:
         with _HOLDS_LOCK:
             _HOLDS["count"] -= 1
             if _HOLDS["count"] == 0:
-                _HOLDS["saved"].restore_original_limits()
+                _HOLDS["limiter"].restore_original_limits()
+                _HOLDS["limiter"] = None
 
 
 _SCRATCH = threading.local()
-#: largest kept per-thread buffer, in values (a block of PARALLEL_ROWS rows is far smaller)
+#: largest scratch buffer, in values (a block of PARALLEL_ROWS rows is far smaller)
 SCRATCH_ELEMENTS = 1 << 22
 
 
+@contextlib.contextmanager
+def _scratch_scope() -> Iterator[None]:
+    """Scratch buffers for this thread while a :meth:`Compute.by_rows` call runs (the outermost
+    scope owns them, and drops them on exit)."""
+    if getattr(_SCRATCH, "buffers", None) is not None:
+        yield
+        return
+    _SCRATCH.buffers = {}
+    try:
+        yield
+    finally:
+        _SCRATCH.buffers = None
+
+
 def _scratch(shape: tuple[int, ...], dtype) -> np.ndarray | None:
-    """A per-thread numpy buffer of ``shape`` for a temporary that no caller keeps (None, i.e. a
-    new array, when larger than :data:`SCRATCH_ELEMENTS`): a fresh 2 MB temporary per block
-    costs page faults that take as long as a pass over it."""
+    """A numpy buffer of ``shape`` from this thread's scratch scope, for a temporary that no
+    caller keeps, reused across the blocks of a :meth:`Compute.by_rows` call; None (a new array)
+    outside a scope or when larger than :data:`SCRATCH_ELEMENTS`."""
+    kept = getattr(_SCRATCH, "buffers", None)
     size = int(np.prod(shape))
-    if size > SCRATCH_ELEMENTS:
+    if kept is None or size > SCRATCH_ELEMENTS:
         return None
     dtype = np.dtype(dtype)
-    kept = getattr(_SCRATCH, "buffers", None)
-    if kept is None:
-        kept = _SCRATCH.buffers = {}
     buf = kept.get(dtype)
     if buf is None or buf.size < size:
         buf = kept[dtype] = np.empty(max(size, PARALLEL_ROWS * 1024), dtype=dtype)
@@ -405,8 +518,3 @@ def _torch():
     import torch
 
     return torch
-
-
-def compute_of(det) -> Compute:
-    """The Compute of a detector from its ``precision`` / ``device`` hyperparameters."""
-    return Compute(getattr(det, "precision", "float64"), getattr(det, "device", None))

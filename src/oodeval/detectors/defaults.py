@@ -19,7 +19,7 @@ from ..features import FeatureSet
 from . import REGISTRY
 from .base import Backbone, Default
 
-__all__ = ["Default", "Backbone", "backbone_family", "backbone_of", "backbone_defaults", "resolve_defaults", "describe",
+__all__ = ["Default", "Backbone", "backbone_family", "backbone_of", "backbone_defaults", "resolve_defaults", "describe_defaults",
            "FAMILIES", "VIT_LIKE", "FAMILY_NOTES", "family_note"]
 
 #: timm module (``timm.models.<module>``) -> backbone family
@@ -135,7 +135,7 @@ def resolve_defaults(name: str | type, source: FeatureSet | Mapping | None, expl
     return out
 
 
-def describe(names: list[str], source: FeatureSet | Mapping | None, explicit: Mapping[str, Mapping] | None = None) -> list[str]:
+def describe_defaults(names: list[str], source: FeatureSet | Mapping | None, explicit: Mapping[str, Mapping] | None = None) -> list[str]:
     """A line naming the backbone, then what each of ``names`` notes about it
     (:meth:`~oodeval.detectors.base.Detector.backbone_notes`), then one line per backbone-dependent
     hyperparameter: its value and source, or the user's value where it wins."""

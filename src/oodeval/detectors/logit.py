@@ -165,7 +165,7 @@ class KLMatching(Detector):
         for sl in chunks:
             e = buf[: sl.stop - sl.start]
             total, k = comp.by_rows(lambda a, o: (comp.shifted_exp(a, o)[2], comp.argmax(a)), comp.put(f[sl]), e)
-            k, total = np.asarray(k if comp.device is None else k.cpu()), comp.get(total)
+            k, total = comp.host(k), comp.get(total)
             sums += comp.groupsum(e, k, c, weights=1.0 / total)  # softmax p = e / total
             counts += np.bincount(k, minlength=c)
         sums = comp.get(sums)
@@ -186,7 +186,7 @@ class KLMatching(Detector):
             shifted = a - comp.rowmax(a)[:, None]
             e = comp.exp(shifted)
             total = comp.rowsum(e)
-            return e, total, comp.rowdot(e, shifted) / total - (np.log(total) if comp.device is None else total.log())
+            return e, total, comp.rowdot(e, shifted) / total - comp.log(total)
 
         def block(a):
             e, total, neg_entropy = softmax_terms(a)

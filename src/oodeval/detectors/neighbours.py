@@ -74,7 +74,7 @@ def top_similarities(
             best = top if best is None else comp.topk(comp.concat([best, top]), k)
         return reduce(best) * comp.inverse_norm(q)
 
-    return comp.map_rows(search, z, block if comp.device is not None else z.shape[1])
+    return comp.map_rows(search, z, block)
 
 
 def bank_offsets(bank: np.ndarray, center: np.ndarray) -> np.ndarray:

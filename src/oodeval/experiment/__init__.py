@@ -5,11 +5,11 @@ runner that appends to one Parquet results table, and the per-cell score files t
     summary = run_experiment("experiment.toml")   # summary.results: the Parquet table's path
 """
 
-from .config import DatasetSpec, DetectorSpec, ExperimentConfig, ModelSpec, load_config
+from .config import DetectorSpec, ExperimentConfig, ExperimentDataset, ModelSpec, load_config
 from .grid import run_experiment
-from .runner import RunSummary, extract_features, scores_dir
+from .runner import RunSummary, extract_experiment_features, scores_dir
 
 __all__ = [
-    "ExperimentConfig", "ModelSpec", "DetectorSpec", "DatasetSpec", "load_config",
-    "run_experiment", "RunSummary", "extract_features", "scores_dir",
+    "ExperimentConfig", "ModelSpec", "DetectorSpec", "ExperimentDataset", "load_config",
+    "run_experiment", "RunSummary", "extract_experiment_features", "scores_dir",
 ]  # fmt: skip

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .config import DatasetSpec, ExperimentConfig, ModelSpec
+from .config import ExperimentConfig, ExperimentDataset, ModelSpec
 
 __all__ = ["check_experiment", "eoe_prompt_notes"]
 
@@ -66,7 +66,7 @@ def _weights_problem(model: ModelSpec, path: str) -> str | None:
     return None
 
 
-def _dataset_problem(role: str, ds: DatasetSpec, cfg: ExperimentConfig, models: list[ModelSpec]) -> list[str]:
+def _dataset_problem(role: str, ds: ExperimentDataset, cfg: ExperimentConfig, models: list[ModelSpec]) -> list[str]:
     """A dataset is needed unless every model that reads it brings a precomputed FeatureSet for it."""
     out = []
     for m in models:

@@ -43,7 +43,7 @@ from ..features.pass_options import KINDS as PASS_KINDS
 from ..features.pass_options import PassSpec, parse_pass
 from ..params import Device, check_hyperparameters
 
-__all__ = ["ExperimentConfig", "ModelSpec", "DetectorSpec", "DatasetSpec", "SweepSpec", "SelectionSpec", "load_config", "KINDS"]
+__all__ = ["ExperimentConfig", "ModelSpec", "DetectorSpec", "ExperimentDataset", "SweepSpec", "SelectionSpec", "load_config", "KINDS"]
 
 KINDS = ("supervised", "zero-shot")
 _ROLES = ("id_train", "id_test")
@@ -101,8 +101,8 @@ class SelectionSpec:
     """Validation data of the opt-in hyperparameter search: an ID split and an OOD set, neither
     of them a test set (``id_test`` or one of ``ood``)."""
 
-    validation_id: DatasetSpec
-    validation_ood: DatasetSpec
+    validation_id: ExperimentDataset
+    validation_ood: ExperimentDataset
 
 
 @dataclass(frozen=True)
@@ -123,7 +123,7 @@ class SweepSpec:
 
 
 @dataclass(frozen=True)
-class DatasetSpec:
+class ExperimentDataset:
     """A dataset: a registry name or a path, the label used in the results, an optional split column,
     and an optional group (e.g. ``near`` / ``far``) whose mean the report shows."""
 
@@ -173,9 +173,9 @@ class ExperimentConfig:
     """A validated experiment. Build with :func:`load_config`."""
 
     models: tuple[ModelSpec, ...]
-    id_test: DatasetSpec
-    ood: tuple[DatasetSpec, ...]
-    id_train: DatasetSpec | None = None
+    id_test: ExperimentDataset
+    ood: tuple[ExperimentDataset, ...]
+    id_train: ExperimentDataset | None = None
     detectors: tuple[DetectorSpec, ...] | None = None
     zeroshot: tuple[DetectorSpec, ...] | None = None
     seeds: tuple[int, ...] = (0,)
@@ -265,12 +265,12 @@ def _default_label(value: str) -> str:
     return Path(value).name if ("/" in value or "\\" in value) else value
 
 
-def _dataset(entry: Any, where: str, base: Path, split_column: str | None) -> DatasetSpec:
+def _dataset(entry: Any, where: str, base: Path, split_column: str | None) -> ExperimentDataset:
     if isinstance(entry, str):
-        return DatasetSpec(_dataset_name(entry, base), _default_label(entry), split_column)
+        return ExperimentDataset(_dataset_name(entry, base), _default_label(entry), split_column)
     t = _check_keys(entry, _OOD, where)
     name = _typed(t, "name", str, where, required=True)
-    return DatasetSpec(
+    return ExperimentDataset(
         _dataset_name(name, base),
         _typed(t, "label", str, where, _default_label(name)),
         _typed(t, "split_column", str, where, split_column),
@@ -302,10 +302,10 @@ def _detector(entry: Any, where: str, known: set[str], base: Path, zeroshot: boo
     if not zeroshot and name in _registry(False):
         name = _registry(False).canonical(name)  # a peer's name (ebo, EnergyBased) as oodeval's
     if not zeroshot and ":" in name and name not in known:
-        from ..detectors import resolve
+        from ..detectors import registry_name
 
         try:
-            name = resolve(name)
+            name = registry_name(name)
         except ValueError as exc:
             raise _fail(where, str(exc)) from None
         known = known | {name}
@@ -507,7 +507,7 @@ def _sweep(entry: Any, i: int, base: Path, problems: list[str]) -> SweepSpec:
     )
 
 
-def _selection(value: Any, base: Path, id_test: DatasetSpec, ood: tuple[DatasetSpec, ...]) -> SelectionSpec | None:
+def _selection(value: Any, base: Path, id_test: ExperimentDataset, ood: tuple[ExperimentDataset, ...]) -> SelectionSpec | None:
     if value is None:
         return None
     t = _check_keys(value, _SELECTION, "[selection]")

@@ -172,7 +172,7 @@ def free_bytes(path: Path) -> int:
     return shutil.disk_usage(path).free
 
 
-def describe(row: ModelDisk) -> str:
+def describe_disk(row: ModelDisk) -> str:
     """One line of ``run --check``'s disk figures for a model."""
     if row.unknown:
         return f"  {row.label}: extraction disk unknown ({row.unknown})"

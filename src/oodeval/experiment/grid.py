@@ -12,7 +12,7 @@ from ..errors import InputError
 from ..results import PARTS_KIND, parts_dir
 from .config import ExperimentConfig, load_config
 from .executors import run_distributed
-from .runner import EXECUTORS, FeatureFn, RunSummary, extract_features, run_units, scores_dir
+from .runner import EXECUTORS, FeatureFn, RunSummary, extract_experiment_features, run_units, scores_dir
 
 __all__ = ["run_experiment"]
 
@@ -27,11 +27,11 @@ def run_experiment(
 ) -> RunSummary:
     """Run (or resume) the grid of ``config`` and return a :class:`RunSummary`; ``.results`` is
     the Parquet table's path. ``features`` replaces the FeatureSet source (default:
-    :func:`extract_features`). ``executor``: "inprocess" (default), or "local" / "slurm" to fan
+    :func:`extract_experiment_features`). ``executor``: "inprocess" (default), or "local" / "slurm" to fan
     the work out as submitit jobs with ``executor_options`` passed to ``update_parameters``, or
     "ray" for Ray tasks (see :mod:`oodeval.experiment.executors`)."""
     cfg = replace(load_config(config), progress=progress)
-    features = features or extract_features
+    features = features or extract_experiment_features
     if executor not in EXECUTORS:
         raise InputError(f"executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
     check_output(cfg.results, "results table")  # refused before any work

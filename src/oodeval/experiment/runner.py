@@ -46,7 +46,7 @@ from ..results import (
 )
 from ..scorer import RunSets, Scorer, build_scorer
 from ..scoring import fit_score_evaluate
-from .config import DatasetSpec, DetectorSpec, ExperimentConfig, ModelSpec
+from .config import DetectorSpec, ExperimentConfig, ExperimentDataset, ModelSpec
 from .zeroshot import vocabulary_label, vocabulary_source
 
 __all__ = ["RunSummary", "Unit", "scores_dir", "EXECUTORS"]
@@ -124,7 +124,7 @@ def _error_text(exc: BaseException) -> str:
 
 
 # ---------------------------------------------------------------------------- features
-FeatureFn = Callable[[ModelSpec, "str | None", DatasetSpec, str, ExperimentConfig], FeatureSet]
+FeatureFn = Callable[[ModelSpec, "str | None", ExperimentDataset, str, ExperimentConfig], FeatureSet]
 
 
 def _extract_options(model: ModelSpec, weights: str | None, cfg: ExperimentConfig) -> dict:
@@ -132,7 +132,7 @@ def _extract_options(model: ModelSpec, weights: str | None, cfg: ExperimentConfi
             "device": cfg.device, "model_kwargs": model.model_kwargs or None, "progress": cfg.progress, "head": model.head}
 
 
-def extract_features(model: ModelSpec, weights: str | None, ds: DatasetSpec, role: str, cfg: ExperimentConfig) -> FeatureSet:
+def extract_experiment_features(model: ModelSpec, weights: str | None, ds: ExperimentDataset, role: str, cfg: ExperimentConfig) -> FeatureSet:
     """The FeatureSet of ``ds`` under ``model``: a precomputed folder named in the model's
     ``features`` table (by role ``id_train`` / ``id_test`` or OOD label), else the store.
     NAC taps (``model.taps``) are extracted for the test and OOD sets here; on ID train only
@@ -198,7 +198,7 @@ def tapped_fit_features(run: _Run, cfg: ExperimentConfig, n_fit: int | None, see
     return run.feats[key]
 
 
-def split_values(fs: FeatureSet, ds: DatasetSpec, cfg: ExperimentConfig) -> np.ndarray | None:
+def split_values(fs: FeatureSet, ds: ExperimentDataset, cfg: ExperimentConfig) -> np.ndarray | None:
     """Per-sample values of the dataset's split column (None when it has none).
 
     Read from the FeatureSet's extra array of that name when present, else from the dataset's
@@ -316,11 +316,11 @@ def _cell_key(run: _Run, spec: DetectorSpec, dataset: str, split: str, seed: int
     return CellKey(run.model.label, run.weights or "", spec.name, spec.result_key, dataset, split, int(seed))
 
 
-def _feature_roles(model: ModelSpec, cfg: ExperimentConfig) -> list[tuple[str, DatasetSpec]]:
+def _feature_roles(model: ModelSpec, cfg: ExperimentConfig) -> list[tuple[str, ExperimentDataset]]:
     """(role, dataset) of the FeatureSets a model's cells are computed from: ID train (supervised), ID test, each OOD set."""
-    roles: list[tuple[str, DatasetSpec]] = [("id_test", cfg.id_test)]
+    roles: list[tuple[str, ExperimentDataset]] = [("id_test", cfg.id_test)]
     if model.kind == "supervised" and (cfg.id_train is not None or "id_train" in model.features):
-        roles.insert(0, ("id_train", cfg.id_train or DatasetSpec("id_train", "id_train")))
+        roles.insert(0, ("id_train", cfg.id_train or ExperimentDataset("id_train", "id_train")))
     return roles + [(d.label, d) for d in cfg.ood]
 
 

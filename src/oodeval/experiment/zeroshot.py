@@ -177,11 +177,11 @@ def _id_text(state: dict, model: ModelSpec, cfg: ExperimentConfig, encoder) -> n
 
 def gl_mcm_taus(model: ModelSpec, cfg: ExperimentConfig) -> list[float]:
     """The temperatures of the model's gl_mcm scorers (its detector list, else the default scorers)."""
-    from ..zeroshot.scorers import create
+    from ..zeroshot.scorers import create_scorer
 
     specs = cfg.detectors_for(model)
     specs = default_zeroshot_specs() if specs is None else specs
-    return sorted({float(create("gl_mcm", **s.hyperparameters).tau) for s in specs if s.name == "gl_mcm"})
+    return sorted({float(create_scorer("gl_mcm", **s.hyperparameters).tau) for s in specs if s.name == "gl_mcm"})
 
 
 def patch_readouts(model: ModelSpec, weights: str | None, cfg: ExperimentConfig) -> list:
@@ -288,9 +288,9 @@ def _siblings_curve(sweep, id_fs: FeatureSet, ood_fs: FeatureSet, context: dict)
 def default_zeroshot_specs() -> list[DetectorSpec]:
     """The seven logit-space scorers of Tab. 1. gl_mcm is always listed: on features without patch
     features its cells are recorded as errors saying why (never dropped silently)."""
-    from ..zeroshot.scorers import names
+    from ..zeroshot.scorers import scorer_names
 
-    return [DetectorSpec(n) for n in names("logit")]
+    return [DetectorSpec(n) for n in scorer_names("logit")]
 
 
 def run_sweeps(model: ModelSpec, feats: dict[str, FeatureSet], context: dict, errors: dict, cfg: ExperimentConfig, summary) -> None:

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from .. import __version__
+from .._device import resolve_device
 from .._io import hash_json
 from ..data import ImageError, Manifest, open_image, resolve
 from ..errors import InputError, StateError
@@ -119,10 +120,9 @@ def _dist_info() -> tuple[int, int, int]:
     return int(os.environ.get("RANK", "0")), world, int(os.environ.get("LOCAL_RANK", "0"))
 
 
-def _resolve_device(device: str, local_rank: int, world: int) -> torch.device:
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    dev = torch.device(device)
+def _rank_device(device: str, local_rank: int, world: int) -> torch.device:
+    """:func:`oodeval._device.resolve_device`, on this process's GPU when torchrun started several."""
+    dev = resolve_device(device)
     if dev.type == "cuda" and dev.index is None and world > 1:
         dev = torch.device("cuda", local_rank)
     return dev
@@ -297,7 +297,7 @@ def extract(
     if len(manifest) == 0:
         raise InputError(f"dataset {manifest.name!r} has no images")
     rank, world, local_rank = _dist_info()
-    dev = _resolve_device(device, local_rank, world)
+    dev = _rank_device(device, local_rank, world)
     use_amp = (dev.type == "cuda") if amp is None else bool(amp)
     store = Path(store)
     weights_hash = module_fingerprint(backbone.model) if backbone is not None else (

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pandas as pd
 
 from .labels import detector_label
-from .views import Figure, View
+from .views import Figure, View, mark_zero_shot
 
 __all__ = ["run_summary"]
 
@@ -18,7 +18,7 @@ def run_summary(df: pd.DataFrame, views: list[View], figures: list[Figure], choi
     kinds = ok.groupby("model", sort=False)["kind"].first() if len(ok) else pd.Series(dtype=str)
     random = set(df.loc[df["random_init"].fillna(False).astype(bool), "model"])
     models = [f"{m} ({kinds.get(m, '?')}{', RANDOM-INIT weights' if m in random else ''})" for m in dict.fromkeys(df["model"])]
-    labels = ok["label"].fillna(ok["detector"]).astype(str) if len(ok) else pd.Series(dtype=str)
+    labels = mark_zero_shot(ok["label"].fillna(ok["detector"]).astype(str), ok["kind"]) if len(ok) else pd.Series(dtype=str)
     detectors = [f"{detector_label(d)} ({d})" if detector_label(d) != d else d for d in dict.fromkeys(labels)]
     sets = list(dict.fromkeys(df["dataset"]))
     n_err = int((df["status"] != "ok").sum())

@@ -15,8 +15,9 @@ import pandas as pd
 from ..errors import InputError
 from ..registry import Registry
 from ..results import ALL_SPLIT
+from ..zeroshot.scorers import ZS_PREFIX
 
-__all__ = ["Cell", "View", "Figure", "VIEWS", "VIEW_INPUTS", "register_view", "prepare", "add_det", "full_split", "pct", "pct_ci", "row_ci", "order_detectors", "best_row", "hp_text",
+__all__ = ["Cell", "View", "Figure", "VIEWS", "VIEW_INPUTS", "register_view", "prepare", "add_det", "mark_zero_shot", "full_split", "pct", "pct_ci", "row_ci", "order_detectors", "best_row", "hp_text",
            "vocabulary_columns"]
 
 
@@ -114,7 +115,7 @@ def _detector_rank() -> dict[str, int]:
     from .. import detectors
 
     try:
-        from ..zeroshot.scorers import names as zs_names
+        from ..zeroshot.scorers import scorer_names as zs_names
 
         zs = zs_names()
     except Exception:  # noqa: BLE001 - zero-shot package optional for ordering
@@ -162,9 +163,12 @@ def hp_text(hp_json_text: str) -> str:
     return ", ".join(parts) or "defaults"
 
 
-#: display prefix of a zero-shot scorer whose name a post-hoc detector of the same table also
-#: shows (mcm, maxlogit, energy, gen: different methods under one registry name); stored names stay
-ZS_PREFIX = "zs:"
+def mark_zero_shot(labels: pd.Series, kinds: pd.Series) -> pd.Series:
+    """``labels`` with :data:`~oodeval.zeroshot.scorers.ZS_PREFIX` before each zero-shot row's
+    label (``kinds`` == "zero-shot") that a post-hoc row of the same rows shows too."""
+    zero_shot = kinds.eq("zero-shot").fillna(False).astype(bool)
+    shared = labels.isin(set(labels[zero_shot])) & labels.isin(set(labels[~zero_shot]))
+    return labels.where(~(shared & zero_shot), ZS_PREFIX + labels.astype(str))
 
 
 def add_det(rows: pd.DataFrame) -> pd.DataFrame:
@@ -178,9 +182,7 @@ def add_det(rows: pd.DataFrame) -> pd.DataFrame:
     vocab = rows["vocabulary"].astype("string")
     rows["det"] = np.where(vocab.isna(), label, label + "[" + vocab.fillna("") + "]")
     if "kind" in rows:
-        zero_shot = rows["kind"].eq("zero-shot").fillna(False).astype(bool)
-        shared = rows["det"].isin(set(rows.loc[zero_shot, "det"])) & rows["det"].isin(set(rows.loc[~zero_shot, "det"]))
-        rows.loc[shared & zero_shot, "det"] = ZS_PREFIX + rows.loc[shared & zero_shot, "det"]
+        rows["det"] = mark_zero_shot(rows["det"], rows["kind"])
     clash = rows.groupby(["model", "det"])["hyperparameters"].transform("nunique") > 1
     rows.loc[clash, "det"] = rows.loc[clash, "det"] + " " + rows.loc[clash, "hyperparameters"].astype(str).map(hp_text)
     return rows

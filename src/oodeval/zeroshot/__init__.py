@@ -3,10 +3,10 @@
 Light to import; torch / open_clip are imported only by the functions that encode text.
 """
 
-from .scorers import REGISTRY, ZeroShotScorer, create, names, register, score_zeroshot, similarity_logits
+from .scorers import REGISTRY, ZeroShotScorer, create_scorer, register, score_zeroshot, scorer_names, similarity_logits
 from .vocabulary import Vocabulary, oracle, union
 
 __all__ = [
-    "REGISTRY", "ZeroShotScorer", "create", "names", "register", "score_zeroshot", "similarity_logits",
+    "REGISTRY", "ZeroShotScorer", "create_scorer", "scorer_names", "register", "score_zeroshot", "similarity_logits",
     "Vocabulary", "oracle", "union",
 ]  # fmt: skip

@@ -37,11 +37,14 @@ from ..params import POSITIVE, SEED, Checked, Integral, Interval, Options, Real
 from ..registry import Registry
 
 __all__ = [
-    "ZeroShotScorer", "REGISTRY", "register", "names", "create", "score_zeroshot", "similarity_logits",
-    "MCM", "MaxLogit", "Energy", "GEN", "Entropy", "Margin", "GLMCM", "NegLabel", "EOE",
+    "ZeroShotScorer", "REGISTRY", "ZS_PREFIX", "register", "scorer_names", "create_scorer", "score_zeroshot", "similarity_logits",
+    "ZeroShotMCM", "ZeroShotMaxLogit", "ZeroShotEnergy", "ZeroShotGEN", "ZeroShotEntropy", "Margin", "GLMCM", "NegLabel", "EOE",
 ]  # fmt: skip
 
 REGISTRY = Registry("zero-shot scorer", "oodeval.zeroshot_scorers")
+#: how a zero-shot scorer is shown where a post-hoc detector of the same name is shown too (mcm,
+#: maxlogit, energy, gen: different methods under one registry name); stored names stay plain
+ZS_PREFIX = "zs:"
 
 
 def register(name: str, order: int | None = None, vocabulary: bool = False):
@@ -175,7 +178,7 @@ def _logits(image: np.ndarray, text: np.ndarray, tau: float) -> np.ndarray:
 
 
 @register("mcm", 1)
-class MCM(ZeroShotScorer):
+class ZeroShotMCM(ZeroShotScorer):
     """max_c softmax_c(h't_c / tau) (MCM)."""
 
     label = "MCM"
@@ -189,7 +192,7 @@ class MCM(ZeroShotScorer):
 
 
 @register("maxlogit", 2)
-class MaxLogit(ZeroShotScorer):
+class ZeroShotMaxLogit(ZeroShotScorer):
     """max_c h't_c / tau."""
 
     label = "MaxLogit"
@@ -203,7 +206,7 @@ class MaxLogit(ZeroShotScorer):
 
 
 @register("energy", 3)
-class Energy(ZeroShotScorer):
+class ZeroShotEnergy(ZeroShotScorer):
     """T * logsumexp_c(l_c / T) on the tau-scaled logits (T = 1)."""
 
     label = "Energy"
@@ -219,7 +222,7 @@ class Energy(ZeroShotScorer):
 
 
 @register("gen", 4)
-class GEN(ZeroShotScorer):
+class ZeroShotGEN(ZeroShotScorer):
     """-sum over the top-M probabilities of p^g (1-p)^g (GEN; g = 0.1, M = 100, capped at C)."""
 
     label = "GEN"
@@ -244,7 +247,7 @@ class GEN(ZeroShotScorer):
 
 
 @register("entropy", 5)
-class Entropy(ZeroShotScorer):
+class ZeroShotEntropy(ZeroShotScorer):
     """Negative entropy of the ID posterior, sum_c p log p (0 for a one-hot posterior)."""
 
     label = "Entropy"
@@ -316,7 +319,7 @@ class GLMCM(ZeroShotScorer):
             if local is not None:
                 if negatives is not None:
                     raise InputError(f"GLMCM uses the ID names only; negatives were given ({len(negatives)})")
-                mcm = MCM(self.tau)
+                mcm = ZeroShotMCM(self.tau)
                 mcm.chunk_rows = self.chunk_rows
                 glob = mcm.score(FeatureSet(features=image.features), id_text, normalize=normalize)
                 return as_scores(glob + self.lam * local, len(image), type(self).__name__)
@@ -391,13 +394,13 @@ class EOE(ZeroShotScorer):
         return np.exp(id_logits.max(axis=1) - lse) - self.beta * np.exp(neg_logits.max(axis=1) - lse)
 
 
-def names(*tags: str) -> list[str]:
+def scorer_names(*tags: str) -> list[str]:
     """Zero-shot scorer names carrying every tag in ``tags``: the 7 logit-space ones ("logit"),
     then the 2 vocabulary-based ones ("needs-vocabulary")."""
     return REGISTRY.names(*tags)
 
 
-def create(name: str, **hyperparameters) -> ZeroShotScorer:
+def create_scorer(name: str, **hyperparameters) -> ZeroShotScorer:
     """A new scorer ``name`` with the paper's defaults overridden by ``hyperparameters``."""
     return REGISTRY.create(name, **hyperparameters)
 
@@ -410,4 +413,4 @@ def score_zeroshot(
     **hyperparameters,
 ) -> np.ndarray:
     """Scores (float64 (N,), higher = ID) of scorer ``name`` for image embeddings and label embeddings."""
-    return create(name, **hyperparameters).score(image, id_text, negatives)
+    return create_scorer(name, **hyperparameters).score(image, id_text, negatives)

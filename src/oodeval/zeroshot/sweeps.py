@@ -19,15 +19,15 @@ import pandas as pd
 from .._io import check_output, write_parquet_atomic
 from ..errors import InputError
 from ..features import FeatureSet
-from ..metrics import evaluate
+from ..metrics import all_metrics
 from .llm_vocab import siblings_vocabulary
-from .scorers import create
+from .scorers import create_scorer
 
 __all__ = ["sweep_prefix", "sweep_siblings", "sweeps_path", "save_sweep"]
 
 
 def _point(scorer, id_image, ood_image, id_text, neg) -> dict:
-    res = evaluate(scorer.score(id_image, id_text, neg), scorer.score(ood_image, id_text, neg))
+    res = all_metrics(scorer.score(id_image, id_text, neg), scorer.score(ood_image, id_text, neg))
     return {"fpr95": res["fpr95"], "auroc": res["auroc"]}
 
 
@@ -41,7 +41,7 @@ def sweep_prefix(
     **hyperparameters,
 ) -> dict:
     """FPR@95 vs M: the scorer with the first M rows of ``ranked_negatives`` (NegMined order)."""
-    det = create(scorer, **hyperparameters)
+    det = create_scorer(scorer, **hyperparameters)
     curve = {"param": "M", "x": [], "vocab_size": [], "fpr95": [], "auroc": []}
     for m in sizes:
         if not 0 <= m <= len(ranked_negatives):
@@ -66,7 +66,7 @@ def sweep_siblings(
     **hyperparameters,
 ) -> dict:
     """FPR@95 vs k: the pool of k siblings per class (seeded random order); ``embed(labels) -> (L, E)``."""
-    det = create(scorer, **hyperparameters)
+    det = create_scorer(scorer, **hyperparameters)
     curve = {"param": "k", "x": [], "vocab_size": [], "fpr95": [], "auroc": []}
     for k in ks:
         if k < 0:
