@@ -10,7 +10,7 @@ import pytest
 
 from oodeval import cli, detectors
 from oodeval.errors import InputError
-from oodeval.experiment import load_config, runner
+from oodeval.experiment import grid, load_config, runner
 from oodeval.params import Device, Interval, Options
 from oodeval.zeroshot import scorers
 
@@ -92,7 +92,7 @@ def _spy(monkeypatch) -> list:
         calls.append(args)
         raise RuntimeError("extraction was reached")
 
-    monkeypatch.setattr(runner, "extract_features", extract)
+    monkeypatch.setattr(grid, "extract_experiment_features", extract)  # the default FeatureSet source of run_experiment
     return calls
 
 
