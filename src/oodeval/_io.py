@@ -35,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import __version__
 from .errors import InputError
 
 MARKER = ".oodeval-output.jsonl"
@@ -53,8 +54,6 @@ class OutputPathError(FileExistsError, InputError):
 
 def stamp(kind: str) -> dict[str, str]:
     """The marker of a single-file output of ``kind``: ``{"kind", "oodeval": version}``."""
-    from . import __version__
-
     return {"kind": kind, "oodeval": __version__}
 
 
@@ -272,8 +271,6 @@ def write_marker(folder: str | os.PathLike, kind: str, files: dict[str, str] | N
     """Mark ``folder`` as oodeval's output of ``kind``, listing ``files`` ({name: digest}).
 
     The marker appears whole or not at all, and an existing one is never overwritten."""
-    from . import __version__
-
     folder = Path(folder)
     lines = [json.dumps({"kind": kind, "oodeval": __version__}, sort_keys=True)]
     lines += [json.dumps({"file": f, "blake2b": d}, sort_keys=True) for f, d in sorted((files or {}).items())]

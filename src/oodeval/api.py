@@ -15,8 +15,10 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ._extras import needs
 from .errors import InputError
 from .features import FeatureSet
+from .scoring import evaluate_detectors, failures
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -34,8 +36,6 @@ def extract_features(model: nn.Module | str, data: object, store: str | os.PathL
     see :mod:`oodeval.features.module`). ``data``: a manifest, registry name, image folder or CSV.
     ``options`` are those of :func:`oodeval.features.extract.extract` (``taps=True`` for NAC, ...).
     """
-    from ._extras import needs
-
     with needs():
         from .features.extract import extract
     return FeatureSet.load(extract(model, data, store, **options))
@@ -89,7 +89,6 @@ def evaluate(
     """
     import pandas as pd
 
-    from .scoring import evaluate_detectors, failures
 
     if not ood:
         raise InputError("evaluate needs at least one OOD set in ood={name: data}")

@@ -36,6 +36,7 @@ from . import detectors
 from .detectors.defaults import backbone_family, resolve_defaults
 from .errors import InputError
 from .features import FeatureSet
+from .zeroshot.scorers import create_scorer
 
 __all__ = ["RunSets", "Scorer", "build_scorer", "seeded", "SEED_PARAMS", "KINDS"]
 
@@ -91,7 +92,6 @@ class Scorer:
     def score(self, fs: FeatureSet) -> np.ndarray:
         if self.kind == "supervised":
             return self.detector.score(fs)
-        from .zeroshot.scorers import create_scorer
 
         scorer = create_scorer(self.name, **self.hyperparameters)
         fs.check_finite(list(scorer.needs), self.name)

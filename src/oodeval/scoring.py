@@ -14,8 +14,14 @@ import json
 import time
 from collections.abc import Iterator, Mapping
 
+from . import detectors
 from .errors import InputError
 from .features import FeatureSet
+from .metrics import all_metrics, fpr95_columns
+from .params import check_hyperparameters, refuse
+from .results import ALL_SPLIT, BOOTSTRAPPED, result_row
+from .scorer import RunSets, build_scorer
+from .stats import bootstrap, confidence_interval
 
 __all__ = ["check_request", "evaluate_detectors", "supported_names", "parse_hyperparameters", "format_table", "failures", "cell_metrics", "fit_score_evaluate"]
 
@@ -44,8 +50,6 @@ def parse_hyperparameters(items: list[str]) -> dict[str, dict[str, object]]:
 def supported_names(train: FeatureSet | None, test: FeatureSet, oods: Mapping[str, FeatureSet], tapped: FeatureSet | None = None) -> list[str]:
     """The registered detectors the ID-test and every OOD FeatureSet support, fitted on ``train``
     (or, for a detector that declares ``fits_on``, on ``tapped`` when given), in registry order."""
-    from . import detectors
-
     def fit_on(name: str) -> FeatureSet | None:
         return tapped if tapped is not None and detectors.REGISTRY[name].fits_on is not None else train
 
@@ -55,9 +59,6 @@ def supported_names(train: FeatureSet | None, test: FeatureSet, oods: Mapping[st
 def check_request(names: list[str] | None, hyperparameters: Mapping[str, Mapping[str, object]] | None) -> None:
     """One InputError for every unknown detector, unknown hyperparameter name or value its declared
     constraint refuses (:mod:`oodeval.params`), before anything runs."""
-    from . import detectors
-    from .params import check_hyperparameters, refuse
-
     hyperparameters = dict(hyperparameters or {})
     names = [_canonical(detectors.registry_name(n)) for n in names or ()]
     hyperparameters = {_canonical(detectors.registry_name(n)): hp for n, hp in hyperparameters.items()}
@@ -70,8 +71,6 @@ def check_request(names: list[str] | None, hyperparameters: Mapping[str, Mapping
 def _canonical(name: str) -> str:
     """A peer's detector name (``ebo``, ``EnergyBased``) as oodeval's; other names unchanged (an
     unknown one is refused below, with the list of known ones)."""
-    from . import detectors
-
     return detectors.canonical(name) if name in detectors.REGISTRY else name
 
 
@@ -108,9 +107,6 @@ def evaluate_detectors(
     ``tapped`` is the FeatureSet a detector that declares ``fits_on`` fits on instead of ``train``
     (NAC's tapped fitting rows, :func:`oodeval.features.extract.extract_nac_fit`).
     """
-    from .results import result_row
-    from .scorer import RunSets, build_scorer
-
     if not oods:
         raise InputError("evaluate_detectors needs at least one OOD FeatureSet")
     hyperparameters = {_canonical(k): v for k, v in (hyperparameters or {}).items()}
@@ -157,8 +153,6 @@ def fit_score_evaluate(
     score_seconds, or ``error``: the stage that failed and its message (a failed fit or ID-test score
     fails every cell). ``scores_out`` receives ``"id"`` and each set's scores before its cells.
     """
-    from .results import ALL_SPLIT
-
     cells = {name: list((cells or {}).get(name, [(ALL_SPLIT, seed, None)])) for name in oods}
     t0 = time.perf_counter()
     try:
@@ -224,7 +218,6 @@ def format_table(rows: list[dict], convention: str = "paper") -> str:
     lacks (a results table written before ``fpr95_ood_positive`` existed)."""
     import pandas as pd
 
-    from .metrics import fpr95_columns
 
     conventions = fpr95_columns(convention)
     metrics = [c[0] for c in conventions] + ["auroc"]
@@ -250,9 +243,6 @@ def cell_metrics(id_scores, ood_scores, seed: int = 0, draws: int = 1000, fixed_
     protocol, or both sets resampled when ``fixed_id`` is False); ``draws=0``: the metrics alone."""
     import numpy as np
 
-    from .metrics import all_metrics
-    from .results import BOOTSTRAPPED
-    from .stats import bootstrap, confidence_interval
 
     id_scores, ood_scores = np.asarray(id_scores), np.asarray(ood_scores)
     out: dict = {k: float(v) for k, v in all_metrics(id_scores, ood_scores).items()}

@@ -29,6 +29,7 @@ import numpy as np
 
 from ..errors import InputError
 from .corruptions import BENCHMARK_15, CORRUPTIONS, DEFAULT_POOL, corrupt
+from .tensors import to_tensor
 
 __all__ = [
     "BENCHMARK_15", "Box", "cutmix_box", "cutmix", "different_class_partners", "compound",
@@ -175,8 +176,6 @@ def outlier_batches(
     Step t of ``epoch`` uses :func:`step_rng` (seed, epoch, t): the same arguments give the same
     tensors. Pixels are scaled to [0, 1] and normalised per channel by ``mean`` / ``std``.
     """
-    from .tensors import to_tensor
-
     order = np.random.default_rng([seed, epoch]).permutation(len(images))
     for t, start in enumerate(range(0, len(order), batch_size)):
         rng = step_rng(seed, epoch, t)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..data import ImageError, open_image, resolve
 from ..errors import InputError
 
 __all__ = ["load_arrays", "resize_arrays"]
@@ -87,7 +88,6 @@ def load_arrays(
 
     from PIL import Image
 
-    from ..data import ImageError, open_image, resolve
 
     m = resolve(spec, data_root, strict=strict)
     if len(m) == 0:

@@ -25,11 +25,14 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from .. import detectors
 from ..errors import InputError
 from ..features import FeatureSet
 from ..features.views import id_view
 from ..features.views import num_id_classes as _num_id_classes
 from ..metrics import accuracy, all_metrics
+from ..results import result_row
+from ..scorer import RunSets, build_scorer
 from ..stats import mean_std
 
 __all__ = [
@@ -95,8 +98,6 @@ def check_id_labels(labels: np.ndarray, num_classes: int, name: str = "the ID se
 
 def outlier_class_readers() -> list[str]:
     """The detectors of a default selection that declare they read a K+1 model's outlier class (``reads_outlier_class``)."""
-    from .. import detectors
-
     return [n for n in detectors.default_names() if detectors.REGISTRY[n].reads_outlier_class]
 
 
@@ -133,8 +134,6 @@ def evaluate_run(
     as ``ood``), one per OOD set, with the detector's label, registry name, backbone, explicit and
     resolved hyperparameters, and ``draws`` bootstrap bounds seeded by ``seed``.
     """
-    from ..results import result_row
-    from ..scorer import RunSets, build_scorer
     from ..scoring import fit_score_evaluate
 
     if id_test.labels is None or not (np.asarray(id_test.labels) >= 0).any():

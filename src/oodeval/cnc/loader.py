@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from .augment import AUGMENTS, release_source
+from .tensors import to_tensor
+
 __all__ = ["StepBatches", "step_loader"]
 
 
@@ -34,9 +37,7 @@ class StepBatches:
     def __getitem__(self, t: int) -> dict:
         import torch
 
-        from .augment import AUGMENTS, release_source
         from .cutmix import compound, step_rng
-        from .tensors import to_tensor
 
         cfg = self.config
         start = self.starts[t]

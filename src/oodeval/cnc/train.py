@@ -49,7 +49,9 @@ import numpy as np
 from .._device import resolve_device
 from .._io import atomic_path, claim_folder, hash_arrays, write_json_atomic
 from ..errors import InputError
+from ..features import FeatureSet
 from .corruptions import CORRUPTIONS, DEFAULT_POOL, PRESETS, RELEASE_POOL, frost_source
+from .loader import step_loader
 from .tensors import to_tensor
 
 __all__ = [
@@ -536,7 +538,6 @@ def train(
     import torch.nn.functional as F
     from tqdm.auto import tqdm
 
-    from .loader import step_loader
 
     images, labels = _check_data(images, labels, config)
     dev = resolve_device(device)
@@ -659,7 +660,6 @@ def extract_in_memory(
     channels_last on CUDA."""
     import torch
 
-    from ..features import FeatureSet
 
     images = np.asarray(images)
     dev = resolve_device(device)

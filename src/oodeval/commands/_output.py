@@ -15,6 +15,7 @@ import sys
 from typing import TextIO
 
 from ..errors import InputError
+from ..scoring import format_table
 
 __all__ = ["FORMATS", "add_format", "info", "write_rows"]
 
@@ -47,7 +48,6 @@ def write_rows(rows: list[dict], fmt: str, convention: str = "paper", stream: Te
     """``rows`` to ``stream`` (default stdout) as ``fmt``; a table by :func:`oodeval.scoring.format_table`."""
     import pandas as pd
 
-    from ..scoring import format_table
 
     stream = sys.stdout if stream is None else stream
     if fmt == "table":

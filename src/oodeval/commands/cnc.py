@@ -10,7 +10,14 @@ import argparse
 import sys
 from pathlib import Path
 
+from .._device import resolve_device
+from .._io import check_output, hash_json, write_json_atomic
+from ..cnc.datasets import load_arrays, resize_arrays
+from ..cnc.evaluate import aggregate, check_finished, check_id_labels, comparable, evaluate_run, format_cnc_table, outlier_class_readers
+from ..cnc.suites import suite
+from ..detectors import create
 from ..errors import InputError
+from ..results import ALL_SPLIT, compact_results, write_part
 from ._options import NameList, add_command, add_detectors, add_device, add_out, add_progress
 
 #: the baselines ``cnc evaluate`` scores by default beside the detectors that read the outlier class (the CnC paper's)
@@ -126,8 +133,6 @@ def _select(images, labels, class_ids):
 
 def _load(args, spec, channels=None, size=None):
     """(images, labels, info) of ``spec``; unreadable images are skipped and listed (as ``extract`` does)."""
-    from ..cnc.datasets import load_arrays
-
     images, labels, info = load_arrays(
         spec, args.data_root, channels=channels or args.channels, size=size,
         strict=not args.no_strict, progress=not args.no_progress,
@@ -142,8 +147,6 @@ def _load(args, spec, channels=None, size=None):
 def _load_for(args, spec: str, cfg):
     """Images of ``spec`` for a model trained with ``cfg``: channels and size must match the
     training config; a size differs only with ``--resize``, channels only with ``--channels``."""
-    from ..cnc.datasets import resize_arrays
-
     images, labels, info = _load(args, spec)
     chans = 1 if images.ndim == 3 else images.shape[3]
     if chans != cfg.in_chans:
@@ -172,7 +175,6 @@ def run(args: argparse.Namespace) -> int:
 def _train(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from .._io import check_output
     from ..cnc.corruptions import pool
     from ..cnc.train import CHECKPOINT_KIND, RECIPES, CnCTrainConfig, train
 
@@ -206,12 +208,7 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _evaluate(args: argparse.Namespace) -> int:
-    from .._device import resolve_device
-    from .._io import check_output, write_json_atomic
-    from ..cnc.evaluate import aggregate, check_finished, check_id_labels, comparable, evaluate_run, format_cnc_table, outlier_class_readers
-    from ..cnc.suites import suite
     from ..cnc.train import extract_in_memory, load_checkpoint, resolve_precision
-    from ..detectors import create
 
     if args.json:
         check_output(args.json, "CnC evaluation")
@@ -291,8 +288,6 @@ def _trained_on(cfg) -> str:
 
 def _config_key(cfg) -> str:
     """The training configuration without the seed (what the runs of one mean ± std share), hashed."""
-    from .._io import hash_json
-
     return hash_json({k: v for k, v in cfg.to_json().items() if k != "seed"})
 
 
@@ -306,7 +301,6 @@ def _write_results(path: Path, rows: list[dict], cfg, id_test: str, id_train: st
 
     import pandas as pd
 
-    from ..results import ALL_SPLIT, compact_results, write_part
 
     table = pd.DataFrame(rows).rename(columns={"ood": "dataset"})
     table["seconds"] = table["fit_seconds"] + table["score_seconds"]

@@ -7,7 +7,12 @@ import os
 import sys
 from pathlib import Path
 
+from ..construct.candidates import check_not_initialised, flag_counts, load_project, pin_project, write_project
+from ..construct.evidence import build_evidence, check_templates, load_embeddings, load_text_embeddings
+from ..construct.export import export
+from ..construct.protocol import ProtocolStore, open_store
 from ..errors import InputError
+from ..llm import ChatClient
 from ._options import add_command
 
 TOKEN_ENV = "OODEVAL_TOKEN"
@@ -115,8 +120,6 @@ def _print_flags(counts: dict[str, int]) -> None:
 
 
 def _candidates(args: argparse.Namespace) -> int:
-    from ..construct.candidates import flag_counts, write_project
-
     project = write_project(args.work, args.manifest, args.reannotation, args.classes, args.root)
     _print_flags(flag_counts(project.candidates))
     print(f"wrote {args.work / 'candidates.csv'}")
@@ -124,9 +127,6 @@ def _candidates(args: argparse.Namespace) -> int:
 
 
 def _evidence(args: argparse.Namespace) -> int:
-    from ..construct.candidates import check_not_initialised, load_project
-    from ..construct.evidence import build_evidence, check_templates, load_embeddings, load_text_embeddings
-
     templates = {}
     for item in args.search_template:
         name, sep, url = item.partition("=")
@@ -142,7 +142,6 @@ def _evidence(args: argparse.Namespace) -> int:
     if args.llm_base_url or args.llm_model:
         if not (args.llm_base_url and args.llm_model):
             raise InputError("evidence (A) needs both --llm-base-url and --llm-model")
-        from ..llm import ChatClient
 
         client = ChatClient(args.llm_base_url, args.llm_model, api_key_env=args.llm_key_env,
                             cache_dir=args.llm_cache or args.work / "llm-cache", offline=args.llm_offline)
@@ -157,9 +156,6 @@ def _evidence(args: argparse.Namespace) -> int:
 
 
 def _init(args: argparse.Namespace) -> int:
-    from ..construct.candidates import load_project, pin_project
-    from ..construct.protocol import ProtocolStore
-
     project = load_project(args.work)
     try:
         _, tokens = ProtocolStore.create(project.db_path, project.candidates, args.stage1, args.stage3, project.n_classes,
@@ -193,9 +189,6 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _verdict(args: argparse.Namespace) -> int:
-    from ..construct.candidates import load_project
-    from ..construct.protocol import open_store
-
     store = open_store(load_project(args.work))
     who = store.authenticate(_read_token(args.token_file))
     row = store.submit(who.name, args.image, args.stage, args.verdict, args.label, args.fine_grained, args.id_class, args.note,
@@ -223,9 +216,6 @@ def _read_token(token_file: Path | None) -> str:
 
 
 def _token(args: argparse.Namespace) -> int:
-    from ..construct.candidates import load_project
-    from ..construct.protocol import open_store
-
     token = open_store(load_project(args.work)).reissue(args.name)
     print(f"new access token for {args.name} (shown once; the old one no longer works):")
     print(f"  {args.name}\t{token}")
@@ -235,8 +225,6 @@ def _token(args: argparse.Namespace) -> int:
 def _reopen(args: argparse.Namespace) -> int:
     import getpass
 
-    from ..construct.candidates import load_project
-    from ..construct.protocol import open_store
 
     store = open_store(load_project(args.work))
     o = store.outcome(args.image)
@@ -260,9 +248,6 @@ def _reopen(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from ..construct.candidates import load_project
-    from ..construct.protocol import open_store
-
     store = open_store(load_project(args.work))
     summary = store.summary()
     print("images: " + ", ".join(f"{k} {v}" for k, v in summary.items()))
@@ -277,10 +262,6 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from ..construct.candidates import load_project
-    from ..construct.export import export
-    from ..construct.protocol import open_store
-
     project = load_project(args.work)
     paths = export(project, open_store(project, check_evidence=True), args.out, args.allow_pending)
     print(paths["outcome_md"].read_text(), end="")

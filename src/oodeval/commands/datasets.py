@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 
+from ..data import REGISTRY, default_data_root, resolve, status
+from ..data.convert import FORMATS, convert
 from ..errors import InputError
 
 HELP = "list the named datasets and what is found under the data root (--data-root or $OODEVAL_DATA)"
@@ -32,15 +34,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _convert(args: argparse.Namespace, root) -> int:
-    from ..data.convert import FORMATS, convert
-
     if len(args.convert_args) != 2:
         raise InputError(f"usage: oodeval datasets convert FORMAT SOURCE --data-root DIR (FORMAT: {', '.join(FORMATS)})")
     if root is None:
         raise InputError("convert needs a data root: pass --data-root DIR or set OODEVAL_DATA")
     fmt, source = args.convert_args
     out = convert(fmt, source, root, name=args.as_name)
-    from ..data import resolve
 
     m = resolve(out, root)
     splits = "" if m.split is None else " (" + ", ".join(f"{s} {m.split.count(s):,}" for s in sorted(set(m.split))) + ")"
@@ -49,8 +48,6 @@ def _convert(args: argparse.Namespace, root) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..data import REGISTRY, default_data_root, resolve, status
-
     root = default_data_root(args.data_root)
     if args.name == "convert":
         return _convert(args, root)

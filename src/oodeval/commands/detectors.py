@@ -6,6 +6,10 @@ import argparse
 import inspect
 import json
 
+from ..detectors import REGISTRY
+from ..detectors._peers import PeerMethod
+from ..zeroshot.scorers import REGISTRY as SCORERS, ZS_PREFIX
+
 HELP = "list the post-hoc detectors: tags, hyperparameters with defaults, OpenOOD / pytorch-ood names"
 EXAMPLES = ["oodeval detectors", "oodeval detectors --tag openood", "oodeval detectors --tag pytorch-ood --tag feature --json"]
 
@@ -25,11 +29,6 @@ def listing(tags: list[str]) -> list[dict]:
     default), the peers' names for it (alias -> whose), whether the default selection picks it, and
     the zero-shot scorer registered under the same name (``zero_shot_namesake``: its display name
     ``zs:NAME`` and hyperparameters; None when there is none)."""
-    from ..detectors import REGISTRY
-    from ..detectors._peers import PeerMethod
-    from ..zeroshot.scorers import REGISTRY as SCORERS
-    from ..zeroshot.scorers import ZS_PREFIX
-
     aliases: dict[str, dict[str, str]] = {}
     for alias, (target, source) in REGISTRY.aliases().items():
         aliases.setdefault(target, {})[alias] = source

@@ -11,7 +11,11 @@ import argparse
 import json
 from pathlib import Path
 
+from .._io import check_output
 from ..errors import InputError
+from ..features import FeatureSet
+from ..features.names import parse_model_name
+from ..scoring import _canonical, check_request, evaluate_detectors, parse_hyperparameters
 from ._options import (
     NameList,
     add_convention,
@@ -24,6 +28,7 @@ from ._options import (
     with_pretrained,
 )
 from ._output import add_format
+from .score import parse_names, print_rows
 
 HELP = "extract a model on ID-train, ID-test and OOD image sets (cached) and score the post-hoc detectors: one command to the table"
 EXAMPLES = [
@@ -76,19 +81,13 @@ def name_sets(items: list[str]) -> dict[str, str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..features import FeatureSet
-    from ..features.names import parse_model_name
     from ..features.extract import extract
-    from ..scoring import _canonical, check_request, evaluate_detectors, parse_hyperparameters
-    from .score import parse_names, print_rows
 
     parse_model_name(args.model)  # a misspelt name first, then the weights choice
     check_weights(args)
     if args.draws < 0:
         raise InputError(f"--draws must be >= 0, got {args.draws}")
     if args.out is not None:
-        from .._io import check_output
-
         check_output(args.out, "score table")
     oods = name_sets(args.ood)
     names, hps = parse_names(args.detectors), {_canonical(k): v for k, v in parse_hyperparameters(args.set).items()}

@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 
+from ..features import FeatureSet
+from ..features.names import parse_model_name
+from ..features.pass_options import KINDS, parse_pass
 from ._options import add_device, add_pretrained, add_progress, check_weights, with_pretrained
 
 HELP = "extract features, logits and head of a model (timm, open_clip or your own code) on a dataset into the feature store"
@@ -52,10 +55,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..features import FeatureSet
-    from ..features.names import parse_model_name
     from ..features.extract import extract, extract_nac_fit
-    from ..features.pass_options import KINDS, parse_pass
 
     parse_model_name(args.model)  # a misspelt name first, then the weights choice
     check_weights(args)

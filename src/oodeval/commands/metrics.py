@@ -8,8 +8,10 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import InputError
+from ..metrics import all_metrics, fpr95_columns
+from ..stats import bootstrap, confidence_interval
 from ._options import add_convention
-from ._output import add_format
+from ._output import add_format, write_rows
 
 HELP = "metrics with bootstrap CIs for ID and OOD score files (.npy, or text with one score per line)"
 EXAMPLES = [
@@ -70,9 +72,6 @@ def format_metrics(id_scores: np.ndarray, ood_scores: np.ndarray, draws: int, se
     """A text table of all metrics; both FPR@95s (``convention``'s first, :func:`oodeval.metrics.fpr95_columns`),
     TNR@95, AUROC and detection error with bootstrap percentile 95% CIs (OOD resampled, ID fixed;
     both with ``resample_id``), AUPR as point values."""
-    from ..metrics import all_metrics, fpr95_columns
-    from ..stats import bootstrap, confidence_interval
-
     check_draws(draws)
     conventions = fpr95_columns(convention)
     values = all_metrics(id_scores, ood_scores)
@@ -103,7 +102,6 @@ def check_draws(draws: int) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..scoring import cell_metrics
-    from ._output import write_rows
 
     if str(args.id_scores) == "-" == str(args.ood_scores):
         raise InputError("only one of the two score files can be - (stdin)")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from .._io import check_output
+from ..features import FeatureSet
 from ._options import add_out
 
 HELP = "train a linear probe (one linear layer, cross-entropy) on cached ID-train features"
@@ -25,8 +27,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .._io import check_output
-    from ..features import FeatureSet
     from ..features.probe import probe_accuracy, save_probe, train_probe
 
     check_output(args.out, "linear head")

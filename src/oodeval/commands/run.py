@@ -6,9 +6,17 @@ import argparse
 import sys
 from pathlib import Path
 
+from .. import detectors
+from .._io import check_output
+from ..detectors.defaults import describe_defaults
 from ..errors import InputError
+from ..experiment import load_config, run_experiment
+from ..experiment.check import check_experiment, eoe_prompt_notes
+from ..experiment.disk import describe_disk, estimate_disk
+from ..experiment.zeroshot import compact_generations, vocabulary_generation, vocabulary_label
+from ..results import ALL_SPLIT, load_results
 from ._options import add_convention, add_progress
-from ._output import FORMATS
+from ._output import FORMATS, write_rows
 
 HELP = "run (or resume) an experiment grid from a TOML/YAML file into one Parquet results table"
 EXAMPLES = [
@@ -65,8 +73,6 @@ def executor_options(pairs: list[str]) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     """Exit 0 when every cell succeeded, 1 when any failed (after printing the summary), 2 on a bad file."""
-    from ..experiment import load_config, run_experiment
-
     cfg = load_config(args.experiment)
     if args.check:
         return _check(cfg, args.names_only)
@@ -76,15 +82,11 @@ def run(args: argparse.Namespace) -> int:
     if options and args.executor == "inprocess":
         raise InputError("--executor-option needs --executor local, slurm or ray")
     if args.report is not None:
-        from .._io import check_output
-
         check_output(args.report, "report", folder=True)  # refused before any work
     summary = run_experiment(cfg, progress=not args.no_progress, executor=args.executor, executor_options=options)
     log = sys.stderr if args.format in ("csv", "json") else sys.stdout
     print(summary, file=log)
     if args.format is not None:
-        from ._output import write_rows
-
         rows = summary_rows(cfg, summary.results)
         write_rows(display_rows(rows) if args.format == "table" else rows, args.format, args.convention)
     if args.report is not None:
@@ -110,8 +112,6 @@ def run(args: argparse.Namespace) -> int:
 
 def summary_rows(cfg, results) -> list[dict]:
     """The cells of ``cfg`` over whole OOD sets in its results table, ``dataset`` named ``ood``."""
-    from ..results import ALL_SPLIT, load_results
-
     df = load_results(results)
     mine = (df["model"].isin([m.label for m in cfg.models]) & df["dataset"].isin([d.label for d in cfg.ood])
             & df["seed"].isin(list(cfg.seeds)) & (df["split"] == ALL_SPLIT))  # fmt: skip
@@ -143,9 +143,6 @@ def display_rows(rows: list[dict]) -> list[dict]:
 
 
 def _check(cfg, names_only: bool = False) -> int:
-    from .. import detectors
-    from ..detectors.defaults import describe_defaults
-    from ..experiment.check import check_experiment, eoe_prompt_notes
     from ..features.taps import nac_plan
 
     seeds = ", ".join(map(str, cfg.seeds))
@@ -172,8 +169,6 @@ def _check(cfg, names_only: bool = False) -> int:
         print(f"  note: {note}")
     disk = None
     if not names_only:
-        from ..experiment.disk import describe_disk, estimate_disk
-
         disk = estimate_disk(cfg)
         for row in disk:
             print(describe_disk(row))
@@ -202,8 +197,6 @@ def _weights_text(m) -> str:
 def _listing(dets) -> list[str]:
     """Detector names with their vocabularies, the generations of one vocabulary shown once
     (``eoe[EOE-gen{0..29}]``)."""
-    from ..experiment.zeroshot import compact_generations, vocabulary_generation, vocabulary_label
-
     groups: dict[tuple, list[str]] = {}
     for d in dets:
         label = vocabulary_label(d.vocabulary) if d.vocabulary else None

@@ -6,7 +6,14 @@ import argparse
 import sys
 from pathlib import Path
 
+from .._io import check_output, write_csv_atomic
+from ..detectors import REGISTRY, canonical, registry_name
+from ..detectors.defaults import describe_defaults
 from ..errors import InputError
+from ..experiment import run_experiment
+from ..features import FeatureSet
+from ..results import ALL_SPLIT, load_results
+from ..scoring import _canonical, check_request, evaluate_detectors, failures, parse_hyperparameters, supported_names
 from ._options import NameList, add_convention, add_detectors, add_out, add_progress
 from ._output import add_format, info, write_rows
 
@@ -52,10 +59,6 @@ def parse_oods(items: list[str]) -> dict[str, Path]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .._io import check_output
-    from ..features import FeatureSet
-    from ..scoring import _canonical, check_request, evaluate_detectors, parse_hyperparameters, supported_names
-
     if args.out is not None and str(args.out) == "-":
         raise InputError("--out - is not a file; give --format csv (or json) to write the rows to stdout")
     parquet = args.out is not None and args.out.suffix == ".parquet"
@@ -83,8 +86,6 @@ def parse_names(value: list[str] | None) -> list[str] | None:
     """``--detectors`` names (:class:`~oodeval.commands._options.NameList`) as oodeval's own (a peer's
     alias resolved, a ``module:Class`` one registered: :func:`oodeval.detectors.registry_name`); None:
     every supported detector."""
-    from ..detectors import canonical, registry_name
-
     return [canonical(registry_name(n)) for n in value] if value else None
 
 
@@ -94,10 +95,6 @@ def print_rows(rows: list[dict], args: argparse.Namespace, train, hps: dict, tap
     on stderr; exit 1 when any cell failed."""
     import pandas as pd
 
-    from .._io import write_csv_atomic
-    from ..detectors import REGISTRY
-    from ..detectors.defaults import describe_defaults
-    from ..scoring import failures
 
     if not rows:
         raise InputError("no detector is supported by these FeatureSets")
@@ -124,9 +121,6 @@ def print_rows(rows: list[dict], args: argparse.Namespace, train, hps: dict, tap
 def _results_table(args: argparse.Namespace, train, names: list[str], hps: dict) -> int:
     """The same cells through the experiment grid (:func:`oodeval.experiment.run_experiment`) into a
     results table: one model (the FeatureSets' ``meta["model"]``), seed ``--seed``, ``--draws``."""
-    from ..experiment import run_experiment
-    from ..results import ALL_SPLIT, load_results
-
     if args.draws < 1:
         raise InputError("a results table (.parquet) carries 95% intervals: --draws must be at least 1")
     if not names:

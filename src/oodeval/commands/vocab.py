@@ -8,6 +8,18 @@ from pathlib import Path
 
 from ..errors import InputError
 from .._device import resolve_device
+from .._io import check_output, write_json_atomic
+from ..features import FeatureSet
+from ..llm import ChatClient
+from ..zeroshot.build import build_wordnet, prompt_names, read_id_names
+from ..zeroshot.llm_vocab import generate_eoe, generate_siblings, siblings_vocabulary
+from ..zeroshot.models import load_clip
+from ..zeroshot.prompts import prompts_provenance
+from ..zeroshot.sweeps import sweep_prefix, sweep_siblings
+from ..zeroshot.templates import template_set
+from ..zeroshot.text import TextEncoder, check_same_model
+from ..zeroshot.vocabulary import Vocabulary, oracle, union
+from ..zeroshot.wordnet import head_lemmas, synonyms
 from ._options import add_command, add_device, add_out, add_pretrained, check_weights, with_pretrained
 
 HELP = "build negative vocabularies (WordNet+NegMining, LLM siblings, EOE, union, oracle) and size sweeps"
@@ -130,8 +142,6 @@ def _check_ranges(args) -> None:
 
 def id_names_for(args, id_fs) -> list[str]:
     """``--id-names``, else the class names recorded with the ID FeatureSet (wnids mapped); never a silent default."""
-    from ..zeroshot.build import prompt_names, read_id_names
-
     if args.id_names is not None:
         names = read_id_names(args.id_names)[0]
         print(f"ID names: {len(names)} from {args.id_names}")
@@ -146,18 +156,12 @@ def id_names_for(args, id_fs) -> list[str]:
 
 def encoder_for(args, *featuresets):
     """The text encoder of ``--model``, checked to be the model that made ``featuresets`` (before any encoding)."""
-    from ..zeroshot.text import check_same_model
-
     enc = _encoder(args)
     check_same_model(enc.key["text_tower"], {str(getattr(fs, "meta", {}).get("dataset", i)): fs for i, fs in enumerate(featuresets)})
     return enc
 
 
 def _encoder(args):
-    from ..zeroshot.models import load_clip
-    from ..zeroshot.templates import template_set
-    from ..zeroshot.text import TextEncoder
-
     check_weights(args)
     kind = "hf" if args.model.startswith("hf:") else "open_clip"
     model, download = with_pretrained(args.model, args.pretrained, kind)
@@ -181,8 +185,6 @@ def _print_stats(encoder) -> None:
 
 
 def _client(args):
-    from ..llm import ChatClient
-
     return ChatClient(args.base_url, args.llm_model, api_key_env=args.api_key_env, cache_dir=args.llm_cache, offline=args.offline)
 
 
@@ -191,18 +193,12 @@ def _params(args) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..zeroshot.build import read_id_names
-    from ..zeroshot.vocabulary import Vocabulary
-
     cmd = args.vocab_cmd
     _check_ranges(args)
     _check_out(args)
     if cmd in ("wordnet", "sweep"):
         check_weights(args)
     if cmd == "wordnet":
-        from ..zeroshot.build import build_wordnet
-        from ..zeroshot.wordnet import head_lemmas
-
         m = None if args.M == "all" else int(args.M)
         names, _ = read_id_names(args.id_names)
         print(f"ID names: {len(names)} from {args.id_names}")
@@ -213,10 +209,6 @@ def run(args: argparse.Namespace) -> int:
         vocab.save(args.out)
         print(f"wrote {len(vocab)} NegMined labels (M={args.M}) to {args.out}  hash {vocab.content_hash}")
     elif cmd == "llm":
-        from ..zeroshot.llm_vocab import generate_siblings, siblings_vocabulary
-        from ..zeroshot.prompts import prompts_provenance
-        from ..zeroshot.wordnet import synonyms
-
         names, wnids = read_id_names(args.id_names)
         print(f"ID names: {len(names)} from {args.id_names}")
         syn = [synonyms(n, w, args.wordnet) for n, w in zip(names, wnids or [None] * len(names))]
@@ -231,8 +223,6 @@ def run(args: argparse.Namespace) -> int:
         vocab.save(args.out)
         print(f"wrote {len(vocab)} sibling labels from {len(names)} classes to {args.out}  hash {vocab.content_hash}")
     elif cmd == "eoe":
-        from ..zeroshot.llm_vocab import generate_eoe
-
         names, _ = read_id_names(args.id_names)
         print(f"ID names: {len(names)} from {args.id_names}")
         vocab = generate_eoe(_client(args), names, args.style, args.n_classes, args.generation, per_class=args.per_class,
@@ -240,14 +230,10 @@ def run(args: argparse.Namespace) -> int:
         vocab.save(args.out)
         print(f"wrote {len(vocab)} EOE ({args.style}) labels to {args.out}  hash {vocab.content_hash}")
     elif cmd == "union":
-        from ..zeroshot.vocabulary import union
-
         vocab = union([Vocabulary.load(p) for p in args.inputs])
         vocab.save(args.out)
         print(f"wrote the union of {len(args.inputs)} vocabularies: {len(vocab)} labels to {args.out}")
     elif cmd == "oracle":
-        from ..zeroshot.vocabulary import oracle
-
         exclude = read_id_names(args.id_names)[0] if args.id_names else ()
         vocab = oracle(args.manifest, args.column, exclude)
         vocab.save(args.out)
@@ -264,17 +250,11 @@ def _out_kind(args) -> str:
 
 def _check_out(args) -> None:
     """Refuse an ``--out`` that is neither free nor oodeval's own output of the same kind, before any work."""
-    from .._io import check_output
-
     if getattr(args, "out", None) is not None:
         check_output(args.out, _out_kind(args))
 
 
 def _sweep(args) -> int:
-    from ..features import FeatureSet
-    from ..zeroshot.sweeps import sweep_prefix, sweep_siblings
-    from ..zeroshot.vocabulary import Vocabulary
-
     vocab = Vocabulary.load(args.vocab)
     id_fs, ood_fs = FeatureSet.load(args.id_features), FeatureSet.load(args.ood_features)
     names = id_names_for(args, id_fs)
@@ -296,8 +276,6 @@ def _sweep(args) -> int:
     for x, size, fpr, auc in zip(curve["x"], curve["vocab_size"], curve["fpr95"], curve["auroc"]):
         print(f"{x:>6} {size:>7} {100 * fpr:7.2f}% {100 * auc:7.2f}%")
     if args.out:
-        from .._io import write_json_atomic
-
         write_json_atomic(args.out, curve, _out_kind(args))
         print(f"wrote {args.out}")
     return 0

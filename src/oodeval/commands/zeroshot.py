@@ -5,8 +5,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from .._io import claim_folder, save_npy_atomic, write_json_atomic
 from ..errors import InputError
+from ..features import FeatureSet
+from ..metrics import all_metrics
+from ..zeroshot import REGISTRY, create_scorer, scorer_names
+from ..zeroshot.vocabulary import Vocabulary
 from ._options import add_out
+from .vocab import _add_model, _print_stats, check_weights, encoder_for, id_names_for
 
 HELP = "score ID/OOD image embeddings with the zero-shot VLM scorers (MCM ... NegLabel, EOE) and print metrics"
 EXAMPLES = [
@@ -15,8 +21,6 @@ EXAMPLES = [
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from .vocab import _add_model
-
     _add_model(p, id_names_from_features=True)
     p.add_argument("--id-features", type=Path, required=True, help="FeatureSet folder of ID images")
     p.add_argument("--ood-features", type=Path, required=True, help="FeatureSet folder of OOD images")
@@ -27,13 +31,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .._io import claim_folder, save_npy_atomic, write_json_atomic
-    from ..features import FeatureSet
-    from ..metrics import all_metrics
-    from ..zeroshot import REGISTRY, create_scorer, scorer_names
-    from ..zeroshot.vocabulary import Vocabulary
-    from .vocab import _print_stats, check_weights, encoder_for, id_names_for
-
     check_weights(args)
     if args.out:
         claim_folder(args.out, "zero-shot scores")

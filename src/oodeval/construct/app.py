@@ -53,6 +53,7 @@ from threading import Lock
 from urllib.parse import parse_qs, quote, urlparse
 
 from ..errors import InputError
+from ..zeroshot.wordnet import noun_sense, noun_senses
 from .candidates import Project, load_project
 from .evidence import NotAnImageError, image_bytes, load_evidence
 from .protocol import Annotator, AuthError, ProtocolError, open_store
@@ -163,7 +164,6 @@ class AnnotationApp:
         """``{wnid, lemmas, gloss}`` of a WordNet noun synset, None without WordNet or for no such synset."""
         if self.store.senses is None:
             return None
-        from ..zeroshot.wordnet import noun_sense
 
         s = noun_sense(wnid)
         return None if s is None else {"wnid": s.wnid, "lemmas": list(s.lemmas), "gloss": s.gloss}
@@ -172,7 +172,6 @@ class AnnotationApp:
         """The WordNet noun senses of ``label``, most frequent first ([] without WordNet)."""
         if self.store.senses is None or not label.strip():
             return []
-        from ..zeroshot.wordnet import noun_senses
 
         return [{"wnid": s.wnid, "lemmas": list(s.lemmas), "gloss": s.gloss} for s in noun_senses(label)]
 

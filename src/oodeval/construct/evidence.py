@@ -25,7 +25,9 @@ import numpy as np
 
 from .._arrays import l2_normalise
 from .._io import write_json_atomic
+from ..data.images import ImageError, open_image
 from ..errors import InputError
+from ..features.featureset import FeatureSet
 from .candidates import check_not_initialised
 from .tables import confusion_counts
 
@@ -87,8 +89,6 @@ def load_embeddings(path: str | Path) -> np.ndarray:
     """A (rows, E) float array from a ``.npy`` file or a FeatureSet folder (its ``features``)."""
     path = Path(path)
     if path.is_dir():
-        from ..features.featureset import FeatureSet
-
         arr = np.asarray(FeatureSet.load(path).features)
     elif path.is_file():
         arr = np.load(path)
@@ -203,7 +203,6 @@ def image_bytes(path: str | Path) -> tuple[bytes, str]:
 
     from PIL import Image, UnidentifiedImageError
 
-    from ..data.images import ImageError, open_image
 
     path = Path(path)
     if not path.is_file():

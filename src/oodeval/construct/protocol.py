@@ -38,6 +38,7 @@ from threading import Lock
 
 from .._io import atomic_path
 from ..errors import InputError
+from ..zeroshot.wordnet import DEFAULT_WORDNET, noun_sense
 from .candidates import Candidate, Project, evidence_sha256, pool_sha256
 from .rules import Outcome, SenseLemmas, Verdict, check_verdict, differences, resolve_verdicts
 
@@ -138,16 +139,12 @@ def _new_token() -> str:
 
 
 def _sense_lemmas(wnid: str) -> tuple[str, ...] | None:
-    from ..zeroshot.wordnet import noun_sense
-
     sense = noun_sense(wnid)
     return None if sense is None else sense.lemmas
 
 
 def wordnet_senses() -> SenseLemmas | None:
     """wnid -> lemmas of that WordNet noun synset (Debian ``wordnet-base``) when installed, else None (free labels only)."""
-    from ..zeroshot.wordnet import DEFAULT_WORDNET
-
     if not all((DEFAULT_WORDNET / f).is_file() for f in ("data.noun", "index.noun")):
         return None
     return _sense_lemmas

@@ -20,6 +20,7 @@ import numpy as np
 from ..errors import InputError
 from .images import read_idx
 from .manifest import IMAGE_EXTENSIONS, Manifest, list_images
+from .openood import read_imglist
 
 __all__ = ["DatasetSpec", "REGISTRY", "DEBIAN_FASHION_MNIST", "default_data_root", "resolve", "status", "register_dataset"]
 
@@ -311,8 +312,6 @@ def resolve(name_or_path: str | os.PathLike, data_root: str | os.PathLike | None
     path = Path(text).expanduser()
     if path.is_file():
         if path.suffix.lower() == ".txt":  # an OpenOOD image list (benchmark_imglist/<benchmark>/*.txt)
-            from .openood import read_imglist
-
             return read_imglist(path)
         if path.suffix.lower() != ".csv":
             raise InputError(f"{path} is a file but neither a .csv manifest nor an OpenOOD .txt image list")

@@ -17,7 +17,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TextIO
 
+from .. import detectors
+from .._io import claim_folder, write_text_atomic
 from ..errors import InputError
+from ..experiment import run_experiment
+from ..results import ALL_SPLIT, load_results
 from .data import OOD_SETS, SET_NAMES, DemoSizes, build_benchmark
 from .train import DemoTrainConfig, TrainedModel, train_model
 
@@ -52,8 +56,6 @@ def _knn_k(n_train: int) -> int:
 
 def experiment_dict(out: Path, data_root: Path, model: TrainedModel, n_train: int, seed: int, draws: int, batch_size: int) -> dict:
     """The experiment (``oodeval run`` format, docs/experiments.md) the demo runs."""
-    from .. import detectors
-
     dets: list = []
     for name in detectors.names("paper21"):
         dets.append({"name": name, "hyperparameters": {"k": _knn_k(n_train)}} if name == "knn" else name)
@@ -95,8 +97,6 @@ def ood_tables(results: Path, model: str = MODEL_LABEL) -> dict[str, list[dict]]
     """Per OOD set, one row per detector (sorted by FPR@95, then AUROC): fpr95, auroc and their
     95% CI bounds (fractions), fpr95_ood_positive (the OpenOOD / pytorch-ood FPR@95), with
     ``best_fpr`` / ``best_auroc`` marking the column's best."""
-    from ..results import ALL_SPLIT, load_results
-
     df = load_results(results)
     df = df[(df["model"] == model) & (df["split"] == ALL_SPLIT) & (df["status"] == "ok")]
     out: dict[str, list[dict]] = {}
@@ -198,11 +198,8 @@ def _run(
     out: str | Path, quick: bool, seed: int, epochs: int | None, draws: int | None, subsample_n: int | None,
     data_root: str | Path | None, batch_size: int, progress: bool, stream: TextIO,
 ) -> DemoResult:
-    from .._io import claim_folder, write_text_atomic
-    from ..experiment import run_experiment
     from ..report import write_report
     from ..report.views import Cell
-    from ..results import load_results
 
     out = claim_folder(Path(out).resolve(), "demo")
     root = Path(data_root).resolve() if data_root else out / "data"

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from .._io import atomic_folder, hash_json
+from .data import read_set
 
 #: bump when the training procedure changes, so cached weights are not reused across versions
 TRAINER_VERSION = 2
@@ -130,7 +131,6 @@ def train_model(
     from safetensors.torch import save_file
     from tqdm.auto import tqdm
 
-    from .data import read_set
 
     config = config or DemoTrainConfig()
     train_set, test_set = Path(train_set), Path(test_set)

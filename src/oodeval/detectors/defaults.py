@@ -15,7 +15,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from .._extras import needs
 from ..features import FeatureSet
+from ..features.names import parse_model_name
 from . import REGISTRY
 from .base import Backbone, Default
 
@@ -59,7 +61,6 @@ def backbone_family(model: str | None) -> str:
 def _family_and_module(model: str | None) -> tuple[str, str | None]:
     if not model:
         return "unknown", None
-    from ..features.names import parse_model_name
 
     kind, name, _ = parse_model_name(model)
     if kind == "open_clip":
@@ -68,7 +69,6 @@ def _family_and_module(model: str | None) -> tuple[str, str | None]:
         return ("resnet" if name.startswith("resnet") else "other"), None
     if kind != "timm":  # a user's own nn.Module or factory
         return "unknown", None
-    from .._extras import needs
 
     with needs():  # a timm name's family (and so its defaults) comes from timm's registry
         from timm.models import is_model, model_entrypoint, split_model_name_tag

@@ -15,7 +15,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..data import resolve
+from ..features.names import parse_model_name
+from ..zeroshot.prompts import DEFAULT_NAME, load_prompts
 from .config import ExperimentConfig, ExperimentDataset, ModelSpec
+from .disk import disk_problem, estimate_disk
+from .zeroshot import compact_generations, vocabulary_generation, vocabulary_label, vocabulary_source
 
 __all__ = ["check_experiment", "eoe_prompt_notes"]
 
@@ -23,8 +28,6 @@ __all__ = ["check_experiment", "eoe_prompt_notes"]
 def _model_problem(model: ModelSpec) -> str | None:
     """A model name its library cannot build, or None. A ``hf:`` hub id cannot be verified offline (a local
     folder must hold a ``config.json``); a ``package.module:factory`` must import and name a callable."""
-    from ..features.names import parse_model_name
-
     kind, name, tag = parse_model_name(model.name)
     if kind == "timm":
         import timm
@@ -73,8 +76,6 @@ def _dataset_problem(role: str, ds: ExperimentDataset, cfg: ExperimentConfig, mo
         if role in m.features and not (Path(m.features[role]) / "meta.json").is_file():
             out.append(f"model {m.label!r}: features for {role!r}: {m.features[role]} is not a FeatureSet folder (no meta.json)")
     if any(role not in m.features for m in models):
-        from ..data import resolve
-
         try:
             resolve(ds.name, cfg.data_root)  # exactly what `run` reads (a path with a `:SPLIT` tail included)
         except (FileNotFoundError, ValueError) as exc:
@@ -109,7 +110,6 @@ def check_experiment(cfg: ExperimentConfig, names_only: bool = False, disk: list
     for role, ds, models in roles:
         if models:
             problems += _dataset_problem(role, ds, cfg, models)
-    from .zeroshot import vocabulary_label
 
     zeroshot = [m for m in cfg.models if m.kind == "zero-shot"]
     vocabularies = {s.vocabulary for m in zeroshot for s in (cfg.detectors_for(m) or ())
@@ -119,7 +119,6 @@ def check_experiment(cfg: ExperimentConfig, names_only: bool = False, disk: list
     needs_names = [m for m in zeroshot if "text:id" not in m.features]
     if needs_names and cfg.id_classes is not None and str(cfg.id_classes) != "imagenet1k" and not cfg.id_classes.is_file():
         problems.append(f"[datasets] id_classes: {cfg.id_classes} is neither 'imagenet1k' nor an existing file")
-    from .disk import disk_problem, estimate_disk
 
     problems += [p for p in [disk_problem(cfg, estimate_disk(cfg) if disk is None else disk)] if p]
     return problems
@@ -128,8 +127,6 @@ def check_experiment(cfg: ExperimentConfig, names_only: bool = False, disk: list
 def _missing_vocabularies(paths: list[str]) -> list[str]:
     """One problem per missing vocabulary file, the generations of one vocabulary (``X-gen<g>``) in one
     line (``X-gen{0..29}.json``)."""
-    from .zeroshot import compact_generations, vocabulary_generation
-
     groups: dict[tuple[Path, str, str], list[str]] = {}
     out = []
     for path in paths:
@@ -152,8 +149,6 @@ def eoe_prompt_notes(cfg: ExperimentConfig) -> tuple[list[str], list[str]]:
     provenance's ``prompt_file``) or with another prompt file."""
     import json
 
-    from ..zeroshot.prompts import DEFAULT_NAME, load_prompts
-    from .zeroshot import compact_generations, vocabulary_label, vocabulary_source
 
     zeroshot = [m for m in cfg.models if m.kind == "zero-shot"]
     eoe = sorted({s.vocabulary for m in zeroshot for s in (cfg.detectors_for(m) or ()) if s.name == "eoe" and s.vocabulary})

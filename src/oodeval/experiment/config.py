@@ -38,10 +38,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ..errors import InputError
+from ..data.openood import experiment_datasets
+from ..detectors import REGISTRY, REGISTRY as DETECTORS, registry_name
+from ..errors import InputError, UnknownNameError
 from ..features.pass_options import KINDS as PASS_KINDS
 from ..features.pass_options import PassSpec, parse_pass
 from ..params import Device, check_hyperparameters
+from ..results import hp_json
+from ..zeroshot.scorers import REGISTRY as SCORERS
 
 __all__ = ["ExperimentConfig", "ModelSpec", "DetectorSpec", "ExperimentDataset", "SweepSpec", "SelectionSpec", "load_config", "KINDS"]
 
@@ -88,8 +92,6 @@ class DetectorSpec:
     def result_key(self) -> str:
         """The ``hyperparameters`` key of this configuration's rows in the results table: the
         overrides, plus the vocabulary of a vocabulary scorer, as canonical JSON."""
-        from ..results import hp_json
-
         extra = {"vocabulary": self.vocabulary} if self.vocabulary is not None else {}
         if self.search:
             extra["search"] = self.search
@@ -281,9 +283,6 @@ def _dataset(entry: Any, where: str, base: Path, split_column: str | None) -> Ex
 def _openood(t: dict, base: Path) -> dict:
     """``[openood] benchmark = "cifar10", root = "DIR"``: the ``[datasets]`` table of an OpenOOD v1.5
     benchmark read from an OpenOOD data root as it lies (:func:`oodeval.data.openood.experiment_datasets`)."""
-    from ..data.openood import experiment_datasets
-    from ..errors import UnknownNameError
-
     if "datasets" in t:
         raise _fail("top level", "give [openood] (an OpenOOD benchmark's datasets) or [datasets], not both")
     o = _check_keys(t["openood"], _OPENOOD, "[openood]")
@@ -302,8 +301,6 @@ def _detector(entry: Any, where: str, known: set[str], base: Path, zeroshot: boo
     if not zeroshot and name in _registry(False):
         name = _registry(False).canonical(name)  # a peer's name (ebo, EnergyBased) as oodeval's
     if not zeroshot and ":" in name and name not in known:
-        from ..detectors import registry_name
-
         try:
             name = registry_name(name)
         except ValueError as exc:
@@ -333,9 +330,6 @@ def _detector(entry: Any, where: str, known: set[str], base: Path, zeroshot: boo
 
 def _registry(zeroshot: bool) -> dict:
     """name -> class of the post-hoc detectors, or of the zero-shot scorers."""
-    from ..detectors import REGISTRY as DETECTORS
-    from ..zeroshot.scorers import REGISTRY as SCORERS
-
     return SCORERS if zeroshot else DETECTORS
 
 
@@ -526,7 +520,6 @@ def _default_taps(model: ModelSpec, detectors: tuple[DetectorSpec, ...] | None) 
     that fits on tapped rows (its class declares ``fits_on``: NAC)."""
     if model.taps is not None:
         return model
-    from ..detectors import REGISTRY
 
     listed = model.detectors or detectors or ()
     return replace(model, taps=model.kind == "supervised" and any(d.name in REGISTRY and REGISTRY[d.name].fits_on is not None for d in listed))

@@ -21,7 +21,11 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..data import resolve
+from ..data.registry import REGISTRY
+from ..features.names import parse_model_name
 from .config import ExperimentConfig, ModelSpec
+from .zeroshot import gl_mcm_taus
 
 __all__ = ["ModelDisk", "tower_shape", "estimate_disk", "free_bytes", "disk_problem", "format_bytes"]
 
@@ -79,8 +83,6 @@ def _hf_config(name: str) -> dict | None:
 
 def tower_shape(model: str) -> tuple[int, int] | None:
     """``(P, E)``: patch tokens per image and embedding dimension of a VLM image tower, from its config; None if unknown offline."""
-    from ..features.names import parse_model_name
-
     kind, name, _ = parse_model_name(model)
     if kind == "hf":
         cfg = _hf_config(name)
@@ -117,8 +119,6 @@ def _entry_bytes(manifest, per_image: int) -> int:
 
 
 def _model_disk(model: ModelSpec, cfg: ExperimentConfig, manifests: dict) -> ModelDisk:
-    from .zeroshot import gl_mcm_taus
-
     readouts = len(gl_mcm_taus(model, cfg)) if model.patch_features else 0
     out = ModelDisk(model.label, readouts=readouts, full=model.full_patch_features)
     shape = tower_shape(model.name)
@@ -133,8 +133,6 @@ def _model_disk(model: ModelSpec, cfg: ExperimentConfig, manifests: dict) -> Mod
             continue
         manifest = manifests.get(ds.name)
         if manifest is None:
-            from ..data.registry import REGISTRY
-
             count = getattr(REGISTRY.get(ds.name), "count", None)
             if count is None:
                 out.unresolved += 1
@@ -151,8 +149,6 @@ def _model_disk(model: ModelSpec, cfg: ExperimentConfig, manifests: dict) -> Mod
 
 def estimate_disk(cfg: ExperimentConfig) -> list[ModelDisk]:
     """One :class:`ModelDisk` per zero-shot model (datasets that do not resolve are counted in ``unresolved``)."""
-    from ..data import resolve
-
     models = [m for m in cfg.models if m.kind == "zero-shot"]
     manifests: dict = {}
     for ds in [cfg.id_test, *cfg.ood] if models else []:

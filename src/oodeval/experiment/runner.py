@@ -30,9 +30,14 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
+from .. import detectors
 from .._io import hash_json, save_npy_atomic
+from ..data import resolve
+from ..detectors.defaults import backbone_family
 from ..errors import InputError
 from ..features import FeatureSet
+from ..features.views import id_view
+from ..metrics import accuracy
 from ..results import (
     ALL_SPLIT,
     KEY,
@@ -47,7 +52,17 @@ from ..results import (
 from ..scorer import RunSets, Scorer, build_scorer
 from ..scoring import fit_score_evaluate
 from .config import DetectorSpec, ExperimentConfig, ExperimentDataset, ModelSpec
-from .zeroshot import vocabulary_label, vocabulary_source
+from .validation import choose_on_validation
+from .zeroshot import (
+    build_context,
+    default_zeroshot_specs,
+    patch_readouts,
+    reset_text,
+    run_sweeps,
+    vocabulary_label,
+    vocabulary_source,
+    zeroshot_logits,
+)
 
 __all__ = ["RunSummary", "Unit", "scores_dir", "EXECUTORS"]
 
@@ -150,8 +165,6 @@ def extract_experiment_features(model: ModelSpec, weights: str | None, ds: Exper
     taps = bool(model.taps) and role != "id_train"
     readouts = ()
     if model.patch_features and model.kind == "zero-shot":
-        from .zeroshot import patch_readouts
-
         readouts = patch_readouts(model, weights, cfg)
     path = extract(model.name, ds.name, cfg.store, taps=taps, patch_features=model.full_patch_features or
                    (model.patch_features and model.kind != "zero-shot"), patch_readouts=readouts,
@@ -210,8 +223,6 @@ def split_values(fs: FeatureSet, ds: ExperimentDataset, cfg: ExperimentConfig) -
     if col in fs.extras:
         values = np.asarray(fs.extras[col])
     else:
-        from ..data import resolve
-
         manifest = resolve(ds.name, cfg.data_root)
         raw = getattr(manifest, col, None)
         if raw is None:
@@ -262,16 +273,11 @@ def _detector_device(cfg: ExperimentConfig) -> str | None:
 
 
 def _id_accuracy(model: ModelSpec, fs: FeatureSet, context: dict) -> float:
-    from ..metrics import accuracy
-
     if not (fs.labels >= 0).any():
         return float("nan")
     if model.kind == "supervised":
-        from ..features.views import id_view
-
         fs = id_view(fs)  # a K+1 (CnC) model: argmax over the first K logits
         return accuracy(fs.logits, fs.labels) if fs.logits is not None else float("nan")
-    from .zeroshot import zeroshot_logits
 
     logits = zeroshot_logits(fs, context)
     return float("nan") if logits is None else accuracy(logits, fs.labels)
@@ -297,8 +303,6 @@ def _specs_for(run: _Run, cfg: ExperimentConfig) -> list[DetectorSpec]:
     if given is not None:
         return list(given)
     if run.model.kind == "supervised":
-        from .. import detectors
-
         test = run.feats.get("id_test")
         if test is None:
             return []
@@ -307,7 +311,6 @@ def _specs_for(run: _Run, cfg: ExperimentConfig) -> list[DetectorSpec]:
             own = [n for n in detectors.default_names() if detectors.REGISTRY[n].fits_on is not None and detectors.supported(test, test, [n])]
             names = [n for n in detectors.names() if n in names or n in own]
         return [DetectorSpec(n) for n in names]
-    from .zeroshot import default_zeroshot_specs
 
     return default_zeroshot_specs()
 
@@ -350,8 +353,6 @@ def _recorded_hash(model: ModelSpec, role: str) -> str | None:
 
 
 def _plan_run(run: _Run, cfg: ExperimentConfig, features: FeatureFn) -> None:
-    from .zeroshot import reset_text
-
     reset_text()  # label embeddings are computed anew for each run (from the text cache), shared within it
     roles = _feature_roles(run.model, cfg)
     if cfg.selection is not None and any(s.search for s in cfg.detectors_for(run.model) or ()):
@@ -366,8 +367,6 @@ def _plan_run(run: _Run, cfg: ExperimentConfig, features: FeatureFn) -> None:
             run.errors[role] = f"features of {ds.label!r} failed: {_error_text(exc)}"
             run.splits.setdefault(role, {ALL_SPLIT: None})
     if run.model.kind == "zero-shot" and "id_test" in run.feats:
-        from .zeroshot import build_context
-
         try:
             run.context = build_context(run.model, run.weights, cfg, run.feats)
         except Exception as exc:  # noqa: BLE001
@@ -561,8 +560,6 @@ def run_units(
         if compact:
             compact_results(cfg.results)
     if sweeps and cfg.sweeps:
-        from .zeroshot import run_sweeps
-
         for run in runs:
             if run.model.kind == "zero-shot":
                 run_sweeps(run.model, run.feats, run.context, run.errors, cfg, summary)
@@ -578,8 +575,6 @@ def _failed_kept(table: pd.DataFrame, cfg: ExperimentConfig) -> int:
 
 
 def _base_info(run: _Run, spec: DetectorSpec, cfg: ExperimentConfig) -> dict:
-    from ..detectors.defaults import backbone_family
-
     source = run.feats.get("id_train", run.feats.get("id_test"))
     return {
         "kind": run.model.kind,
@@ -599,8 +594,6 @@ def _run_detector(run: _Run, spec: DetectorSpec, cells: list[CellKey], cfg: Expe
     """Fit once per distinct (seeded) hyperparameter set, score once per dataset, evaluate every cell."""
     info = _base_info(run, spec, cfg)
     if spec.search and not run.errors.get("id_test"):
-        from .validation import choose_on_validation
-
         t0 = time.perf_counter()
         try:
             spec, info["selection"] = choose_on_validation(run, spec, cfg, lambda hp: _build(run, spec, cfg, hyperparameters=hp))

@@ -17,8 +17,18 @@ from pathlib import Path
 
 import numpy as np
 
+from .._io import hash_json
+from ..data import resolve
 from ..errors import InputError
 from ..features import FeatureSet
+from ..features.stream import iter_chunks
+from ..scorer import RunSets, build_scorer
+from ..zeroshot.build import prompt_names, read_id_names
+from ..zeroshot.models import load_clip
+from ..zeroshot.scorers import create_scorer, scorer_names
+from ..zeroshot.sweeps import save_sweep, sweep_prefix, sweep_siblings, sweeps_path
+from ..zeroshot.text import TextEncoder, check_same_model
+from ..zeroshot.vocabulary import Vocabulary
 from .config import DetectorSpec, ExperimentConfig, ModelSpec
 
 __all__ = ["run_sweeps", "build_context", "zeroshot_scores", "zeroshot_logits", "default_zeroshot_specs", "vocabulary_label",
@@ -43,11 +53,8 @@ def _unit(x: np.ndarray) -> np.ndarray:
 
 def _class_names(cfg: ExperimentConfig) -> list[str]:
     """``[datasets] id_classes`` (a file or ``imagenet1k``), else the ID-test manifest's names (wnids mapped)."""
-    from ..zeroshot.build import prompt_names, read_id_names
-
     if cfg.id_classes is not None:
         return read_id_names(str(cfg.id_classes))[0]
-    from ..data import resolve
 
     names = list(resolve(cfg.id_test.name, cfg.data_root).class_names or [])
     if not names:
@@ -59,8 +66,6 @@ def _encoder(model: ModelSpec, weights: str | None, cfg: ExperimentConfig):
     """An ``oodeval.zeroshot.text.TextEncoder`` for the model's text tower, cached under the store."""
     import torch
 
-    from ..zeroshot.models import load_clip
-    from ..zeroshot.text import TextEncoder
 
     device = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     net, tokenizer, name = load_clip(model.name, weights=weights, pretrained=True if model.pretrained else None, device=device)
@@ -69,8 +74,6 @@ def _encoder(model: ModelSpec, weights: str | None, cfg: ExperimentConfig):
 
 def _vocab_labels(name: str) -> list[str]:
     """Labels of a vocabulary file: a ``Vocabulary`` JSON or a text file with one label per line (repeats kept once)."""
-    from ..zeroshot.vocabulary import Vocabulary
-
     return Vocabulary.load(name).labels
 
 
@@ -128,9 +131,6 @@ def vocabulary_source(path: str | None) -> str | None:
 
 @lru_cache(maxsize=256)
 def _source(path: str, _mtime: int | None) -> str:
-    from .._io import hash_json
-    from ..zeroshot.vocabulary import Vocabulary
-
     try:
         v = Vocabulary.load(path)
     except (OSError, ValueError) as exc:
@@ -177,8 +177,6 @@ def _id_text(state: dict, model: ModelSpec, cfg: ExperimentConfig, encoder) -> n
 
 def gl_mcm_taus(model: ModelSpec, cfg: ExperimentConfig) -> list[float]:
     """The temperatures of the model's gl_mcm scorers (its detector list, else the default scorers)."""
-    from ..zeroshot.scorers import create_scorer
-
     specs = cfg.detectors_for(model)
     specs = default_zeroshot_specs() if specs is None else specs
     return sorted({float(create_scorer("gl_mcm", **s.hyperparameters).tau) for s in specs if s.name == "gl_mcm"})
@@ -205,8 +203,6 @@ def build_context(model: ModelSpec, weights: str | None, cfg: ExperimentConfig, 
     (``text:id``; ``text:<vocabulary>``), else from the model's text tower (cached under the store),
     after checking that it is the model that made the image features ``images`` (``check_same_model``).
     """
-    from ..zeroshot.text import check_same_model
-
     state = _text_state(model, weights, cfg)
     if state["encoder"] is not None:  # loaded for the patch readouts, before these images existed
         check_same_model(state["encoder"].key["text_tower"], images or {})
@@ -235,16 +231,12 @@ def build_context(model: ModelSpec, weights: str | None, cfg: ExperimentConfig, 
 def zeroshot_scores(spec: DetectorSpec, hp: dict, fs: FeatureSet, context: dict) -> np.ndarray:
     """Scores of zero-shot scorer ``spec`` on image embeddings ``fs``, streamed from the store in
     chunks and l2-normalised chunk by chunk (the zero-shot :class:`oodeval.scorer.Scorer`)."""
-    from ..scorer import RunSets, build_scorer
-
     return build_scorer(spec.name, hp, RunSets(None, fs), kind="zero-shot", context=context, vocabulary=spec.vocabulary).score(fs)
 
 
 def zeroshot_logits(fs: FeatureSet, context: dict, rows: int = 8192) -> np.ndarray | None:
     """Cosine similarities (N, C) float32 to the ID label embeddings (argmax = the zero-shot prediction),
     computed in chunks of ``rows`` streamed image rows."""
-    from ..features.stream import iter_chunks
-
     if "id_text" not in context:
         return None
     out = np.empty((len(fs), len(context["id_text"])), np.float32)
@@ -256,7 +248,6 @@ def zeroshot_logits(fs: FeatureSet, context: dict, rows: int = 8192) -> np.ndarr
 def _sweep_key(sweep, model: ModelSpec) -> str:
     """What a recorded curve depends on: the vocabulary's bytes (and its precomputed embeddings),
     sizes, scorer and hyperparameters; a curve recorded under another key is recomputed."""
-    from .._io import hash_json
     from ..features.backbones import file_hash
 
     files = [sweep.vocabulary, model.features.get(f"text:{vocabulary_label(sweep.vocabulary)}")]
@@ -268,9 +259,6 @@ def _sweep_key(sweep, model: ModelSpec) -> str:
 def _siblings_curve(sweep, id_fs: FeatureSet, ood_fs: FeatureSet, context: dict) -> dict:
     """Fig. A1 / A3: the k-per-class sweep of an ``oodeval vocab llm`` vocabulary, every label
     embedded once (the vocabulary's own rows) and each k's pool picked from them."""
-    from ..zeroshot.sweeps import sweep_siblings
-    from ..zeroshot.vocabulary import Vocabulary
-
     vocab = Vocabulary.load(sweep.vocabulary)
     per_class = vocab.provenance.get("per_class")
     if not per_class:
@@ -288,8 +276,6 @@ def _siblings_curve(sweep, id_fs: FeatureSet, ood_fs: FeatureSet, context: dict)
 def default_zeroshot_specs() -> list[DetectorSpec]:
     """The seven logit-space scorers of Tab. 1. gl_mcm is always listed: on features without patch
     features its cells are recorded as errors saying why (never dropped silently)."""
-    from ..zeroshot.scorers import scorer_names
-
     return [DetectorSpec(n) for n in scorer_names("logit")]
 
 
@@ -300,7 +286,6 @@ def run_sweeps(model: ModelSpec, feats: dict[str, FeatureSet], context: dict, er
     are added to the summary's errors."""
     import pandas as pd
 
-    from ..zeroshot.sweeps import save_sweep, sweep_prefix, sweeps_path
 
     path = sweeps_path(cfg.results)
     have = pd.read_parquet(path) if path.exists() else pd.DataFrame(columns=["sweep", "model", "dataset", "key"])

@@ -28,9 +28,13 @@ import numpy as np
 import torch
 from torch import nn
 
+from .._io import hash_arrays
 from ..errors import InputError
 from .backbone import Backbone, full_precision, load_head, load_state_dict_file, load_weights_into, save_head
+from .hf import load_hf
+from .module import load_factory, module_backbone
 from .names import MODEL_PREFIXES, parse_model_name, unknown_prefix_hint
+from .openood import load_openood
 
 __all__ = ["Backbone", "full_precision", "load_backbone", "load_open_clip", "load_state_dict_file", "load_head", "save_head", "file_hash",
            "parse_model_name", "text_tower_fingerprint", "MODEL_PREFIXES", "unknown_prefix_hint"]
@@ -42,8 +46,6 @@ _IMAGE_PREFIXES = ("visual.", "vision_model.", "visual_projection.", "hf.vision_
 
 def text_tower_fingerprint(model: nn.Module) -> str:
     """Hash of a VLM's text-side parameters and buffers (everything but the image tower; random init included)."""
-    from .._io import hash_arrays
-
     return hash_arrays({name: t.detach().to("cpu", torch.float32).numpy() for name, t in model.state_dict().items()
                         if not name.startswith(_IMAGE_PREFIXES)})
 
@@ -163,9 +165,6 @@ def _load(model: str, kind: str, name: str, tag: str | None, weights, pretrained
                       info={"feature_dim": int(getattr(visual, "output_dim", 0)) or None})
         bb.info["text_tower"] = text_tower_fingerprint(net)
     elif kind in ("python", "openood"):
-        from .module import load_factory, module_backbone
-        from .openood import load_openood
-
         net, transform = load_factory(name, model_kwargs) if kind == "python" else load_openood(name, model_kwargs, pretrained)
         if weights is not None:
             load_weights_into(net, weights)
@@ -173,7 +172,6 @@ def _load(model: str, kind: str, name: str, tag: str | None, weights, pretrained
     elif kind == "hf":
         if model_kwargs:
             raise InputError("model_kwargs apply to timm models only")
-        from .hf import load_hf
 
         net, transform, tokenizer, prep = load_hf(name, weights, pretrained)
         bb = Backbone(net, "hf", model, transform, prep, "RGB", tokenizer=tokenizer,

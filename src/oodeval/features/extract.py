@@ -30,11 +30,14 @@ from ..data import ImageError, Manifest, open_image, resolve
 from ..errors import InputError, StateError
 from . import store as st
 from .backbones import Backbone, file_hash, full_precision, load_backbone, parse_model_name
+from .module import module_backbone, module_fingerprint
 from .pass_options import KINDS as PASS_KINDS
 from .pass_options import PassSpec
 from .passes import build_passes, context_of, key_entries
 from .patchreadout import PatchReadout, local_mcm
 from .preprocess import SplitTransform, split_transform
+from .sampling import fit_rows
+from .taps import default_nac_layers, describe_readout, nac_roles, vit_depth
 
 __all__ = ["extract", "extract_nac_fit", "entry_key", "ManifestDataset"]
 
@@ -275,8 +278,6 @@ def extract(
         raise InputError(f"batch_size and shard_size must be >= 1, got {batch_size} and {shard_size}")
     backbone = module = None
     if isinstance(model, torch.nn.Module):
-        from .module import module_backbone, module_fingerprint
-
         if weights is not None or pretrained or model_kwargs:
             raise InputError("weights, pretrained and model_kwargs apply to model names; load weights into the module yourself")
         backbone = module_backbone(model, transform, head=classifier, feature_layer=feature_layer, image_mode=image_mode)
@@ -369,8 +370,6 @@ def extract_nac_fit(
     with the same ``n_fit`` (it holds at most ``n_fit`` rows, all of which are used). ``options``
     are :func:`extract`'s (``taps`` is implied).
     """
-    from .sampling import fit_rows
-
     manifest = dataset if isinstance(dataset, Manifest) else resolve(dataset, data_root, strict=strict)
     rows = fit_rows(manifest.labels, n_fit, seed)
     name = f"{manifest.name}.nac-fit-{n_fit}-seed{seed}" if rows.size < len(manifest) else manifest.name
@@ -445,7 +444,6 @@ def _run(job: _Job) -> Path:
     bb.to(dev)
     split = split_transform(bb.transform)
     layers = None
-    from .taps import default_nac_layers, describe_readout, nac_roles, vit_depth
 
     depth = vit_depth(bb.model) if bb.kind == "timm" else None
     roles = readout = None

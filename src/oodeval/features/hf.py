@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import InputError
+from .backbone import load_weights_into
 
 __all__ = ["HFCLIP", "HFTokenizer", "load_hf"]
 
@@ -89,8 +90,6 @@ def load_hf(name: str, weights: str | Path | None = None, pretrained: bool = Fal
     else:
         net = AutoModel.from_config(AutoConfig.from_pretrained(name))
         if weights is not None:
-            from .backbone import load_weights_into
-
             load_weights_into(net, weights)
     if not (hasattr(net, "get_image_features") and hasattr(net, "get_text_features")):
         raise InputError(f"hf:{name} is a {type(net).__name__}, not an image-text dual encoder "

@@ -15,6 +15,7 @@ import torch
 
 from ..errors import InputError
 from ..metrics import accuracy
+from .backbones import save_head
 from .featureset import FeatureSet
 
 __all__ = ["train_probe", "probe_accuracy", "save_probe"]
@@ -79,7 +80,5 @@ def probe_accuracy(fs: FeatureSet, weight: np.ndarray, bias: np.ndarray, chunk: 
 
 def save_probe(path: str | Path, weight: np.ndarray, bias: np.ndarray, info: dict) -> Path:
     """Write the head as safetensors (keys weight, bias) with ``info`` as string metadata."""
-    from .backbones import save_head
-
     return save_head(path, weight, bias, {k: str(v) for k, v in info.items()})
 

@@ -38,6 +38,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import InputError
+from .names import parse_model_name
 
 __all__ = ["PRE_LOGITS", "NacPass", "default_nac_layers", "vit_blocks", "vit_depth", "nac_roles", "final_norm_readout",
            "forward_with_nac", "nac_states", "nac_plan", "describe_readout", "pool_state"]
@@ -258,8 +259,6 @@ def nac_plan(model: str, model_kwargs: dict | None = None) -> dict | None:
     layers), ``nac_roles`` and ``depth`` - from an instance on the meta device (no weights, no
     memory, no download), for ``oodeval run --check``. None for a model that is not timm's or
     cannot be built."""
-    from .names import parse_model_name
-
     kind, name, _ = parse_model_name(model)
     if kind != "timm":
         return None

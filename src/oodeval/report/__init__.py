@@ -12,6 +12,8 @@ import pandas as pd
 
 from .._io import claim_folder, remove_own, write_text_atomic
 from ..errors import InputError
+from ..experiment.config import load_config
+from ..metrics import fpr_ood_positive
 from ..results import ALL_SPLIT, METRICS, load_cell_scores, load_results, missing_cell_scores, parts_dir
 from ..zeroshot.sweeps import save_sweep, sweeps_path
 from . import cnc, groups, reference, tables  # noqa: F401 - they register their views
@@ -60,8 +62,6 @@ def _pick_model(frame: pd.DataFrame) -> str | None:
 def _with_ood_positive(df: pd.DataFrame, results_path: Path) -> pd.DataFrame:
     """``df`` with ``fpr95_ood_positive`` filled where an ok row lacks it (a table written before the
     column existed): ``metrics.fpr_ood_positive`` of its stored scores, without CI; NaN without scores."""
-    from ..metrics import fpr_ood_positive
-
     missing = (df["status"] == "ok") & df["fpr95_ood_positive"].isna()
     if not missing.any():
         return df
@@ -245,8 +245,6 @@ def write_report(
         raise InputError(f"{len(damaged)} score file(s) of {results} are missing or damaged ({damaged[0]}); "
                          "the figures and tables drawn from them would be wrong: rerun `oodeval run` (with retry) to recompute them")
     if experiment is not None:
-        from ..experiment.config import load_config
-
         experiment = load_config(experiment)
     selection = select_configurations(df, experiment)
     df = selection.rows

@@ -9,6 +9,7 @@ page shows the name as the label's tooltip (:func:`det_cell`).
 
 from __future__ import annotations
 
+from .. import detectors
 from .views import ZS_PREFIX, Cell
 
 __all__ = ["detector_label", "det_cell"]
@@ -18,8 +19,6 @@ def _declared(name: str, zero_shot: bool) -> str:
     """The label the class registered as ``name`` declares itself ('' when none, or not registered):
     zero-shot scorers first for a ``zs:`` name, else the post-hoc detectors first; a name both
     register (mcm, energy, ...) carries one label in both, or in one of them only (entropy)."""
-    from .. import detectors
-
     registries = [detectors.REGISTRY]
     try:
         from ..zeroshot.scorers import REGISTRY as ZS

@@ -25,7 +25,9 @@ import numpy as np
 import pandas as pd
 
 from ..errors import InputError
+from ..experiment.zeroshot import vocabulary_generation
 from .labels import det_cell
+from .reference import load_reference
 from .views import Cell, View, best_row, full_split, pct, register_view, row_ci
 
 __all__ = ["benchmarks", "clean_subsamples", "eoe_prompts", "supervised_models", "gallery_items", "CLEAN_SUFFIX"]
@@ -88,8 +90,6 @@ def clean_subsamples(frame: pd.DataFrame, model: str | None) -> View:
 
 
 def _prompt_and_generation(vocabulary: str) -> tuple[str, str]:
-    from ..experiment.zeroshot import vocabulary_generation
-
     prompt, gen = vocabulary_generation(vocabulary)
     return prompt, str(0 if gen is None else gen)
 
@@ -140,8 +140,6 @@ def eoe_prompts(frame: pd.DataFrame) -> View:
 @register_view("tabA7", order=100, needs=("frame", "primary"))
 def supervised_models(frame: pd.DataFrame, primary: str) -> View:
     """Tab. A7."""
-    from .reference import load_reference
-
     title = "Tab. A7 — every supervised model"
     caption = (
         f"Best FPR@95 and AUROC (%, bootstrap 95% CIs) over each supervised model's detectors on {primary} (detector named); "

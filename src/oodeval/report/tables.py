@@ -23,6 +23,7 @@ import pandas as pd
 
 from ..results import ALL_SPLIT
 from .labels import det_cell
+from .reference import load_reference
 from .views import Cell, View, best_row, full_split, order_detectors, pct, register_view, row_ci, vocabulary_columns
 
 __all__ = ["best_per_model", "detector_by_model", "dataset_by_model", "vocabularies", "vocabularies_by_dataset", "split_rows", "fpr_cell",
@@ -57,8 +58,6 @@ def fpr_cell(rows: pd.DataFrame, metric: str = "fpr95") -> tuple[float, str]:
 
 def _paper_params() -> dict[str, str]:
     """Model name -> parameter count as printed in the paper (Tabs. A7 and 1, both naming schemes)."""
-    from .reference import load_reference
-
     t1, a7 = load_reference("tab1"), load_reference("tabA7")
     return {**dict(zip(a7["model"], a7["params"])), **dict(zip(t1["model"], t1["params"])), **dict(zip(t1["paper_label"], t1["params"]))}
 

@@ -12,7 +12,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from .. import detectors
 from ..errors import InputError
+from ..experiment.zeroshot import vocabulary_generation
 from ..registry import Registry
 from ..results import ALL_SPLIT
 from ..zeroshot.scorers import ZS_PREFIX
@@ -112,8 +114,6 @@ def row_ci(row: pd.Series, metric: str) -> str:
 
 
 def _detector_rank() -> dict[str, int]:
-    from .. import detectors
-
     try:
         from ..zeroshot.scorers import scorer_names as zs_names
 
@@ -222,8 +222,6 @@ def full_split(frame: pd.DataFrame) -> pd.DataFrame:
 def vocabulary_columns(frame: pd.DataFrame) -> pd.DataFrame:
     """The vocabulary rows with ``col`` (the vocabulary without its generation suffix, prefixed by
     the scorer when several scorers share it) and ``gen`` (its LLM generation, or NaN)."""
-    from ..experiment.zeroshot import vocabulary_generation
-
     v = frame[frame["vocabulary"].notna()]
     split = [vocabulary_generation(str(x)) for x in v["vocabulary"]]
     v = v.assign(base=[b for b, _ in split], gen=[np.nan if g is None else g for _, g in split])

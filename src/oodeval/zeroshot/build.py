@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..errors import InputError
+from .imagenet import class_names, wnids
 from .negmining import rank_candidates
 from .text import TextEncoder
 from .vocabulary import Vocabulary
@@ -28,7 +29,6 @@ def prompt_names(names: Sequence[str], source: str) -> list[str]:
     if len(wn) != len(names):
         raise InputError(f"ID names from {source} mix {len(wn)} WordNet ids (e.g. {wn[0]!r}) with names; "
                          "give names only (a file, one per line, or 'imagenet1k')")
-    from .imagenet import class_names, wnids
 
     index = {w: i for i, w in enumerate(wnids())}
     unknown = [w for w in names if w not in index]
@@ -44,8 +44,6 @@ def read_id_names(spec: str) -> tuple[list[str], list[str] | None]:
 
     A file of ImageNet-1k wnids gives their curated names (``prompt_names``)."""
     if spec == "imagenet1k":
-        from .imagenet import class_names, wnids
-
         return list(class_names()), list(wnids())
     path = Path(spec)
     if not path.is_file():

@@ -33,6 +33,7 @@ from .. import _arrays
 from ..detectors.base import as_scores
 from ..errors import InputError
 from ..features import FeatureSet
+from ..features.stream import iter_chunks
 from ..params import POSITIVE, SEED, Checked, Integral, Interval, Options, Real
 from ..registry import Registry
 
@@ -133,8 +134,6 @@ class ZeroShotScorer(Checked, BaseEstimator):
     def score(self, image: FeatureSet | np.ndarray, id_text: np.ndarray, negatives: np.ndarray | None = None,
               normalize: bool = False) -> np.ndarray:
         """float64 (N,) scores, higher = more in-distribution."""
-        from ..features.stream import iter_chunks
-
         who = type(self).__name__
         if isinstance(image, FeatureSet):
             image.require(self.needs, who)

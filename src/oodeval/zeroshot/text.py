@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import InputError
+from .models import load_clip
 from .templates import PAPER, templates_id
 from .text_cache import TextEmbeddingCache
 
@@ -221,8 +222,6 @@ class TextEncoder:
 @lru_cache(maxsize=4)
 def _encoder_for(model: str, weights: str | None, pretrained: str | None, cache_dir: str | None,
                  templates: tuple[str, ...], batch_size: int, truncate: bool, device: str) -> TextEncoder:
-    from .models import load_clip
-
     net, tokenizer, name = load_clip(model, weights, pretrained, device=device)
     label = weights if weights is not None else (pretrained or "random-init(seed=0)")
     return TextEncoder(net, tokenizer, name, label, templates, cache_dir, batch_size, truncate, device)
