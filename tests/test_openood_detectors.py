@@ -1,7 +1,7 @@
 """Every feature/logit-space method of OpenOOD v1.5's post-hoc table (``detectors.names("openood")``,
-those needing a network pass excepted) runs in ``oodeval score`` on the features of OpenOOD's
-random-init ResNet18_32x32 extracted from a generated OpenOOD data root; the table's metrics are
-those of the detector's own scores."""
+those needing a network pass excepted) runs in ``oodeval score`` and, all together, in ``oodeval run``
+on the features of OpenOOD's random-init ResNet18_32x32 extracted from a generated OpenOOD data
+root; the tables' metrics are those of the detector's own scores."""
 
 from __future__ import annotations
 
@@ -75,3 +75,31 @@ def test_each_runs_in_score_on_resnet18_32x32_features(folders, name, tmp_path):
         assert np.isfinite(s_ood).all()
         assert row.auroc == pytest.approx(auroc(s_id, s_ood), abs=1e-12)
         assert row.fpr95 == pytest.approx(fpr_at_tpr(s_id, s_ood), abs=1e-12)
+
+
+def test_all_run_in_one_experiment_grid_on_resnet18_32x32_features(folders, tmp_path):
+    feats = ", ".join(f'{role} = "{folders[name]}"' for role, name in (("id_train", "train"), ("id_test", "test"), ("tin", "tin"), ("svhn", "svhn")))
+    entries = "\n".join(f"[[detectors]]\nname = \"{n}\"\nhyperparameters = {json.dumps(SMALL.get(n, {})).replace(':', ' =')}\n" for n in POST_HOC)
+    exp = tmp_path / "exp.toml"
+    exp.write_text(f"""
+results = "{tmp_path / 'results.parquet'}"
+seeds = [0]
+bootstrap_draws = 10
+[datasets]
+id_train = "train"
+id_test = "test"
+ood = ["tin", "svhn"]
+[[models]]
+name = "openood:resnet18_32x32"
+pretrained = false
+features = {{ {feats} }}
+{entries}""")
+    assert cli.main(["run", str(exp), "--no-progress"]) == 0
+    table = pd.read_parquet(tmp_path / "results.parquet")
+    assert (table["status"] == "ok").all() and sorted(table["detector"]) == sorted(POST_HOC * 2)
+    train, test = FeatureSet.load(folders["train"]), FeatureSet.load(folders["test"])
+    for name, rows in table.groupby("detector"):
+        det = detectors.create(name, **SMALL.get(name, {})).fit(train)
+        s_id = det.score(test)
+        for _, row in rows.iterrows():
+            assert row.auroc == pytest.approx(auroc(s_id, det.score(FeatureSet.load(folders[row.dataset]))), abs=1e-12), name
