@@ -6,11 +6,9 @@ name never answer for each other. The API key is read from an environment variab
 and never logged or cached. Transient failures (HTTP 429 / 5xx, connection errors) are retried
 with exponential backoff.
 
-Written over the standard library (``urllib.request``) rather than the ``openai`` SDK, measured
-on this project's environment (Python 3.11, 2-core machine, Dec 2026): ``openai`` 3.57.0 would
-add two packages (openai, jiter; 31 MB) and take 1.1-1.6 s to import and build a client against
-0.09 s for ``urllib.request`` (839 modules loaded against 122), while the part this module
-exists for, the replay cache and offline mode that make vocabularies and evidence reproducible,
+Written over the standard library (``urllib.request``) rather than the ``openai`` SDK, which
+would add two packages and a much slower import (figures in docs/performance.md, "Measurements
+moved out of docstrings"), while the part this module exists for, the replay cache and offline mode that make vocabularies and evidence reproducible,
 would still be ours: we send one request shape (chat completions) and read one field.
 """
 

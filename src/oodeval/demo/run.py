@@ -175,7 +175,7 @@ def run_demo(
     ``threads``: torch intra-op threads during the run (restored afterwards; None = leave
     torch's default). The default 1 is deliberate: this tiny model on 28x28 batches gains
     little from a second thread, while a shared machine makes multi-threaded steps stall
-    (measured 60 ms vs 560 ms per training step with 2 threads, 70-80 ms with 1).
+    (docs/performance.md, "Measurements moved out of docstrings").
 
     ``quick`` shrinks every set (:meth:`DemoSizes.quick`), trains 2 epochs at batch 64 and uses
     200 bootstrap and sub-sampling draws; the defaults are the full demo (6 epochs at batch 128,

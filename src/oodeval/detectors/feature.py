@@ -130,7 +130,7 @@ class FDBD(Detector):
         self.train_mean_ = mean_rows(train.features, comp=self._compute())
         w = as64(train.weight)
         sq = np.einsum("cd,cd->c", w, w)
-        with one_blas_thread():  # 1000 x 1024 x 1000: 20 ms, and no idle BLAS threads under the scoring
+        with one_blas_thread():  # small: no idle BLAS threads under the scoring (docs/performance.md)
             gram = w @ w.T
         dist = np.sqrt(np.maximum(sq[:, None] + sq[None, :] - 2.0 * gram, 0.0))
         np.fill_diagonal(dist, np.inf)
