@@ -82,6 +82,24 @@ def inner_imports(package: Path) -> tuple[int, int]:
     return total, inner
 
 
+#: heavy optional dependencies: imported at module level by the modules that need them on every
+#: path, or through oodeval._extras.optional, never by an import statement inside a function
+HEAVY = ("torch", "torchvision", "timm", "open_clip", "transformers", "submitit", "ray")
+
+
+def heavy_imports_in_functions(package: Path) -> list[str]:
+    """``path:line module`` of every import statement of a :data:`HEAVY` package inside a function."""
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        for fn in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(fn):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+                found += [f"{path.relative_to(package)}:{node.lineno} {n}" for n in names if n.split(".")[0] in HEAVY]
+    return found
+
+
 @pytest.fixture(scope="module")
 def leaky(tmp_path_factory) -> Path:
     """A copy of the tree in which metrics (a bottom layer) imports the experiment layer inside a
@@ -92,6 +110,7 @@ def leaky(tmp_path_factory) -> Path:
     pkg = root / "src" / "oodeval"
     with open(pkg / "metrics.py", "a") as fh:
         fh.write("\n\ndef _leak():\n    from .experiment.config import load_config\n\n    from .stats import bootstrap\n\n    return load_config, bootstrap\n")
+        fh.write("\n\ndef _heavy():\n    import torch\n\n    return torch\n")
     with open(pkg / "zeroshot" / "scorers.py", "a") as fh:
         fh.write("\n\nfrom ..detectors._common import as64  # noqa: E402\n")
     return root
@@ -142,3 +161,8 @@ def test_starting_one_command_imports_no_other():
         done = _run(["-c", code, *argv], SRC, ROOT)
         assert done.returncode == 0, done.stderr
         assert json.loads(done.stdout.strip().splitlines()[-1]) == loaded, argv
+
+
+def test_heavy_dependencies_load_at_module_level_or_through_one_lazy_loader(leaky):
+    assert heavy_imports_in_functions(SRC / "oodeval") == []
+    assert heavy_imports_in_functions(leaky / "src" / "oodeval") == [f"metrics.py:{len((leaky / 'src' / 'oodeval' / 'metrics.py').read_text().splitlines()) - 2} torch"]

@@ -71,6 +71,6 @@ def test_the_run_table_and_the_report_summary_show_zs_where_both_kinds_share_a_n
     shown = [r["detector"] for r in display_rows(result_rows().to_dict("records"))]
     assert shown == ["resnet50 / mcm", "resnet50 / energy", "clip / zs:mcm", "clip / neglabel"]
     lines = [line for line, _ in run_summary(result_rows(), [], [], {})]
-    assert "Detectors (4): mcm, energy, zs:mcm, neglabel" in lines
+    assert "Detectors (4): MCM (mcm), Energy (energy), zs:MCM (zs:mcm), NegLabel (neglabel)" in lines  # paper labels, ids beside them
     one_kind = result_rows().iloc[2:]  # the zero-shot rows alone: nothing to tell apart, names stay plain
     assert [r["detector"] for r in display_rows(one_kind.to_dict("records"))] == ["mcm", "neglabel"]

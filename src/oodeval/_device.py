@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 
+from ._extras import optional
 from .errors import InputError
 
 __all__ = ["resolve_device"]
@@ -14,8 +15,7 @@ def resolve_device(device: str = "auto"):
     """The ``torch.device`` for ``device``: ``"auto"`` is CUDA when torch sees a GPU, else the CPU;
     ``"cpu"``, ``"cuda"`` and ``"cuda:N"`` are taken as given. Anything else, or CUDA without a
     CUDA device, is an InputError."""
-    import torch
-
+    torch = optional("torch")
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if not re.fullmatch(r"cpu|cuda(:\d+)?", str(device)):

@@ -4,14 +4,21 @@ missing package belongs to, so that the error asking for it names the fix.
 The core (numpy, scipy, scikit-learn, pandas) scores arrays and FeatureSets; networks, figures
 and Parquet tables are extras. :func:`missing_extra` turns an ImportError into that message; the
 CLI prints it as ``oodeval CMD: error: ...`` (exit 2) and :func:`needs` re-raises it for Python calls.
+
+Where the heavy packages load: a module that cannot work without one (a network, a training loop)
+imports it at module level and is itself imported only where that work starts; a module of the
+light core that touches one on one path only (a device name, a model-name check, a job
+submitter) asks :func:`optional` for it there, the one lazy import of every such package.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterator
 from contextlib import contextmanager
+from types import ModuleType
 
-__all__ = ["EXTRAS", "missing_extra", "needs"]
+__all__ = ["EXTRAS", "missing_extra", "needs", "optional"]
 
 #: top-level module -> (package to install, extra that brings it)
 EXTRAS = {
@@ -56,3 +63,12 @@ def needs() -> Iterator[None]:
         if message is None:
             raise
         raise ModuleNotFoundError(message, name=getattr(exc, "name", None)) from exc
+
+
+def optional(name: str) -> ModuleType:
+    """The module ``name`` of an extra's package (``"torch"``, ``"timm.models"``), imported on first
+    use; missing, a ModuleNotFoundError naming the extra that brings it (:func:`needs`)."""
+    if name.split(".")[0] not in EXTRAS:
+        raise KeyError(f"{name!r} is not a package of an extra; EXTRAS lists them")
+    with needs():
+        return importlib.import_module(name)

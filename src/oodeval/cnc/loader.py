@@ -13,6 +13,7 @@ identical for any number of workers (0 = in the main process) and on resume.
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from .augment import AUGMENTS, release_source
 from .tensors import to_tensor
@@ -35,8 +36,6 @@ class StepBatches:
         return len(self.starts)
 
     def __getitem__(self, t: int) -> dict:
-        import torch
-
         from .cutmix import compound, step_rng
 
         cfg = self.config
@@ -59,15 +58,11 @@ class StepBatches:
 
 
 def _worker_init(_: int) -> None:
-    import torch
-
     torch.set_num_threads(1)
 
 
 def step_loader(images: np.ndarray, labels: np.ndarray, config, epoch: int, workers: int = 0, pin_memory: bool = False):
     """A DataLoader over :class:`StepBatches` (one item = one step, in step order)."""
-    import torch
-
     ds = StepBatches(images, labels, config, epoch)
     return torch.utils.data.DataLoader(
         ds, batch_size=None, shuffle=False, num_workers=workers, pin_memory=pin_memory,

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+import torch
 
 from ..errors import InputError
 
@@ -15,8 +16,6 @@ __all__ = ["to_tensor"]
 
 def to_tensor(images: np.ndarray, mean: Sequence[float] = (0.5,), std: Sequence[float] = (0.5,)):
     """uint8 (N, H, W[, C]) -> float32 torch (N, C, H, W), (x/255 - mean) / std per channel."""
-    import torch
-
     a = np.asarray(images)
     if a.ndim == 3:
         a = a[..., None]

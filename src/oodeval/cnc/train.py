@@ -45,6 +45,10 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 import numpy as np
+import timm
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
 
 from .._device import resolve_device
 from .._io import atomic_path, claim_folder, hash_arrays, write_json_atomic
@@ -188,8 +192,6 @@ class CnCTrainConfig:
 
 def _cifar_stem(model, name: str) -> None:
     """3x3 stride-1 first convolution, no max-pool (He et al. 2016's CIFAR ResNets)."""
-    import torch.nn as nn
-
     conv = getattr(model, "conv1", None)
     if not hasattr(model, "maxpool") or conv is None:
         raise InputError(f"cifar_stem needs a timm ResNet (conv1 + maxpool); {name} has none")
@@ -205,8 +207,6 @@ def _cifar_stem(model, name: str) -> None:
 def build_model(config: CnCTrainConfig):
     """``timm.create_model(config.model, num_classes=K+1 (CnC) or K, in_chans, pretrained=False)``,
     with a CIFAR stem when ``config.cifar_stem``."""
-    import timm
-
     kwargs = dict(config.model_kwargs)
     kwargs.setdefault("pretrained", False)
     model = timm.create_model(config.model, num_classes=config.outputs, in_chans=config.in_chans, **kwargs)
@@ -239,8 +239,6 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 
 
 def _native_bf16(dev) -> bool:
-    import torch
-
     try:
         return bool(torch.cuda.is_bf16_supported(including_emulation=False))
     except TypeError:  # older torch: no emulation flag
@@ -265,8 +263,6 @@ def resolve_precision(dev, precision: str = "auto") -> str:
 
 
 def _autocast(dev, precision: str):
-    import torch
-
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
     return torch.autocast(dev.type, dtype=dtype or torch.float32, enabled=dtype is not None)
 
@@ -304,8 +300,6 @@ def _read_json(path: Path, what: str) -> dict:
 
 
 def _optimizer_to_files(state: dict) -> tuple[dict, dict]:
-    import torch
-
     tensors, meta = {}, {"param_groups": state["param_groups"], "state": {}}
     for pid, st in state["state"].items():
         meta["state"][str(pid)] = {}
@@ -504,8 +498,6 @@ def _check_folder(out: Path, config: CnCTrainConfig) -> dict | None:
 
 
 def _scaler(precision: str):
-    import torch
-
     return torch.amp.GradScaler("cuda", enabled=precision == "fp16")
 
 
@@ -534,8 +526,6 @@ def train(
     (argmax over the first K), lr, seconds, device, precision. The loss sums stay on the device
     (float64) and are read once per epoch; the progress bar reads the loss every 25 steps.
     """
-    import torch
-    import torch.nn.functional as F
     from tqdm.auto import tqdm
 
 
@@ -658,8 +648,6 @@ def extract_in_memory(
     and ``precision`` of this pass. The trunk runs under autocast in ``precision``
     (:func:`resolve_precision`; default fp32, "auto" picks as in training), the head in float32;
     channels_last on CUDA."""
-    import torch
-
 
     images = np.asarray(images)
     dev = resolve_device(device)

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TextIO
 
+import torch
+
 from .. import detectors
 from .._io import claim_folder, write_text_atomic
 from ..errors import InputError
@@ -181,8 +183,6 @@ def run_demo(
     200 bootstrap and sub-sampling draws; the defaults are the full demo (6 epochs at batch 128,
     1000 draws, sub-sampling n = 500).
     """
-    import torch
-
     previous = torch.get_num_threads()
     if threads is not None:
         if threads < 1:

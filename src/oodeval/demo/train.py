@@ -20,6 +20,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
+import timm
+import torch
+import torch.nn.functional as F
 
 from .._io import atomic_folder, hash_json
 from .data import read_set
@@ -75,8 +78,6 @@ def timm_kwargs(config: DemoTrainConfig, num_classes: int, mean: float, std: flo
 
 
 def _to_tensor(images: np.ndarray, mean: float, std: float):
-    import torch
-
     x = torch.from_numpy(np.ascontiguousarray(images)).float().div_(255.0)
     return x.sub_(mean).div_(std).unsqueeze(1)
 
@@ -84,9 +85,6 @@ def _to_tensor(images: np.ndarray, mean: float, std: float):
 def _augment(x, gen, fill: float):
     """Random horizontal flip and a random shift of up to 2 px, new pixels set to ``fill``
     (black after normalisation)."""
-    import torch
-    import torch.nn.functional as F
-
     n = x.shape[0]
     flip = torch.rand(n, generator=gen) < 0.5
     x = torch.where(flip[:, None, None, None], x.flip(-1), x)
@@ -102,8 +100,6 @@ def _augment(x, gen, fill: float):
 
 def evaluate_accuracy(model, images: np.ndarray, labels: np.ndarray, mean: float, std: float, batch_size: int = 512) -> float:
     """Top-1 accuracy of ``model`` (eval mode, no grad) on uint8 images with the given normalisation."""
-    import torch
-
     model.eval()
     correct = 0
     with torch.no_grad():
@@ -126,8 +122,6 @@ def train_model(
     Seeds ``torch.manual_seed(config.seed)`` and a dedicated generator for shuffling and
     augmentation, so the same data and config give the same weights on the same machine.
     """
-    import timm
-    import torch
     from safetensors.torch import save_file
     from tqdm.auto import tqdm
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .._extras import optional
 from .._arrays import chunk_rows
 from ..errors import InputError
 
@@ -515,6 +516,4 @@ def _scratch(shape: tuple[int, ...], dtype) -> np.ndarray | None:
 
 
 def _torch():
-    import torch
-
-    return torch
+    return optional("torch")

@@ -21,7 +21,7 @@ from ..params import COMPUTE, Interval, Real
 from . import register
 from ._backend import Compute
 from ._common import as64, chunked_percentile, mean_rows
-from .base import Backbone, Default, Detector
+from .base import BackboneInfo, Default, Detector
 
 __all__ = ["ReAct", "ASHS", "SCALE", "DICE", "ash_s_features", "scale_features"]
 
@@ -154,7 +154,7 @@ class ASHS(Detector):
     constraints = {"percentile": Interval(Real, 0, 100, closed="left"), **COMPUTE}
 
     @classmethod
-    def backbone_defaults(cls, backbone: Backbone) -> dict[str, Default]:
+    def backbone_defaults(cls, backbone: BackboneInfo) -> dict[str, Default]:
         """``percentile``: ResNet-50 / MobileNetV2 90, ViT 95, DenseNet-121 99 (andrijazz/ash
         ``config/{imagenet,mobilenet,vit,densenet}_config.yml``: ``ash_s@90``, ``ash_s@90``,
         ``ash_s@95``, ``ash_s@99``); ViT-like families take the ViT value; every other family keeps

@@ -34,7 +34,7 @@ from ..features.views import id_view
 from ..params import Checked
 from ._backend import Compute
 
-__all__ = ["Detector", "Default", "Backbone", "TappedRows", "check_fitted", "as_scores"]
+__all__ = ["Detector", "Default", "BackboneInfo", "TappedRows", "check_fitted", "as_scores"]
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ class Default:
 
 
 @dataclass(frozen=True)
-class Backbone:
+class BackboneInfo:
     """What a FeatureSet records about the model that made it, as :meth:`Detector.backbone_defaults`
     reads it (built by :func:`oodeval.detectors.defaults.backbone_of`): the backbone ``family``
     (one of :data:`oodeval.detectors.defaults.FAMILIES`), whether the releases treat it as a ViT
@@ -99,13 +99,13 @@ class Detector(Checked, BaseEstimator):
         return True
 
     @classmethod
-    def backbone_defaults(cls, backbone: Backbone) -> dict[str, Default]:
+    def backbone_defaults(cls, backbone: BackboneInfo) -> dict[str, Default]:
         """The hyperparameters whose release value depends on ``backbone``, with their sources
         (default: none; the class defaults hold for every backbone). Called only for a known family."""
         return {}
 
     @classmethod
-    def backbone_notes(cls, backbone: Backbone) -> list[str]:
+    def backbone_notes(cls, backbone: BackboneInfo) -> list[str]:
         """Lines ``oodeval score`` and ``run --check`` print about how the detector reads ``backbone`` (default: none)."""
         return []
 

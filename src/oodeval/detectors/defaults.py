@@ -15,13 +15,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from .._extras import needs
+from .._extras import optional
 from ..features import FeatureSet
 from ..features.names import parse_model_name
 from . import REGISTRY
-from .base import Backbone, Default
+from .base import BackboneInfo, Default
 
-__all__ = ["Default", "Backbone", "backbone_family", "backbone_of", "backbone_defaults", "resolve_defaults", "describe_defaults",
+__all__ = ["Default", "BackboneInfo", "backbone_family", "backbone_of", "backbone_defaults", "resolve_defaults", "describe_defaults",
            "FAMILIES", "VIT_LIKE", "FAMILY_NOTES", "family_note"]
 
 #: timm module (``timm.models.<module>``) -> backbone family
@@ -70,13 +70,11 @@ def _family_and_module(model: str | None) -> tuple[str, str | None]:
     if kind != "timm":  # a user's own nn.Module or factory
         return "unknown", None
 
-    with needs():  # a timm name's family (and so its defaults) comes from timm's registry
-        from timm.models import is_model, model_entrypoint, split_model_name_tag
-
-    arch = split_model_name_tag(name)[0]
-    if not is_model(arch):
+    models = optional("timm.models")  # a timm name's family (and so its defaults) comes from timm's registry
+    arch = models.split_model_name_tag(name)[0]
+    if not models.is_model(arch):
         return "unknown", None
-    module = model_entrypoint(arch).__module__.rsplit(".", 1)[-1]
+    module = models.model_entrypoint(arch).__module__.rsplit(".", 1)[-1]
     return _MODULES.get(module, "other"), module
 
 
@@ -90,8 +88,8 @@ def family_note(model: str | None) -> str:
     return FAMILY_NOTES[family]
 
 
-def backbone_of(source: FeatureSet | Mapping | None) -> Backbone:
-    """The :class:`~oodeval.detectors.base.Backbone` record of a FeatureSet (or its metadata):
+def backbone_of(source: FeatureSet | Mapping | None) -> BackboneInfo:
+    """The :class:`~oodeval.detectors.base.BackboneInfo` record of a FeatureSet (or its metadata):
     family, model, the NAC taps recorded (``meta["taps"]``, else its ``nac/<layer>`` extras) and
     whether it has logits (a metadata mapping is taken to have them)."""
     if isinstance(source, FeatureSet):
@@ -101,7 +99,7 @@ def backbone_of(source: FeatureSet | Mapping | None) -> Backbone:
         meta, has_logits = source or {}, True
         taps = meta.get("taps") or []
     family = backbone_family(meta.get("model"))
-    return Backbone(family=family, vit_like=family in VIT_LIKE, model=meta.get("model"), taps=tuple(taps),
+    return BackboneInfo(family=family, vit_like=family in VIT_LIKE, model=meta.get("model"), taps=tuple(taps),
                     has_logits=has_logits, meta=meta)  # fmt: skip
 
 

@@ -20,7 +20,7 @@ from ..params import BOOLEAN, COMPUTE, POSITIVE, Integral, Interval, Real
 from . import register
 from ._backend import one_blas_thread
 from ._common import as64, centre_parts, class_means, float32_centre, l2_normalise, labelled, mean_rows, scatter
-from .base import Backbone, Default, Detector
+from .base import BackboneInfo, Default, Detector
 
 __all__ = ["Cosine", "MCM", "FDBD", "NECO"]
 
@@ -188,7 +188,7 @@ class NECO(Detector):
 
     constraints = {"variance": Interval(Real, 0, 1, closed="right"), "dim": (Interval(Integral, 1, None), None), "maxlogit": BOOLEAN, **COMPUTE}
     @classmethod
-    def backbone_defaults(cls, backbone: Backbone) -> dict[str, Default]:
+    def backbone_defaults(cls, backbone: BackboneInfo) -> dict[str, Default]:
         """``maxlogit``: True for every non-ResNet model (NECO release, ``neco()``: ``if
         model_architecture_type != 'resnet': score *= maxlogit``); needs logits, so it stays off
         for features without them (a VLM without a probe head)."""

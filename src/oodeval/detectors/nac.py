@@ -32,7 +32,7 @@ from ..params import POSITIVE, SEED, Instance, Integral, Interval
 from ..features.sampling import fit_rows
 from . import register
 from ._common import chunks
-from .base import Backbone, Default, Detector, TappedRows
+from .base import BackboneInfo, Default, Detector, TappedRows
 
 __all__ = ["NAC", "NAC_DEFAULTS", "NAC_VIT_NORM", "NAC_VIT_BLOCKS", "NAC_N_FIT", "nac_grid", "fit_rows"]
 
@@ -95,7 +95,7 @@ def _interval(s: np.ndarray, grid: np.ndarray) -> np.ndarray:
     return idx
 
 
-def _layer_params(backbone: Backbone) -> dict[str, dict]:
+def _layer_params(backbone: BackboneInfo) -> dict[str, dict]:
     """Per-layer (O, M, alpha) of the recorded NAC taps. A ViT block's setting depends on its place
     from the last block: ``meta["nac_roles"]`` (recorded at extraction: 0 = final norm, k = k-th
     block from the last) where present; else parsed from ``blocks.N.norm2`` with ``meta["depth"]``
@@ -138,7 +138,7 @@ class NAC(Detector):
     merged_params = ("layer_params",)
 
     @classmethod
-    def backbone_defaults(cls, backbone: Backbone) -> dict[str, Default]:
+    def backbone_defaults(cls, backbone: BackboneInfo) -> dict[str, Default]:
         """``n_fit`` and ``layer_params`` (BierOne/ood_coverage ``configs/postprocessors/nac/``):
         ResNet ``resnet/nac_imagenet.yml`` (avgpool/layer3/layer2/layer1, ``valid_num`` 1000, the
         class defaults); ViT ``vit/nac_imagenet.yml``: the final LayerNorm (``encoder.ln`` = timm
@@ -160,7 +160,7 @@ class NAC(Detector):
         return out
 
     @classmethod
-    def backbone_notes(cls, backbone: Backbone) -> list[str]:
+    def backbone_notes(cls, backbone: BackboneInfo) -> list[str]:
         """Where each tapped layer is read (``meta["nac_readout"]``, recorded at extraction)."""
         readout = backbone.meta.get("nac_readout") or {}
         return ["reads " + "; ".join(f"{layer}: {how}" for layer, how in readout.items())] if readout else []

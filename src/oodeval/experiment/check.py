@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .._extras import optional
 from ..data import resolve
 from ..features.names import parse_model_name
 from ..zeroshot.prompts import DEFAULT_NAME, load_prompts
@@ -30,9 +31,7 @@ def _model_problem(model: ModelSpec) -> str | None:
     folder must hold a ``config.json``); a ``package.module:factory`` must import and name a callable."""
     kind, name, tag = parse_model_name(model.name)
     if kind == "timm":
-        import timm
-
-        return None if timm.is_model(name) else f"model {model.label!r}: timm has no model {name!r} (see timm.list_models())"
+        return None if optional("timm").is_model(name) else f"model {model.label!r}: timm has no model {name!r} (see timm.list_models())"
     if kind == "hf":
         if Path(name).exists() and not (Path(name) / "config.json").is_file():
             return f"model {model.label!r}: {name} has no config.json (expected a transformers model folder)"
@@ -50,8 +49,7 @@ def _model_problem(model: ModelSpec) -> str | None:
         except ImportError as exc:
             return f"model {model.label!r}: cannot import {mod!r} ({exc})"
         return None if found else f"model {model.label!r}: {mod} has no callable {attr!r}"
-    import open_clip
-
+    open_clip = optional("open_clip")
     if name not in open_clip.list_models():
         return f"model {model.label!r}: open_clip has no architecture {name!r} (see open_clip.list_models())"
     if tag is not None and not open_clip.get_pretrained_cfg(name, tag):

@@ -21,6 +21,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from .._extras import optional
 from ..data import resolve
 from ..data.registry import REGISTRY
 from ..features.names import parse_model_name
@@ -92,9 +93,7 @@ def tower_shape(model: str) -> tuple[int, int] | None:
         return (int(vis["image_size"]) // int(vis["patch_size"])) ** 2, int(cfg["projection_dim"])
     if kind != "open_clip":
         return None
-    import open_clip
-
-    cfg = open_clip.get_model_config(name)
+    cfg = optional("open_clip").get_model_config(name)
     if not cfg:
         return None
     vis = cfg["vision_cfg"]

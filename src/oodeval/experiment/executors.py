@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from types import SimpleNamespace
 
+from .._extras import optional
 from ..errors import InputError
 from ..results import compact_results, load_results
 from .config import ExperimentConfig, code_on_path
@@ -82,9 +83,7 @@ def _extractions(cfg: ExperimentConfig, units: list[Unit]) -> list[tuple[str, st
 
 
 def _executor(kind: str, folder: Path, options: dict):
-    import submitit
-
-    ex = submitit.AutoExecutor(folder=folder, cluster="local" if kind == "local" else "slurm")
+    ex = optional("submitit").AutoExecutor(folder=folder, cluster="local" if kind == "local" else "slurm")
     params = {"name": "oodeval"}
     params.update(options)
     ex.update_parameters(**params)
@@ -99,14 +98,10 @@ class _RayJob:
         self.job_id = ref.hex()[:16]
 
     def done(self) -> bool:
-        import ray
-
-        return bool(ray.wait([self.ref], timeout=0)[0])
+        return bool(optional("ray").wait([self.ref], timeout=0)[0])
 
     def result(self):
-        import ray
-
-        return ray.get(self.ref)
+        return optional("ray").get(self.ref)
 
 
 @contextlib.contextmanager
@@ -114,7 +109,7 @@ def _ray_executor(options: dict, cpus: int):
     """An object whose ``submit(fn, *args)`` runs fn as a Ray task, connected to ``address``
     or to a local instance of ``cpus`` CPUs started here and stopped on leaving; the task
     options are checked before anything runs."""
-    import ray
+    ray = optional("ray")
 
     options = dict(options)
     address = options.pop("address", None)

@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 
 from .. import detectors
+from .._device import resolve_device
 from .._io import hash_json, save_npy_atomic
 from ..data import resolve
 from ..detectors.defaults import backbone_family
@@ -264,12 +265,7 @@ def _detector_device(cfg: ExperimentConfig) -> str | None:
     resolves it); None without one (the detectors compute with numpy)."""
     if cfg.detector_device is None:
         return None
-    device = cfg.device if cfg.detector_device == "auto" else cfg.detector_device
-    if device == "auto":
-        import torch
-
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    return device
+    return str(resolve_device(cfg.device)) if cfg.detector_device == "auto" else cfg.detector_device
 
 
 def _id_accuracy(model: ModelSpec, fs: FeatureSet, context: dict) -> float:

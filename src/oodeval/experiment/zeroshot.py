@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .._device import resolve_device
 from .._io import hash_json
 from ..data import resolve
 from ..errors import InputError
@@ -64,10 +65,7 @@ def _class_names(cfg: ExperimentConfig) -> list[str]:
 
 def _encoder(model: ModelSpec, weights: str | None, cfg: ExperimentConfig):
     """An ``oodeval.zeroshot.text.TextEncoder`` for the model's text tower, cached under the store."""
-    import torch
-
-
-    device = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    device = str(resolve_device(cfg.device))
     net, tokenizer, name = load_clip(model.name, weights=weights, pretrained=True if model.pretrained else None, device=device)
     return TextEncoder(net, tokenizer, name, weights=weights, cache_dir=cfg.store / "text")
 

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from .._extras import optional
 from .._io import hash_arrays
 from ..errors import InputError
 from .backbone import Backbone, full_precision, load_head, load_state_dict_file, load_weights_into, save_head
@@ -67,9 +68,7 @@ def _timm_head(model: nn.Module) -> tuple[np.ndarray | None, np.ndarray | None, 
 
 
 def _load_timm(name: str, weights: str | None, pretrained: bool, model_kwargs: dict) -> Backbone:
-    import timm
-    from timm.data import create_transform, resolve_data_config
-
+    timm = optional("timm")
     if "checkpoint_path" in model_kwargs:
         raise InputError("pass local weights as weights=PATH (loaded safely), not model_kwargs['checkpoint_path']")
     if ":" not in name and not timm.is_model(name):  # timm's own hub prefixes (hf-hub:, local-dir:) are timm's to check
@@ -78,8 +77,8 @@ def _load_timm(name: str, weights: str | None, pretrained: bool, model_kwargs: d
     if weights is not None:
         load_weights_into(model, weights)
     model.eval()
-    cfg = resolve_data_config({}, model=model)
-    transform = create_transform(**cfg, is_training=False)
+    cfg = timm.data.resolve_data_config({}, model=model)
+    transform = timm.data.create_transform(**cfg, is_training=False)
     w, b, linear = _timm_head(model)
     chans = int(cfg["input_size"][0])
     dim = int(w.shape[1]) if w is not None else (getattr(model, "head_hidden_size", None) or getattr(model, "num_features", None))
@@ -98,8 +97,7 @@ def load_open_clip(model: str, weights: str | Path | None = None, pretrained: st
     ``weights`` loads a local file (weights_only); ``pretrained=True`` (or a tag string without
     ``weights``) downloads the tag's weights from the hub.
     """
-    import open_clip
-
+    open_clip = optional("open_clip")
     kind, arch, tag = parse_model_name(model if model.startswith("open_clip:") else f"open_clip:{model}")
     if isinstance(pretrained, str):
         tag = pretrained

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from .. import __version__
 from .._device import resolve_device
@@ -133,8 +134,6 @@ def _rank_device(device: str, local_rank: int, world: int) -> torch.device:
 
 def _init_dist(world: int, dev: torch.device) -> bool:
     """Join the process group torchrun set up (nccl on a GPU, gloo on CPU); True if we created it."""
-    import torch.distributed as dist
-
     if world <= 1 or dist.is_initialized():
         return False
     if dev.type == "cuda":
@@ -335,8 +334,6 @@ def extract(
     try:
         path = _run(job)
         if created:
-            import torch.distributed as dist
-
             dist.barrier()  # no rank tears the group down while another still communicates
         return path
     except BaseException:
@@ -345,8 +342,6 @@ def extract(
         raise
     finally:
         if created:
-            import torch.distributed as dist
-
             dist.destroy_process_group()
 
 
@@ -495,8 +490,6 @@ def _run(job: _Job) -> Path:
         timing = {"images": todo, "seconds": round(time.perf_counter() - started, 4)}
 
     if world > 1:
-        import torch.distributed as dist
-
         dist.barrier()
     error = None
     if rank == 0 and not (job.entry / "meta.json").is_file():  # another process may have finished it meanwhile
@@ -522,8 +515,6 @@ def _run(job: _Job) -> Path:
     elif rank == 0:  # finished by a concurrent process: the shards this one wrote meanwhile are orphans
         st.discard(partial)
     if world > 1:
-        import torch.distributed as dist
-
         box = [error]
         dist.broadcast_object_list(box, src=0)
         error = box[0]

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .._extras import optional
 from ..errors import InputError
 from .backbone import load_weights_into
 
@@ -63,8 +64,7 @@ class HFTokenizer:
 
 
 def _transform(processor) -> tuple[Callable, dict]:
-    from torchvision import transforms as T
-
+    T = optional("torchvision.transforms")
     size = processor.size
     short = size.get("shortest_edge") or min(size.get("height", 0), size.get("width", 0))
     crop = processor.crop_size if getattr(processor, "do_center_crop", False) else None
@@ -81,23 +81,22 @@ def _transform(processor) -> tuple[Callable, dict]:
 
 def load_hf(name: str, weights: str | Path | None = None, pretrained: bool = False) -> tuple[HFCLIP, Callable, HFTokenizer, dict]:
     """``(model in eval mode, image transform, tokenizer, preprocessing record)`` for a transformers VLM."""
-    from transformers import AutoConfig, AutoImageProcessor, AutoModel, AutoTokenizer
-
+    transformers = optional("transformers")
     if pretrained and weights is not None:
         raise InputError("give either weights (a local file) or pretrained (from_pretrained), not both")
     if pretrained:
-        net = AutoModel.from_pretrained(name)
+        net = transformers.AutoModel.from_pretrained(name)
     else:
-        net = AutoModel.from_config(AutoConfig.from_pretrained(name))
+        net = transformers.AutoModel.from_config(transformers.AutoConfig.from_pretrained(name))
         if weights is not None:
             load_weights_into(net, weights)
     if not (hasattr(net, "get_image_features") and hasattr(net, "get_text_features")):
         raise InputError(f"hf:{name} is a {type(net).__name__}, not an image-text dual encoder "
                          "(needs get_image_features and get_text_features)")
-    tokenizer = AutoTokenizer.from_pretrained(name)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(name)
     if tokenizer.pad_token_id is None:
         raise InputError(f"hf:{name}: the tokenizer has no padding token")
-    transform, prep = _transform(AutoImageProcessor.from_pretrained(name))
+    transform, prep = _transform(transformers.AutoImageProcessor.from_pretrained(name))
     context = net.config.text_config.max_position_embeddings
     model = HFCLIP(net, tokenizer.pad_token_id).eval()
     return model, transform, HFTokenizer(tokenizer, context), {**prep, "name": name, "class": type(net).__name__}

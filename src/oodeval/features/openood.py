@@ -28,6 +28,7 @@ from collections.abc import Callable
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .._extras import optional
 from ..errors import InputError, UnknownNameError
 
 __all__ = ["ARCHITECTURES", "PREPROCESSING", "BasicBlock", "ResNet18_32x32", "resnet18_224x224", "openood_transform", "load_openood"]
@@ -95,10 +96,8 @@ class ResNet18_32x32(nn.Module):
 def resnet18_224x224(num_classes: int = 200) -> nn.Module:
     """OpenOOD's ``ResNet18_224x224``: torchvision's ResNet-18 (BasicBlock, [2, 2, 2, 2]); its forward
     is torchvision's (stem, max-pool, four stages, average pool, flatten, ``fc``)."""
-    from torchvision.models.resnet import BasicBlock as TvBasicBlock
-    from torchvision.models.resnet import ResNet
-
-    return ResNet(TvBasicBlock, [2, 2, 2, 2], num_classes=num_classes)
+    resnet = optional("torchvision.models.resnet")
+    return resnet.ResNet(resnet.BasicBlock, [2, 2, 2, 2], num_classes=num_classes)
 
 
 #: ``openood:<name>`` -> (network factory, the benchmarks it is OpenOOD's network for, the first the default)
@@ -110,8 +109,7 @@ ARCHITECTURES: dict[str, tuple[Callable[..., nn.Module], tuple[str, ...]]] = {
 
 def openood_transform(benchmark: str) -> Callable:
     """OpenOOD's test transform for ``benchmark`` (an RGB PIL image; see the module doc)."""
-    from torchvision import transforms
-
+    transforms = optional("torchvision.transforms")
     pre, size, mean, std = PREPROCESSING[benchmark]
     return transforms.Compose([
         transforms.Resize(pre, interpolation=transforms.InterpolationMode.BILINEAR),

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .._extras import optional
+
 __all__ = ["SplitTransform", "split_transform"]
 
 
@@ -42,7 +44,7 @@ class SplitTransform:
 
 def split_transform(transform: Callable) -> SplitTransform | None:
     """A :class:`SplitTransform` if ``transform`` is ``Compose([..PIL ops.., ToTensor, Normalize])``, else None."""
-    from torchvision import transforms as T
+    T = optional("torchvision.transforms")
 
     steps = getattr(transform, "transforms", None)
     if not isinstance(transform, T.Compose) or not steps or len(steps) < 2:

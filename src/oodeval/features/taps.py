@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from .._extras import optional
 from ..errors import InputError
 from .names import parse_model_name
 
@@ -70,11 +71,8 @@ def default_nac_layers(model: nn.Module) -> list[str]:
 
 
 def _vit_like(model: nn.Module) -> bool:
-    from timm.models.eva import Eva
-    from timm.models.vision_transformer import VisionTransformer
-    from timm.models.xcit import Xcit
-
-    return isinstance(model, (VisionTransformer, Eva, Xcit))
+    models = optional("timm.models")
+    return isinstance(model, (models.vision_transformer.VisionTransformer, models.eva.Eva, models.xcit.Xcit))
 
 
 def vit_blocks(model: nn.Module) -> list[str] | None:
@@ -262,11 +260,9 @@ def nac_plan(model: str, model_kwargs: dict | None = None) -> dict | None:
     kind, name, _ = parse_model_name(model)
     if kind != "timm":
         return None
-    import timm
-
     try:
         with torch.device("meta"):
-            net = timm.create_model(name, pretrained=False, **dict(model_kwargs or {}))
+            net = optional("timm").create_model(name, pretrained=False, **dict(model_kwargs or {}))
     except (RuntimeError, ValueError, TypeError, KeyError) as exc:
         log.debug("cannot build %s on the meta device: %s", model, exc)
         return None

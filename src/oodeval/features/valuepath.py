@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .._extras import optional
 from ..errors import InputError
 
 __all__ = ["image_and_patch_features", "self_only_mask", "check_supported"]
@@ -43,9 +44,8 @@ def self_only_mask(n: int, like: torch.Tensor) -> torch.Tensor:
 
 def _tower(model: nn.Module) -> tuple[str, nn.Module]:
     """``(kind, module)`` of the image tower of ``model`` (an open_clip model, its ``visual``, or AIMv2)."""
-    from open_clip.timm_model import TimmModel
-    from open_clip.transformer import VisionTransformer
-
+    TimmModel = optional("open_clip.timm_model").TimmModel
+    VisionTransformer = optional("open_clip.transformer").VisionTransformer
     inner = getattr(model, "hf", model)  # oodeval.features.hf.HFCLIP wraps a transformers model
     if type(inner).__name__ == "Aimv2Model":
         return "aimv2", inner

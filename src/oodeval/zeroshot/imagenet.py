@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from .._extras import optional
 from ..errors import InputError
 
 __all__ = ["class_names", "wnids", "synset_lemmas"]
@@ -20,18 +21,14 @@ __all__ = ["class_names", "wnids", "synset_lemmas"]
 @lru_cache(maxsize=1)
 def wnids() -> tuple[str, ...]:
     """The 1000 ImageNet-1k wnids (``n01440764`` ...) in class-index order."""
-    from timm.data import ImageNetInfo
-
-    info = ImageNetInfo()
+    info = optional("timm.data").ImageNetInfo()
     return tuple(info.index_to_label_name(i) for i in range(info.num_classes()))
 
 
 @lru_cache(maxsize=1)
 def synset_lemmas() -> tuple[tuple[str, ...], ...]:
     """For each class, the lemmas of its WordNet synset as timm ships them (``tench, Tinca tinca``)."""
-    from timm.data import ImageNetInfo
-
-    info = ImageNetInfo()
+    info = optional("timm.data").ImageNetInfo()
     return tuple(
         tuple(s.strip() for s in info.index_to_description(i).split(",") if s.strip())
         for i in range(info.num_classes())
@@ -41,9 +38,7 @@ def synset_lemmas() -> tuple[tuple[str, ...], ...]:
 @lru_cache(maxsize=2)
 def class_names(unique: bool = True) -> tuple[str, ...]:
     """OpenAI's curated ImageNet-1k names; with ``unique`` the repeated names are disambiguated."""
-    from open_clip.zero_shot_metadata import IMAGENET_CLASSNAMES
-
-    names = list(IMAGENET_CLASSNAMES)
+    names = list(optional("open_clip.zero_shot_metadata").IMAGENET_CLASSNAMES)
     if not unique:
         return tuple(names)
     taken = set(names)

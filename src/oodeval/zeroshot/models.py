@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .._extras import optional
 from ..errors import InputError
 
 __all__ = ["load_clip"]
@@ -22,9 +23,7 @@ def load_clip(model: str, weights: str | None = None, pretrained: str | None = N
     None / "none" for random initialisation under ``torch.manual_seed(seed)`` (the global RNG is
     restored afterwards). ``name`` (the model string) is what the text cache is keyed by.
     """
-    import open_clip
-    import torch
-
+    open_clip, torch = optional("open_clip"), optional("torch")
     from ..features.backbones import load_open_clip
 
     name = model

@@ -11,6 +11,7 @@ is part of every text-embedding cache key.
 
 from __future__ import annotations
 
+from .._extras import optional
 from .._io import hash_json
 from ..errors import InputError
 
@@ -35,9 +36,7 @@ def template_set(name: str = "paper") -> tuple[str, ...]:
     if name == "name":
         return ("{}",)
     if name == "openai":
-        from open_clip.zero_shot_metadata import OPENAI_IMAGENET_TEMPLATES
-
-        return tuple(t("{}") for t in OPENAI_IMAGENET_TEMPLATES)
+        return tuple(t("{}") for t in optional("open_clip.zero_shot_metadata").OPENAI_IMAGENET_TEMPLATES)
     raise InputError(f"unknown template set {name!r}; known: paper, openai, name")
 
 

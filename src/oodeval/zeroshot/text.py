@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .._extras import optional
 from ..errors import InputError
 from .models import load_clip
 from .templates import PAPER, templates_id
@@ -70,9 +71,8 @@ def _truncation_kind(model) -> str | None:
 
 def _forward_truncated(model, kind: str, tokens):
     """The text tower's forward on a token tensor shorter than its context length."""
-    import torch
-    from open_clip.transformer import text_global_pool
-
+    torch = optional("torch")
+    text_global_pool = optional("open_clip.transformer").text_global_pool
     tower = model if kind == "clip" else model.text
     n = tokens.shape[1]
     cast = tower.transformer.get_cast_dtype()
@@ -103,8 +103,7 @@ def encode_prompts(model, tokenizer, prompts: Sequence[str], batch_size: int = 2
     With ``truncate`` (and a tower where it is exact) each batch is cut to its longest prompt;
     prompts are batched in order of token length so batches are short.
     """
-    import torch
-
+    torch = optional("torch")
     tokens = tokenizer(list(prompts))
     kind = _truncation_kind(model) if truncate else None
     lengths = _lengths(tokens)
