@@ -312,8 +312,12 @@ class _TorchCompute(Compute):
     def put(self, a, dtype=None):
         torch = _torch()
         dt = self.dtype if dtype is None else getattr(torch, dtype)
-        t = a if isinstance(a, torch.Tensor) else torch.as_tensor(np.asarray(a))
-        return t.to(device=self.device, dtype=dt)
+        if isinstance(a, torch.Tensor):
+            return a.to(device=self.device, dtype=dt)
+        arr = np.asarray(a)
+        if not arr.flags.writeable:  # read-only (a memory-mapped FeatureSet): a tensor must not share it
+            arr = arr.astype(str(dt).removeprefix("torch."))
+        return torch.as_tensor(arr).to(device=self.device, dtype=dt)
 
     def get(self, a) -> np.ndarray:
         return a.detach().to("cpu", dtype=_torch().float64).numpy()
