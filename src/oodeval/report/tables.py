@@ -162,8 +162,8 @@ def dataset_by_model(frame: pd.DataFrame, primary: str, groups: dict[str, str] |
     title = "Tab. A2 — every OOD set x every model"
     caption = (
         "Best FPR@95 (%) / best AUROC (%) over the detectors, per model (supervised ones when there are any) and OOD set, the two metrics "
-        f"selected independently, each with its bootstrap 95% CI. Mean: over the OOD sets above it (Mean (group): over that group's sets, "
-        f"no CI); {primary} (the primary set) last."
+        f"selected independently, each with its bootstrap 95% CI. Mean: over the OOD sets above it (Mean (group): over that group's sets "
+        f"above it, no CI); {primary} (the primary set) last, in no mean, as in the paper (the OOD groups table averages every set of a group)."
     )
     f = _no_vocab(full_split(frame))
     if (f["kind"] == "supervised").any():
