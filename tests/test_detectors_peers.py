@@ -312,6 +312,7 @@ def test_the_detectors_command_lists_tags_hyperparameters_and_peer_names(capsys)
     assert om["aliases"] == {"OpenMax": "pytorch-ood"} and om["default_selection"] is False
     energy = next(e for e in entries if e["name"] == "energy")
     assert energy["aliases"] == {"ebo": "OpenOOD v1.5", "EnergyBased": "pytorch-ood"} and energy["default_selection"]
+    assert energy["label"] == "Energy" and om["label"] == "openmax"  # the paper's label; a peer method keeps its name
     assert main(["detectors"]) == 0
     out = capsys.readouterr().out
     assert out.splitlines()[-1] == f"{len(detectors.names())} detectors" and "also: ebo (OpenOOD v1.5)" in out

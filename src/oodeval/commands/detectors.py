@@ -25,8 +25,8 @@ def _defaults(cls) -> dict:
 
 
 def listing(tags: list[str]) -> list[dict]:
-    """One entry per detector carrying every tag in ``tags``: name, tags, hyperparameters (name ->
-    default), the peers' names for it (alias -> whose), whether the default selection picks it, and
+    """One entry per detector carrying every tag in ``tags``: name, the paper's label the reports
+    show (the name where its class declares none), tags, hyperparameters (name -> default), the peers' names for it (alias -> whose), whether the default selection picks it, and
     the zero-shot scorer registered under the same name (``zero_shot_namesake``: its display name
     ``zs:NAME`` and hyperparameters; None when there is none)."""
     aliases: dict[str, dict[str, str]] = {}
@@ -37,7 +37,8 @@ def listing(tags: list[str]) -> list[dict]:
         cls = REGISTRY[name]
         namesake = {"name": ZS_PREFIX + name, "hyperparameters": _defaults(SCORERS[name])} if name in SCORERS else None
         out.append({
-            "name": name, "tags": sorted(REGISTRY.tags_of(name)), "hyperparameters": _defaults(cls),
+            "name": name, "label": cls.__dict__.get("label") or name, "tags": sorted(REGISTRY.tags_of(name)),
+            "hyperparameters": _defaults(cls),
             "aliases": aliases.get(name, {}), "default_selection": not issubclass(cls, PeerMethod),
             "zero_shot_namesake": namesake,
         })  # fmt: skip
@@ -54,7 +55,8 @@ def _line(entry: dict) -> str:
     opt = "" if entry["default_selection"] else "  [when named]"
     twin = entry["zero_shot_namesake"]
     other = f"\n    not the zero-shot scorer {twin['name']} (oodeval zeroshot; {_params_text(twin['hyperparameters'])})" if twin else ""
-    return f"{entry['name']:<24}{','.join(entry['tags'])}{opt}\n    {hp}" + (f"\n    also: {names}" if names else "") + other
+    label = f" ({entry['label']} in reports)" if entry["label"] != entry["name"] else ""
+    return f"{entry['name']:<24}{','.join(entry['tags'])}{opt}{label}\n    {hp}" + (f"\n    also: {names}" if names else "") + other
 
 
 def run(args: argparse.Namespace) -> int:
