@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..errors import InputError
 
-__all__ = ["Formatter", "add_command", "add_progress", "add_device", "add_pretrained", "with_pretrained", "add_out", "examples",
+__all__ = ["Formatter", "add_command", "add_progress", "add_device", "add_model", "add_pretrained", "with_pretrained", "add_out", "examples",
            "add_convention", "check_weights", "NameList", "add_detectors"]
 
 #: ``--pretrained`` given without a TAG: the weights the model name itself names
@@ -77,6 +77,16 @@ def add_convention(p: argparse.ArgumentParser) -> None:
 
 def add_device(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda or cuda:N (default auto)")
+
+
+def add_model(p: argparse.ArgumentParser) -> None:
+    """``--model`` (any name oodeval builds a network from), ``--weights`` and ``--pretrained`` (one of
+    the two is required: :func:`check_weights`)."""
+    p.add_argument("--model", required=True, help="timm name (timm:NAME or NAME), open_clip:ARCH[@TAG], hf:REPO_OR_FOLDER (transformers VLM, "
+                   "e.g. AIMv2), openood:NETWORK (OpenOOD's resnet18_32x32, resnet18_224x224), or package.module:factory (your code: "
+                   "returns (nn.Module, transform); see docs/own-model.md)")
+    p.add_argument("--weights", default=None, help="local weights file (.safetensors, or a torch checkpoint read weights_only)")
+    add_pretrained(p, absent="refused unless --weights; say --pretrained none for a random-init model (seed 0)")
 
 
 def add_pretrained(p: argparse.ArgumentParser, absent: str) -> None:

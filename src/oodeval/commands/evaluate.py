@@ -21,8 +21,8 @@ from ._options import (
     add_convention,
     add_detectors,
     add_device,
+    add_model,
     add_out,
-    add_pretrained,
     add_progress,
     check_weights,
     with_pretrained,
@@ -38,10 +38,7 @@ EXAMPLES = [
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="timm name, open_clip:ARCH[@TAG], hf:REPO_OR_FOLDER or package.module:factory "
-                   "(as in `oodeval extract`)")
-    p.add_argument("--weights", default=None, help="local weights file (.safetensors, or a torch checkpoint read weights_only)")
-    add_pretrained(p, absent="refused unless --weights; say --pretrained none for a random-init model (seed 0)")
+    add_model(p)
     p.add_argument("--train", required=True, help="ID-train data the detectors fit on: registry name, NAME:SPLIT, image folder or CSV")
     p.add_argument("--test", required=True, help="ID-test data (same forms as --train)")
     p.add_argument("--ood", nargs="+", action=NameList, required=True, metavar="[NAME=]DATA",

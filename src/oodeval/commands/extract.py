@@ -8,7 +8,7 @@ import json
 from ..features import FeatureSet
 from ..features.names import parse_model_name
 from ..features.pass_options import KINDS, parse_pass
-from ._options import add_device, add_pretrained, add_progress, check_weights, with_pretrained
+from ._options import add_device, add_model, add_progress, check_weights, with_pretrained
 
 HELP = "extract features, logits and head of a model (timm, open_clip or your own code) on a dataset into the feature store"
 EXAMPLES = [
@@ -20,12 +20,9 @@ EXAMPLES = [
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="timm name (timm:NAME or NAME), open_clip:ARCH[@TAG], hf:REPO_OR_FOLDER (transformers VLM, "
-                   "e.g. AIMv2), or package.module:factory (your code: returns (nn.Module, transform); see docs/own-model.md)")
+    add_model(p)
     p.add_argument("--dataset", required=True, help="registry name, NAME:SPLIT, image folder or CSV manifest")
     p.add_argument("--store", required=True, help="feature store folder")
-    p.add_argument("--weights", default=None, help="local weights file (.safetensors, or a torch checkpoint read weights_only)")
-    add_pretrained(p, absent="refused unless --weights; say --pretrained none for a random-init model (seed 0)")
     p.add_argument("--head", default=None, help="linear probe head (.safetensors from `oodeval probe`) to use for logits")
     p.add_argument("--model-kwargs", default=None, type=json.loads, help='JSON for timm.create_model, e.g. \'{"num_classes": 10}\'')
     p.add_argument("--data-root", default=None, help="data root for registry names (default: $OODEVAL_DATA)")
