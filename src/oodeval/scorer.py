@@ -38,7 +38,7 @@ from .errors import InputError
 from .features import FeatureSet
 from .zeroshot.scorers import create_scorer
 
-__all__ = ["RunSets", "Scorer", "build_scorer", "seeded", "SEED_PARAMS", "KINDS"]
+__all__ = ["RunSets", "Scorer", "build_scorer", "SEED_PARAMS", "KINDS"]
 
 #: hyperparameter names through which a seeded detector receives the cell's seed
 SEED_PARAMS = ("seed", "random_state")
@@ -107,20 +107,14 @@ class Scorer:
         return self.detector.resolved_params() if self.kind == "supervised" else dict(self.hyperparameters)
 
 
-def seeded(name: str, hyperparameters: Mapping | None, seed: int | None) -> dict:
-    """``hyperparameters`` plus ``seed`` for each of :data:`SEED_PARAMS` detector ``name`` takes and
-    was not given (unchanged when ``seed`` is None, or when the detector cannot be built: that
-    fails later, where it is recorded)."""
+def _take(cls: type, hyperparameters: Mapping | None, **values: object) -> dict:
+    """``hyperparameters`` plus each of ``values`` (not None) that ``cls``'s constructor takes and
+    was not given explicitly: the cell's seed, the experiment's detector device."""
     hp = dict(hyperparameters or {})
-    if seed is None:
-        return hp
-    try:
-        params = detectors.create(name).get_params()
-    except Exception:  # noqa: BLE001 - an unbuildable detector fails in build_scorer, as a recorded error
-        return hp
-    for param in SEED_PARAMS:
-        if param in params and param not in hp:
-            hp[param] = seed
+    params = inspect.signature(cls).parameters
+    for param, value in values.items():
+        if value is not None and param in params and param not in hp:
+            hp[param] = value
     return hp
 
 
@@ -146,10 +140,8 @@ def build_scorer(
     family = backbone_family(source.meta.get("model") if source is not None else None)
     if kind != "supervised":
         return Scorer(name, kind, dict(hyperparameters or {}), None, family, context=dict(context or {}), vocabulary=vocabulary)
-    hp = seeded(name, hyperparameters, seed)
     cls = detectors.REGISTRY[detectors.registry_name(name)]
-    if device is not None and "device" not in hp and "device" in inspect.signature(cls).parameters:
-        hp["device"] = device
+    hp = _take(cls, hyperparameters, device=device, **dict.fromkeys(SEED_PARAMS, seed))
     det = _create(name, cls, source, hp)
     train = sets.train
     if cls.fits_on is not None and sets.tapped_rows is not None:
