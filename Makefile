@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup demo test bench
+.PHONY: setup demo test bench golden golden-record
 
 setup:
 	@bash scripts/setup.sh
@@ -15,3 +15,10 @@ test: setup
 
 bench: setup
 	$(PY) benchmarks/metrics.py
+
+# the local bitwise guard: the quick demo's bits on this machine, before and after a change (never committed)
+golden: setup
+	$(PY) tests/golden.py check
+
+golden-record: setup
+	$(PY) tests/golden.py record

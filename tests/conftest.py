@@ -19,6 +19,8 @@ NEEDS = {
 def pytest_configure(config) -> None:
     config.addinivalue_line("markers", f"needs(what): the test reads a Debian package's files ({', '.join(NEEDS)}); "
                                        "skipped when they are missing, a failure under CI=true")  # fmt: skip
+    config.addinivalue_line("markers", "numerics: a numerical result that must hold on every CPU kernel and thread count; "
+                                       ".ci/run runs these again under other kernels (docs/conventions.md#reproducibility)")  # fmt: skip
 
 
 def missing_packages(what: str) -> list[str]:

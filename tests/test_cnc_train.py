@@ -107,6 +107,7 @@ def test_schedule_is_a_function_of_config_and_epoch():
         _cfg(milestones=(100, 150))
 
 
+@pytest.mark.numerics
 def test_resume_across_two_milestones_is_bit_identical(tmp_path):
     images, labels = _toy(n=32)
     cfg = _cfg(epochs=3, batch_size=16, milestones=(0.34, 0.67))

@@ -15,6 +15,8 @@ from oodeval.metrics import all_metrics, fpr_ood_positive
 from oodeval.results import load_results
 from oodeval.stats import bootstrap
 
+pytestmark = pytest.mark.numerics  # run again under other CPU kernels (docs/conventions.md#reproducibility)
+
 # 20 ID and 20 OOD scores (the max logit of a two-class head [s, 0]).
 # Paper: keep 19 of 20 ID (95%) -> t = 16 -> OOD >= 16: 16, 17, 20.5, 25.5, 40 = 5 of 20 = 25%.
 # OOD positive: catch 19 of 20 OOD -> t = 25.5 -> ID <= 25.5: 5, 16..25 = 11 of 20 = 55%.

@@ -1,56 +1,52 @@
 """`oodeval demo --quick` end to end: tables printed, report written, trained model beats chance,
 a repeat run reuses every cached step."""
 
-import hashlib
 import io
+import json
 import re
 
-import numpy as np
 import pytest
-from threadpoolctl import threadpool_limits
 
+import golden
 from oodeval import detectors
 from oodeval.cli import main
 from oodeval.demo.run import OOD_LABELS, run_demo
-from oodeval.results import load_cell_scores, load_results
-
-# sha256 of the quick demo's results table (every cell's metrics, CIs and score arrays, in key order),
-# recorded on commit 31d1135, before the grid's middle was redesigned (issue 28). The demo's numbers
-# must stay bit-identical through refactors; a change that moves any score or metric by one bit
-# changes it. The fixture runs under one BLAS/OpenMP thread: a threaded reduction's order follows
-# the thread count, which the environment (OMP_NUM_THREADS, the machine's cores) would otherwise set.
-DEMO_DIGEST = "3f2d84d26015300283d92539d988125b96a830a06ab36f83d44ae14c6b9a92da"
-METRICS = ("fpr95", "fpr95_ood_positive", "tnr95", "auroc", "aupr_in", "aupr_out", "detection_error")
-CI_COLUMNS = tuple(f"{m}_{end}" for m in METRICS if m not in ("aupr_in", "aupr_out") for end in ("lo", "hi"))
+from oodeval.results import load_results
 
 
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory):
     out = tmp_path_factory.mktemp("demo")
     buf = io.StringIO()
-    with threadpool_limits(limits=1):
-        result = run_demo(out, quick=True, progress=False, stream=buf)
+    result = golden.run_quick_demo(out, buf)
     return out, result, buf.getvalue()
 
 
-def results_digest(path) -> str:
-    table = load_results(path).sort_values(["model", "detector", "dataset", "split"])
-    h = hashlib.sha256()
-    for _, row in table.iterrows():
-        h.update(f"{row['model']}|{row['detector']}|{row['dataset']}|{row['split']}|{row['status']}".encode())
-        for column in METRICS + CI_COLUMNS:
-            h.update(np.float64(row[column]).tobytes())
-        if row["status"] == "ok":
-            for scores in load_cell_scores(row, path):
-                h.update(np.ascontiguousarray(scores).tobytes())
-    return h.hexdigest()
-
-
+@pytest.mark.numerics
 @pytest.mark.needs("fashion-mnist")
-def test_results_bit_identical_to_the_stored_digest(quick):
+def test_every_metric_within_the_cross_machine_golden(quick):
+    """Every cell's metrics and bootstrap bounds within the measured spread across CPU kernels and
+    thread counts (tests/golden.py DEMO_TOLERANCE), no cell lost or added, the same set sizes."""
     _, result, _ = quick
     assert len(load_results(result.results)) == len(detectors.names("paper21")) * len(OOD_LABELS)
-    assert results_digest(result.results) == DEMO_DIGEST
+    recorded = json.loads(golden.DEMO_GOLDEN.read_text())["cells"]
+    assert golden.demo_deviation(golden.demo_cells(result.results), recorded) == []
+
+
+@pytest.mark.numerics
+@pytest.mark.needs("fashion-mnist")
+def test_the_demo_golden_fails_on_a_regression(quick):
+    """A lost cell, a lost OOD image and a changed detector default each fail the demo's golden."""
+    out, result, _ = quick
+    recorded = json.loads(golden.DEMO_GOLDEN.read_text())["cells"]
+    cells = golden.demo_cells(result.results)
+    lost = dict(cells)
+    lost.pop(next(iter(lost)))
+    assert golden.demo_deviation(lost, recorded)
+    row_dropped = {k: {**v, "n_ood": v["n_ood"] - 1} if k.endswith("|digits") else v for k, v in cells.items()}
+    assert golden.demo_deviation(row_dropped, recorded)
+    changed = golden.demo_rescored(out, {"knn": {"k": 50}})
+    assert any(p.startswith("knn|") for p in golden.demo_deviation({**cells, **changed}, recorded))
 
 
 @pytest.mark.needs("fashion-mnist")

@@ -10,6 +10,8 @@ from oodeval.detectors._synthetic import CONDITIONED, conditioned_problem, synth
 from oodeval.errors import InputError
 from oodeval.metrics import all_metrics
 
+pytestmark = pytest.mark.numerics  # run again under other CPU kernels (docs/conventions.md#reproducibility)
+
 #: every detector with a compute_dtype hyperparameter: all but maxlogit (a max is exact), nac (its own
 #: per-layer states), cnc (one logit of a K+1 head) and the peers' methods that are float64 throughout
 PRECISION = [n for n in detectors.names() if n not in ("nac", "maxlogit", "cnc") and "compute_dtype" in detectors.create(n).get_params()]

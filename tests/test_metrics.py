@@ -14,6 +14,8 @@ from oodeval.metrics import (
     tnr_at_tpr,
 )
 
+pytestmark = pytest.mark.numerics  # run again under other CPU kernels (docs/conventions.md#reproducibility)
+
 
 def test_hand_computed_separated():
     assert fpr_at_tpr([3, 2, 1], [0]) == 0.0
