@@ -28,7 +28,7 @@ import traceback
 
 from . import __version__, commands
 from ._extras import missing_extra
-from .commands._options import Formatter, add_command, examples
+from .commands._options import Formatter, add_command, bound_numbers, examples
 from .errors import is_user_error
 
 _VERBOSE_HELP = "log debug messages and show tracebacks (accepted anywhere on the line)"
@@ -65,9 +65,11 @@ def _command_modules() -> dict[str, object]:
 
 
 def _everywhere(parser: argparse.ArgumentParser) -> None:
-    """Give every (nested) sub-command ``-v``, and every option's help its default (:func:`_show_default`)."""
+    """Give every (nested) sub-command ``-v``, every option's help its default (:func:`_show_default`), and
+    every number option its range (:func:`~oodeval.commands._options.bound_numbers`)."""
     for action in parser._actions:  # argparse offers no public walk over sub-parsers
         _show_default(action)
+        bound_numbers(action)
         if isinstance(action, argparse._SubParsersAction):
             for sub in action.choices.values():
                 sub.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help=_VERBOSE_HELP)

@@ -8,7 +8,6 @@ CSV) and prints the result in ``--format``.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from .._io import check_output
@@ -25,6 +24,7 @@ from ._options import (
     add_out,
     add_progress,
     check_weights,
+    json_object,
     with_pretrained,
 )
 from ._output import add_format
@@ -51,7 +51,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_out(p, "score table (CSV, as `oodeval score --out`)")
     p.add_argument("--draws", type=int, default=1000, help="bootstrap resamples for the 95%% intervals (OOD resampled, ID fixed; 0: none; default 1000)")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
-    p.add_argument("--model-kwargs", default=None, type=json.loads, help='JSON for timm.create_model, e.g. \'{"num_classes": 10}\' (default none)')
+    p.add_argument("--model-kwargs", default=None, type=json_object, help='JSON for timm.create_model, e.g. \'{"num_classes": 10}\' (default none)')
     p.add_argument("--data-root", default=None, help="data root for registry names (default: $OODEVAL_DATA)")
     p.add_argument("--batch-size", type=int, default=64, help="images per forward pass (default 64)")
     add_device(p)
