@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ..errors import InputError
 
-__all__ = ["Formatter", "add_command", "add_progress", "add_device", "add_model", "add_pretrained", "pretrained_tag", "with_pretrained", "add_out", "examples",
+__all__ = ["Formatter", "add_command", "add_progress", "add_device", "add_model", "add_full_image_hash", "add_pretrained", "pretrained_tag", "with_pretrained", "add_out", "examples",
            "add_convention", "check_weights", "NameList", "add_detectors",
            "int_in", "float_in", "json_object", "bound_numbers", "INT_RANGES", "FLOAT_RANGES"]
 
@@ -82,6 +82,13 @@ def add_detectors(p: argparse.ArgumentParser, default: str = "every detector the
     p.add_argument("--detectors", nargs="+", action=NameList, default=None, metavar="NAME",
                    help="detector names, space- or comma-separated, repeatable; a class of your own as module:Class "
                    f"(default: {default})")  # fmt: skip
+
+
+def add_full_image_hash(p: argparse.ArgumentParser) -> None:
+    """``--full-image-hash``: key the feature cache by every byte of every image read (docs/extraction.md, Cache)."""
+    p.add_argument("--full-image-hash", action="store_true",
+                   help="key the feature cache by every byte of every image (default: size, mtime and three sampled 16 KiB "
+                   "regions, which miss an in-place edit elsewhere that keeps size and mtime; see docs/extraction.md)")
 
 
 def add_progress(p: argparse.ArgumentParser) -> None:

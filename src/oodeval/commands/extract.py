@@ -7,7 +7,7 @@ import argparse
 from ..features import FeatureSet
 from ..features.names import parse_model_name
 from ..features.pass_options import KINDS, parse_pass
-from ._options import add_device, add_model, add_progress, check_weights, json_object, with_pretrained
+from ._options import add_device, add_full_image_hash, add_model, add_progress, check_weights, json_object, with_pretrained
 
 HELP = "extract features, logits and head of a model (timm, open_clip or your own code) on a dataset into the feature store"
 EXAMPLES = [
@@ -45,8 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shard-size", type=int, default=1024, help="rows per atomically written shard (default 1024)")
     p.add_argument("--no-strict", action="store_true", help="accept a registry dataset whose image count differs")
     p.add_argument("--skip-missing", action="store_true", help="skip manifest rows whose file does not exist (default: an error)")
-    p.add_argument("--full-image-hash", action="store_true",
-                   help="key the cache by every byte of every image (default: size, mtime and sampled bytes)")
+    add_full_image_hash(p)
     add_progress(p)
 
 
