@@ -24,9 +24,9 @@ __all__ = ["Formatter", "add_command", "add_progress", "add_device", "add_model"
 #: the ranges of the integer options (``type=int``) by their dest, enforced at parsing by :func:`bound_numbers`
 INT_RANGES: dict[str, tuple[int, int | None]] = {
     "seed": (0, 2**63 - 1), "sample_seed": (0, 2**63 - 1), "draws": (0, None), "batch_size": (1, None), "shard_size": (1, None),
-    "workers": (0, None), "epochs": (1, None), "top_k": (1, None), "confusions_k": (1, None), "examples": (0, None),
+    "workers": (0, None), "epochs": (1, None), "top_k": (1, None), "confusions_k": (0, None), "examples": (0, None),
     "port": (0, 65535), "nac_fit": (1, None), "n": (1, None), "k": (1, None), "n_groups": (1, None), "n_classes": (1, None),
-    "per_class": (1, None), "generation": (0, None), "generations": (0, None), "values": (1, None), "threads": (0, None),
+    "per_class": (1, None), "generation": (0, None), "generations": (0, None), "values": (0, None), "threads": (0, None),
     "subsample_n": (1, None), "size": (1, None), "id_class": (0, None),
 }
 #: the ranges of the float options (``type=float``; every one is also refused when not finite): (low, high, low is open)
