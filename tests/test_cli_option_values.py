@@ -5,6 +5,7 @@ value reaches a library (numpy, torch, timm, a socket) that would fail with an e
 from __future__ import annotations
 
 import argparse
+import importlib.util
 
 import numpy as np
 import pytest
@@ -26,6 +27,9 @@ def files(tmp_path_factory):
     np.savetxt(root / "id.txt", rng.normal(size=50))
     np.savetxt(root / "ood.txt", rng.normal(size=50) - 1)
     make_data(root / "data")
+    (root / "latin1.txt").write_bytes(b"caf\xe9 0\nb 1\n")  # Latin-1, not UTF-8
+    (root / "exp.toml").write_text('seeds = [0]\n[datasets]\nid_train = "data/train"\nid_test = "data/val"\nood = ["data/gray"]\n'
+                                   '[[models]]\nname = "timm:test_resnet"\npretrained = false\n')
     return root
 
 
@@ -54,6 +58,16 @@ def _cases(r):
         # values that pass parsing and reach timm: checked before timm is called
         ([*extract, "--pretrained", "nosuchtag"], "pretrained tag 'nosuchtag'"),
         ([*evaluate, "--model-kwargs", '{"num_classes": 3, "nosuch": 1}'], "model_kwargs"),
+        (["extract", "--model", "open_clip:nosucharch", "--pretrained", "none", "--dataset", str(d / "val"), "--store", str(r / "store")],
+         "open_clip has no model 'nosucharch'"),
+        ([*extract, "--dataset", str(r / "latin1.txt")], "latin1.txt is not UTF-8 text"),
+        ([*zeroshot, "--id-names", str(r / "latin1.txt")], "latin1.txt is not UTF-8 text"),
+        (["vocab", "llm", "--llm-model", "m", "--base-url", "notaurl", "--llm-cache", str(r / "lc"), "--out", str(r / "l.json")], "'notaurl'"),
+        (["vocab", "llm", "--llm-model", "m", "--base-url", "http://[::1", "--llm-cache", str(r / "lc"), "--out", str(r / "l.json")], "[::1"),
+        (["run", str(r / "exp.toml"), "--executor", "local", "--executor-option", "max_jobs=0"], "max_jobs"),
+        *([(["run", str(r / "exp.toml"), "--executor", "local", "--executor-option", "timeout_min=abc"], "--executor local"),
+           (["run", str(r / "exp.toml"), "--executor", "local", "--executor-option", "nosuch=1"], "--executor local")]
+          if importlib.util.find_spec("submitit") else []),  # submitit checks these (without it: the missing extra, exit 2 too)
         ([*probe, "--lr", "nan"], "--lr"), ([*probe, "--lr", "0"], "--lr"), ([*probe, "--epochs", "0"], "--epochs"),
         ([*probe, "--weight-decay", "-1"], "--weight-decay"), ([*probe, "--batch-size", "0"], "--batch-size"),
         (["construct", "serve", work, "--port", "70000"], "--port"), (["construct", "serve", work, "--port", "-1"], "--port"),

@@ -70,6 +70,9 @@ def executor_options(pairs: list[str]) -> dict:
             out[key] = json.loads(value)
         except json.JSONDecodeError:
             out[key] = value
+    jobs = out.get("max_jobs")
+    if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
+        raise InputError(f"--executor-option max_jobs must be an integer >= 1, got {jobs!r}")
     return out
 
 

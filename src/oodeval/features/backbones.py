@@ -112,6 +112,8 @@ def load_open_clip(model: str, weights: str | Path | None = None, pretrained: st
     kind, arch, tag = parse_model_name(model if model.startswith("open_clip:") else f"open_clip:{model}")
     if isinstance(pretrained, str):
         tag = pretrained
+    if ":" not in arch and arch not in open_clip.list_models():  # its hub prefixes (hf-hub:, local-dir:) are open_clip's to check
+        raise InputError(f"open_clip has no model {arch!r} (see open_clip.list_models())")
     kwargs: dict[str, Any] = {}
     hub = None
     if tag is not None:
