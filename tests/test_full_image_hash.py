@@ -12,6 +12,7 @@ from PIL import Image
 from test_grid_e2e import make_data
 
 from oodeval import cli
+from oodeval.data import Manifest
 from oodeval.features import FeatureSet
 
 KW = '{"num_classes": 3}'
@@ -103,3 +104,16 @@ name = "msp"
     exp.write_text(body.replace('device = "cpu"', 'device = "cpu"\nfull_image_hash = "yes"'))
     assert cli.main(["run", str(exp), "--check"]) == 2
     assert "full_image_hash" in capsys.readouterr().err
+
+
+def test_the_images_digest_takes_file_names_that_are_not_utf8(tmp_path):
+    """A POSIX file name with a byte that is not UTF-8 reaches Python as a lone surrogate: hashed by its bytes."""
+    name = os.fsdecode(b"img\xff.bmp")
+    try:
+        _bmp(tmp_path / name)
+    except (UnicodeEncodeError, OSError):  # a file system that refuses such names: nothing to hash
+        return
+    m = Manifest([name], np.array([0]), root=tmp_path)
+    sampled, full = m.images_digest(), m.images_digest(full=True)
+    _edit_in_place(tmp_path / name)
+    assert m.images_digest() == sampled and m.images_digest(full=True) != full  # the limit and the full hash, again
