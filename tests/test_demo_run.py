@@ -104,8 +104,10 @@ def test_repeat_run_reuses_everything(quick):
 
 
 def test_cli_rejects_bad_arguments(capsys):
-    assert main(["demo", "--epochs", "0"]) == 2
-    assert "--epochs must be at least 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:  # ranged when the command line is parsed
+        main(["demo", "--epochs", "0"])
+    assert exc.value.code == 2
+    assert "argument --epochs: must be an integer >= 1, got 0" in capsys.readouterr().err
 
 
 def test_cli_exit_status_reports_failed_cells(monkeypatch, tmp_path, capsys):

@@ -28,7 +28,7 @@ import traceback
 
 from . import __version__, commands
 from ._extras import missing_extra
-from .commands._options import Formatter, add_command, examples
+from .commands._options import Formatter, add_command, bound_numbers, examples
 from .errors import is_user_error
 
 _VERBOSE_HELP = "log debug messages and show tracebacks (accepted anywhere on the line)"
@@ -65,9 +65,11 @@ def _command_modules() -> dict[str, object]:
 
 
 def _everywhere(parser: argparse.ArgumentParser) -> None:
-    """Give every (nested) sub-command ``-v``, and every option's help its default (:func:`_show_default`)."""
+    """Give every (nested) sub-command ``-v``, every option's help its default (:func:`_show_default`), and
+    every number option its range (:func:`~oodeval.commands._options.bound_numbers`)."""
     for action in parser._actions:  # argparse offers no public walk over sub-parsers
         _show_default(action)
+        bound_numbers(action)
         if isinstance(action, argparse._SubParsersAction):
             for sub in action.choices.values():
                 sub.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help=_VERBOSE_HELP)
@@ -85,6 +87,33 @@ def _show_default(action: argparse.Action) -> None:
     if "default" not in action.help.lower():
         shown = " ".join(map(str, default)) if isinstance(default, list | tuple) else str(default)
         action.help = f"{action.help} (default {shown.replace('%', '%%')})"
+
+
+def _option_names(parser: argparse.ArgumentParser) -> dict[str, str]:
+    """dest -> how the command line spells it (``--label``, or the positional's metavar/dest), over every sub-command."""
+    names: dict[str, str] = {}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                names = _option_names(sub) | names
+        else:
+            names.setdefault(action.dest, action.option_strings[-1] if action.option_strings else str(action.metavar or action.dest))
+    return names
+
+
+def _check_text(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse (exit 2, naming the option) a text value that is not Unicode: bytes that are not UTF-8
+    reach Python as lone surrogates, which no UTF-8 file, store or page can hold. Path options
+    (``type=Path``) keep them: such file names are legal on POSIX."""
+    names = _option_names(parser)
+    for dest, value in vars(args).items():
+        for item in value if isinstance(value, list | tuple) else [value]:
+            if isinstance(item, str):
+                try:
+                    item.encode("utf-8")
+                except UnicodeEncodeError:
+                    parser.error(f"argument {names.get(dest, dest)}: {item!a} is not UTF-8 text (a byte that is not UTF-8, "
+                                 "read as a lone surrogate); give the characters themselves")
 
 
 def build_parser(only: str | None = None, listing: bool = False) -> argparse.ArgumentParser:
@@ -152,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     command = next((a for a in argv if not a.startswith("-")), None)  # the top level's options take no value
     parser = build_parser(command) if command in _command_names() else build_parser(listing=command is None)
     args = parser.parse_args(argv)
+    _check_text(parser, args)
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2

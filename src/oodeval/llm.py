@@ -20,10 +20,11 @@ import os
 import time
 import urllib.error
 import urllib.request
+from urllib.parse import urlsplit
 from pathlib import Path
 
 from ._io import hash_json, write_json_atomic
-from .errors import OodevalError
+from .errors import InputError, OodevalError
 
 __all__ = ["ChatClient", "LLMError"]
 
@@ -53,6 +54,13 @@ class ChatClient:
         timeout: float = 120.0,
         offline: bool = False,
     ) -> None:
+        try:
+            url = urlsplit(base_url)
+            url.port  # noqa: B018 - a port that is not a number raises here
+        except ValueError as exc:
+            raise InputError(f"LLM endpoint {base_url!r} is not a URL: {exc}") from None
+        if url.scheme not in ("http", "https") or not url.hostname:
+            raise InputError(f"LLM endpoint {base_url!r} must be an http:// or https:// URL with a host, e.g. https://api.openai.com/v1")
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.api_key_env = api_key_env

@@ -8,7 +8,6 @@ CSV) and prints the result in ``--format``.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from .._io import check_output
@@ -21,10 +20,12 @@ from ._options import (
     add_convention,
     add_detectors,
     add_device,
+    add_full_image_hash,
     add_model,
     add_out,
     add_progress,
     check_weights,
+    json_object,
     with_pretrained,
 )
 from ._output import add_format
@@ -51,10 +52,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_out(p, "score table (CSV, as `oodeval score --out`)")
     p.add_argument("--draws", type=int, default=1000, help="bootstrap resamples for the 95%% intervals (OOD resampled, ID fixed; 0: none; default 1000)")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
-    p.add_argument("--model-kwargs", default=None, type=json.loads, help='JSON for timm.create_model, e.g. \'{"num_classes": 10}\' (default none)')
+    p.add_argument("--model-kwargs", default=None, type=json_object, help='JSON for timm.create_model, e.g. \'{"num_classes": 10}\' (default none)')
     p.add_argument("--data-root", default=None, help="data root for registry names (default: $OODEVAL_DATA)")
     p.add_argument("--batch-size", type=int, default=64, help="images per forward pass (default 64)")
     add_device(p)
+    add_full_image_hash(p)
     add_convention(p)
     add_format(p, "the FPR@95 / AUROC rows")
     add_progress(p)
@@ -91,7 +93,8 @@ def run(args: argparse.Namespace) -> int:
     check_request(names, hps)  # before any extraction
     model, pretrained = with_pretrained(args.model, args.pretrained, parse_model_name(args.model)[0])
     options = dict(weights=args.weights, pretrained=pretrained, data_root=args.data_root, batch_size=args.batch_size,
-                   device=args.device, model_kwargs=args.model_kwargs, progress=not args.no_progress)  # fmt: skip
+                   device=args.device, model_kwargs=args.model_kwargs, progress=not args.no_progress,
+                   full_image_hash=args.full_image_hash)  # fmt: skip
 
     def features(data: str) -> FeatureSet:
         return FeatureSet.load(extract(model, data, args.store, **options))

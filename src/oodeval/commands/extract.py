@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 from ..features import FeatureSet
 from ..features.names import parse_model_name
 from ..features.pass_options import KINDS, parse_pass
-from ._options import add_device, add_model, add_progress, check_weights, with_pretrained
+from ._options import add_device, add_full_image_hash, add_model, add_progress, check_weights, json_object, with_pretrained
 
 HELP = "extract features, logits and head of a model (timm, open_clip or your own code) on a dataset into the feature store"
 EXAMPLES = [
@@ -24,7 +23,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset", required=True, help="registry name, NAME:SPLIT, image folder or CSV manifest")
     p.add_argument("--store", required=True, help="feature store folder")
     p.add_argument("--head", default=None, help="linear probe head (.safetensors from `oodeval probe`) to use for logits")
-    p.add_argument("--model-kwargs", default=None, type=json.loads, help='JSON for timm.create_model, e.g. \'{"num_classes": 10}\'')
+    p.add_argument("--model-kwargs", default=None, type=json_object, help='JSON for timm.create_model, e.g. \'{"num_classes": 10}\'')
     p.add_argument("--data-root", default=None, help="data root for registry names (default: $OODEVAL_DATA)")
     p.add_argument("--taps", action="store_true", help="also record NAC per-layer states (extras nac/<layer>)")
     p.add_argument("--nac-layers", default=None, help="comma-separated layers for --taps (default: taps.default_nac_layers)")
@@ -46,8 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shard-size", type=int, default=1024, help="rows per atomically written shard (default 1024)")
     p.add_argument("--no-strict", action="store_true", help="accept a registry dataset whose image count differs")
     p.add_argument("--skip-missing", action="store_true", help="skip manifest rows whose file does not exist (default: an error)")
-    p.add_argument("--full-image-hash", action="store_true",
-                   help="key the cache by every byte of every image (default: size, mtime and sampled bytes)")
+    add_full_image_hash(p)
     add_progress(p)
 
 

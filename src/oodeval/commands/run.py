@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from ..experiment.check import check_experiment, eoe_prompt_notes
 from ..experiment.disk import describe_disk, estimate_disk
 from ..experiment.zeroshot import compact_generations, vocabulary_generation, vocabulary_label
 from ..results import ALL_SPLIT, load_results
-from ._options import add_convention, add_progress
+from ._options import add_convention, add_full_image_hash, add_progress
 from ._output import FORMATS, write_rows
 
 HELP = "run (or resume) an experiment grid from a TOML/YAML file into one Parquet results table"
@@ -53,6 +54,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "gpus_per_node=1, max_jobs=50), or for --executor ray a task option or the cluster (num_gpus=1, "
         "max_retries=2, address=auto, max_jobs=8); repeatable",
     )
+    add_full_image_hash(p)  # or full_image_hash = true in the experiment file
 
 
 def executor_options(pairs: list[str]) -> dict:
@@ -68,12 +70,17 @@ def executor_options(pairs: list[str]) -> dict:
             out[key] = json.loads(value)
         except json.JSONDecodeError:
             out[key] = value
+    jobs = out.get("max_jobs")
+    if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
+        raise InputError(f"--executor-option max_jobs must be an integer >= 1, got {jobs!r}")
     return out
 
 
 def run(args: argparse.Namespace) -> int:
     """Exit 0 when every cell succeeded, 1 when any failed (after printing the summary), 2 on a bad file."""
     cfg = load_config(args.experiment)
+    if args.full_image_hash:
+        cfg = dataclasses.replace(cfg, full_image_hash=True)
     if args.check:
         return _check(cfg, args.names_only)
     if args.names_only:

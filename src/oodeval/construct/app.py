@@ -22,10 +22,13 @@ the cookie alone (browsers load images without headers). POSTs from another orig
 Every response carries a strict Content-Security-Policy (``sandbox`` on images), ``frame-ancestors
 'none'`` and ``nosniff``; images are typed from their bytes (:func:`.evidence.image_bytes`), never
 from their names (decoded ones cached, :class:`ImageCache`). Every request gets an answer: errors are
-JSON ``{"error": ...}`` (400 bad input or malformed headers, 401 not logged in, 403 foreign origin,
-404 unknown, 405, 408 request too slow, 409 outdated, 411, 413, 415) and name no server path; bodies
-are bounded in size (``MAX_BODY``) and checked for nesting in linear time before ``json.loads``;
-each request must arrive, headers and body, within one deadline measured on the socket. Each
+JSON ``{"error": ...}`` (400 bad input, text that is not valid Unicode (a lone surrogate escape, naming
+the field) or malformed headers, 401 not logged in, 403 foreign origin, 404 unknown, 405, 408 request
+too slow, 409 outdated, 411, 413, 415, 431 more than 100 headers or ``MAX_HEADER_BYTES`` of them) and
+name no server path; bodies are bounded in size (``MAX_BODY``) and checked for nesting in linear time
+before ``json.loads``; each request must arrive, headers and body, within one deadline measured on the
+socket. The listen backlog (``LISTEN_BACKLOG``, capped by the kernel's ``somaxconn``) holds a burst of
+connections while they are accepted, so annotators are served during one. Each
 answered request is one INFO line on the ``oodeval.construct.access`` logger (client, annotator,
 method, path without query, status); no header, body or query is logged. A client that
 disconnects is one DEBUG line, not a traceback. The server binds 127.0.0.1 unless told otherwise.
@@ -57,7 +60,7 @@ from ..zeroshot.wordnet import noun_sense, noun_senses
 from .candidates import Project, load_project
 from .evidence import NotAnImageError, image_bytes, load_evidence
 from .protocol import Annotator, AuthError, ProtocolError, open_store
-from .rules import MAX_LABEL
+from .rules import MAX_LABEL, check_text
 from .sessions import SESSION_LIFETIME, Sessions
 
 __all__ = ["AnnotationApp", "ImageCache", "make_server", "bind_warning", "parse_json_object"]
@@ -73,6 +76,8 @@ SECURE_COOKIE = "__Host-oodeval_session"  # on loopback (a secure context for br
 BINDING_HEADER = "X-Oodeval-Binding"
 BINDING = re.compile(r"[A-Za-z0-9_-]{22,128}")
 MAX_BODY = 64 * 1024
+MAX_HEADER_BYTES = 64 * 1024  # the whole header block; http.server caps each line at 64 KiB and the count at 100
+LISTEN_BACKLOG = 1024  # connections waiting to be accepted (socketserver's default of 5 overflowed under a burst of 200)
 MAX_DEPTH = 2  # the verdict is a flat JSON object (a list in it is refused by type)
 CONTENT_LENGTH = re.compile(r"[0-9]{1,12}")
 _JSON_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*+"?|[][{}]')  # a string (possessive: linear, an unterminated one too) or a bracket
@@ -229,6 +234,25 @@ class _DeadlineReader(io.RawIOBase):
             self.sock.settimeout(self.idle_timeout)  # writing the answer is not bound by the read deadline
 
 
+class _HeaderBlockTooLarge(Exception):
+    pass
+
+
+class _BoundedLines:
+    """The request's reader while http.server parses the headers: ``readline`` stops with
+    :class:`_HeaderBlockTooLarge` once the header lines together exceed ``limit`` bytes."""
+
+    def __init__(self, rfile, limit: int) -> None:
+        self.rfile, self.left = rfile, limit
+
+    def readline(self, size: int = -1) -> bytes:
+        line = self.rfile.readline(size)
+        self.left -= len(line)
+        if self.left < 0:
+            raise _HeaderBlockTooLarge
+        return line
+
+
 class Handler(BaseHTTPRequestHandler):
     server_version = "oodeval-construct"
     error_content_type = "application/json"
@@ -241,6 +265,18 @@ class Handler(BaseHTTPRequestHandler):
         super().setup()
         self.deadline = time.monotonic() + self.timeout  # HTTP/1.0: one request per connection
         self.rfile = io.BufferedReader(_DeadlineReader(self.connection, self.deadline, self.timeout))
+
+    def parse_request(self) -> bool:
+        """http.server's parsing, with the header block bounded to ``MAX_HEADER_BYTES`` in all (431 beyond)."""
+        rfile, self.rfile = self.rfile, _BoundedLines(self.rfile, MAX_HEADER_BYTES)
+        try:
+            return super().parse_request()
+        except _HeaderBlockTooLarge:
+            self.close_connection = True
+            self.send_error(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, f"Request headers over {MAX_HEADER_BYTES} bytes")
+            return False
+        finally:
+            self.rfile = rfile
 
     def log_message(self, fmt: str, *args) -> None:
         """http.server's own messages (malformed requests): DEBUG, query strings cut (they may hold anything)."""
@@ -497,6 +533,10 @@ class Handler(BaseHTTPRequestHandler):
         wrong += [k for k in ("stage", "id_class", "base") if isinstance(body.get(k), bool)]
         if wrong:
             raise HTTPError(HTTPStatus.BAD_REQUEST, f"field(s) of the wrong type: {', '.join(sorted(set(wrong)))}")
+        try:
+            check_text(**body)
+        except InputError as exc:
+            raise HTTPError(HTTPStatus.BAD_REQUEST, str(exc)) from None
         if not SUBMISSION_ID.fullmatch(body["submission"]):
             raise HTTPError(HTTPStatus.BAD_REQUEST, "submission must be 8-64 characters of A-Z a-z 0-9 _ -")
         row = self.app.store.submit(
@@ -513,6 +553,7 @@ class Handler(BaseHTTPRequestHandler):
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = LISTEN_BACKLOG
 
     def handle_error(self, request, client_address) -> None:
         """A client that went away is one DEBUG line; anything else is logged with its traceback (not printed raw)."""

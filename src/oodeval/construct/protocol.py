@@ -40,7 +40,7 @@ from .._io import atomic_path
 from ..errors import InputError
 from ..zeroshot.wordnet import DEFAULT_WORDNET, noun_sense
 from .candidates import Candidate, Project, evidence_sha256, pool_sha256
-from .rules import Outcome, SenseLemmas, Verdict, check_verdict, differences, resolve_verdicts
+from .rules import Outcome, SenseLemmas, Verdict, check_text, check_verdict, differences, resolve_verdicts
 
 __all__ = ["ProtocolStore", "ProtocolError", "AuthError", "Annotator", "VerdictRow", "open_store", "wordnet_senses", "MAX_ROWS", "MAX_NOTE"]
 
@@ -234,6 +234,7 @@ class ProtocolStore:
         names = [*stage1, stage3]
         if len(stage1) != 2:
             raise InputError(f"the protocol needs exactly two Stage-1 annotators, got {len(stage1)}")
+        check_text(**{f"annotator name {n!a}": n for n in names}, **{f"class name {i}": c for i, c in enumerate(class_names or [])})
         if len(set(names)) != 3 or any(not n or not n.strip() for n in names):
             raise InputError(f"the three annotator names must be distinct and non-empty, got {names}")
         if not candidates:
@@ -387,6 +388,10 @@ class ProtocolStore:
         has no part in, a closed stage, an outdated base, fields that do not fit the verdict, a note
         over ``MAX_NOTE`` characters, or more than ``MAX_ROWS`` rows for one (image, stage).
         """
+        try:
+            check_text(image=image, verdict=verdict, ood_label=ood_label, note=note, submission=submission, ood_sense=ood_sense)
+        except InputError as exc:
+            raise ProtocolError(str(exc)) from None
         if verdict != "withdrawn":
             try:
                 check_verdict(verdict, ood_label, bool(fine_grained), id_class, self.n_classes, ood_sense or None,
@@ -579,6 +584,10 @@ class ProtocolStore:
         """
         if not reason or not reason.strip():
             raise ProtocolError("reopening a decided image needs a reason (it is logged)")
+        try:
+            check_text(image=image, reason=reason, by=by)
+        except InputError as exc:
+            raise ProtocolError(str(exc)) from None
         self.image(image)
         with self._connect() as con:
             con.execute("BEGIN IMMEDIATE")

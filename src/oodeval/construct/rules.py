@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from ..errors import InputError
 
 __all__ = ["VERDICTS", "MAX_LABEL", "Verdict", "Outcome", "agree", "differences", "resolve_verdicts", "check_verdict", "normalise_label",
-           "concept", "SenseLemmas"]
+           "concept", "SenseLemmas", "check_text"]
 
 VERDICTS = ("ood", "id", "ambiguous")
 MAX_LABEL = 200  # characters of an OOD label
@@ -65,6 +65,21 @@ class Outcome:
 
 
 SenseLemmas = Callable[[str], Sequence[str] | None]  # wnid -> the synset's lemmas, None if there is no such noun synset
+
+
+def check_text(**fields: object) -> None:
+    """Raise InputError naming every text value among ``fields`` that is not valid Unicode: a lone
+    surrogate (U+D800-U+DFFF, which JSON's ``\\ud800`` escape and undecodable command-line bytes
+    make) can be neither stored in UTF-8 nor shown. Values that are not ``str`` are not looked at."""
+    bad = []
+    for name, value in fields.items():
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                bad.append(name)
+    if bad:
+        raise InputError(f"{', '.join(bad)}: not Unicode text (a lone surrogate, \\ud800-\\udfff); give the characters themselves")
 
 
 def check_verdict(verdict: str, ood_label: str | None, fine_grained: bool, id_class: int | None, n_classes: int | None = None,

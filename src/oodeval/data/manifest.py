@@ -290,7 +290,7 @@ class Manifest:
             if p in seen:
                 continue
             seen.add(p)
-            h.update(p.encode() + b"\0" + _file_fingerprint(p, full).encode() + b"\n")
+            h.update(os.fsencode(p) + b"\0" + _file_fingerprint(p, full).encode() + b"\n")
         return h.hexdigest()
 
     def subset(self, index: Sequence[int] | np.ndarray, name: str | None = None) -> Manifest:

@@ -85,8 +85,12 @@ def read_imglist(list_file: str | Path, images_root: str | Path | None = None, *
     list_file = Path(list_file)
     if not list_file.is_file():
         raise FileNotFoundError(f"OpenOOD image list {list_file} does not exist")
+    try:
+        lines = list_file.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        raise InputError(f"OpenOOD image list {list_file} is not UTF-8 text (byte {exc.start}); save it as UTF-8") from exc
     paths, labels = [], []
-    for i, line in enumerate(list_file.read_text(encoding="utf-8").splitlines(), 1):
+    for i, line in enumerate(lines, 1):
         if not line.strip():
             continue
         path, _, extra = line.strip().partition(" ")

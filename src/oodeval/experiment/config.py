@@ -55,7 +55,7 @@ _ROLES = ("id_train", "id_test")
 _TOP = {
     "name", "store", "results", "data_root", "seeds", "bootstrap_draws", "bootstrap_fixed_id", "device", "batch_size",
     "num_workers", "retry_failed", "seed_detectors", "datasets", "models", "detectors", "zeroshot", "sweeps", "selection",
-    "eoe_prompts", "openood", "detector_device",
+    "eoe_prompts", "openood", "detector_device", "full_image_hash",
 }  # fmt: skip
 _DATASETS = {"id_train", "id_test", "ood", "split_column", "id_classes"}
 _OPENOOD = {"benchmark", "root"}
@@ -192,6 +192,8 @@ class ExperimentConfig:
     detector_device: str | None = None
     batch_size: int = 64
     num_workers: int = 0
+    #: key the feature cache by every byte of every image (default: size, mtime and sampled bytes; docs/extraction.md)
+    full_image_hash: bool = False
     retry_failed: bool = True
     seed_detectors: bool = False
     sweeps: tuple[SweepSpec, ...] = ()
@@ -650,6 +652,7 @@ def load_config(source: str | Path | dict | ExperimentConfig, base_dir: str | Pa
         detector_device=detector_device,
         batch_size=batch,
         num_workers=_typed(t, "num_workers", int, "top level", 0),
+        full_image_hash=_typed(t, "full_image_hash", bool, "top level", False),
         retry_failed=_typed(t, "retry_failed", bool, "top level", True),
         seed_detectors=_typed(t, "seed_detectors", bool, "top level", False),
         id_classes=_id_classes(_typed(ds, "id_classes", str, "[datasets]"), base),

@@ -86,7 +86,10 @@ def _executor(kind: str, folder: Path, options: dict):
     ex = optional("submitit").AutoExecutor(folder=folder, cluster="local" if kind == "local" else "slurm")
     params = {"name": "oodeval"}
     params.update(options)
-    ex.update_parameters(**params)
+    try:
+        ex.update_parameters(**params)
+    except (AssertionError, NameError, TypeError, ValueError) as exc:  # submitit checks names and types with these
+        raise InputError(f"--executor {kind}: {exc}") from None
     return ex
 
 

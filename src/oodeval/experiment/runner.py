@@ -145,7 +145,8 @@ FeatureFn = Callable[[ModelSpec, "str | None", ExperimentDataset, str, Experimen
 
 def _extract_options(model: ModelSpec, weights: str | None, cfg: ExperimentConfig) -> dict:
     return {"weights": weights, "pretrained": bool(model.pretrained), "data_root": cfg.data_root, "batch_size": cfg.batch_size, "num_workers": cfg.num_workers,
-            "device": cfg.device, "model_kwargs": model.model_kwargs or None, "progress": cfg.progress, "head": model.head}
+            "device": cfg.device, "model_kwargs": model.model_kwargs or None, "progress": cfg.progress, "head": model.head,
+            "full_image_hash": cfg.full_image_hash}
 
 
 def extract_experiment_features(model: ModelSpec, weights: str | None, ds: ExperimentDataset, role: str, cfg: ExperimentConfig) -> FeatureSet:

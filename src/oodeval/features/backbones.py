@@ -73,7 +73,18 @@ def _load_timm(name: str, weights: str | None, pretrained: bool, model_kwargs: d
         raise InputError("pass local weights as weights=PATH (loaded safely), not model_kwargs['checkpoint_path']")
     if ":" not in name and not timm.is_model(name):  # timm's own hub prefixes (hf-hub:, local-dir:) are timm's to check
         raise InputError(f"timm has no model {name!r} (see timm.list_models())")
-    model = timm.create_model(name, pretrained=pretrained, **model_kwargs)
+    if ":" not in name and "." in name:
+        try:
+            timm.models.get_pretrained_cfg(name)
+        except RuntimeError:
+            arch, _, tag = name.partition(".")
+            raise InputError(f"timm model {arch!r} has no pretrained tag {tag!r} (see timm.list_pretrained({arch + '.*'!r}))") from None
+    try:
+        model = timm.create_model(name, pretrained=pretrained, **model_kwargs)
+    except TypeError as exc:  # a keyword the model does not take, or a value of the wrong type
+        if not model_kwargs:
+            raise
+        raise InputError(f"model_kwargs {model_kwargs} do not fit timm model {name!r}: {exc}") from None
     if weights is not None:
         load_weights_into(model, weights)
     model.eval()
@@ -101,6 +112,8 @@ def load_open_clip(model: str, weights: str | Path | None = None, pretrained: st
     kind, arch, tag = parse_model_name(model if model.startswith("open_clip:") else f"open_clip:{model}")
     if isinstance(pretrained, str):
         tag = pretrained
+    if ":" not in arch and arch not in open_clip.list_models():  # its hub prefixes (hf-hub:, local-dir:) are open_clip's to check
+        raise InputError(f"open_clip has no model {arch!r} (see open_clip.list_models())")
     kwargs: dict[str, Any] = {}
     hub = None
     if tag is not None:

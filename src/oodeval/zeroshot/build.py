@@ -48,7 +48,10 @@ def read_id_names(spec: str) -> tuple[list[str], list[str] | None]:
     path = Path(spec)
     if not path.is_file():
         raise FileNotFoundError(f"ID names: {spec!r} is neither 'imagenet1k' nor an existing file")
-    names = [line.strip() for line in path.read_text().splitlines() if line.strip()]
+    try:
+        names = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    except UnicodeDecodeError as exc:
+        raise InputError(f"ID names file {path} is not UTF-8 text (byte {exc.start}); save it as UTF-8") from exc
     if not names:
         raise InputError(f"ID names file {path} has no names")
     dup = len(names) - len(set(names))
