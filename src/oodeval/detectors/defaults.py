@@ -20,6 +20,7 @@ from ..features import FeatureSet
 from ..features.names import parse_model_name
 from . import REGISTRY
 from .base import BackboneInfo, Default
+from .profiles import PAPER, profile_defaults
 
 __all__ = ["Default", "BackboneInfo", "backbone_family", "backbone_of", "backbone_defaults", "resolve_defaults", "describe_defaults",
            "FAMILIES", "VIT_LIKE", "FAMILY_NOTES", "family_note"]
@@ -117,12 +118,15 @@ def backbone_defaults(name: str | type, source: FeatureSet | Mapping | None) -> 
     return dict(_class(name).backbone_defaults(backbone))
 
 
-def resolve_defaults(name: str | type, source: FeatureSet | Mapping | None, explicit: Mapping | None = None) -> dict:
-    """Constructor arguments of detector ``name``: its backbone defaults for ``source`` overridden
-    by ``explicit`` (the user's hyperparameters, which always win; a hyperparameter the class lists
-    in ``merged_params``, NAC's ``layer_params``, is merged per key and per inner key)."""
+def resolve_defaults(name: str | type, source: FeatureSet | Mapping | None, explicit: Mapping | None = None,
+                     profile: str = PAPER) -> dict:
+    """Constructor arguments of detector ``name``: its backbone defaults for ``source``, overridden
+    by the values of the defaults ``profile`` (:mod:`oodeval.detectors.profiles`; ``paper``: none),
+    overridden by ``explicit`` (the user's hyperparameters, which always win; a hyperparameter the
+    class lists in ``merged_params``, NAC's ``layer_params``, is merged per key and per inner key)."""
     explicit = dict(explicit or {})
     out = {k: d.value for k, d in backbone_defaults(name, source).items()}
+    out.update({k: d.value for k, d in profile_defaults(_class(name).name, profile).items()})
     for param in _class(name).merged_params:
         if isinstance(out.get(param), dict) and explicit.get(param):
             merged = {key: dict(p) for key, p in out[param].items()}
