@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..errors import InputError
 
-__all__ = ["Formatter", "add_command", "add_progress", "add_device", "add_model", "add_pretrained", "with_pretrained", "add_out", "examples",
+__all__ = ["Formatter", "add_command", "add_progress", "add_device", "add_model", "add_defaults", "add_pretrained", "with_pretrained", "add_out", "examples",
            "add_convention", "check_weights", "NameList", "add_detectors"]
 
 #: ``--pretrained`` given without a TAG: the weights the model name itself names
@@ -62,6 +62,16 @@ def add_detectors(p: argparse.ArgumentParser, default: str = "every detector the
     p.add_argument("--detectors", nargs="+", action=NameList, default=None, metavar="NAME",
                    help="detector names, space- or comma-separated, repeatable; a class of your own as module:Class "
                    f"(default: {default})")  # fmt: skip
+
+
+def add_defaults(p: argparse.ArgumentParser, where: str = "") -> None:
+    """``--defaults paper|openood|pytorch-ood``: the detectors' defaults profile (:mod:`oodeval.detectors.profiles`)."""
+    from ..detectors.profiles import PROFILES
+
+    p.add_argument("--defaults", choices=PROFILES, default=None,
+                   help="the detectors' defaults: the paper's (default), OpenOOD v1.5's or pytorch-ood 0.4's; explicit "
+                   "--set values override it, a peer's detector name (ash, KNN) picks its peer's unless set "
+                   f"(docs/detectors.md, defaults profiles){where}")  # fmt: skip
 
 
 def add_progress(p: argparse.ArgumentParser) -> None:
