@@ -103,7 +103,8 @@ def test_temperature_scaling_reaches_the_nll_minimum_pytorch_ood_approaches():
 
 def _openood_openmax(train, x, tail=20, alpha=3):
     """OpenOOD's openmax_postprocessor, re-derived: MAVs and Weibull tails of correctly classified
-    rows, Euclidean distance, libmr's shift, score = max over the K + 1 OpenMax probabilities."""
+    rows, Euclidean distance, libmr's shift; returns P(unknown), the last of the K + 1 OpenMax
+    probabilities (its score is conf = -P(unknown))."""
     f, y = train.logits.astype(np.float64), train.labels
     c = f.shape[1]
     models = []
@@ -125,7 +126,7 @@ def _openood_openmax(train, x, tail=20, alpha=3):
             unk.append(v[k] - mod[-1])
         e = np.exp(mod)
         total = e.sum() + np.exp(np.sum(unk))
-        out.append(max((e / total).max(), np.exp(np.sum(unk)) / total))
+        out.append(np.exp(np.sum(unk)) / total)
     return np.array(out)
 
 
@@ -139,8 +140,8 @@ def test_openmax_matches_pytorch_ood_and_openood(problem):
     np.testing.assert_allclose(np.exp(-ours), p_unknown, rtol=1e-4, atol=1e-12)
     assert rho(ours, -p_unknown) > 0.9999
     openood = _openood_openmax(train, x)
-    mine = score("openmax", train, x, readout="max")  # OpenOOD's defaults: correct rows, tail 20, alpha 3
-    np.testing.assert_allclose(np.exp(mine), openood, rtol=1e-4)
+    mine = score("openmax", train, x)  # OpenOOD's defaults: correct rows, tail 20, alpha 3, its readout -P(unknown)
+    np.testing.assert_allclose(np.exp(-mine), openood, rtol=1e-4)
 
 
 # ---- features ----------------------------------------------------------------------------------

@@ -177,9 +177,11 @@ class OpenMax(PeerMethod):
     no native libmr). Score: the ``alpha`` top classes of f get weights w_r = (alpha + 1 - r) /
     alpha (rank r = 1..alpha), every other class 0; with c_k = WeibullCDF_k(d(f, m_k)), v_k =
     f_k (1 - w_k c_k) and v_0 = sum_k f_k w_k c_k; P = softmax(v_0, v_1..v_K). ``readout``
-    "unknown" (default): s = -log P_0 (pytorch-ood's score, -P_0, in the log domain, so it keeps
-    its resolution where P_0 is tiny); "max": s = log max_j P_j over all K + 1 entries (OpenOOD's
-    score, which counts a confident "unknown" as ID). Defaults are OpenOOD v1.5's: tailsize 20,
+    "unknown" (default): s = -log P_0 (the score of both releases, -P_0: OpenOOD v1.5
+    ``openmax_postprocessor.py`` returns conf = -P(unknown), pytorch-ood P(unknown) as its outlier
+    score; here in the log domain, so it keeps its resolution where P_0 is tiny); "max": s = log
+    max_j P_j over all K + 1 entries (neither release's; it counts a confident "unknown" as ID).
+    Defaults are OpenOOD v1.5's: tailsize 20,
     alpha 3, Euclidean distance, correctly classified rows only (the paper's release: tail 20,
     alpha 10, "eucos" with eu_weight 1/200; pytorch-ood: tail 25, alpha 10, Euclidean, all
     labelled rows). A class whose fit set is empty has no model and gets c_k = 1.
