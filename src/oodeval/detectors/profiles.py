@@ -182,13 +182,14 @@ def peer_profile(name: str) -> str | None:
 def resolve(name: str, defaults: str | None = None, hyperparameters: Mapping | None = None) -> tuple[str, dict]:
     """``(profile, hyperparameters)`` of a detector spec: the profile is the spec's own ``defaults``
     hyperparameter, else the peer's whose name ``name`` is, else ``defaults`` (the run's; None:
-    paper); the hyperparameters are returned with ``defaults`` set to it (left out for paper),
-    so the profile is part of the configuration's key and recorded with it."""
+    paper); the hyperparameters are returned with ``defaults`` set to it (left out for paper unless
+    the spec named it), so the profile is part of the configuration's key and recorded with it,
+    and resolving again under another run profile keeps it."""
     hp = dict(hyperparameters or {})
     own = hp.pop(KEY, None)
     profile = check_profile(own if own is not None else peer_profile(name) or defaults or PAPER,
                             f"detector {name!r}: defaults" if own is not None else "defaults")
-    if profile != PAPER:
+    if profile != PAPER or own is not None:
         hp[KEY] = profile
     return profile, hp
 
