@@ -247,3 +247,63 @@ def test_sweep_grids_are_openoods():
     assert profiles.sweep_grid("ash_b", "openood") == {"percentile": [65, 70, 75, 80, 85, 90, 95]}
     with pytest.raises(InputError, match="no openood sweep grid"):
         profiles.sweep_grid("mahalanobis", "openood")
+
+
+# ---- experiments, commands, report --------------------------------------------------------------
+
+
+def test_experiment_defaults_top_level_per_detector_alias_and_openoods_grid(tmp_path):
+    from test_report_html import make_sets
+
+    from oodeval.experiment import load_config
+
+    paths = make_sets(tmp_path)
+    cfg = {
+        "defaults": "openood",
+        "results": str(tmp_path / "r.parquet"),
+        "selection": {"validation_id": "val_id", "validation_ood": "val_ood"},
+        "datasets": {"id_train": "t", "id_test": "v", "ood": ["big"]},
+        "models": [{"name": "m", "features": {"id_train": paths["id_train"], "id_test": paths["id_test"], "big": paths["big"],
+                                              "validation_id": paths["id_test"], "validation_ood": paths["small"]}}],
+        "detectors": ["knn", "KNN", {"name": "knn", "defaults": "paper", "label": "knn-paper"}, {"name": "ash", "search": "openood"}],
+    }
+    specs = load_config(cfg).detectors
+    assert [(s.name, s.hyperparameters, s.search) for s in specs] == [
+        ("knn", {"defaults": "openood"}, {}), ("knn", {"defaults": "pytorch-ood"}, {}), ("knn", {"defaults": "paper"}, {}),
+        ("ash_b", {"defaults": "openood"}, {"percentile": [65, 70, 75, 80, 85, 90, 95]}),
+    ]  # fmt: skip
+    (spec,) = load_config({**cfg, "detectors": ["knn"]}, defaults="pytorch-ood").detectors  # run --defaults wins over the file's
+    assert spec.hyperparameters == {"defaults": "pytorch-ood"}
+    with pytest.raises(InputError, match="not a defaults profile"):
+        load_config({**cfg, "defaults": "oodeval"})
+    with pytest.raises(InputError, match="no openood sweep grid"):
+        load_config({**cfg, "detectors": [{"name": "mahalanobis", "search": "openood"}]})
+
+
+def test_score_under_each_profile_and_the_report_side_by_side(tmp_path, capsys):
+    import json
+
+    import pandas as pd
+    from test_report_html import make_sets
+
+    from oodeval import cli
+    from oodeval.report import write_report
+
+    paths = make_sets(tmp_path)
+    base = ["score", "--train", paths["id_train"], "--test", paths["id_test"], "--ood", f"big={paths['big']}",
+            "--detectors", "knn,vra", "--draws", "10", "--no-progress"]  # fmt: skip
+    tables = {}
+    for profile in ("openood", "pytorch-ood"):
+        out = tmp_path / f"{profile}.csv"
+        assert cli.main([*base, "--defaults", profile, "--out", str(out)]) == 0
+        tables[profile] = pd.read_csv(out, comment="#")
+    for profile, table in tables.items():
+        resolved = table.set_index("detector")["hyperparameters_resolved"].map(json.loads)
+        assert resolved["knn"]["defaults"] == profile and resolved["knn"]["k"] == 50
+        assert resolved["vra"]["per_dim"] == (profile == "pytorch-ood")
+    results = tmp_path / "all.parquet"
+    for profile in ("paper", "openood", "pytorch-ood"):
+        assert cli.main([*base[:-5], "--detectors", "vra", "--draws", "10", "--no-progress", "--defaults", profile, "--out", str(results)]) == 0
+    md = write_report(results, tmp_path / "rep", draws=10, formats=("png",))["markdown"].read_text()
+    for shown in ("| vra defaults |", "| vra openood defaults |", "| vra pytorch-ood defaults |"):
+        assert shown in md, shown

@@ -12,7 +12,7 @@ from ..detectors.defaults import describe_defaults
 from ..errors import InputError
 from ..experiment import run_experiment
 from ..features import FeatureSet
-from ..results import ALL_SPLIT, load_results
+from ..results import ALL_SPLIT, hp_json, load_results
 from ..scoring import check_request, evaluate_detectors, failures, parse_hyperparameters, supported_names, with_profiles
 from ._options import NameList, add_convention, add_defaults, add_detectors, add_out, add_progress
 from ._output import add_format, info, write_rows
@@ -142,8 +142,11 @@ def _results_table(args: argparse.Namespace, train, names: list[str], hps: dict)
         "detectors": [{"name": n, "hyperparameters": hps.get(n, {})} for n in names],
     }, progress=not args.no_progress)  # fmt: skip
     table = load_results(args.out)
-    mine = table[(table["model"] == label) & (table["split"] == ALL_SPLIT) & table["detector"].isin(names)
-                 & table["dataset"].isin(list(oods))]  # fmt: skip
+    import numpy as np
+
+    ran = {(n, hp_json(hps.get(n, {}))) for n in names}  # this run's configurations (another profile's are kept apart)
+    this = np.array([(d, h) in ran for d, h in zip(table["detector"], table["hyperparameters"])], dtype=bool)
+    mine = table[(table["model"] == label) & (table["split"] == ALL_SPLIT) & this & table["dataset"].isin(list(oods))]
     write_rows(mine.rename(columns={"dataset": "ood"}).to_dict("records"), args.format, args.convention)
     print(f"wrote {args.out} ({summary.computed} cells computed, {summary.skipped} already there); "
           f"`oodeval report {args.out} --out DIR` makes the report", file=info(args.format))  # fmt: skip
