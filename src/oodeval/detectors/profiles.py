@@ -45,21 +45,22 @@ _ALIAS_SOURCES = {"OpenOOD v1.5": OPENOOD, "pytorch-ood": PYTORCH_OOD}
 class PeerEntry:
     """One peer's settings of one detector: ``values`` (hyperparameter -> :class:`Default`, value
     and source), ``sweep`` (OpenOOD's ``postprocessor_sweep``: hyperparameter -> candidates, in
-    oodeval's names) and a ``note`` on what the table cannot express."""
+    oodeval's names), a ``note`` on what the table cannot express and the ``source`` read."""
 
     values: Mapping[str, Default] = field(default_factory=dict)
     sweep: Mapping[str, tuple] = field(default_factory=dict)
     note: str = ""
+    source: str = ""
 
 
 def _oo(file: str, values: dict | None = None, sweep: dict | None = None, note: str = "") -> PeerEntry:
     src = f"OpenOOD {file} @{OPENOOD_COMMIT}"
-    return PeerEntry({k: Default(v, src) for k, v in (values or {}).items()}, {k: tuple(v) for k, v in (sweep or {}).items()}, note)
+    return PeerEntry({k: Default(v, src) for k, v in (values or {}).items()}, {k: tuple(v) for k, v in (sweep or {}).items()}, note, src)
 
 
 def _po(cls: str, values: dict | None = None, note: str = "", module: str | None = None) -> PeerEntry:
     src = f"pytorch-ood {PYTORCH_OOD_VERSION} pytorch_ood/detector/{module or cls.lower()}.py {cls}"
-    return PeerEntry({k: Default(v, src) for k, v in (values or {}).items()}, {}, note)
+    return PeerEntry({k: Default(v, src) for k, v in (values or {}).items()}, {}, note, src)
 
 
 _PASS = "set by its extraction pass (docs/detectors.md, methods that need the network)"
