@@ -316,7 +316,7 @@ def test_the_detectors_command_lists_tags_hyperparameters_and_peer_names(capsys)
     assert energy["label"] == "Energy" and om["label"] == "openmax"  # the paper's label; a peer method keeps its name
     assert main(["detectors"]) == 0
     out = capsys.readouterr().out
-    assert out.splitlines()[-1] == f"{len(detectors.names())} detectors" and "also: ebo (OpenOOD v1.5)" in out
+    assert out.splitlines()[-1] == f"{len(detectors.names())} detectors" and "also: ebo (OpenOOD v1.5; runs under its defaults profile)" in out
     assert main(["detectors", "--tag", "nope"]) == 2
     assert "oodeval detectors: error: unknown detector tag(s) nope" in capsys.readouterr().err
 
