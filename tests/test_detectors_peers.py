@@ -350,8 +350,10 @@ def test_every_peer_method_runs_in_score_and_the_grid_under_its_peer_name(folder
     assert list(table.detector) == canonical and (table.status == "ok").all()
     assert json.loads(table.set_index("detector").loc["ash_b", "hyperparameters"])["percentile"] == 80
     train, test, far = (FeatureSet.load(folders / n) for n in ("train", "test", "far"))
-    det = detectors.create("openmax").fit(train)
+    # a peer's name runs under its peer's defaults profile: OpenMax at pytorch-ood's tail 25, alpha 10, all labelled rows
+    det = detectors.create("openmax", tailsize=25, alpha=10, correct_only=False).fit(train)
     assert table.set_index("detector").loc["openmax", "auroc"] == pytest.approx(auroc(det.score(test), det.score(far)))
+    assert json.loads(table.set_index("detector").loc["openmax", "hyperparameters"]) == {"defaults": "pytorch-ood"}
     assert main([*base, "--out", str(tmp_path / "t.parquet"), "--draws", "1"]) == 0  # the experiment grid
     grid = load_results(tmp_path / "t.parquet")
     assert set(grid.detector) == set(canonical) and (grid.status == "ok").all()
