@@ -219,6 +219,49 @@ def test_openood_profile_ranks_as_openoods_formula_at_its_config(problem, name):
         assert rho(ours(name, "paper", train, x), theirs) < SAME
 
 
+@pytest.fixture(scope="module")
+def wide():
+    """600-d features: wider than OpenOOD's vim dim 256 and residual dim 512."""
+    train, test, ood = synthetic_problem(n_classes=8, dim=600, n_train=800, n_test=100, n_ood=100, seed=5)
+    both = FeatureSet(np.concatenate([test.features, ood.features]), logits=np.concatenate([test.logits, ood.logits]),
+                      weight=test.weight, bias=test.bias)
+    return train, both
+
+
+def _residual_space(train, dim):
+    """vim_postprocessor.py / residual_postprocessor.py: u = -pinv(W) b and the eigenvectors of the
+    uncentred covariance of z - u beyond the top ``dim`` (eigh: the matrix is symmetric)."""
+    w, b = train.weight.astype(np.float64), train.bias.astype(np.float64)
+    u = -np.linalg.pinv(w) @ b
+    zc = train.features.astype(np.float64) - u
+    vals, vecs = np.linalg.eigh(zc.T @ zc / len(zc))
+    return u, vecs[:, np.argsort(-vals)[dim:]]
+
+
+def openood_vim(train, x, dim=256):
+    """vim_postprocessor.py: energy - alpha ||(z - u) R||, alpha = mean max logit / mean ||.|| over ID train."""
+    u, ns = _residual_space(train, dim)
+    w, b = train.weight.astype(np.float64), train.bias.astype(np.float64)
+    z = train.features.astype(np.float64)
+    alpha = (z @ w.T + b).max(1).mean() / np.linalg.norm((z - u) @ ns, axis=1).mean()
+    zx = x.features.astype(np.float64)
+    return logsumexp(zx @ w.T + b, axis=1) - alpha * np.linalg.norm((zx - u) @ ns, axis=1)
+
+
+def openood_residual(train, x, dim=512):
+    """residual_postprocessor.py: -||(z - u) R|| (its ID val split is the ID-train set here)."""
+    u, ns = _residual_space(train, dim)
+    return -np.linalg.norm((x.features.astype(np.float64) - u) @ ns, axis=1)
+
+
+@pytest.mark.parametrize("name, formula", [("vim", openood_vim), ("residual", openood_residual)])
+def test_openood_vim_and_residual_dims(wide, name, formula):
+    train, x = wide
+    theirs = formula(train, x)
+    assert rho(ours(name, "openood", train, x), theirs) > SAME
+    assert rho(ours(name, "paper", train, x), theirs) < SAME  # the paper's D' = D / 2 = 300
+
+
 # ---- resolution ---------------------------------------------------------------------------------
 
 

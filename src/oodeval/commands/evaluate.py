@@ -101,4 +101,4 @@ def run(args: argparse.Namespace) -> int:
     train, test = features(args.train), features(args.test)
     ood_fs = {name: features(data) for name, data in oods.items()}
     rows = evaluate_detectors(train, test, ood_fs, names, hps, progress=not args.no_progress, draws=args.draws, seed=args.seed, defaults=args.defaults)
-    return print_rows(rows, args, train, hps, None, "evaluate")
+    return print_rows(rows, args, train, None, "evaluate")

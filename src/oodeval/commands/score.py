@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -79,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     tapped = None if args.nac_train is None else FeatureSet.load(args.nac_train)
     rows = evaluate_detectors(train, test, oods, names, hps, progress=not args.no_progress, tapped=tapped,
                               draws=args.draws, seed=args.seed, defaults=args.defaults)  # fmt: skip
-    return print_rows(rows, args, train, hps, tapped, "score")
+    return print_rows(rows, args, train, tapped, "score")
 
 
 def parse_names(value: list[str] | None, canonical_names: bool = True) -> list[str] | None:
@@ -92,9 +93,9 @@ def parse_names(value: list[str] | None, canonical_names: bool = True) -> list[s
     return [canonical(registry_name(n)) if canonical_names else registry_name(n) for n in value]
 
 
-def print_rows(rows: list[dict], args: argparse.Namespace, train, hps: dict, tapped, command: str) -> int:
-    """The end of ``score`` and ``evaluate``: the resolved defaults (of a detector that fits on its
-    own rows, for ``tapped`` when given), the rows in ``--format``, the ``--out`` CSV, every failure
+def print_rows(rows: list[dict], args: argparse.Namespace, train, tapped, command: str) -> int:
+    """The end of ``score`` and ``evaluate``: the resolved backbone and profile defaults (of a
+    detector that fits on its own rows, for ``tapped`` when given), the rows in ``--format``, the ``--out`` CSV, every failure
     on stderr; exit 1 when any cell failed."""
     import pandas as pd
 
@@ -105,6 +106,7 @@ def print_rows(rows: list[dict], args: argparse.Namespace, train, hps: dict, tap
     if train.meta.get("random_init"):
         print(f"note: features of {train.meta.get('model')} with RANDOM-INIT weights (--pretrained none): a baseline", file=log)
     ran = list(dict.fromkeys(r["detector"] for r in rows))
+    hps = {r["detector"]: json.loads(r.get("hyperparameters") or "{}") for r in rows}  # each one's explicit values and profile
     own = [n for n in ran if tapped is not None and REGISTRY[n].fits_on is not None]
     print("\n".join(describe_defaults([n for n in ran if n not in own], train, hps)), file=log)
     if own:
