@@ -14,6 +14,7 @@ import pytorch_ood.detector as pood
 import torch
 from scipy.special import logsumexp, softmax
 from scipy.stats import spearmanr
+from test_detectors_peers import linear, t
 
 from oodeval.detectors import profiles
 from oodeval.detectors._synthetic import synthetic_problem
@@ -28,7 +29,11 @@ SAME = 1 - 1e-6
 @pytest.fixture(scope="module")
 def problem():
     """(ID train, ID test + OOD): 8 classes, 32-d, 1200 train rows (more than the paper's k = 1000)."""
-    train, test, ood = synthetic_problem(n_classes=8, dim=32, n_train=1200, n_test=150, n_ood=150, seed=4)
+    return _together(*synthetic_problem(n_classes=8, dim=32, n_train=1200, n_test=150, n_ood=150, seed=4))
+
+
+def _together(train, test, ood):
+    """(ID train, ID test + OOD in one FeatureSet): a ranking spans ID and OOD."""
     both = FeatureSet(np.concatenate([test.features, ood.features]), logits=np.concatenate([test.logits, ood.logits]),
                       weight=test.weight, bias=test.bias)
     return train, both
@@ -41,18 +46,6 @@ def ours(name, profile, train, x, **hp):
 
 def rho(a, b):
     return float(spearmanr(a, b).statistic)
-
-
-def t(a, dtype=torch.float32):
-    return torch.tensor(np.array(a)).to(dtype)
-
-
-def linear(train, dtype=torch.float32):
-    lin = torch.nn.Linear(train.weight.shape[1], train.weight.shape[0]).to(dtype)
-    with torch.no_grad():
-        lin.weight.copy_(t(train.weight, dtype))
-        lin.bias.copy_(t(train.bias, dtype))
-    return lin
 
 
 def _maps(fs):
@@ -239,10 +232,7 @@ def test_every_other_openood_method_has_the_papers_values_so_its_comparison_appl
 @pytest.fixture(scope="module")
 def wide():
     """600-d features: wider than OpenOOD's vim dim 256 and residual dim 512."""
-    train, test, ood = synthetic_problem(n_classes=8, dim=600, n_train=800, n_test=100, n_ood=100, seed=5)
-    both = FeatureSet(np.concatenate([test.features, ood.features]), logits=np.concatenate([test.logits, ood.logits]),
-                      weight=test.weight, bias=test.bias)
-    return train, both
+    return _together(*synthetic_problem(n_classes=8, dim=600, n_train=800, n_test=100, n_ood=100, seed=5))
 
 
 def _residual_space(train, dim):
