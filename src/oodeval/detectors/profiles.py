@@ -98,7 +98,7 @@ TABLE: dict[str, dict[str, PeerEntry | None]] = {
     "fdbd": {OPENOOD: _oo("configs/postprocessors/fdbd.yml", note="distance_as_normalizer=True (swept over "
                           "[True, False]): oodeval's fdbd always divides by the distance to the mean"),
              PYTORCH_OOD: _po("fDBD")},
-    "nac": {OPENOOD: _oo("configs/postprocessors/nac", note="per-layer settings: the backbone defaults (the NAC release's)"),
+    "nac": {OPENOOD: _oo("(no nac config or postprocessor at this commit)", note="per-layer settings: the backbone defaults (the NAC release's)"),
             PYTORCH_OOD: _po("NACUE", note="m_bins 50, alpha 100, o_star 50 per layer: give them as layer_params", module="nac")},
     "vim": {OPENOOD: _oo("configs/postprocessors/vim.yml", {"dim": 256}, {"dim": [256, 1000]}),
             PYTORCH_OOD: _po("ViM", note="d has no default (a required argument): the paper's value is kept")},
