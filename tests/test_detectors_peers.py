@@ -103,7 +103,8 @@ def test_temperature_scaling_reaches_the_nll_minimum_pytorch_ood_approaches():
 
 def _openood_openmax(train, x, tail=20, alpha=3):
     """OpenOOD's openmax_postprocessor, re-derived: MAVs and Weibull tails of correctly classified
-    rows, Euclidean distance, libmr's shift, score = max over the K + 1 OpenMax probabilities."""
+    rows, Euclidean distance, libmr's shift; returns P(unknown), the last of the K + 1 OpenMax
+    probabilities (its score is conf = -P(unknown))."""
     f, y = train.logits.astype(np.float64), train.labels
     c = f.shape[1]
     models = []
@@ -125,7 +126,7 @@ def _openood_openmax(train, x, tail=20, alpha=3):
             unk.append(v[k] - mod[-1])
         e = np.exp(mod)
         total = e.sum() + np.exp(np.sum(unk))
-        out.append(max((e / total).max(), np.exp(np.sum(unk)) / total))
+        out.append(np.exp(np.sum(unk)) / total)
     return np.array(out)
 
 
@@ -139,8 +140,8 @@ def test_openmax_matches_pytorch_ood_and_openood(problem):
     np.testing.assert_allclose(np.exp(-ours), p_unknown, rtol=1e-4, atol=1e-12)
     assert rho(ours, -p_unknown) > 0.9999
     openood = _openood_openmax(train, x)
-    mine = score("openmax", train, x, readout="max")  # OpenOOD's defaults: correct rows, tail 20, alpha 3
-    np.testing.assert_allclose(np.exp(mine), openood, rtol=1e-4)
+    mine = score("openmax", train, x)  # OpenOOD's defaults: correct rows, tail 20, alpha 3, its readout -P(unknown)
+    np.testing.assert_allclose(np.exp(-mine), openood, rtol=1e-4)
 
 
 # ---- features ----------------------------------------------------------------------------------
@@ -315,7 +316,7 @@ def test_the_detectors_command_lists_tags_hyperparameters_and_peer_names(capsys)
     assert energy["label"] == "Energy" and om["label"] == "openmax"  # the paper's label; a peer method keeps its name
     assert main(["detectors"]) == 0
     out = capsys.readouterr().out
-    assert out.splitlines()[-1] == f"{len(detectors.names())} detectors" and "also: ebo (OpenOOD v1.5)" in out
+    assert out.splitlines()[-1] == f"{len(detectors.names())} detectors" and "also: ebo (OpenOOD v1.5; runs under its defaults profile)" in out
     assert main(["detectors", "--tag", "nope"]) == 2
     assert "oodeval detectors: error: unknown detector tag(s) nope" in capsys.readouterr().err
 
@@ -349,8 +350,10 @@ def test_every_peer_method_runs_in_score_and_the_grid_under_its_peer_name(folder
     assert list(table.detector) == canonical and (table.status == "ok").all()
     assert json.loads(table.set_index("detector").loc["ash_b", "hyperparameters"])["percentile"] == 80
     train, test, far = (FeatureSet.load(folders / n) for n in ("train", "test", "far"))
-    det = detectors.create("openmax").fit(train)
+    # a peer's name runs under its peer's defaults profile: OpenMax at pytorch-ood's tail 25, alpha 10, all labelled rows
+    det = detectors.create("openmax", tailsize=25, alpha=10, correct_only=False).fit(train)
     assert table.set_index("detector").loc["openmax", "auroc"] == pytest.approx(auroc(det.score(test), det.score(far)))
+    assert json.loads(table.set_index("detector").loc["openmax", "hyperparameters"]) == {"defaults": "pytorch-ood"}
     assert main([*base, "--out", str(tmp_path / "t.parquet"), "--draws", "1"]) == 0  # the experiment grid
     grid = load_results(tmp_path / "t.parquet")
     assert set(grid.detector) == set(canonical) and (grid.status == "ok").all()

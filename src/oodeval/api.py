@@ -68,6 +68,7 @@ def evaluate(
     progress: bool = False,
     transform: Callable | None = None,
     errors: str = "raise",
+    defaults: str | None = None,
     **extract_options,
 ) -> pd.DataFrame:
     """Fit ``detectors`` on ``train``, score ``id`` and every ``ood`` set; one row per (detector, OOD set).
@@ -75,7 +76,9 @@ def evaluate(
     ``id``, ``train`` and each ``ood`` value: a FeatureSet, a FeatureSet folder, or data to extract
     with ``model`` into ``store`` (then ``transform`` etc. as in :func:`extract_features`).
     ``detectors``: names (default: every detector the features support); ``hyperparameters``:
-    ``{"knn": {"k": 50}}``. Columns: detector, ood, n_id, n_ood, fpr95 (the papers' FPR@95, ID
+    ``{"knn": {"k": 50}}``; ``defaults``: the detectors' defaults profile, ``"paper"`` (None: the
+    paper's, a peer's name its peer's), ``"openood"`` or ``"pytorch-ood"`` (docs/detectors.md,
+    defaults profiles). Columns: detector, ood, n_id, n_ood, fpr95 (the papers' FPR@95, ID
     positive), fpr95_ood_positive (OpenOOD's and pytorch-ood's, OOD positive; docs/detectors.md),
     tnr95, auroc, aupr_in, aupr_out, detection_error (fractions; higher score = ID) and ``<metric>_lo/_hi``
     95% percentile bootstrap bounds (``draws`` resamples, ``seed``; OOD resampled with the ID set
@@ -101,7 +104,7 @@ def evaluate(
     id_fs = _features(id, "id", model, store, options)
     ood_fs = {name: _features(d, f"ood[{name!r}]", model, store, options) for name, d in ood.items()}
     rows = evaluate_detectors(train_fs, id_fs, ood_fs, list(detectors) if detectors else None, hyperparameters,
-                              progress=progress, draws=draws, seed=seed, fixed_id=fixed_id)
+                              progress=progress, draws=draws, seed=seed, fixed_id=fixed_id, defaults=defaults)
     failed = failures(rows)
     if failed and errors == "raise":
         raise InputError(f"{len(failed)} of {len(rows)} (detector, OOD set) cells failed: " + "; ".join(failed)

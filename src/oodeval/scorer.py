@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import detectors
+from .detectors import profiles
 from .detectors.defaults import backbone_family, resolve_defaults
 from .errors import InputError
 from .features import FeatureSet
@@ -66,8 +67,9 @@ class RunSets:
 class Scorer:
     """A detector (or zero-shot scorer) ready to fit on :attr:`train` and score any FeatureSet of its run.
 
-    ``hyperparameters``: the explicit ones it was built with (the seed added where it takes one);
-    ``backbone``: the family of the run's backbone; :meth:`resolved`: every hyperparameter it runs with.
+    ``hyperparameters``: the explicit ones it was built with (the seed added where it takes one;
+    ``defaults``: the profile, where not paper); ``backbone``: the family of the run's backbone;
+    ``profile``: the defaults profile it was built under; :meth:`resolved`: every hyperparameter it runs with.
     """
 
     name: str
@@ -78,6 +80,7 @@ class Scorer:
     detector: object = None
     context: dict = field(default_factory=dict)
     vocabulary: str | None = None
+    profile: str = profiles.PAPER
 
     @property
     def fit_needs(self) -> tuple[str, ...]:
@@ -101,10 +104,14 @@ class Scorer:
         return scorer.score(fs, self.context["id_text"], negatives, normalize=True)
 
     def resolved(self) -> dict:
-        """Every hyperparameter it runs with: the detector's backbone defaults under the explicit
-        ones, overlaid by what ``fit`` decided (:meth:`Detector.resolved_params`); a zero-shot
-        scorer's explicit ones."""
-        return self.detector.resolved_params() if self.kind == "supervised" else dict(self.hyperparameters)
+        """Every hyperparameter it runs with: the detector's backbone defaults, under its profile's
+        values, under the explicit ones, overlaid by what ``fit`` decided
+        (:meth:`Detector.resolved_params`), and ``defaults``: the profile where not paper; a
+        zero-shot scorer's explicit ones."""
+        if self.kind != "supervised":
+            return dict(self.hyperparameters)
+        extra = {profiles.KEY: self.profile} if self.profile != profiles.PAPER else {}
+        return {**self.detector.resolved_params(), **extra}
 
 
 def _take(cls: type, hyperparameters: Mapping | None, **values: object) -> dict:
@@ -141,20 +148,22 @@ def build_scorer(
     if kind != "supervised":
         return Scorer(name, kind, dict(hyperparameters or {}), None, family, context=dict(context or {}), vocabulary=vocabulary)
     cls = detectors.REGISTRY[detectors.registry_name(name)]
-    hp = _take(cls, hyperparameters, device=device, **dict.fromkeys(SEED_PARAMS, seed))
-    det = _create(name, cls, source, hp)
+    profile, explicit = profiles.split_profile(hyperparameters)
+    hp = _take(cls, explicit, device=device, **dict.fromkeys(SEED_PARAMS, seed))
+    det = _create(name, cls, source, hp, profile)
     train = sets.train
     if cls.fits_on is not None and sets.tapped_rows is not None:
         params = det.get_params()
         rows = sets.tapped_rows(params[cls.fits_on.size], params[cls.fits_on.seed])
         if rows is not None:  # its backbone defaults follow the tapped layers
             train = rows
-            det = _create(name, cls, rows, hp)
-    return Scorer(name, kind, hp, train, family, det)
+            det = _create(name, cls, rows, hp, profile)
+    recorded = {**hp, profiles.KEY: profile} if profile != profiles.PAPER else hp
+    return Scorer(name, kind, recorded, train, family, det, profile=profile)
 
 
-def _create(name: str, cls: type, source: FeatureSet | None, hp: dict):
+def _create(name: str, cls: type, source: FeatureSet | None, hp: dict, profile: str):
     try:
-        return detectors.create(name, **resolve_defaults(cls, source, hp))
+        return detectors.create(name, **resolve_defaults(cls, source, hp, profile))
     except TypeError as exc:
         raise InputError(f"detector {name!r} rejects hyperparameters {hp}: {exc}") from exc

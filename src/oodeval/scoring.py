@@ -20,10 +20,11 @@ from .features import FeatureSet
 from .metrics import all_metrics, fpr95_columns
 from .params import check_hyperparameters, refuse
 from .results import ALL_SPLIT, BOOTSTRAPPED, result_row
+from .detectors import profiles
 from .scorer import RunSets, build_scorer
 from .stats import bootstrap, confidence_interval
 
-__all__ = ["check_request", "evaluate_detectors", "supported_names", "parse_hyperparameters", "format_table", "failures", "cell_metrics", "fit_score_evaluate"]
+__all__ = ["check_request", "with_profiles", "evaluate_detectors", "supported_names", "parse_hyperparameters", "format_table", "failures", "cell_metrics", "fit_score_evaluate"]
 
 
 def parse_hyperparameters(items: list[str]) -> dict[str, dict[str, object]]:
@@ -65,7 +66,29 @@ def check_request(names: list[str] | None, hyperparameters: Mapping[str, Mapping
     unknown = sorted((set(names) | set(hyperparameters)) - set(detectors.names()))
     if unknown:
         raise InputError(f"unknown detectors {unknown}; known: {', '.join(detectors.names())}")
-    refuse([p for name, hp in hyperparameters.items() for p in check_hyperparameters(detectors.REGISTRY[name], hp)])
+    refuse([p for name, hp in hyperparameters.items() for p in check_hyperparameters(detectors.REGISTRY[name], profiles.split_profile(hp)[1])])
+
+
+def with_profiles(names: list[str] | None, hyperparameters: Mapping[str, Mapping[str, object]] | None,
+                  defaults: str | None = None) -> tuple[list[str] | None, dict[str, dict]]:
+    """``names`` as oodeval's (None stays None) and the hyperparameters keyed by oodeval's names,
+    each detector's defaults profile in its ``defaults`` key (left out for paper): its own
+    ``defaults`` hyperparameter, else the peer's whose name it was given by (``ash``: openood,
+    ``KNN``: pytorch-ood), else ``defaults`` (the run's, None: paper;
+    :func:`oodeval.detectors.profiles.resolve`)."""
+    hps: dict[str, dict] = {}
+    for raw, hp in (hyperparameters or {}).items():
+        name = _canonical(detectors.registry_name(raw))
+        hps[name] = profiles.resolve(raw, defaults, {**hps.get(name, {}), **hp})[1]
+    if names is None:
+        return None, hps
+    out = []
+    for raw in names:
+        name = _canonical(detectors.registry_name(raw))
+        out.append(name)
+        if name in detectors.REGISTRY:
+            hps[name] = profiles.resolve(raw, defaults, hps.get(name))[1]
+    return out, {n: hp for n, hp in hps.items() if hp or n not in out}
 
 
 def _canonical(name: str) -> str:
@@ -86,6 +109,7 @@ def evaluate_detectors(
     draws: int = 0,
     seed: int = 0,
     fixed_id: bool = True,
+    defaults: str | None = None,
 ) -> list[dict]:
     """One row per (detector, OOD set) (:func:`oodeval.results.result_row`): detector, ood, status
     ``ok``, n_id, n_ood, fpr95, fpr95_ood_positive, tnr95, auroc, aupr_in, aupr_out, detection_error
@@ -105,14 +129,15 @@ def evaluate_detectors(
     default (:func:`detectors.defaults.resolve_defaults`). When ``scores_out`` is a dict it
     receives ``scores_out[detector] = {"id": ..., ood_name: ...}`` for the sets that scored.
     ``tapped`` is the FeatureSet a detector that declares ``fits_on`` fits on instead of ``train``
-    (NAC's tapped fitting rows, :func:`oodeval.features.extract.extract_nac_fit`).
+    (NAC's tapped fitting rows, :func:`oodeval.features.extract.extract_nac_fit`). ``defaults``
+    is the defaults profile (``paper``, ``openood``, ``pytorch-ood``; None: paper, and a peer's
+    name its peer's) of every detector not given one (:func:`with_profiles`).
     """
     if not oods:
         raise InputError("evaluate_detectors needs at least one OOD FeatureSet")
-    hyperparameters = {_canonical(k): v for k, v in (hyperparameters or {}).items()}
-    names = None if names is None else [_canonical(n) for n in names]
+    names, hyperparameters = with_profiles(names, hyperparameters, defaults)
     if names is None:
-        names = supported_names(train, test, oods, tapped)
+        names, hyperparameters = with_profiles(supported_names(train, test, oods, tapped), hyperparameters, defaults)
     check_request(names, hyperparameters)
     sets = RunSets(train, test, None if tapped is None else (lambda size, seed: tapped))
     rows: list[dict] = []

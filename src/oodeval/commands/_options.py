@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ..errors import InputError
 
-__all__ = ["Formatter", "add_command", "add_progress", "add_device", "add_model", "add_full_image_hash", "add_pretrained", "pretrained_tag", "with_pretrained", "add_out", "examples",
+__all__ = ["Formatter", "add_command", "add_progress", "add_device", "add_model", "add_full_image_hash", "add_defaults", "add_pretrained", "pretrained_tag", "with_pretrained", "add_out", "examples",
            "add_convention", "check_weights", "NameList", "add_detectors",
            "int_in", "float_in", "json_object", "bound_numbers", "INT_RANGES", "FLOAT_RANGES"]
 
@@ -89,6 +89,16 @@ def add_full_image_hash(p: argparse.ArgumentParser) -> None:
     p.add_argument("--full-image-hash", action="store_true",
                    help="key the feature cache by every byte of every image (default: size, mtime and three sampled 16 KiB "
                    "regions, which miss an in-place edit elsewhere that keeps size and mtime; see docs/extraction.md)")
+
+
+def add_defaults(p: argparse.ArgumentParser, where: str = "") -> None:
+    """``--defaults paper|openood|pytorch-ood``: the detectors' defaults profile (:mod:`oodeval.detectors.profiles`)."""
+    from ..detectors.profiles import PROFILES
+
+    p.add_argument("--defaults", choices=PROFILES, default=None,
+                   help="the detectors' defaults: the paper's (default), OpenOOD v1.5's or pytorch-ood 0.4's; explicit "
+                   "--set values override it, a peer's detector name (ash, KNN) picks its peer's unless set "
+                   f"(docs/detectors.md, defaults profiles){where}")  # fmt: skip
 
 
 def add_progress(p: argparse.ArgumentParser) -> None:

@@ -51,7 +51,7 @@ def _params_text(params: dict) -> str:
 
 def _line(entry: dict) -> str:
     hp = _params_text(entry["hyperparameters"])
-    names = ", ".join(f"{a} ({s})" for a, s in entry["aliases"].items())
+    names = ", ".join(f"{a} ({s}; runs under its defaults profile)" for a, s in entry["aliases"].items())
     opt = "" if entry["default_selection"] else "  [when named]"
     twin = entry["zero_shot_namesake"]
     other = f"\n    not the zero-shot scorer {twin['name']} (oodeval zeroshot; {_params_text(twin['hyperparameters'])})" if twin else ""

@@ -14,10 +14,11 @@ from .._io import check_output
 from ..errors import InputError
 from ..features import FeatureSet
 from ..features.names import parse_model_name
-from ..scoring import _canonical, check_request, evaluate_detectors, parse_hyperparameters
+from ..scoring import check_request, evaluate_detectors, parse_hyperparameters, with_profiles
 from ._options import (
     NameList,
     add_convention,
+    add_defaults,
     add_detectors,
     add_device,
     add_full_image_hash,
@@ -48,6 +49,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_detectors(p)
     p.add_argument("--set", action="append", default=[], metavar="DETECTOR.PARAM=VALUE",
                    help="override a hyperparameter, e.g. --set knn.k=50 (repeatable)")
+    add_defaults(p)
     p.add_argument("--store", type=Path, default=Path("oodeval-store"), help="feature store folder, the cache of every extraction (default oodeval-store)")
     add_out(p, "score table (CSV, as `oodeval score --out`)")
     p.add_argument("--draws", type=int, default=1000, help="bootstrap resamples for the 95%% intervals (OOD resampled, ID fixed; 0: none; default 1000)")
@@ -89,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     if args.out is not None:
         check_output(args.out, "score table")
     oods = name_sets(args.ood)
-    names, hps = parse_names(args.detectors), {_canonical(k): v for k, v in parse_hyperparameters(args.set).items()}
+    names, hps = with_profiles(parse_names(args.detectors, canonical_names=False), parse_hyperparameters(args.set), args.defaults)
     check_request(names, hps)  # before any extraction
     model, pretrained = with_pretrained(args.model, args.pretrained, parse_model_name(args.model)[0])
     options = dict(weights=args.weights, pretrained=pretrained, data_root=args.data_root, batch_size=args.batch_size,
@@ -101,5 +103,5 @@ def run(args: argparse.Namespace) -> int:
 
     train, test = features(args.train), features(args.test)
     ood_fs = {name: features(data) for name, data in oods.items()}
-    rows = evaluate_detectors(train, test, ood_fs, names, hps, progress=not args.no_progress, draws=args.draws, seed=args.seed)
-    return print_rows(rows, args, train, hps, None, "evaluate")
+    rows = evaluate_detectors(train, test, ood_fs, names, hps, progress=not args.no_progress, draws=args.draws, seed=args.seed, defaults=args.defaults)
+    return print_rows(rows, args, train, None, "evaluate")

@@ -16,7 +16,7 @@ from ..experiment.check import check_experiment, eoe_prompt_notes
 from ..experiment.disk import describe_disk, estimate_disk
 from ..experiment.zeroshot import compact_generations, vocabulary_generation, vocabulary_label
 from ..results import ALL_SPLIT, load_results
-from ._options import add_convention, add_full_image_hash, add_progress
+from ._options import add_convention, add_defaults, add_full_image_hash, add_progress
 from ._output import FORMATS, write_rows
 
 HELP = "run (or resume) an experiment grid from a TOML/YAML file into one Parquet results table"
@@ -36,6 +36,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", choices=FORMATS, default=None,
                    help="also write this experiment's cells (whole OOD sets) to stdout: table (FPR@95 / AUROC per detector "
                    "and OOD set), csv or json (every column; the summary then goes to stderr); default: the summary line only")
+    add_defaults(p, "; overrides the experiment's top-level `defaults`")
     add_convention(p)
     add_progress(p)
     p.add_argument(
@@ -78,7 +79,7 @@ def executor_options(pairs: list[str]) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     """Exit 0 when every cell succeeded, 1 when any failed (after printing the summary), 2 on a bad file."""
-    cfg = load_config(args.experiment)
+    cfg = load_config(args.experiment, defaults=args.defaults)
     if args.full_image_hash:
         cfg = dataclasses.replace(cfg, full_image_hash=True)
     if args.check:

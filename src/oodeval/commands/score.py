@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -12,9 +13,9 @@ from ..detectors.defaults import describe_defaults
 from ..errors import InputError
 from ..experiment import run_experiment
 from ..features import FeatureSet
-from ..results import ALL_SPLIT, load_results
-from ..scoring import _canonical, check_request, evaluate_detectors, failures, parse_hyperparameters, supported_names
-from ._options import NameList, add_convention, add_detectors, add_out, add_progress
+from ..results import ALL_SPLIT, hp_json, load_results
+from ..scoring import check_request, evaluate_detectors, failures, parse_hyperparameters, supported_names, with_profiles
+from ._options import NameList, add_convention, add_defaults, add_detectors, add_out, add_progress
 from ._output import add_format, info, write_rows
 
 HELP = "fit post-hoc detectors on ID-train features and report FPR@95 / AUROC per OOD set"
@@ -34,7 +35,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="OOD FeatureSet folders with their names, space- or comma-separated, repeatable")  # fmt: skip
     add_detectors(p)
     p.add_argument("--set", action="append", default=[], metavar="DETECTOR.PARAM=VALUE",
-                   help="override a hyperparameter, e.g. --set knn.k=50 (repeatable)")  # fmt: skip
+                   help="override a hyperparameter, e.g. --set knn.k=50 (repeatable)")
+    add_defaults(p)  # fmt: skip
     add_out(p, "table", details="A .csv path gets the score table; a .parquet file is a results table in the format of `oodeval run`, which `oodeval report` reads; "
             "rerunning computes only the cells not yet in it")
     p.add_argument("--draws", type=int, default=1000,
@@ -66,8 +68,7 @@ def run(args: argparse.Namespace) -> int:
         check_output(args.out, "results table" if parquet else "score table")
         if args.out.suffix not in (".csv", ".parquet"):
             raise InputError(f"--out {args.out}: give a .csv (the score table) or a .parquet (a results table) path")
-    names = parse_names(args.detectors)
-    hps = {_canonical(k): v for k, v in parse_hyperparameters(args.set).items()}
+    names, hps = with_profiles(parse_names(args.detectors, canonical_names=False), parse_hyperparameters(args.set), args.defaults)
     check_request(names, hps)  # bad names and values refused before any FeatureSet is read
     train = FeatureSet.load(args.train)
     test = FeatureSet.load(args.test)
@@ -75,23 +76,26 @@ def run(args: argparse.Namespace) -> int:
     if parquet:
         if args.nac_train is not None:
             raise InputError("--nac-train works with a .csv output; for a results table, name NAC's fit set in an experiment file")
-        return _results_table(args, train, names or supported_names(train, test, oods), hps)
+        return _results_table(args, train, *with_profiles(names or supported_names(train, test, oods), hps, args.defaults))
     tapped = None if args.nac_train is None else FeatureSet.load(args.nac_train)
     rows = evaluate_detectors(train, test, oods, names, hps, progress=not args.no_progress, tapped=tapped,
-                              draws=args.draws, seed=args.seed)  # fmt: skip
-    return print_rows(rows, args, train, hps, tapped, "score")
+                              draws=args.draws, seed=args.seed, defaults=args.defaults)  # fmt: skip
+    return print_rows(rows, args, train, tapped, "score")
 
 
-def parse_names(value: list[str] | None) -> list[str] | None:
+def parse_names(value: list[str] | None, canonical_names: bool = True) -> list[str] | None:
     """``--detectors`` names (:class:`~oodeval.commands._options.NameList`) as oodeval's own (a peer's
     alias resolved, a ``module:Class`` one registered: :func:`oodeval.detectors.registry_name`); None:
-    every supported detector."""
-    return [canonical(registry_name(n)) for n in value] if value else None
+    every supported detector. ``canonical_names=False`` keeps a peer's name as given (its profile
+    is resolved from it: :func:`oodeval.scoring.with_profiles`)."""
+    if not value:
+        return None
+    return [canonical(registry_name(n)) if canonical_names else registry_name(n) for n in value]
 
 
-def print_rows(rows: list[dict], args: argparse.Namespace, train, hps: dict, tapped, command: str) -> int:
-    """The end of ``score`` and ``evaluate``: the resolved defaults (of a detector that fits on its
-    own rows, for ``tapped`` when given), the rows in ``--format``, the ``--out`` CSV, every failure
+def print_rows(rows: list[dict], args: argparse.Namespace, train, tapped, command: str) -> int:
+    """The end of ``score`` and ``evaluate``: the resolved backbone and profile defaults (of a
+    detector that fits on its own rows, for ``tapped`` when given), the rows in ``--format``, the ``--out`` CSV, every failure
     on stderr; exit 1 when any cell failed."""
     import pandas as pd
 
@@ -102,6 +106,7 @@ def print_rows(rows: list[dict], args: argparse.Namespace, train, hps: dict, tap
     if train.meta.get("random_init"):
         print(f"note: features of {train.meta.get('model')} with RANDOM-INIT weights (--pretrained none): a baseline", file=log)
     ran = list(dict.fromkeys(r["detector"] for r in rows))
+    hps = {r["detector"]: json.loads(r.get("hyperparameters") or "{}") for r in rows}  # each one's explicit values and profile
     own = [n for n in ran if tapped is not None and REGISTRY[n].fits_on is not None]
     print("\n".join(describe_defaults([n for n in ran if n not in own], train, hps)), file=log)
     if own:
@@ -139,8 +144,11 @@ def _results_table(args: argparse.Namespace, train, names: list[str], hps: dict)
         "detectors": [{"name": n, "hyperparameters": hps.get(n, {})} for n in names],
     }, progress=not args.no_progress)  # fmt: skip
     table = load_results(args.out)
-    mine = table[(table["model"] == label) & (table["split"] == ALL_SPLIT) & table["detector"].isin(names)
-                 & table["dataset"].isin(list(oods))]  # fmt: skip
+    import numpy as np
+
+    ran = {(n, hp_json(hps.get(n, {}))) for n in names}  # this run's configurations (another profile's are kept apart)
+    this = np.array([(d, h) in ran for d, h in zip(table["detector"], table["hyperparameters"])], dtype=bool)
+    mine = table[(table["model"] == label) & (table["split"] == ALL_SPLIT) & this & table["dataset"].isin(list(oods))]
     write_rows(mine.rename(columns={"dataset": "ood"}).to_dict("records"), args.format, args.convention)
     print(f"wrote {args.out} ({summary.computed} cells computed, {summary.skipped} already there); "
           f"`oodeval report {args.out} --out DIR` makes the report", file=info(args.format))  # fmt: skip

@@ -20,6 +20,7 @@ from ..features import FeatureSet
 from ..features.names import parse_model_name
 from . import REGISTRY
 from .base import BackboneInfo, Default
+from .profiles import KEY, PAPER, entry, profile_defaults
 
 __all__ = ["Default", "BackboneInfo", "backbone_family", "backbone_of", "backbone_defaults", "resolve_defaults", "describe_defaults",
            "FAMILIES", "VIT_LIKE", "FAMILY_NOTES", "family_note"]
@@ -117,12 +118,15 @@ def backbone_defaults(name: str | type, source: FeatureSet | Mapping | None) -> 
     return dict(_class(name).backbone_defaults(backbone))
 
 
-def resolve_defaults(name: str | type, source: FeatureSet | Mapping | None, explicit: Mapping | None = None) -> dict:
-    """Constructor arguments of detector ``name``: its backbone defaults for ``source`` overridden
-    by ``explicit`` (the user's hyperparameters, which always win; a hyperparameter the class lists
-    in ``merged_params``, NAC's ``layer_params``, is merged per key and per inner key)."""
+def resolve_defaults(name: str | type, source: FeatureSet | Mapping | None, explicit: Mapping | None = None,
+                     profile: str = PAPER) -> dict:
+    """Constructor arguments of detector ``name``: its backbone defaults for ``source``, overridden
+    by the values of the defaults ``profile`` (:mod:`oodeval.detectors.profiles`; ``paper``: none),
+    overridden by ``explicit`` (the user's hyperparameters, which always win; a hyperparameter the
+    class lists in ``merged_params``, NAC's ``layer_params``, is merged per key and per inner key)."""
     explicit = dict(explicit or {})
     out = {k: d.value for k, d in backbone_defaults(name, source).items()}
+    out.update({k: d.value for k, d in profile_defaults(_class(name).name, profile).items()})
     for param in _class(name).merged_params:
         if isinstance(out.get(param), dict) and explicit.get(param):
             merged = {key: dict(p) for key, p in out[param].items()}
@@ -136,19 +140,25 @@ def resolve_defaults(name: str | type, source: FeatureSet | Mapping | None, expl
 def describe_defaults(names: list[str], source: FeatureSet | Mapping | None, explicit: Mapping[str, Mapping] | None = None) -> list[str]:
     """A line naming the backbone, then what each of ``names`` notes about it
     (:meth:`~oodeval.detectors.base.Detector.backbone_notes`), then one line per backbone-dependent
-    hyperparameter: its value and source, or the user's value where it wins."""
+    hyperparameter and per value of the detector's defaults profile (``explicit[name]["defaults"]``,
+    :mod:`oodeval.detectors.profiles`): its value and source, or the user's value where it wins."""
     explicit = explicit or {}
     backbone = backbone_of(source)
     lines = [f"backbone {backbone.model or '(not recorded)'}: family {backbone.family} ({family_note(backbone.model)})"]
     for name in names:
         lines += [f"  {name} {note}" for note in _class(name).backbone_notes(backbone)]
     for name in names:
-        for param, d in backbone_defaults(name, source).items():
-            mine = explicit.get(name, {})
+        mine = explicit.get(name, {})
+        profile = mine.get(KEY, PAPER)
+        overlaid = profile_defaults(_class(name).name, profile)
+        for param, d in {**backbone_defaults(name, source), **overlaid}.items():
+            what = f"{profile} default" if param in overlaid else "backbone default"
             if param in mine:
-                lines.append(f"  {name}.{param} = {_show(mine[param])} (set explicitly; backbone default {_show(d.value)} [{d.source}])")
+                lines.append(f"  {name}.{param} = {_show(mine[param])} (set explicitly; {what} {_show(d.value)} [{d.source}])")
             else:
                 lines.append(f"  {name}.{param} = {_show(d.value)}  [{d.source}]")
+        if profile != PAPER and entry(_class(name).name, profile) is None:
+            lines.append(f"  {name}: not in {profile}'s methods: the paper's defaults")
     return lines
 
 

@@ -102,7 +102,8 @@ class GEN(Detector):
 
     Liu, Lochman & Zach, "GEN: Pushing the limits of softmax-based OOD detection", CVPR 2023.
     Defaults g = ``gamma`` = 0.1 and M = ``top_m`` = 100 (the paper's ImageNet setting; its
-    release uses the same); M is capped at the number of classes. The top M are found on the logits (softmax is
+    release uses the same); M is capped at the number of classes, and None takes every class
+    (pytorch-ood's ``GEN`` default). The top M are found on the logits (softmax is
     monotone); their p_c and 1 - p_c are computed in float64 whatever ``compute_dtype``, so
     p_c close to 1 keeps its (1 - p_c)^g.
     """
@@ -111,9 +112,9 @@ class GEN(Detector):
 
     needs = ("logits",)
 
-    constraints = {"gamma": POSITIVE, "top_m": Interval(Integral, 1, None), **COMPUTE}
+    constraints = {"gamma": POSITIVE, "top_m": (Interval(Integral, 1, None), None), **COMPUTE}
 
-    def __init__(self, gamma: float = 0.1, top_m: int = 100, compute_dtype: str = "float32", device: str | None = None) -> None:
+    def __init__(self, gamma: float = 0.1, top_m: int | None = 100, compute_dtype: str = "float32", device: str | None = None) -> None:
         self.gamma = gamma
         self.top_m = top_m
         self.compute_dtype = compute_dtype
@@ -124,7 +125,7 @@ class GEN(Detector):
         comp = self._compute()
 
         def fn(f: np.ndarray) -> np.ndarray:
-            m = min(int(self.top_m), f.shape[1])
+            m = f.shape[1] if self.top_m is None else min(int(self.top_m), f.shape[1])
             log_top = comp.topk(f, m) - comp.logsumexp(f, own_max=True)[:, None]  # float64 log p of the top M
             if comp.device is not None:
                 return -((g * log_top).exp() * (-log_top.expm1()) ** g).sum(dim=1)

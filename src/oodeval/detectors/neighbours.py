@@ -20,7 +20,7 @@ import numpy as np
 
 from ..errors import InputError
 from ..features import FeatureSet
-from ..params import COMPUTE, SEED, Integral, Interval, Real
+from ..params import COMPUTE, SEED, Integral, Interval, Options, Real
 from . import register
 from ._backend import Compute
 from ._common import energy, float32_centre, mean_rows
@@ -135,9 +135,10 @@ class KNN(Detector):
         return -np.sqrt(np.maximum(2.0 - 2.0 * sims, 0.0))
 
 
-def _bank_rows(n: int, fraction: float, seed: int, k: int, who: str) -> np.ndarray | None:
-    """Sorted seeded random subset of ceil(fraction n) rows (None = all rows); checks k against the
-    bank (``fraction`` in (0, 1] and k >= 1 are the detectors' declared constraints)."""
+def _bank_rows(n: int, fraction: float, seed: int, k: int, who: str, first: bool = False) -> np.ndarray | None:
+    """Sorted seeded random subset of ceil(fraction n) rows, or with ``first`` the first ones (None
+    = all rows); checks k against the bank (``fraction`` in (0, 1] and k >= 1 are the detectors'
+    declared constraints)."""
     size = n if fraction == 1 else max(k, int(np.ceil(fraction * n)))
     if k > size:
         raise InputError(
@@ -146,6 +147,8 @@ def _bank_rows(n: int, fraction: float, seed: int, k: int, who: str) -> np.ndarr
         )
     if size >= n:
         return None
+    if first:
+        return np.arange(size)
     return np.sort(np.random.default_rng(seed).choice(n, size=size, replace=False))
 
 
@@ -158,7 +161,9 @@ class NNGuide(Detector):
     default 0.01, the paper's ImageNet setting; at least k rows), each row l2-normalised and
     multiplied by its own energy; the guidance is the mean of the k largest inner products
     with that weighted bank (k = 10, the paper's default), exactly as the release ranks them.
-    Banks drawn in loader order (as some forks do) are not random; here the seed decides.
+    ``bank="first"`` takes the first ceil(fraction n) rows instead (OpenOOD v1.5's
+    ``nnguide_postprocessor.py``: the first batches of its train loader past int(alpha n) rows, alpha
+    0.01; the ``openood`` defaults profile), which is not a random sample in stored order.
     This is plain NNGuide; the release's ImageNet ResNet-50 setting additionally clips the
     features at their ID-train 95th percentile (ReAct) first, which is not implemented.
     """
@@ -168,7 +173,8 @@ class NNGuide(Detector):
     needs = ("features", "logits")
     fit_needs = ("features", "logits")
 
-    constraints = {"k": Interval(Integral, 1, None), "bank_fraction": Interval(Real, 0, 1, closed="right"), "seed": SEED, **COMPUTE}
+    constraints = {"k": Interval(Integral, 1, None), "bank_fraction": Interval(Real, 0, 1, closed="right"), "seed": SEED,
+                   "bank": Options("random", "first"), **COMPUTE}  # fmt: skip
 
     def __init__(
         self,
@@ -177,16 +183,18 @@ class NNGuide(Detector):
         seed: int = 0,
         compute_dtype: str = "float32",
         device: str | None = None,
+        bank: str = "random",
     ) -> None:
         self.k = k
         self.bank_fraction = bank_fraction
         self.seed = seed
+        self.bank = bank
         self.compute_dtype = compute_dtype
         self.device = device
 
     def _fit(self, train: FeatureSet) -> None:
         z, f = train.features, train.logits
-        idx = _bank_rows(len(z), self.bank_fraction, self.seed, int(self.k), "nnguide")
+        idx = _bank_rows(len(z), self.bank_fraction, self.seed, int(self.k), "nnguide", first=self.bank == "first")
         self.bank_index_ = np.arange(len(z)) if idx is None else idx
         self.bank_ = _bank(self._compute(), z, self.bank_index_, lambda sl: energy(f[self.bank_index_[sl]]))
 

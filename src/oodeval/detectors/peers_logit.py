@@ -13,6 +13,7 @@ from scipy.optimize import minimize_scalar
 from scipy.special import logsumexp
 from scipy.stats import weibull_min
 
+from .._extras import optional
 from ..errors import InputError
 from ..features import FeatureSet
 from ..params import BOOLEAN, COMPUTE, SEED, Integral, Interval, Options, Real
@@ -22,7 +23,7 @@ from ._common import as64, chunks, labelled
 from ._peers import PeerMethod
 from .logit import MSP
 
-__all__ = ["Entropy", "TemperatureScaling", "OpenMax", "neg_entropy", "fit_temperature", "WEIBULL_TRANSLATION"]
+__all__ = ["Entropy", "TemperatureScaling", "OpenMax", "neg_entropy", "fit_temperature", "fit_temperature_lbfgs", "FITS", "WEIBULL_TRANSLATION"]
 
 #: libmr's FitHigh shifts the tail by this amount minus its smallest value before the Weibull
 #: fit (both peers keep it); it changes the fitted CDF only slightly and is kept for agreement
@@ -81,6 +82,31 @@ def fit_temperature(logits: np.ndarray, labels: np.ndarray, bounds: tuple[float,
     return float(np.exp(res.x))
 
 
+#: temperature fits: "exact" (:func:`fit_temperature`), or a release's L-BFGS from its start T
+FITS = {"exact": None, "openood": 1.5, "pytorch-ood": 1.0}
+
+
+def fit_temperature_lbfgs(logits: np.ndarray, labels: np.ndarray, start: float, lr: float = 0.01, steps: int = 50) -> float:
+    """T after the releases' fit: torch's L-BFGS (``lr``, ``max_iter=steps``, no line search) on
+    the mean NLL of softmax(f / T) in float32, from T = ``start`` (OpenOOD v1.5
+    ``temp_scaling_postprocessor.py``: 1.5; pytorch-ood 0.4 ``TemperatureScaling.fit_logits``: 1)."""
+    torch = optional("torch")
+    f = torch.as_tensor(np.asarray(logits, dtype=np.float32))
+    y = torch.as_tensor(np.asarray(labels, dtype=np.int64))
+    t = torch.nn.Parameter(torch.tensor(float(start)))
+    optimizer = torch.optim.LBFGS([t], lr=lr, max_iter=steps)
+
+    def closure():
+        optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(f / t, y)
+        loss.backward()
+        return loss
+
+    with torch.enable_grad():
+        optimizer.step(closure)
+    return float(t.detach())
+
+
 @register("temperature_scaling", tags=("logit",))
 class TemperatureScaling(PeerMethod):
     """MSP after temperature scaling: s = max_c softmax(f / T)_c, T fitted to minimise the NLL.
@@ -91,20 +117,25 @@ class TemperatureScaling(PeerMethod):
     labelled rows of the set ``fit`` is given (the ID-train set in ``oodeval score``/``run``);
     ``val_fraction=1`` uses all of them, e.g. when that set already is a held-out validation set
     (OpenOOD fits on its ID ``val`` split). Both releases run L-BFGS (lr 0.01, 50 steps; OpenOOD
-    starts at T = 1.5, pytorch-ood at 1), which need not reach the minimum. The fitted T is
-    recorded in ``resolved_params()``; the score is :class:`~oodeval.detectors.logit.MSP`'s.
+    starts at T = 1.5, pytorch-ood at 1), which need not reach the minimum: ``procedure="openood"`` /
+    ``"pytorch-ood"`` runs that procedure (:func:`fit_temperature_lbfgs`, torch's L-BFGS in
+    float32; their defaults profiles, with ``val_fraction=1``), ``procedure="exact"`` (default) the
+    exact minimiser. The fitted T is recorded in ``resolved_params()``; the score is
+    :class:`~oodeval.detectors.logit.MSP`'s.
     """
 
     needs = ("logits",)
     fit_needs = ("logits", "labels")
 
-    constraints = {"val_fraction": Interval(Real, 0, 1, closed="right"), "seed": SEED, **COMPUTE}
+    constraints = {"val_fraction": Interval(Real, 0, 1, closed="right"), "seed": SEED, "procedure": Options(*FITS), **COMPUTE}
 
-    def __init__(self, val_fraction: float = 0.1, seed: int = 0, compute_dtype: str = "float32", device: str | None = None) -> None:
+    def __init__(self, val_fraction: float = 0.1, seed: int = 0, compute_dtype: str = "float32", device: str | None = None,
+                 procedure: str = "exact") -> None:  # fmt: skip
         self.val_fraction = val_fraction
         self.seed = seed
         self.compute_dtype = compute_dtype
         self.device = device
+        self.procedure = procedure
 
     def _fit(self, train: FeatureSet) -> None:
         idx, _ = labelled(train.labels, "temperature_scaling")
@@ -112,7 +143,11 @@ class TemperatureScaling(PeerMethod):
         if n < idx.size:
             idx = np.sort(np.random.default_rng(self.seed).choice(idx, size=n, replace=False))
         self.val_rows_ = idx
-        self.temperature_ = fit_temperature(train.logits[idx], np.asarray(train.labels)[idx])
+        logits, labels = train.logits[idx], np.asarray(train.labels)[idx]
+        if self.procedure == "exact":
+            self.temperature_ = fit_temperature(logits, labels)
+        else:
+            self.temperature_ = fit_temperature_lbfgs(logits, labels, FITS[self.procedure])
         self.resolved_ = {"temperature": self.temperature_}
 
     def _score(self, x: FeatureSet) -> np.ndarray:
@@ -142,9 +177,11 @@ class OpenMax(PeerMethod):
     no native libmr). Score: the ``alpha`` top classes of f get weights w_r = (alpha + 1 - r) /
     alpha (rank r = 1..alpha), every other class 0; with c_k = WeibullCDF_k(d(f, m_k)), v_k =
     f_k (1 - w_k c_k) and v_0 = sum_k f_k w_k c_k; P = softmax(v_0, v_1..v_K). ``readout``
-    "unknown" (default): s = -log P_0 (pytorch-ood's score, -P_0, in the log domain, so it keeps
-    its resolution where P_0 is tiny); "max": s = log max_j P_j over all K + 1 entries (OpenOOD's
-    score, which counts a confident "unknown" as ID). Defaults are OpenOOD v1.5's: tailsize 20,
+    "unknown" (default): s = -log P_0 (the score of both releases, -P_0: OpenOOD v1.5
+    ``openmax_postprocessor.py`` returns conf = -P(unknown), pytorch-ood P(unknown) as its outlier
+    score; here in the log domain, so it keeps its resolution where P_0 is tiny); "max": s = log
+    max_j P_j over all K + 1 entries (neither release's; it counts a confident "unknown" as ID).
+    Defaults are OpenOOD v1.5's: tailsize 20,
     alpha 3, Euclidean distance, correctly classified rows only (the paper's release: tail 20,
     alpha 10, "eucos" with eu_weight 1/200; pytorch-ood: tail 25, alpha 10, Euclidean, all
     labelled rows). A class whose fit set is empty has no model and gets c_k = 1.

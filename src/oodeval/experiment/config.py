@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from ..data.openood import experiment_datasets
-from ..detectors import REGISTRY, REGISTRY as DETECTORS, registry_name
+from ..detectors import REGISTRY, REGISTRY as DETECTORS, profiles, registry_name
 from ..errors import InputError, UnknownNameError
 from ..features.pass_options import KINDS as PASS_KINDS
 from ..features.pass_options import PassSpec, parse_pass
@@ -55,7 +55,7 @@ _ROLES = ("id_train", "id_test")
 _TOP = {
     "name", "store", "results", "data_root", "seeds", "bootstrap_draws", "bootstrap_fixed_id", "device", "batch_size",
     "num_workers", "retry_failed", "seed_detectors", "datasets", "models", "detectors", "zeroshot", "sweeps", "selection",
-    "eoe_prompts", "openood", "detector_device", "full_image_hash",
+    "eoe_prompts", "openood", "detector_device", "full_image_hash", "defaults",
 }  # fmt: skip
 _DATASETS = {"id_train", "id_test", "ood", "split_column", "id_classes"}
 _OPENOOD = {"benchmark", "root"}
@@ -64,7 +64,7 @@ _MODEL = {
     "name", "label", "weights", "pretrained", "head", "kind", "model_kwargs", "taps", "patch_features", "full_patch_features", "features",
     "detectors", *PASS_KINDS,
 }  # fmt: skip
-_DETECTOR = {"name", "label", "hyperparameters", "vocabulary", "search", "generations"}
+_DETECTOR = {"name", "label", "hyperparameters", "vocabulary", "search", "generations", "defaults"}
 _SELECTION = {"validation_id", "validation_ood"}
 _SWEEP = {"name", "vocabulary", "sizes", "scorer", "hyperparameters", "kind", "seed"}
 #: the placeholder of a generation index in a vocabulary path (``generations = N`` expands it to 0..N-1)
@@ -295,11 +295,12 @@ def _openood(t: dict, base: Path) -> dict:
         raise _fail("[openood]", exc.args[0]) from None
 
 
-def _detector(entry: Any, where: str, known: set[str], base: Path, zeroshot: bool, problems: list[str]) -> DetectorSpec:
+def _detector(entry: Any, where: str, known: set[str], base: Path, zeroshot: bool, problems: list[str],
+              profile: str | None = None) -> DetectorSpec:  # fmt: skip
     if isinstance(entry, str):
         entry = {"name": entry}
     t = _check_keys(entry, _DETECTOR, where)
-    name = _typed(t, "name", str, where, required=True)
+    name = given = _typed(t, "name", str, where, required=True)
     if not zeroshot and name in _registry(False):
         name = _registry(False).canonical(name)  # a peer's name (ebo, EnergyBased) as oodeval's
     if not zeroshot and ":" in name and name not in known:
@@ -312,14 +313,26 @@ def _detector(entry: Any, where: str, known: set[str], base: Path, zeroshot: boo
         what = "zero-shot scorer" if zeroshot else "detector"
         raise _fail(where, f"unknown {what} {name!r}; known: {', '.join(sorted(known))}")
     hp = _typed(t, "hyperparameters", dict, where, {})
-    problems += _hyperparameter_problems(name, hp, where, zeroshot)
+    search = t.get("search", {})
+    if zeroshot and ("defaults" in t or isinstance(search, str)):
+        raise _fail(where, "defaults profiles (and a profile's sweep grid) apply to post-hoc detectors only")
+    if not zeroshot:  # the defaults profile: its own, else its peer's name's, else the experiment's (in `hyperparameters`)
+        own = _typed(t, "defaults", str, where)
+        own = own if own is not None else search if isinstance(search, str) and profiles.KEY not in hp else None
+        try:
+            _, hp = profiles.resolve(given, profile, {**hp, **({profiles.KEY: own} if own is not None else {})})
+            if isinstance(search, str):  # a profile's sweep grid (OpenOOD's APS lists)
+                search = profiles.sweep_grid(name, search)
+        except InputError as exc:
+            raise _fail(where, str(exc)) from None
+    problems += _hyperparameter_problems(name, {k: v for k, v in hp.items() if k != profiles.KEY}, where, zeroshot)
     vocab = _typed(t, "vocabulary", str, where)
     if not zeroshot and vocab is not None:
         raise _fail(where, "vocabulary applies to zero-shot scorers (the `zeroshot` list) only")
     if zeroshot and _registry(True)[name].uses_negatives != (vocab is not None):
         raise _fail(where, f"{name!r} needs a `vocabulary` (a Vocabulary JSON or a text file)" if vocab is None
                     else f"{name!r} takes no vocabulary; only {', '.join(n for n, c in _registry(True).items() if c.uses_negatives)} do")
-    search = _typed(t, "search", dict, where, {})
+    search = _typed({"search": search}, "search", dict, where, {})
     bad = sorted(k for k, v in search.items() if not isinstance(v, list) or not v)
     if bad:
         raise _fail(where, f"search values must be non-empty lists of candidates; bad: {', '.join(bad)}")
@@ -363,14 +376,15 @@ def _generations(entry: Any, where: str) -> list:
     return [{**rest, "vocabulary": vocab.replace(GENERATION, str(g))} for g in range(n)]
 
 
-def _detectors(value: Any, where: str, base: Path, problems: list[str], zeroshot: bool = False) -> tuple[DetectorSpec, ...] | None:
+def _detectors(value: Any, where: str, base: Path, problems: list[str], zeroshot: bool = False,
+               profile: str | None = None) -> tuple[DetectorSpec, ...] | None:  # fmt: skip
     if value is None:
         return None
     if not isinstance(value, list) or not value:
         raise _fail(where, "must be a non-empty list of detector names or tables")
     known = _registry(zeroshot)
     expanded = [(f"{where}[{i}]", e) for i, raw in enumerate(value) for e in _generations(raw, f"{where}[{i}]")]
-    specs = tuple(_detector(e, w, set(known), base, zeroshot, problems) for w, e in expanded)
+    specs = tuple(_detector(e, w, set(known), base, zeroshot, problems, profile) for w, e in expanded)
     seen: dict[tuple, int] = {}
     for i, s in enumerate(specs):
         k = (s.name, tuple(sorted((str(a), str(b)) for a, b in s.hyperparameters.items())), s.vocabulary, s.label)
@@ -380,7 +394,7 @@ def _detectors(value: Any, where: str, base: Path, problems: list[str], zeroshot
     return specs
 
 
-def _model(entry: Any, i: int, base: Path, n_seeds: int, problems: list[str]) -> ModelSpec:
+def _model(entry: Any, i: int, base: Path, n_seeds: int, problems: list[str], profile: str | None = None) -> ModelSpec:
     where = f"[[models]] #{i + 1}"
     t = _check_keys(entry, _MODEL, where)
     name = _typed(t, "name", str, where, required=True)
@@ -415,7 +429,7 @@ def _model(entry: Any, i: int, base: Path, n_seeds: int, problems: list[str]) ->
         patch_features=_typed(t, "patch_features", bool, where, False),
         full_patch_features=_typed(t, "full_patch_features", bool, where, False),
         features={k: str(_path(v, base)) for k, v in feats.items()},
-        detectors=_detectors(t.get("detectors"), f"{where} detectors", base, problems, zeroshot=kind == "zero-shot"),
+        detectors=_detectors(t.get("detectors"), f"{where} detectors", base, problems, zeroshot=kind == "zero-shot", profile=profile),
         passes=_passes(t, where, kind),
     )
 
@@ -553,10 +567,12 @@ def _read(path: Path) -> dict:
     return data
 
 
-def load_config(source: str | Path | dict | ExperimentConfig, base_dir: str | Path | None = None) -> ExperimentConfig:
+def load_config(source: str | Path | dict | ExperimentConfig, base_dir: str | Path | None = None,
+                defaults: str | None = None) -> ExperimentConfig:
     """Validate an experiment file (path) or an already-parsed dict; raise ValueError naming the problem.
 
     ``base_dir`` anchors relative paths (default: the file's folder, or the current folder for a dict).
+    ``defaults`` (``oodeval run --defaults``) replaces the file's top-level ``defaults`` profile.
     """
     if isinstance(source, ExperimentConfig):
         return source
@@ -566,6 +582,12 @@ def load_config(source: str | Path | dict | ExperimentConfig, base_dir: str | Pa
         path = Path(source)
         data, base = _read(path), Path(base_dir or path.parent).resolve()
     t = _check_keys(data, _TOP, "top level")
+    profile = defaults if defaults is not None else _typed(t, "defaults", str, "top level")
+    if profile is not None:
+        try:
+            profiles.check_profile(profile)
+        except InputError as exc:
+            raise _fail("top level", str(exc)) from None
     code_dir = _importable(t, base)
     seeds = _typed(t, "seeds", list, "top level", [0])
     if not seeds or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
@@ -592,7 +614,7 @@ def load_config(source: str | Path | dict | ExperimentConfig, base_dir: str | Pa
     if not models_raw:
         raise _fail("top level", "models must list at least one [[models]] table")
     problems: list[str] = []  # hyperparameter and device values, collected to be refused together
-    models = tuple(_model(m, i, base, len(seeds), problems) for i, m in enumerate(models_raw))
+    models = tuple(_model(m, i, base, len(seeds), problems, profile) for i, m in enumerate(models_raw))
     mlabels = [(m.label) for m in models]
     dup = sorted({x for x in mlabels if mlabels.count(x) > 1})
     if dup:
@@ -611,7 +633,7 @@ def load_config(source: str | Path | dict | ExperimentConfig, base_dir: str | Pa
             )
     for m in models:
         _check_weights_chosen(m, id_train is not None, labels)
-    detectors = _detectors(t.get("detectors"), "detectors", base, problems)
+    detectors = _detectors(t.get("detectors"), "detectors", base, problems, profile=profile)
     zeroshot = _detectors(t.get("zeroshot"), "zeroshot", base, problems, zeroshot=True)
     sweeps = tuple(_sweep(e, i, base, problems) for i, e in enumerate(_typed(t, "sweeps", list, "top level", [])))
     device = _typed(t, "device", str, "top level", "auto")

@@ -155,11 +155,14 @@ def best_row(rows: pd.DataFrame, metric: str = "fpr95") -> pd.Series:
 
 
 def hp_text(hp_json_text: str) -> str:
-    """A configuration's overrides for display: ``{"k":5,"t":2.0}`` -> ``k=5, t=2.0``; ``{}`` -> ``defaults``."""
+    """A configuration's overrides for display: ``{"k":5,"t":2.0}`` -> ``k=5, t=2.0``; ``{}`` -> ``defaults``;
+    ``{"defaults":"openood","k":5}`` -> ``openood defaults, k=5``."""
     hp = json.loads(hp_json_text) if hp_json_text else {}
     hp.pop("vocabulary", None)
     search = hp.pop("search", {})
+    profile = hp.pop("defaults", None)  # a defaults profile (oodeval.detectors.profiles): "openood defaults"
     parts = [f"{k}={v}" for k, v in hp.items()] + [f"{k} searched in {v}" for k, v in search.items()]
+    parts = ([f"{profile} defaults"] if profile is not None else []) + parts
     return ", ".join(parts) or "defaults"
 
 
