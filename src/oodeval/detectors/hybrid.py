@@ -1,19 +1,21 @@
-"""Hybrid detectors combining features with logits: ViM (NNGuide lives in neighbours.py)."""
+"""Hybrid detectors combining features with logits: ViM, pNML (NNGuide lives in neighbours.py)."""
 
 from __future__ import annotations
 
 import numpy as np
 import scipy.linalg
+from scipy.special import logsumexp
 
 from ..errors import InputError
 from ..features import FeatureSet
-from ..params import COMPUTE, Integral, Interval
-from . import register
+from ..params import COMPUTE, Integral, Interval, Real
+from . import REGISTRY, register
 from ._backend import Compute, one_blas_thread
-from ._common import as64, float32_centre, mean_rows, scatter
+from ._common import as64, chunks, float32_centre, l2_normalise, labelled, mean_rows, scatter, whitening
+from ._peers import PeerMethod
 from .base import Detector
 
-__all__ = ["ViM", "vim_dim", "logit_origin"]
+__all__ = ["ViM", "PNML", "vim_dim", "logit_origin"]
 
 #: largest cond(G) = cond(W)^2 for which :func:`logit_origin` solves through the Gram matrix G:
 #: the first solve is off by at most cond(G) eps (1e-4 here) and each refinement step multiplies
@@ -144,3 +146,54 @@ class ViM(Detector):
         comp = self._compute()
         energy, residual = self._parts(comp, x.features, x.weight, x.bias, energy=True)
         return energy - self.alpha_ * residual
+
+
+@register("pnml", tags=("hybrid", "since-paper"))
+class PNML(PeerMethod):
+    """pNML regret: s = -R(x), R = log(sum_c p_c / (p_c + (1 - p_c) p_c^k)) / log C (higher = ID).
+
+    Bibas, Feder & Hassner, "Single layer predictive normalized maximum likelihood for
+    out-of-distribution detection", NeurIPS 2021, as pytorch-ood 0.4.0's ``PNML``
+    (``pytorch_ood/detector/pnml.py``): x = z / ||z||, k = x' P x / (1 + x' P x) with P =
+    pinv(X'X), X the l2-normalised labelled ID-train features; p = softmax(W x + b) (the head on
+    the normalised feature), clamped to [``eps``, 1 - ``eps``] (default 1e-12, pytorch-ood's).
+    The authors' repository (kobybibas/pnml_ood_detection) varies between versions (a bias column
+    in X, the orthogonal part of x, the model's own probabilities); this follows pytorch-ood.
+    P is read as W W' (:func:`~oodeval.detectors._common.whitening`, numpy's pseudo-inverse
+    cutoff), so x' P x = ||x W||^2. float64 throughout (X'X's small eigenvalues are what P reads).
+    """
+
+    label = "pNML"
+
+    needs = ("features", "head")
+    fit_needs = ("features", "head", "labels")
+
+    constraints = {"eps": Interval(Real, 0, 0.5, closed="neither")}
+
+    def __init__(self, eps: float = 1e-12) -> None:
+        self.eps = eps
+
+    def _fit(self, train: FeatureSet) -> None:
+        _, classes = labelled(train.labels, "pnml")
+        d = train.features.shape[1]
+        gram, _ = scatter(train.features, np.zeros((classes.size, d)), train.labels, classes, normalise=True, comp=Compute("float64"))
+        self.projection_ = whitening(gram)
+
+    def _score(self, x: FeatureSet) -> np.ndarray:
+        w, b = as64(x.weight), as64(x.bias)
+        lo, hi = np.log(self.eps), np.log1p(-self.eps)
+        out = np.empty(len(x))
+        for sl in chunks(len(x), max(x.features.shape[1], w.shape[0])):
+            z = l2_normalise(as64(x.features[sl]))
+            u = z @ self.projection_
+            q = np.einsum("nk,nk->n", u, u)
+            k = q / (1.0 + q)
+            f = z @ w.T + b
+            log_p = np.clip(f - logsumexp(f, axis=1, keepdims=True), lo, hi)
+            p = np.exp(log_p)
+            terms = p / (p + (1.0 - p) * np.exp(k[:, None] * log_p))
+            out[sl] = -np.log(terms.sum(axis=1)) / np.log(w.shape[0])
+        return out
+
+
+REGISTRY.alias("PNML", "pnml", "pytorch-ood 0.4", tags=("pytorch-ood",))

@@ -1,0 +1,143 @@
+"""The peers' methods since the paper (issue 42): each equals its release on the same arrays in float64.
+
+Where the release is pytorch-ood 0.4.0 the test runs pytorch-ood's own class. pytorch-ood casts
+its inputs with ``Tensor.float()`` and builds constants in torch's default dtype; to compare the
+formulas in float64 (so that agreement is to float64 rounding, not to float32's), those casts are
+made float64 for the duration of a test (:func:`torch64`). Each test also shows that the same
+comparison fails on a deliberately wrong formula, so agreement is not a property of any score.
+"""
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import spearmanr
+
+from oodeval import detectors
+from oodeval.errors import InputError
+from oodeval.metrics import all_metrics
+from oodeval.testing import network_problem, small_problem
+
+pood = pytest.importorskip("pytorch_ood.detector")
+
+
+@pytest.fixture
+def torch64(monkeypatch):
+    """pytorch-ood in float64: ``Tensor.float()`` casts to float64 and new tensors default to it."""
+    monkeypatch.setattr(torch.Tensor, "float", lambda self: self.double())
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(before)
+
+
+@pytest.fixture(scope="module")
+def problem():
+    return small_problem(seed=4)
+
+
+def close(ours: np.ndarray, ref: np.ndarray, rtol: float) -> bool:
+    return bool(np.allclose(ours, ref, rtol=rtol, atol=rtol * np.abs(ref).max()))
+
+
+def same_results(ours: np.ndarray, ref: np.ndarray, n_id: int) -> None:
+    """Spearman 1 and the same FPR@95 / AUROC (both higher = ID)."""
+    assert spearmanr(ours, ref).statistic > 1 - 1e-12
+    a, b = all_metrics(ours[:n_id], ours[n_id:]), all_metrics(ref[:n_id], ref[n_id:])
+    assert a["fpr95"] == b["fpr95"] and a["auroc"] == b["auroc"]
+
+
+def _t(a: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.asarray(a, dtype=np.float64))
+
+
+# float64 throughout on both sides: the same sums of a few terms, so agreement to a few float64 ulps
+# of the largest score (1e-12 leaves room for a different summation order and exp/log kernels)
+RTOL64 = 1e-12
+
+
+def test_webo_is_pytorch_oods_weighted_ebo(problem, torch64):
+    """pytorch-ood 0.4.0 ``WeightedEBO.score``: -log sum_c relu(w_c) exp(f_c) (outlier score)."""
+    train, test, ood = problem
+    f = np.concatenate([test.logits, ood.logits])
+    w = np.array([1.5, 0.2, -0.7, 0.0, 3.0])  # a negative and a zero weight: the ReLU matters
+    ref = -pood.WeightedEBO.score(_t(f), _t(w)).numpy()
+    det = detectors.create("WeightedEBO", class_weights=w.tolist(), compute_dtype="float64").fit(train)
+    ours = np.concatenate([det.score(test), det.score(ood)])
+    assert close(ours, ref, RTOL64)
+    same_results(ours, ref, len(test))
+    # torch backend, and float32 products (float64 sums): a few float32 ulps of |f + log w|
+    on_torch = detectors.create("webo", class_weights=w.tolist(), device="cpu").fit(train)
+    assert close(np.concatenate([on_torch.score(test), on_torch.score(ood)]), ref, 1e-6)
+    # a deliberately wrong formula (|w| for relu(w)) fails the same comparison
+    wrong = np.log((np.abs(w) * np.exp(f)).sum(axis=1))
+    assert not close(wrong, ref, 1e-6)
+    # uniform weights are the energy score exactly
+    np.testing.assert_array_equal(detectors.create("webo").fit(train).score(test), detectors.create("energy").fit(train).score(test))
+
+
+def test_webo_refuses_weights_that_do_not_fit(problem):
+    train, test, _ = problem
+    with pytest.raises(InputError, match=r"class_weights must be 5 finite numbers \(one per class\), got 3"):
+        detectors.create("webo", class_weights=[1.0, 2.0, 3.0]).fit(train).score(test)
+    with pytest.raises(InputError, match="every class weight is <= 0"):
+        detectors.create("webo", class_weights=[0.0, -1.0, 0.0, 0.0, -2.0]).fit(train).score(test)
+    with pytest.raises(InputError, match="class_weights"):
+        detectors.create("webo", class_weights=3.0)
+
+
+def test_pnml_is_pytorch_oods_pnml(problem, torch64):
+    """pytorch-ood 0.4.0 ``PNML``: fit_features on the ID-train features and labels, predict_features
+    with the head (W x + b on the normalised x); its regret is our score's negation."""
+    train, test, ood = problem
+    z = np.concatenate([test.features, ood.features])
+    w, b = _t(train.weight), _t(train.bias)
+    ref_det = pood.PNML(None, lambda x: x @ w.T + b).fit_features(_t(train.features), torch.from_numpy(train.labels))
+    ref = -ref_det.predict_features(_t(z)).numpy()
+    det = detectors.create("PNML").fit(train)
+    ours = np.concatenate([det.score(test), det.score(ood)])
+    assert close(ours, ref, 1e-10)  # P from eigh vs torch's pinv (SVD): float64 rounding times cond(X'X) ~ 1e2
+    same_results(ours, ref, len(test))
+    # a deliberately wrong formula: the head on the raw (unnormalised) features, as some versions of
+    # the authors' repository read the model's own probabilities, fails the same comparison
+    zn = z / np.linalg.norm(z, axis=1, keepdims=True)
+    p = torch.softmax(_t(z) @ w.T + b, dim=1).clamp(1e-12, 1 - 1e-12).numpy()
+    q = np.einsum("nd,de,ne->n", zn, det.projection_ @ det.projection_.T, zn)
+    k = (q / (1 + q))[:, None]
+    wrong = -np.log((p / (p + (1 - p) * p**k)).sum(axis=1)) / np.log(p.shape[1])
+    assert not close(wrong, ref, 1e-6)
+
+
+def test_multi_mahalanobis_is_mahalanobis_ensemble_without_noise(torch64):
+    """pytorch-ood 0.4.0 ``MultiMahalanobis`` (fit_structured / predict_structured on the layers'
+    spatial means) is ``mahalanobis_ensemble`` on an mds pass with noise 0: its outlier score is
+    1/(2N) of our score's negation (it inverts the unnormalised scatter + 1e-6 I)."""
+    train, test, ood = network_problem(seed=2)
+    alpha = [0.3, 1.7]
+    layers = [np.asarray(s.extras[f"mds/{n}"]) for s in (train, test, ood) for n in ("a", "b")]
+    ref_det = pood.MultiMahalanobis([torch.nn.Identity()] * 2, alpha=alpha)
+    ref_det.fit_structured([_t(layers[0]), _t(layers[1])], torch.from_numpy(train.labels))
+    zs = [_t(np.concatenate([layers[2 + i], layers[4 + i]])) for i in range(2)]
+    n = len(train)
+    ref = -2 * n * ref_det.predict_structured(zs).numpy()
+    det = detectors.create("MultiMahalanobis", weights=alpha).fit(train)
+    ours = np.concatenate([det.score(test), det.score(ood)])
+    # the per-layer distances are the mahalanobis detector's default float32 products (float64
+    # sums): a few float32 ulps (2^-24) of ||u||^2 + ||nu_c||^2 per term of a 6-d form, within 32
+    # ulps of the largest score; the release's ridge 1e-6 I on the scatter N S moves each distance
+    # by at most 1e-6 / (N lambda_min(S)) of itself, S the tied (within-class) covariance
+    s_min = min(np.linalg.eigvalsh(g.covariance_).min() for g in det.gaussians_.values())
+    assert close(ours, ref, 32 * 2.0**-24 + 1e-6 / (n * s_min))
+    same_results(ours, ref, len(test))
+    # a deliberately wrong formula (the layers unweighted) fails the same comparison
+    assert not close(det.layer_scores(test).sum(axis=1), ref[: len(test)], 1e-6)
+    assert "since-paper" in detectors.REGISTRY.tags_of("mahalanobis_ensemble")
+
+
+@pytest.mark.parametrize("name", ["webo", "pnml", "mahalanobis_ensemble"])
+def test_since_paper_methods_are_listed_with_their_release(name):
+    from oodeval.commands.detectors import listing
+
+    entries = {e["name"]: e for e in listing(["since-paper"])}
+    assert name in entries
+    assert any(src.startswith("pytorch-ood 0.4") for src in entries[name]["aliases"].values())
+    assert not entries[name]["default_selection"]  # opt-in: the default selection stays the paper's 21
