@@ -93,10 +93,15 @@ def test_pnml_is_pytorch_oods_pnml(problem, torch64):
     w, b = _t(train.weight), _t(train.bias)
     ref_det = pood.PNML(None, lambda x: x @ w.T + b).fit_features(_t(train.features), torch.from_numpy(train.labels))
     ref = -ref_det.predict_features(_t(z)).numpy()
-    det = detectors.create("PNML").fit(train)
+    det = detectors.create("PNML", compute_dtype="float64").fit(train)
     ours = np.concatenate([det.score(test), det.score(ood)])
     assert close(ours, ref, 1e-10)  # P from eigh vs torch's pinv (SVD): float64 rounding times cond(X'X) ~ 1e2
     same_results(ours, ref, len(test))
+    # the default float32 products (float64 sums), on numpy and torch: a few float32 ulps of |f|
+    # (~10) in log p, so about 1e-5 of the regret
+    for device in (None, "cpu"):
+        fast = detectors.create("pnml", device=device).fit(train)
+        assert close(np.concatenate([fast.score(test), fast.score(ood)]), ref, 1e-5)
     # a deliberately wrong formula: the head on the raw (unnormalised) features, as some versions of
     # the authors' repository read the model's own probabilities, fails the same comparison
     zn = z / np.linalg.norm(z, axis=1, keepdims=True)

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import numpy as np
 import scipy.linalg
-from scipy.special import logsumexp
 
 from ..errors import InputError
 from ..features import FeatureSet
 from ..params import COMPUTE, Integral, Interval, Real
 from . import REGISTRY, register
-from ._backend import Compute, one_blas_thread
-from ._common import as64, chunks, float32_centre, l2_normalise, labelled, mean_rows, scatter, whitening
+from ._backend import Compute, _torch, one_blas_thread
+from ._common import as64, float32_centre, labelled, mean_rows, scatter, whitening
 from ._peers import PeerMethod
 from .base import Detector
+from .mahalanobis import WHITENED_ROUNDING_LIMIT
 
 __all__ = ["ViM", "PNML", "vim_dim", "logit_origin"]
 
@@ -159,8 +159,13 @@ class PNML(PeerMethod):
     the normalised feature), clamped to [``eps``, 1 - ``eps``] (default 1e-12, pytorch-ood's).
     The authors' repository (kobybibas/pnml_ood_detection) varies between versions (a bias column
     in X, the orthogonal part of x, the model's own probabilities); this follows pytorch-ood.
-    P is read as W W' (:func:`~oodeval.detectors._common.whitening`, numpy's pseudo-inverse
-    cutoff), so x' P x = ||x W||^2. float64 throughout (X'X's small eigenvalues are what P reads).
+    Fit in float64 (X'X's small eigenvalues are what P reads), P = V V' (V from
+    :func:`~oodeval.detectors._common.whitening`, numpy's pseudo-inverse cutoff), so x' P x =
+    ||x V||^2; each term is computed as 1 / (1 + (1 - p_c) p_c^(k - 1)). ``compute_dtype``
+    "float32" (default): the products x V and W x, log p and the terms in float32, every row sum
+    in float64; where the float32 rounding of x read through sqrt(N) V exceeds the Mahalanobis
+    family's limit (:data:`~oodeval.detectors.mahalanobis.WHITENED_ROUNDING_LIMIT`) the fit switches
+    to float64 and records it in ``resolved_``. ``device``: None = numpy, or a torch device.
     """
 
     label = "pNML"
@@ -168,32 +173,44 @@ class PNML(PeerMethod):
     needs = ("features", "head")
     fit_needs = ("features", "head", "labels")
 
-    constraints = {"eps": Interval(Real, 0, 0.5, closed="neither")}
+    constraints = {"eps": Interval(Real, 0, 0.5, closed="neither"), **COMPUTE}
 
-    def __init__(self, eps: float = 1e-12) -> None:
+    def __init__(self, eps: float = 1e-12, compute_dtype: str = "float32", device: str | None = None) -> None:
         self.eps = eps
+        self.compute_dtype = compute_dtype
+        self.device = device
 
     def _fit(self, train: FeatureSet) -> None:
-        _, classes = labelled(train.labels, "pnml")
+        idx, classes = labelled(train.labels, "pnml")
         d = train.features.shape[1]
-        gram, _ = scatter(train.features, np.zeros((classes.size, d)), train.labels, classes, normalise=True, comp=Compute("float64"))
+        stats = Compute("float64", self._compute().device)
+        gram, _ = scatter(train.features, np.zeros((classes.size, d)), train.labels, classes, normalise=True, comp=stats)
         self.projection_ = whitening(gram)
+        # |x| = 1, so each entry's float32 rounding is eps32 / 2 of 1 / sqrt(D) in rms; read through
+        # sqrt(N) V (the whitening of E[x x'], in which an ID row's ||u||^2 is about the rank, as in
+        # the Mahalanobis family's units)
+        self.whitened_rounding_ = float(np.finfo(np.float32).eps / 2 / np.sqrt(d) * np.sqrt(idx.size) * np.linalg.norm(self.projection_))
+        if self.compute_dtype == "float32" and self.whitened_rounding_ > WHITENED_ROUNDING_LIMIT:
+            self.resolved_ = {"compute_dtype": "float64"}
 
     def _score(self, x: FeatureSet) -> np.ndarray:
-        w, b = as64(x.weight), as64(x.bias)
-        lo, hi = np.log(self.eps), np.log1p(-self.eps)
-        out = np.empty(len(x))
-        for sl in chunks(len(x), max(x.features.shape[1], w.shape[0])):
-            z = l2_normalise(as64(x.features[sl]))
-            u = z @ self.projection_
-            q = np.einsum("nk,nk->n", u, u)
-            k = q / (1.0 + q)
-            f = z @ w.T + b
-            log_p = np.clip(f - logsumexp(f, axis=1, keepdims=True), lo, hi)
-            p = np.exp(log_p)
-            terms = p / (p + (1.0 - p) * np.exp(k[:, None] * log_p))
-            out[sl] = -np.log(terms.sum(axis=1)) / np.log(w.shape[0])
-        return out
+        comp = self._compute()
+        xp = _torch() if comp.device is not None else np
+        proj, w, b = comp.put(self.projection_), comp.put(x.weight).T, comp.put(x.bias)
+        lo, hi, log_c = float(np.log(self.eps)), float(np.log1p(-self.eps)), float(np.log(x.weight.shape[0]))
+
+        def block(c):
+            z = comp.normalise(c)
+            u = z @ proj
+            q = comp.rowdot(u, u)
+            k1 = comp.put(q / (1.0 + q) - 1.0)  # k - 1, in (-1, 0]
+            f = z @ w
+            f += b
+            log_p = xp.clip(f - comp.put(comp.logsumexp(f))[:, None], lo, hi)
+            terms = 1.0 / (1.0 - xp.expm1(log_p) * xp.exp(k1[:, None] * log_p))
+            return -comp.log(comp.rowsum(terms)) / log_c
+
+        return comp.map_rows(block, x.features, max(x.features.shape[1], w.shape[1]))
 
 
 REGISTRY.alias("PNML", "pnml", "pytorch-ood 0.4", tags=("pytorch-ood",))
