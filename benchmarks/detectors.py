@@ -110,6 +110,7 @@ def products(name: str, n_train: int, n_score: int, d: int, c: int, hp: dict) ->
         "vim": [(n_train, d, d), (n_train, d, c), (n_train, d, d - vim_dim(d)),
                 (n_score, d, c), (n_score, d, d - vim_dim(d))],
     }  # fmt: skip
+    table.update(since_paper_products(n_train, n_score, d, c))
     return table.get(name, [])
 
 
@@ -129,7 +130,7 @@ def softmax_passes(name: str) -> list[str]:
     (of the block), an exp and a row sum."""
     table = {"msp": ["score"], "energy": ["score"], "gen": ["score"], "kl_matching": ["train", "score"],
              "react": ["score"], "ash_s": ["score"], "scale": ["score"], "dice": ["score"], "vim": ["score"],
-             "mcm": ["score"], "nnguide": ["score"]}  # fmt: skip
+             "mcm": ["score"], "nnguide": ["score"], **SINCE_PAPER_SOFTMAX}  # fmt: skip
     return table.get(name, [])
 
 
@@ -140,7 +141,7 @@ def reads(name: str) -> list[tuple[str, str]]:
     ("rows": cosine, MCM, kNN and NNGuide normalise them, fDBD divides by ||z - mean||)."""
     train = [("train", "columns")] if name in ("cosine", "mcm", "fdbd", "dice", "knn") else []
     score = [("score", "rows")] if name in ("cosine", "mcm", "fdbd", "knn", "nnguide") else []
-    return train + score
+    return train + score + SINCE_PAPER_READS.get(name, [])
 
 
 def selections(name: str, d: int, c: int) -> list[tuple[str, str, int]]:
@@ -162,7 +163,7 @@ def factorisations(name: str) -> int:
     the pseudo-inverse of each covariance (Mahalanobis: the tied one; RMD: also the background
     one), ViM's principal space, NECO's PCA."""
     return {"mahalanobis": 1, "mahalanobis_pp": 1, "relative_mahalanobis": 2, "relative_mahalanobis_pp": 2,
-            "vim": 1, "neco": 1}.get(name, 0)  # fmt: skip
+            "vim": 1, "neco": 1, **SINCE_PAPER_FACTORISATIONS}.get(name, 0)  # fmt: skip
 
 
 def _timed(fn, device: str | None) -> tuple[float, float]:
@@ -411,6 +412,8 @@ def run_pood(name: str, train: FeatureSet, score_sets: list[FeatureSet], max_row
             cents = detectors.create("mcm").fit(train).centroids_
             det = pood.MCM(None, text_embeddings=torch.from_numpy(cents).float(), temperature=1.0)
             pred, use = det.predict_features, "features"
+        elif name in SINCE_PAPER_POOD:
+            pred, use = since_paper_pood(name, z, y, lin)
         else:
             raise KeyError(name)
         fit_s, fit_c = time.perf_counter() - t0, time.process_time() - c0
@@ -428,6 +431,46 @@ def run_pood(name: str, train: FeatureSet, score_sets: list[FeatureSet], max_row
             score_s += (time.perf_counter() - t1) * len(arr) / rows
             score_c += (time.process_time() - c1) * len(arr) / rows
     return fit_s + score_s, fit_c + score_c, extrapolated
+
+
+# ---- issue 42: the peers' methods since the paper (webo, pnml), measured as the 21 are ----------
+# Their floors in the terms above (products, softmax passes, reads, eigendecompositions) and
+# pytorch-ood 0.4.0's class on the same arrays; they are not among SHARED (the 21's totals).
+
+#: the methods pytorch-ood has, timed against its class
+SINCE_PAPER_POOD = ("webo", "pnml")
+#: a softmax readout over the scored logits: WEBO's weighted logsumexp, pNML's log p
+SINCE_PAPER_SOFTMAX = {"webo": ["score"], "pnml": ["score"]}
+#: pNML normalises every ID-train row (its X'X) and every scored row
+SINCE_PAPER_READS = {"pnml": [("train", "rows"), ("score", "rows")]}
+#: pNML's pseudo-inverse of X'X
+SINCE_PAPER_FACTORISATIONS = {"pnml": 1}
+
+
+def since_paper_products(n_train: int, n_score: int, d: int, c: int) -> dict[str, list[tuple[int, int, int]]]:
+    """pNML: X'X over ID train, x V and W x over the scored rows."""
+    return {"pnml": [(n_train, d, d), (n_score, d, d), (n_score, d, c)]}
+
+
+def since_paper_hyperparameters(c: int) -> dict[str, dict]:
+    """WEBO with seeded class weights (some <= 0, so the ReLU has work), the same for pytorch-ood."""
+    w = np.random.default_rng(42).normal(1.0, 0.6, c)
+    return {"webo": {"class_weights": w.tolist()}}
+
+
+def since_paper_pood(name: str, z, y, lin) -> tuple[object, str]:
+    """(predict, input) of pytorch-ood's class for ``name``, fitted on the ID-train tensors."""
+    import torch
+    import pytorch_ood.detector as pood
+
+    if name == "webo":
+        w = torch.tensor(since_paper_hyperparameters(lin.weight.shape[0])["webo"]["class_weights"], dtype=torch.float32)
+        return (lambda f: pood.WeightedEBO.score(f, w)), "logits"
+    det = pood.PNML(None, lin).fit_features(z, y)
+    return det.predict_features, "features"
+
+
+# ---- end of issue 42's block ---------------------------------------------------------------------
 
 
 def main() -> None:
@@ -462,7 +505,7 @@ def main() -> None:
           f"sgemm {sgemm_gflops():.0f} GFLOP/s; {allocator}; oodeval compute_dtype {args.compute_dtype}, device {args.device or 'numpy'}")  # fmt: skip
     knn_k = 1000 if n_train >= 100_000 else max(1, n_train // 200)
     print(f"knn k = {knn_k} for both libraries")
-    hps = {"knn": {"k": knn_k}}
+    hps = {"knn": {"k": knn_k}, **since_paper_hyperparameters(args.classes)}
     names = args.detectors.split(",") if args.detectors else [n for n in detectors.names("paper21") if n != "nac"]
     cache: dict = {}
     n_score = 2 * n_test
@@ -498,7 +541,7 @@ def main() -> None:
             line += f"{ref:>9.2f}{secs / ref:>7.2f}{cpu / ref_cpu:>7.2f}"
         else:
             line += f"{'-':>9}{'-':>7}{'-':>7}"
-        if name in SHARED and not args.no_pood:
+        if (name in SHARED or name in SINCE_PAPER_POOD) and not args.no_pood:
             try:
                 ps, pc, extra = run_pood(name, train, [test, ood], args.pood_rows, knn_k)
                 for _ in range(repeats(ps)):
