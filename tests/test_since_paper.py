@@ -138,11 +138,54 @@ def test_multi_mahalanobis_is_mahalanobis_ensemble_without_noise(torch64):
     assert "since-paper" in detectors.REGISTRY.tags_of("mahalanobis_ensemble")
 
 
-@pytest.mark.parametrize("name", ["webo", "pnml", "mahalanobis_ensemble"])
-def test_since_paper_methods_are_listed_with_their_release(name):
+@pytest.mark.parametrize(("name", "peer"), [("webo", "pytorch-ood"), ("pnml", "pytorch-ood"), ("mahalanobis_ensemble", "pytorch-ood"),
+                                            ("cfood", "openood")])  # fmt: skip
+def test_since_paper_methods_are_listed_with_their_release(name, peer):
     from oodeval.commands.detectors import listing
 
     entries = {e["name"]: e for e in listing(["since-paper"])}
-    assert name in entries
-    assert any(src.startswith("pytorch-ood 0.4") for src in entries[name]["aliases"].values())
+    assert peer in entries[name]["tags"]
+    if peer == "pytorch-ood":  # its class name is an alias, its source in the listing
+        assert any(src.startswith("pytorch-ood 0.4") for src in entries[name]["aliases"].values())
     assert not entries[name]["default_selection"]  # opt-in: the default selection stays the paper's 21
+
+
+def _cfood_release(train_rows: np.ndarray, queries: np.ndarray, k: float, skip_self: int = 1) -> np.ndarray:
+    """OpenOOD's CFOODPostprocessor (openood/postprocessors/cfood_postprocessor.py at
+    a3eb335eb23bf944224f2f635983f31c3fac281d) re-derived in float64, row by row as it runs: the
+    reference rows' sorted self-distances at the grid positions + 1, then per query the fraction of
+    reference rows whose radius reaches it, and the first grid fraction where it is >= k (else 1);
+    conf = -kappa. ``skip_self=0`` is the deliberately wrong formula (the row itself counted)."""
+    unit = lambda z: z / (np.linalg.norm(z, axis=1, keepdims=True) + 1e-10)  # noqa: E731
+    ref, q = unit(train_rows.astype(np.float64)), unit(queries.astype(np.float64))
+    n = len(ref)
+    kval = np.concatenate((np.linspace(0.001, 0.1, 100), np.linspace(0.105, 0.5, 81), np.linspace(0.51, 0.99, 49)))
+    kpos = np.array(kval * n - 1, dtype=int)
+    keep = np.concatenate(([True], kpos[:-1] < kpos[1:]))
+    kval, kpos = kval[keep], kpos[keep]
+    radii = np.stack([np.sort(((r - ref) ** 2).sum(axis=1))[kpos + skip_self] for r in ref])
+    out = []
+    for v in q:
+        count = (radii >= ((v - ref) ** 2).sum(axis=1)[:, None]).sum(axis=0) / float(n)
+        hit = np.flatnonzero(count >= k)
+        out.append(-(kval[hit[0]] if hit.size else 1.0))
+    return np.array(out)
+
+
+@pytest.mark.parametrize("alpha", [1.0, 0.5])
+def test_cfood_is_openoods_cfood(problem, alpha):
+    train, test, ood = problem
+    det = detectors.create("cfood", alpha=alpha, k=0.05).fit(train)
+    ours = np.concatenate([det.score(test), det.score(ood)])
+    queries = np.concatenate([test.features, ood.features])
+    ref = _cfood_release(np.asarray(train.features)[det.reference_index_], queries, 0.05)
+    # grid values from the same comparisons in float64 (expanded vs direct distances differ by ~1e-16,
+    # far from any comparison's margin here): equal
+    np.testing.assert_array_equal(ours, ref)
+    same_results(ours, ref, len(test))
+    assert len(np.unique(ours)) > 5  # the grid really resolves the rows
+    wrong = _cfood_release(np.asarray(train.features)[det.reference_index_], queries, 0.05, skip_self=0)
+    assert not np.array_equal(wrong, ref)
+    if alpha < 1:  # a seeded subset of int(alpha N) rows
+        assert det.reference_index_.size == int(alpha * len(train))
+        np.testing.assert_array_equal(det.reference_index_, detectors.create("cfood", alpha=alpha).fit(train).reference_index_)
