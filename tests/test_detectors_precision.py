@@ -64,16 +64,21 @@ def test_float32_agrees_with_float64_on_real_conditioning(conditioned, name):
     assert abs(fast["auroc"] - ref["auroc"]) <= 0.001
 
 
-def test_cfood_holds_on_real_conditioning(conditioned):
-    """CFOOD is float64 throughout (its scores are grid values a flipped comparison moves a whole
-    step): on each conditioned problem it ranks as OpenOOD's release re-derived with direct
-    differences (tests/test_since_paper.py) and FPR@95 / AUROC move by at most 0.1 points."""
-    from test_since_paper import _cfood_release
+@pytest.mark.parametrize("name", ["cfood", "optfs"])
+def test_float64_since_paper_methods_hold_on_real_conditioning(conditioned, name):
+    """The since-paper methods that are float64 throughout (CFOOD's scores are grid values a
+    flipped comparison moves a whole step; OptFS bins every feature value): on each conditioned
+    problem each ranks as its release re-derived (tests/test_since_paper.py) and FPR@95 / AUROC
+    move by at most 0.1 points."""
+    from test_since_paper import _cfood_release, _optfs_release
 
     kind, (train, test, ood) = conditioned
-    det = detectors.create("cfood").fit(train)
+    det = detectors.create(name).fit(train)
     ours = np.concatenate([det.score(test), det.score(ood)])
-    ref = _cfood_release(np.asarray(train.features)[det.reference_index_], np.concatenate([test.features, ood.features]), 0.01)
+    if name == "cfood":
+        ref = _cfood_release(np.asarray(train.features)[det.reference_index_], np.concatenate([test.features, ood.features]), 0.01)
+    else:
+        ref = np.concatenate([_optfs_release(train, test), _optfs_release(train, ood)])
     assert spearmanr(ours, ref).statistic >= 0.9999
     a, b = all_metrics(ours[: len(test)], ours[len(test) :]), all_metrics(ref[: len(test)], ref[len(test) :])
     assert abs(a["fpr95"] - b["fpr95"]) <= 0.001 + 1e-12
@@ -142,7 +147,7 @@ def test_exactly_the_documented_detectors_lack_compute_dtype_and_device():
     lacking = [n for n, p in params.items() if "compute_dtype" not in p]
     assert [n for n, p in params.items() if "device" not in p] == lacking  # compute_dtype and device come together
     float64 = ["class_gmm", "gmm", "grad_uncertainty", "gradnorm", "lts", "nci", "openmax", "relation", "residual", "she",
-               "cfood"]
+               "cfood", "optfs"]
     network = ["odin", "mahalanobis_ensemble", "gram", "rankfeat", "mc_dropout"]  # on their passes' arrays (detectors.network)
     assert sorted(lacking) == sorted(["cnc", "maxlogit", "nac", *float64, *network])  # the peers' float64-only methods
 

@@ -139,12 +139,12 @@ def test_multi_mahalanobis_is_mahalanobis_ensemble_without_noise(torch64):
 
 
 @pytest.mark.parametrize(("name", "peer"), [("webo", "pytorch-ood"), ("pnml", "pytorch-ood"), ("mahalanobis_ensemble", "pytorch-ood"),
-                                            ("cfood", "openood")])  # fmt: skip
+                                            ("cfood", "openood"), ("optfs", None)])  # fmt: skip
 def test_since_paper_methods_are_listed_with_their_release(name, peer):
     from oodeval.commands.detectors import listing
 
     entries = {e["name"]: e for e in listing(["since-paper"])}
-    assert peer in entries[name]["tags"]
+    assert peer is None or peer in entries[name]["tags"]
     if peer == "pytorch-ood":  # its class name is an alias, its source in the listing
         assert any(src.startswith("pytorch-ood 0.4") for src in entries[name]["aliases"].values())
     assert not entries[name]["default_selection"]  # opt-in: the default selection stays the paper's 21
@@ -189,3 +189,40 @@ def test_cfood_is_openoods_cfood(problem, alpha):
     if alpha < 1:  # a seeded subset of int(alpha N) rows
         assert det.reference_index_.size == int(alpha * len(train))
         np.testing.assert_array_equal(det.reference_index_, detectors.create("cfood", alpha=alpha).fit(train).reference_index_)
+
+
+def _optfs_release(train, rows, readout: str = "vanilla", weighted: bool = True) -> np.ndarray:
+    """The OptFS release (Qinyu-Allen-Zhao/OptFSOOD, detector/ours.py at
+    84f8f108a87479e7e2092b56d432823ce685a1fa, fixed weights) re-derived in float64: np.quantile
+    bounds, np.arange left edges, per-interval masks, theta = I / ||I|| * 1000, the shaped feature
+    summed with the predicted class's weights (or the energy of the shaped logits).
+    ``weighted=False`` is the deliberately wrong formula (I without the class weights)."""
+    z, w, b = (np.asarray(a, dtype=np.float64) for a in (train.features, train.weight, train.bias))
+    pred = np.asarray(train.logits, dtype=np.float64).argmax(axis=1)
+    left_b, right_b = np.quantile(z, 1e-3), np.quantile(z, 1 - 1e-3)
+    width = (right_b - left_b) / 100.0
+    edges = np.arange(left_b, right_b, width)
+    lc = w[pred] * z if weighted else z
+    contrib = np.array([np.mean(np.sum(((z >= e) & (z < e + width)) * lc, axis=1)) for e in edges])
+    theta = contrib / np.linalg.norm(contrib, 2) * 1000
+    q = np.asarray(rows.features, dtype=np.float64)
+    shaped = np.zeros_like(q)
+    for i, e in enumerate(edges):
+        shaped += ((q >= e) & (q < e + width)) * q * theta[i]
+    if readout == "energy":
+        from scipy.special import logsumexp
+
+        return logsumexp(shaped @ w.T + b, axis=1)
+    return np.sum(w[np.asarray(rows.logits, dtype=np.float64).argmax(axis=1)] * shaped, axis=1)
+
+
+@pytest.mark.parametrize("readout", ["vanilla", "energy"])
+def test_optfs_is_the_authors_release(problem, readout):
+    train, test, ood = problem
+    det = detectors.create("optfs", readout=readout).fit(train)
+    ours = np.concatenate([det.score(test), det.score(ood)])
+    ref = np.concatenate([_optfs_release(train, test, readout), _optfs_release(train, ood, readout)])
+    assert close(ours, ref, 1e-10)  # the same float64 sums in another order (bincount vs masked sums)
+    same_results(ours, ref, len(test))
+    wrong = np.concatenate([_optfs_release(train, s, readout, weighted=False) for s in (test, ood)])
+    assert not close(wrong, ref, 1e-6)
