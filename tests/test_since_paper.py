@@ -139,7 +139,7 @@ def test_multi_mahalanobis_is_mahalanobis_ensemble_without_noise(torch64):
 
 
 @pytest.mark.parametrize(("name", "peer"), [("webo", "pytorch-ood"), ("pnml", "pytorch-ood"), ("mahalanobis_ensemble", "pytorch-ood"),
-                                            ("cfood", "openood"), ("optfs", None)])  # fmt: skip
+                                            ("cfood", "openood"), ("optfs", None), ("kpca", None)])  # fmt: skip
 def test_since_paper_methods_are_listed_with_their_release(name, peer):
     from oodeval.commands.detectors import listing
 
@@ -226,3 +226,46 @@ def test_optfs_is_the_authors_release(problem, readout):
     same_results(ours, ref, len(test))
     wrong = np.concatenate([_optfs_release(train, s, readout, weighted=False) for s in (test, ood)])
     assert not close(wrong, ref, 1e-6)
+
+
+def _kpca_release(train_z, rows, ratio, weights=None, phases=None, wrong_centre=False) -> np.ndarray:
+    """The kernel PCA release (fanghenshaometeor/ood-kernel-pca, CoP_CoRP_ImgNet.py at
+    5f24c69412d82e4fb0d14bdf6eae6f922f38d53b) re-derived in float64: normalise (+1e-10), the RFF
+    map with the given draws (CoRP) or none (CoP), centre by the train mean, SVD of F'F, q by the
+    cumulative explained-variance rule, score -||f - U_q U_q' f||. ``wrong_centre``: the
+    deliberately wrong formula (no centring)."""
+    unit = lambda x: x / (np.linalg.norm(x, ord=2, axis=-1, keepdims=True) + 1e-10)  # noqa: E731
+    ftrain, ftest = unit(np.asarray(train_z, dtype=np.float64)), unit(np.asarray(rows, dtype=np.float64))
+    if weights is not None:
+        m = weights.shape[0]
+        ftrain = np.sqrt(2 / m) * np.cos(ftrain.dot(weights.T) + phases[np.newaxis, :])
+        ftest = np.sqrt(2 / m) * np.cos(ftest.dot(weights.T) + phases[np.newaxis, :])
+    if not wrong_centre:
+        mu = ftrain.mean(axis=0)
+        ftrain, ftest = ftrain - mu, ftest - mu
+    u_full, s, _ = np.linalg.svd(ftrain.T.dot(ftrain))
+    q, acc = -1, np.zeros(ftrain.shape[1])
+    for i in range(ftrain.shape[1]):
+        acc[i] = sum(s[:i]) / sum(s)
+        if i > 0 and q < 0 and acc[i - 1] < ratio <= acc[i]:
+            q = i
+    u_q = u_full[:, :q]
+    return -np.linalg.norm(ftest - u_q.dot(u_q.T).dot(ftest.T).T, ord=2, axis=1)
+
+
+@pytest.mark.parametrize("kernel", ["cosine", "cosine_gaussian"])
+def test_kpca_is_the_authors_release(problem, kernel):
+    train, test, ood = problem
+    hp = {"explained_variance": 0.8} if kernel == "cosine" else {"n_features": 64, "gamma": 1.0}
+    det = detectors.create("kpca", kernel=kernel, **hp).fit(train)
+    ours = np.concatenate([det.score(test), det.score(ood)])
+    rows = np.concatenate([test.features, ood.features])
+    draws = (det.rff_weights_, det.rff_phases_) if kernel == "cosine_gaussian" else (None, None)
+    ratio = hp.get("explained_variance", 0.5)
+    ref = _kpca_release(train.features, rows, ratio, *draws)
+    # float64 on both sides; eigh vs SVD and ||r||^2 - ||U'r||^2 vs the residual itself: a few ulps
+    # of ||r||^2 relative to the residual's square (>= 1e-2 of it here)
+    assert close(ours, ref, 1e-9)
+    same_results(ours, ref, len(test))
+    assert 1 < det.n_components_ < det.components_.shape[0]
+    assert not close(_kpca_release(train.features, rows, ratio, *draws, wrong_centre=True), ref, 1e-6)
