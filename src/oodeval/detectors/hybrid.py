@@ -1,4 +1,4 @@
-"""Hybrid detectors combining features with logits: ViM (NNGuide lives in neighbours.py)."""
+"""Hybrid detectors combining features with logits: ViM, pNML (NNGuide lives in neighbours.py)."""
 
 from __future__ import annotations
 
@@ -7,13 +7,15 @@ import scipy.linalg
 
 from ..errors import InputError
 from ..features import FeatureSet
-from ..params import COMPUTE, Integral, Interval
-from . import register
-from ._backend import Compute, one_blas_thread
-from ._common import as64, float32_centre, mean_rows, scatter
+from ..params import COMPUTE, Integral, Interval, Real
+from . import REGISTRY, register
+from ._backend import Compute, _torch, one_blas_thread
+from ._common import as64, float32_centre, labelled, mean_rows, scatter, whitening
+from ._peers import PeerMethod
 from .base import Detector
+from .mahalanobis import WHITENED_ROUNDING_LIMIT
 
-__all__ = ["ViM", "vim_dim", "logit_origin"]
+__all__ = ["ViM", "PNML", "vim_dim", "logit_origin"]
 
 #: largest cond(G) = cond(W)^2 for which :func:`logit_origin` solves through the Gram matrix G:
 #: the first solve is off by at most cond(G) eps (1e-4 here) and each refinement step multiplies
@@ -144,3 +146,71 @@ class ViM(Detector):
         comp = self._compute()
         energy, residual = self._parts(comp, x.features, x.weight, x.bias, energy=True)
         return energy - self.alpha_ * residual
+
+
+@register("pnml", tags=("hybrid", "since-paper"))
+class PNML(PeerMethod):
+    """pNML regret: s = -R(x), R = log(sum_c p_c / (p_c + (1 - p_c) p_c^k)) / log C (higher = ID).
+
+    Bibas, Feder & Hassner, "Single layer predictive normalized maximum likelihood for
+    out-of-distribution detection", NeurIPS 2021, as pytorch-ood 0.4.0's ``PNML``
+    (``pytorch_ood/detector/pnml.py``): x = z / ||z||, k = x' P x / (1 + x' P x) with P =
+    pinv(X'X), X the l2-normalised labelled ID-train features; p = softmax(W x + b) (the head on
+    the normalised feature), clamped to [``eps``, 1 - ``eps``] (default 1e-12, pytorch-ood's).
+    The authors' repository (kobybibas/pnml_ood_detection) varies between versions (a bias column
+    in X, the orthogonal part of x, the model's own probabilities); this follows pytorch-ood.
+    Fit in float64 (X'X's small eigenvalues are what P reads), P = V V' (V from
+    :func:`~oodeval.detectors._common.whitening`, numpy's pseudo-inverse cutoff), so x' P x =
+    ||x V||^2; each term is computed as 1 / (1 + (1 - p_c) p_c^(k - 1)). ``compute_dtype``
+    "float32" (default): the products x V and W x, log p and the terms in float32, every row sum
+    in float64; where the float32 rounding of x read through sqrt(N) V exceeds the Mahalanobis
+    family's limit (:data:`~oodeval.detectors.mahalanobis.WHITENED_ROUNDING_LIMIT`) the fit switches
+    to float64 and records it in ``resolved_``. ``device``: None = numpy, or a torch device.
+    """
+
+    label = "pNML"
+
+    needs = ("features", "head")
+    fit_needs = ("features", "head", "labels")
+
+    constraints = {"eps": Interval(Real, 0, 0.5, closed="neither"), **COMPUTE}
+
+    def __init__(self, eps: float = 1e-12, compute_dtype: str = "float32", device: str | None = None) -> None:
+        self.eps = eps
+        self.compute_dtype = compute_dtype
+        self.device = device
+
+    def _fit(self, train: FeatureSet) -> None:
+        idx, classes = labelled(train.labels, "pnml")
+        d = train.features.shape[1]
+        stats = Compute("float64", self._compute().device)
+        gram, _ = scatter(train.features, np.zeros((classes.size, d)), train.labels, classes, normalise=True, comp=stats)
+        self.projection_ = whitening(gram)
+        # |x| = 1, so each entry's float32 rounding is eps32 / 2 of 1 / sqrt(D) in rms; read through
+        # sqrt(N) V (the whitening of E[x x'], in which an ID row's ||u||^2 is about the rank, as in
+        # the Mahalanobis family's units)
+        self.whitened_rounding_ = float(np.finfo(np.float32).eps / 2 / np.sqrt(d) * np.sqrt(idx.size) * np.linalg.norm(self.projection_))
+        if self.compute_dtype == "float32" and self.whitened_rounding_ > WHITENED_ROUNDING_LIMIT:
+            self.resolved_ = {"compute_dtype": "float64"}
+
+    def _score(self, x: FeatureSet) -> np.ndarray:
+        comp = self._compute()
+        xp = _torch() if comp.device is not None else np
+        proj, w, b = comp.put(self.projection_), comp.put(x.weight).T, comp.put(x.bias)
+        lo, hi, log_c = float(np.log(self.eps)), float(np.log1p(-self.eps)), float(np.log(x.weight.shape[0]))
+
+        def block(c):
+            z = comp.normalise(c)
+            u = z @ proj
+            q = comp.rowdot(u, u)
+            k1 = comp.put(q / (1.0 + q) - 1.0)  # k - 1, in (-1, 0]
+            f = z @ w
+            f += b
+            log_p = xp.clip(f - comp.put(comp.logsumexp(f))[:, None], lo, hi)
+            terms = 1.0 / (1.0 - xp.expm1(log_p) * xp.exp(k1[:, None] * log_p))
+            return -comp.log(comp.rowsum(terms)) / log_c
+
+        return comp.map_rows(block, x.features, max(x.features.shape[1], w.shape[1]))
+
+
+REGISTRY.alias("PNML", "pnml", "pytorch-ood 0.4", tags=("pytorch-ood",))

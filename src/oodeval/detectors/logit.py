@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import InputError
 from ..features import FeatureSet
-from ..params import COMPUTE, POSITIVE, Integral, Interval
-from . import register
+from ..params import COMPUTE, POSITIVE, Instance, Integral, Interval
+from . import REGISTRY, register
 from ._backend import Compute
+from ._peers import PeerMethod
 from .base import Detector
 
-__all__ = ["MSP", "MaxLogit", "KLMatching", "Energy", "GEN"]
+__all__ = ["MSP", "MaxLogit", "KLMatching", "Energy", "GEN", "WeightedEnergy"]
 
 
 def _over_rows(x: FeatureSet, fn, comp: Compute) -> np.ndarray:
@@ -195,3 +197,54 @@ class KLMatching(Detector):
             return comp.rowmax(e @ log_t) / total - neg_entropy
 
         return _over_rows(x, block, comp)
+
+
+@register("webo", tags=("logit", "since-paper"))
+class WeightedEnergy(PeerMethod):
+    """Weighted energy (WEBO), s = log sum_c relu(w_c) exp(f_c) (higher = ID).
+
+    Du, Wang, Cai & Li, "VOS: Learning what you don't know by virtual outlier synthesis", ICLR
+    2022; pytorch-ood 0.4.0's ``WeightedEBO`` (``pytorch_ood/detector/webo.py``: the negated
+    log of the weighted sum of exp f_c, negative weights clipped to 0 by a ReLU). ``class_weights``
+    w (C values) are learned in training (VOS's ``Linear(C, 1).weight``, e.g. pytorch-ood's
+    ``VOSRegLoss``); None (default) = every w_c = 1, which is :class:`Energy` (T = 1) exactly.
+    Computed as logsumexp(f + log w) over the classes with w_c > 0 (the exp shifted, so it never
+    overflows, where the release's plain exp does for logits above ~88 in float32); ``compute_dtype``
+    and ``device`` as in :class:`Energy`.
+    """
+
+    label = "WEBO"
+
+    needs = ("logits",)
+
+    constraints = {"class_weights": (Instance(list, tuple), None), **COMPUTE}
+
+    def __init__(self, class_weights: list[float] | tuple[float, ...] | None = None, compute_dtype: str = "float32",
+                 device: str | None = None) -> None:  # fmt: skip
+        self.class_weights = class_weights
+        self.compute_dtype = compute_dtype
+        self.device = device
+
+    def _log_weights(self, c: int) -> np.ndarray | None:
+        """log relu(w) as float64 (C,) (-inf where w <= 0), or None for uniform weights."""
+        if self.class_weights is None:
+            return None
+        w = np.asarray(self.class_weights, dtype=np.float64).reshape(-1)
+        if w.shape != (c,) or not np.isfinite(w).all():
+            raise InputError(f"detector 'webo': class_weights must be {c} finite numbers (one per class), got {w.size}"
+                             + ("" if np.isfinite(w).all() else " with a non-finite one"))  # fmt: skip
+        if not (w > 0).any():
+            raise InputError("detector 'webo': every class weight is <= 0, so relu(w) = 0 leaves no class to score")
+        with np.errstate(divide="ignore"):
+            return np.log(np.maximum(w, 0.0))
+
+    def _score(self, x: FeatureSet) -> np.ndarray:
+        comp = self._compute()
+        log_w = self._log_weights(x.logits.shape[1])
+        if log_w is None:
+            return _over_rows(x, lambda f: comp.logsumexp(f), comp)
+        shift = comp.put(log_w)
+        return _over_rows(x, lambda f: comp.logsumexp(f + shift, overwrite=True), comp)
+
+
+REGISTRY.alias("WeightedEBO", "webo", "pytorch-ood 0.4", tags=("pytorch-ood",))

@@ -23,10 +23,11 @@ from ..features import FeatureSet
 from ..params import COMPUTE, SEED, Integral, Interval, Options, Real
 from . import register
 from ._backend import Compute
-from ._common import energy, float32_centre, mean_rows
+from ._common import chunks, energy, float32_centre, mean_rows
+from ._peers import PeerMethod
 from .base import Detector
 
-__all__ = ["KNN", "NNGuide", "top_similarities", "bank_offsets"]
+__all__ = ["KNN", "NNGuide", "CFOOD", "cfood_levels", "top_similarities", "bank_offsets"]
 
 #: bank rows per block of the search (numpy, torch)
 BLOCK_ROWS = {False: 16384, True: 131072}
@@ -203,3 +204,102 @@ class NNGuide(Detector):
         mean = lambda top: comp.rowsum(top) / top.shape[1]  # noqa: E731
         guidance = top_similarities(comp, self.bank_, x.features, int(self.k), mean)
         return comp.map_rows(comp.logsumexp, x.logits, x.logits.shape[1]) * guidance
+
+
+def cfood_levels(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """CFOOD's neighbourhood fractions kappa and their 0-based positions int(kappa n - 1) among a
+    reference row's n - 1 others, for a reference set of n rows: kappa on OpenOOD's grid (100 steps
+    over [0.001, 0.1], 81 over [0.105, 0.5], 49 over [0.51, 0.99]), keeping each position once
+    (the first fraction that reaches it)."""
+    kappa = np.concatenate([np.linspace(0.001, 0.1, 100), np.linspace(0.105, 0.5, 81), np.linspace(0.51, 0.99, 49)])
+    pos = (kappa * n - 1).astype(np.int64)  # truncation toward zero, as the release's int()
+    first = np.ones(pos.size, dtype=bool)
+    first[1:] = pos[1:] > pos[:-1]
+    return kappa[first], pos[first]
+
+
+def _sq_distances(q: np.ndarray, ref: np.ndarray, ref_sq: np.ndarray) -> np.ndarray:
+    """||q_i - r_j||^2 for float64 rows (expanded; clipped at 0)."""
+    d = np.einsum("ij,ij->i", q, q)[:, None] + ref_sq[None, :] - 2.0 * (q @ ref.T)
+    return np.maximum(d, 0.0, out=d)
+
+
+@register("cfood", tags=("feature", "openood", "since-paper"))
+class CFOOD(PeerMethod):
+    """CFOOD: s = -kappa(x), the smallest neighbourhood fraction kappa whose kNN balls, over the
+    reference rows, hold x for at least a fraction ``k`` of them (higher = ID).
+
+    OpenOOD's ``cfood`` (``openood/postprocessors/cfood_postprocessor.py`` at
+    a3eb335eb23bf944224f2f635983f31c3fac281d; SISAP 2025). Fit: the ID-train features divided by
+    ||z|| + 1e-10; the reference set is a seeded random ``alpha`` fraction of them (int(alpha N)
+    rows; all when alpha = 1); per reference row r and grid fraction kappa_j (:func:`cfood_levels`),
+    rho_j(r) = its squared distance to its (int(kappa_j n - 1) + 1)-th nearest other reference
+    row. Score: with d_r = ||x - r||^2, c_j = #{r : rho_j(r) >= d_r} / n; kappa = kappa_j at the
+    first j with c_j >= ``k``, 1 when none. Defaults alpha = 0.1, k = 0.01 (``cfood.yml``); the
+    release draws the subset with an unseeded ``torch.randperm``, here ``seed`` (0). Found per row
+    without the release's (n x levels) comparison: each reference row's first level j_r with
+    rho_j(r) >= d_r (a binary search over its sorted radii), then kappa's index is the m-th
+    smallest j_r, m the least count with m / n >= k. float64 throughout (the scores are grid
+    values: a rounding that flips one comparison moves a score by a whole step).
+    """
+
+    label = "CFOOD"
+
+    needs = ("features",)
+    fit_needs = ("features",)
+
+    constraints = {"alpha": Interval(Real, 0, 1, closed="right"), "k": Interval(Real, 0, 1, closed="right"), "seed": SEED}
+
+    def __init__(self, alpha: float = 0.1, k: float = 0.01, seed: int = 0) -> None:
+        self.alpha = alpha
+        self.k = k
+        self.seed = seed
+
+    @staticmethod
+    def _unit(z: np.ndarray) -> np.ndarray:
+        z = np.asarray(z, dtype=np.float64)
+        return z / (np.linalg.norm(z, axis=1, keepdims=True) + 1e-10)
+
+    def _fit(self, train: FeatureSet) -> None:
+        n_all = len(train)
+        n = int(self.alpha * n_all) if self.alpha < 1 else n_all
+        if n < 2:
+            raise InputError(f"detector 'cfood': alpha={self.alpha} keeps {n} of {n_all} ID-train rows as the reference set; it needs at least 2")
+        rows = np.arange(n_all) if self.alpha >= 1 else np.sort(np.random.default_rng(self.seed).permutation(n_all)[:n])
+        self.reference_index_ = rows
+        self.reference_ = self._unit(train.features[rows])
+        self.reference_sq_ = np.einsum("ij,ij->i", self.reference_, self.reference_)
+        self.levels_, positions = cfood_levels(n)
+        self.radii_ = np.empty((n, self.levels_.size))
+        for sl in chunks(n, n):
+            d = _sq_distances(self.reference_[sl], self.reference_, self.reference_sq_)
+            self.radii_[sl] = np.partition(d, positions + 1, axis=1)[:, positions + 1]  # + 1: past the row itself
+        # the least count m with m / n >= k (the release compares the fraction)
+        m = max(1, int(np.ceil(self.k * n)))
+        while m > 1 and (m - 1) / n >= self.k:
+            m -= 1
+        while m <= n and m / n < self.k:
+            m += 1
+        self.min_count_ = m
+
+    def _score(self, x: FeatureSet) -> np.ndarray:
+        n, levels = len(self.reference_), self.levels_.size
+        kappa = np.append(self.levels_, 1.0)  # index `levels`: no level holds x often enough
+        cols = np.arange(n)
+        out = np.empty(len(x))
+        for sl in chunks(len(x), n * 4):
+            d = _sq_distances(self._unit(x.features[sl]), self.reference_, self.reference_sq_)
+            lo, hi = np.zeros(d.shape, dtype=np.int64), np.full(d.shape, levels, dtype=np.int64)
+            for _ in range(int(np.ceil(np.log2(levels + 1)))):  # j_r: the first level with rho >= d
+                mid = (lo + hi) // 2
+                below = self.radii_[cols, np.minimum(mid, levels - 1)] < d
+                open_ = lo < hi
+                lo = np.where(open_ & below, mid + 1, lo)
+                hi = np.where(open_ & ~below, mid, hi)
+            if self.min_count_ > n:
+                out[sl] = -1.0
+                continue
+            first = np.partition(lo, self.min_count_ - 1, axis=1)[:, self.min_count_ - 1]
+            out[sl] = -kappa[first]
+        return out
+

@@ -22,7 +22,7 @@ from ..errors import InputError
 from ..features import FeatureSet
 from ..features.pass_options import fit_digests, require_pass
 from ..params import BOOLEAN, POSITIVE, SEED, Instance, Interval, Options, Real
-from . import register
+from . import REGISTRY, register
 from ._backend import Compute
 from ._common import as64, chunks, energy, labelled
 from ._peers import PeerMethod
@@ -319,3 +319,12 @@ class MCDropout(NetworkMethod):
         if self.mode == "var":
             return -as64(x.extras["mcd/var"])
         return Compute("float64").max_softmax(as64(x.extras["mcd/logits"]))  # "logits" (constraints allow no other)
+
+
+#: pytorch-ood 0.4.0's ``MultiMahalanobis`` (``pytorch_ood/detector/mmahalanobis.py``: per layer the
+#: spatial mean of its maps, class means and a tied covariance, alpha-weighted sum of the layers'
+#: closest-class distances, no input preprocessing) is ``mahalanobis_ensemble`` on an mds pass with
+#: noise 0: its outlier score is 1/(2N) of this one's negation (it inverts the unnormalised scatter
+#: plus 1e-6 I, this one the maximum-likelihood covariance's pseudo-inverse), the same ranking for the
+#: same weights (tests/test_since_paper.py)
+REGISTRY.alias("MultiMahalanobis", "mahalanobis_ensemble", "pytorch-ood 0.4, an mds pass with noise=0", tags=("since-paper",))

@@ -1,0 +1,271 @@
+"""The peers' methods since the paper (issue 42): each equals its release on the same arrays in float64.
+
+Where the release is pytorch-ood 0.4.0 the test runs pytorch-ood's own class. pytorch-ood casts
+its inputs with ``Tensor.float()`` and builds constants in torch's default dtype; to compare the
+formulas in float64 (so that agreement is to float64 rounding, not to float32's), those casts are
+made float64 for the duration of a test (:func:`torch64`). Each test also shows that the same
+comparison fails on a deliberately wrong formula, so agreement is not a property of any score.
+"""
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import spearmanr
+
+from oodeval import detectors
+from oodeval.errors import InputError
+from oodeval.metrics import all_metrics
+from oodeval.testing import network_problem, small_problem
+
+pood = pytest.importorskip("pytorch_ood.detector")
+
+
+@pytest.fixture
+def torch64(monkeypatch):
+    """pytorch-ood in float64: ``Tensor.float()`` casts to float64 and new tensors default to it."""
+    monkeypatch.setattr(torch.Tensor, "float", lambda self: self.double())
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(before)
+
+
+@pytest.fixture(scope="module")
+def problem():
+    return small_problem(seed=4)
+
+
+def close(ours: np.ndarray, ref: np.ndarray, rtol: float) -> bool:
+    return bool(np.allclose(ours, ref, rtol=rtol, atol=rtol * np.abs(ref).max()))
+
+
+def same_results(ours: np.ndarray, ref: np.ndarray, n_id: int) -> None:
+    """Spearman 1 and the same FPR@95 / AUROC (both higher = ID)."""
+    assert spearmanr(ours, ref).statistic > 1 - 1e-12
+    a, b = all_metrics(ours[:n_id], ours[n_id:]), all_metrics(ref[:n_id], ref[n_id:])
+    assert a["fpr95"] == b["fpr95"] and a["auroc"] == b["auroc"]
+
+
+def _t(a: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.asarray(a, dtype=np.float64))
+
+
+# float64 throughout on both sides: the same sums of a few terms, so agreement to a few float64 ulps
+# of the largest score (1e-12 leaves room for a different summation order and exp/log kernels)
+RTOL64 = 1e-12
+
+
+def test_webo_is_pytorch_oods_weighted_ebo(problem, torch64):
+    """pytorch-ood 0.4.0 ``WeightedEBO.score``: -log sum_c relu(w_c) exp(f_c) (outlier score)."""
+    train, test, ood = problem
+    f = np.concatenate([test.logits, ood.logits])
+    w = np.array([1.5, 0.2, -0.7, 0.0, 3.0])  # a negative and a zero weight: the ReLU matters
+    ref = -pood.WeightedEBO.score(_t(f), _t(w)).numpy()
+    det = detectors.create("WeightedEBO", class_weights=w.tolist(), compute_dtype="float64").fit(train)
+    ours = np.concatenate([det.score(test), det.score(ood)])
+    assert close(ours, ref, RTOL64)
+    same_results(ours, ref, len(test))
+    # torch backend, and float32 products (float64 sums): a few float32 ulps of |f + log w|
+    on_torch = detectors.create("webo", class_weights=w.tolist(), device="cpu").fit(train)
+    assert close(np.concatenate([on_torch.score(test), on_torch.score(ood)]), ref, 1e-6)
+    # a deliberately wrong formula (|w| for relu(w)) fails the same comparison
+    wrong = np.log((np.abs(w) * np.exp(f)).sum(axis=1))
+    assert not close(wrong, ref, 1e-6)
+    # uniform weights are the energy score exactly
+    np.testing.assert_array_equal(detectors.create("webo").fit(train).score(test), detectors.create("energy").fit(train).score(test))
+
+
+def test_webo_refuses_weights_that_do_not_fit(problem):
+    train, test, _ = problem
+    with pytest.raises(InputError, match=r"class_weights must be 5 finite numbers \(one per class\), got 3"):
+        detectors.create("webo", class_weights=[1.0, 2.0, 3.0]).fit(train).score(test)
+    with pytest.raises(InputError, match="every class weight is <= 0"):
+        detectors.create("webo", class_weights=[0.0, -1.0, 0.0, 0.0, -2.0]).fit(train).score(test)
+    with pytest.raises(InputError, match="class_weights"):
+        detectors.create("webo", class_weights=3.0)
+
+
+def test_pnml_is_pytorch_oods_pnml(problem, torch64):
+    """pytorch-ood 0.4.0 ``PNML``: fit_features on the ID-train features and labels, predict_features
+    with the head (W x + b on the normalised x); its regret is our score's negation."""
+    train, test, ood = problem
+    z = np.concatenate([test.features, ood.features])
+    w, b = _t(train.weight), _t(train.bias)
+    ref_det = pood.PNML(None, lambda x: x @ w.T + b).fit_features(_t(train.features), torch.from_numpy(train.labels))
+    ref = -ref_det.predict_features(_t(z)).numpy()
+    det = detectors.create("PNML", compute_dtype="float64").fit(train)
+    ours = np.concatenate([det.score(test), det.score(ood)])
+    assert close(ours, ref, 1e-10)  # P from eigh vs torch's pinv (SVD): float64 rounding times cond(X'X) ~ 1e2
+    same_results(ours, ref, len(test))
+    # the default float32 products (float64 sums), on numpy and torch: a few float32 ulps of |f|
+    # (~10) in log p, so about 1e-5 of the regret
+    for device in (None, "cpu"):
+        fast = detectors.create("pnml", device=device).fit(train)
+        assert close(np.concatenate([fast.score(test), fast.score(ood)]), ref, 1e-5)
+    # a deliberately wrong formula: the head on the raw (unnormalised) features, as some versions of
+    # the authors' repository read the model's own probabilities, fails the same comparison
+    zn = z / np.linalg.norm(z, axis=1, keepdims=True)
+    p = torch.softmax(_t(z) @ w.T + b, dim=1).clamp(1e-12, 1 - 1e-12).numpy()
+    q = np.einsum("nd,de,ne->n", zn, det.projection_ @ det.projection_.T, zn)
+    k = (q / (1 + q))[:, None]
+    wrong = -np.log((p / (p + (1 - p) * p**k)).sum(axis=1)) / np.log(p.shape[1])
+    assert not close(wrong, ref, 1e-6)
+
+
+def test_multi_mahalanobis_is_mahalanobis_ensemble_without_noise(torch64):
+    """pytorch-ood 0.4.0 ``MultiMahalanobis`` (fit_structured / predict_structured on the layers'
+    spatial means) is ``mahalanobis_ensemble`` on an mds pass with noise 0: its outlier score is
+    1/(2N) of our score's negation (it inverts the unnormalised scatter + 1e-6 I)."""
+    train, test, ood = network_problem(seed=2)
+    alpha = [0.3, 1.7]
+    layers = [np.asarray(s.extras[f"mds/{n}"]) for s in (train, test, ood) for n in ("a", "b")]
+    ref_det = pood.MultiMahalanobis([torch.nn.Identity()] * 2, alpha=alpha)
+    ref_det.fit_structured([_t(layers[0]), _t(layers[1])], torch.from_numpy(train.labels))
+    zs = [_t(np.concatenate([layers[2 + i], layers[4 + i]])) for i in range(2)]
+    n = len(train)
+    ref = -2 * n * ref_det.predict_structured(zs).numpy()
+    det = detectors.create("MultiMahalanobis", weights=alpha).fit(train)
+    ours = np.concatenate([det.score(test), det.score(ood)])
+    # the per-layer distances are the mahalanobis detector's default float32 products (float64
+    # sums): a few float32 ulps (2^-24) of ||u||^2 + ||nu_c||^2 per term of a 6-d form, within 32
+    # ulps of the largest score; the release's ridge 1e-6 I on the scatter N S moves each distance
+    # by at most 1e-6 / (N lambda_min(S)) of itself, S the tied (within-class) covariance
+    s_min = min(np.linalg.eigvalsh(g.covariance_).min() for g in det.gaussians_.values())
+    assert close(ours, ref, 32 * 2.0**-24 + 1e-6 / (n * s_min))
+    same_results(ours, ref, len(test))
+    # a deliberately wrong formula (the layers unweighted) fails the same comparison
+    assert not close(det.layer_scores(test).sum(axis=1), ref[: len(test)], 1e-6)
+    assert "since-paper" in detectors.REGISTRY.tags_of("mahalanobis_ensemble")
+
+
+@pytest.mark.parametrize(("name", "peer"), [("webo", "pytorch-ood"), ("pnml", "pytorch-ood"), ("mahalanobis_ensemble", "pytorch-ood"),
+                                            ("cfood", "openood"), ("optfs", None), ("kpca", None)])  # fmt: skip
+def test_since_paper_methods_are_listed_with_their_release(name, peer):
+    from oodeval.commands.detectors import listing
+
+    entries = {e["name"]: e for e in listing(["since-paper"])}
+    assert peer is None or peer in entries[name]["tags"]
+    if peer == "pytorch-ood":  # its class name is an alias, its source in the listing
+        assert any(src.startswith("pytorch-ood 0.4") for src in entries[name]["aliases"].values())
+    assert not entries[name]["default_selection"]  # opt-in: the default selection stays the paper's 21
+
+
+def _cfood_release(train_rows: np.ndarray, queries: np.ndarray, k: float, skip_self: int = 1) -> np.ndarray:
+    """OpenOOD's CFOODPostprocessor (openood/postprocessors/cfood_postprocessor.py at
+    a3eb335eb23bf944224f2f635983f31c3fac281d) re-derived in float64, row by row as it runs: the
+    reference rows' sorted self-distances at the grid positions + 1, then per query the fraction of
+    reference rows whose radius reaches it, and the first grid fraction where it is >= k (else 1);
+    conf = -kappa. ``skip_self=0`` is the deliberately wrong formula (the row itself counted)."""
+    unit = lambda z: z / (np.linalg.norm(z, axis=1, keepdims=True) + 1e-10)  # noqa: E731
+    ref, q = unit(train_rows.astype(np.float64)), unit(queries.astype(np.float64))
+    n = len(ref)
+    kval = np.concatenate((np.linspace(0.001, 0.1, 100), np.linspace(0.105, 0.5, 81), np.linspace(0.51, 0.99, 49)))
+    kpos = np.array(kval * n - 1, dtype=int)
+    keep = np.concatenate(([True], kpos[:-1] < kpos[1:]))
+    kval, kpos = kval[keep], kpos[keep]
+    radii = np.stack([np.sort(((r - ref) ** 2).sum(axis=1))[kpos + skip_self] for r in ref])
+    out = []
+    for v in q:
+        count = (radii >= ((v - ref) ** 2).sum(axis=1)[:, None]).sum(axis=0) / float(n)
+        hit = np.flatnonzero(count >= k)
+        out.append(-(kval[hit[0]] if hit.size else 1.0))
+    return np.array(out)
+
+
+@pytest.mark.parametrize("alpha", [1.0, 0.5])
+def test_cfood_is_openoods_cfood(problem, alpha):
+    train, test, ood = problem
+    det = detectors.create("cfood", alpha=alpha, k=0.05).fit(train)
+    ours = np.concatenate([det.score(test), det.score(ood)])
+    queries = np.concatenate([test.features, ood.features])
+    ref = _cfood_release(np.asarray(train.features)[det.reference_index_], queries, 0.05)
+    # grid values from the same comparisons in float64 (expanded vs direct distances differ by ~1e-16,
+    # far from any comparison's margin here): equal
+    np.testing.assert_array_equal(ours, ref)
+    same_results(ours, ref, len(test))
+    assert len(np.unique(ours)) > 5  # the grid really resolves the rows
+    wrong = _cfood_release(np.asarray(train.features)[det.reference_index_], queries, 0.05, skip_self=0)
+    assert not np.array_equal(wrong, ref)
+    if alpha < 1:  # a seeded subset of int(alpha N) rows
+        assert det.reference_index_.size == int(alpha * len(train))
+        np.testing.assert_array_equal(det.reference_index_, detectors.create("cfood", alpha=alpha).fit(train).reference_index_)
+
+
+def _optfs_release(train, rows, readout: str = "vanilla", weighted: bool = True) -> np.ndarray:
+    """The OptFS release (Qinyu-Allen-Zhao/OptFSOOD, detector/ours.py at
+    84f8f108a87479e7e2092b56d432823ce685a1fa, fixed weights) re-derived in float64: np.quantile
+    bounds, np.arange left edges, per-interval masks, theta = I / ||I|| * 1000, the shaped feature
+    summed with the predicted class's weights (or the energy of the shaped logits).
+    ``weighted=False`` is the deliberately wrong formula (I without the class weights)."""
+    z, w, b = (np.asarray(a, dtype=np.float64) for a in (train.features, train.weight, train.bias))
+    pred = np.asarray(train.logits, dtype=np.float64).argmax(axis=1)
+    left_b, right_b = np.quantile(z, 1e-3), np.quantile(z, 1 - 1e-3)
+    width = (right_b - left_b) / 100.0
+    edges = np.arange(left_b, right_b, width)
+    lc = w[pred] * z if weighted else z
+    contrib = np.array([np.mean(np.sum(((z >= e) & (z < e + width)) * lc, axis=1)) for e in edges])
+    theta = contrib / np.linalg.norm(contrib, 2) * 1000
+    q = np.asarray(rows.features, dtype=np.float64)
+    shaped = np.zeros_like(q)
+    for i, e in enumerate(edges):
+        shaped += ((q >= e) & (q < e + width)) * q * theta[i]
+    if readout == "energy":
+        from scipy.special import logsumexp
+
+        return logsumexp(shaped @ w.T + b, axis=1)
+    return np.sum(w[np.asarray(rows.logits, dtype=np.float64).argmax(axis=1)] * shaped, axis=1)
+
+
+@pytest.mark.parametrize("readout", ["vanilla", "energy"])
+def test_optfs_is_the_authors_release(problem, readout):
+    train, test, ood = problem
+    det = detectors.create("optfs", readout=readout).fit(train)
+    ours = np.concatenate([det.score(test), det.score(ood)])
+    ref = np.concatenate([_optfs_release(train, test, readout), _optfs_release(train, ood, readout)])
+    assert close(ours, ref, 1e-10)  # the same float64 sums in another order (bincount vs masked sums)
+    same_results(ours, ref, len(test))
+    wrong = np.concatenate([_optfs_release(train, s, readout, weighted=False) for s in (test, ood)])
+    assert not close(wrong, ref, 1e-6)
+
+
+def _kpca_release(train_z, rows, ratio, weights=None, phases=None, wrong_centre=False) -> np.ndarray:
+    """The kernel PCA release (fanghenshaometeor/ood-kernel-pca, CoP_CoRP_ImgNet.py at
+    5f24c69412d82e4fb0d14bdf6eae6f922f38d53b) re-derived in float64: normalise (+1e-10), the RFF
+    map with the given draws (CoRP) or none (CoP), centre by the train mean, SVD of F'F, q by the
+    cumulative explained-variance rule, score -||f - U_q U_q' f||. ``wrong_centre``: the
+    deliberately wrong formula (no centring)."""
+    unit = lambda x: x / (np.linalg.norm(x, ord=2, axis=-1, keepdims=True) + 1e-10)  # noqa: E731
+    ftrain, ftest = unit(np.asarray(train_z, dtype=np.float64)), unit(np.asarray(rows, dtype=np.float64))
+    if weights is not None:
+        m = weights.shape[0]
+        ftrain = np.sqrt(2 / m) * np.cos(ftrain.dot(weights.T) + phases[np.newaxis, :])
+        ftest = np.sqrt(2 / m) * np.cos(ftest.dot(weights.T) + phases[np.newaxis, :])
+    if not wrong_centre:
+        mu = ftrain.mean(axis=0)
+        ftrain, ftest = ftrain - mu, ftest - mu
+    u_full, s, _ = np.linalg.svd(ftrain.T.dot(ftrain))
+    q, acc = -1, np.zeros(ftrain.shape[1])
+    for i in range(ftrain.shape[1]):
+        acc[i] = sum(s[:i]) / sum(s)
+        if i > 0 and q < 0 and acc[i - 1] < ratio <= acc[i]:
+            q = i
+    u_q = u_full[:, :q]
+    return -np.linalg.norm(ftest - u_q.dot(u_q.T).dot(ftest.T).T, ord=2, axis=1)
+
+
+@pytest.mark.parametrize("kernel", ["cosine", "cosine_gaussian"])
+def test_kpca_is_the_authors_release(problem, kernel):
+    train, test, ood = problem
+    hp = {"explained_variance": 0.8} if kernel == "cosine" else {"n_features": 64, "gamma": 1.0}
+    det = detectors.create("kpca", kernel=kernel, **hp).fit(train)
+    ours = np.concatenate([det.score(test), det.score(ood)])
+    rows = np.concatenate([test.features, ood.features])
+    draws = (det.rff_weights_, det.rff_phases_) if kernel == "cosine_gaussian" else (None, None)
+    ratio = hp.get("explained_variance", 0.5)
+    ref = _kpca_release(train.features, rows, ratio, *draws)
+    # float64 on both sides; eigh vs SVD and ||r||^2 - ||U'r||^2 vs the residual itself: a few ulps
+    # of ||r||^2 relative to the residual's square (>= 1e-2 of it here)
+    assert close(ours, ref, 1e-9)
+    same_results(ours, ref, len(test))
+    assert 1 < det.n_components_ < det.components_.shape[0]
+    assert not close(_kpca_release(train.features, rows, ratio, *draws, wrong_centre=True), ref, 1e-6)
