@@ -256,6 +256,11 @@ slurm_stop() {
     runuser -u munge -- munged --stop >/dev/null 2>&1 || true
     rm -f "$ENGINES_DIR/munged.ours"
   fi
+  local f
+  for f in slurm.conf slurmdbd.conf; do  # this script's configuration only (its first line marks it)
+    [ -f "$SLURM_ETC/$f" ] && [ "$(head -n 1 "$SLURM_ETC/$f")" = "$MARK" ] && rm -f "$SLURM_ETC/$f"
+  done
+  return 0
 }
 dbd_stop() {
   if alive "$ENGINES_DIR/slurmdbd.pid"; then

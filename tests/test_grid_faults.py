@@ -300,3 +300,27 @@ def test_extract_cached_only_finds_an_entry_without_creating_anything(tmp_path):
     path = extract("timm:test_resnet", tmp_path / "data" / "gray", st, **kw)
     assert extract("timm:test_resnet", tmp_path / "data" / "gray", st, cached_only=True, **kw) == path
     assert not (st / ".partial").exists()  # lock and partial folder gone once the entry is in
+
+
+# ---------------------------------------------------------------------------- the closing line
+def test_closing_line_counts_each_kind_as_what_it_is(tmp_path):
+    import io
+
+    from oodeval.commands.run import closing_line
+    from oodeval.experiment.runner import RunSummary
+
+    s = RunSummary(results=tmp_path / "r.parquet", total=10, computed=6, failed=2, not_computed=4)
+    s.add_error("m/msp/near/all/seed 0", "boom")
+    s.add_error("m/msp/near/all/seed 1", "boom")
+    s.add_error("sweep size m/near", "bad vocabulary", sweep=True)
+    s.lost.append("job m/energy (7): did not finish: left the Slurm queue without a result (state CANCELLED)")
+    details = io.StringIO()
+    parts = closing_line(s, details).split("; ")
+    assert parts[0].startswith("2 of 10 cell(s) failed (each error is in the 'error' column")
+    assert parts[1:] == ["4 of 10 cell(s) not computed", "1 job(s) did not finish (a rerun computes only what they left)",
+                         "1 sweep(s) failed (above)"]  # fmt: skip
+    assert "  2 failed, e.g. m/msp/near/all/seed 0: boom" in details.getvalue() and "(state CANCELLED)" in details.getvalue()
+    assert not s.ok and "6 computed (2 failed), 4 not computed" in str(s)
+    # only a lost job: no cell counted as failed, no sweep
+    lost = RunSummary(results=tmp_path / "r.parquet", total=8, computed=8, lost=["job x (1): did not finish: killed"])
+    assert closing_line(lost, io.StringIO()) == "1 job(s) did not finish (a rerun computes only what they left)"
