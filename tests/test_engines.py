@@ -20,6 +20,7 @@ import pandas as pd
 import pytest
 import ray.cloudpickle
 from test_grid_e2e import make_data
+from test_grid_faults import tiny_grid
 
 from oodeval.commands.run import closing_line
 from oodeval.experiment import executors, run_experiment, runner
@@ -35,29 +36,7 @@ VOLATILE = ["seconds", "fit_seconds", "score_seconds", "created", "scores_id", "
 
 
 def _experiment(root: Path, name: str) -> Path:
-    exp = root / f"{name}.toml"
-    exp.write_text(f"""
-seeds = [0]
-bootstrap_draws = 20
-batch_size = 16
-device = "cpu"
-store = "{name}-store"
-results = "{name}.parquet"
-[datasets]
-id_train = "data/train"
-id_test = "data/val"
-ood = ["data/gray", {{ name = "data/fi", label = "Fi", split_column = "fine_grained" }}]
-[[models]]
-name = "timm:test_resnet"
-label = "r"
-pretrained = false
-model_kwargs = {{ num_classes = 3 }}
-[[detectors]]
-name = "msp"
-[[detectors]]
-name = "mahalanobis"
-""")
-    return exp
+    return tiny_grid(root, name, ("msp", "mahalanobis"), store=f"{name}-store", results=f"{name}.parquet")
 
 
 @pytest.fixture(scope="module")

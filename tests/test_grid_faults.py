@@ -94,29 +94,33 @@ class FakeExecutor:
         return _Job(job_id, self.folder, True, fn(*args))
 
 
-def _grid(tmp_path) -> Path:
-    make_data(tmp_path / "data")
-    exp = tmp_path / "exp.toml"
-    exp.write_text("""
-seeds = [0]
+def tiny_grid(root: Path, name: str = "exp", detectors: tuple[str, ...] = ("msp", "energy"), **top: str) -> Path:
+    """``<root>/<name>.toml``: random-init timm test_resnet extracted into the store, on the image
+    folders of ``test_grid_e2e.make_data`` under ``<root>/data``, one seed, 2 OOD sets (one with a
+    split column); ``top``: more top-level string settings (``store``, ``results``)."""
+    settings = "".join(f'{k} = "{v}"\n' for k, v in top.items())
+    dets = "".join(f'[[detectors]]\nname = "{d}"\n' for d in detectors)
+    exp = root / f"{name}.toml"
+    exp.write_text(f"""seeds = [0]
 bootstrap_draws = 20
 batch_size = 16
 device = "cpu"
-[datasets]
+{settings}[datasets]
 id_train = "data/train"
 id_test = "data/val"
-ood = ["data/gray", { name = "data/fi", label = "Fi", split_column = "fine_grained" }]
+ood = ["data/gray", {{ name = "data/fi", label = "Fi", split_column = "fine_grained" }}]
 [[models]]
 name = "timm:test_resnet"
 label = "r"
 pretrained = false
-model_kwargs = { num_classes = 3 }
-[[detectors]]
-name = "msp"
-[[detectors]]
-name = "energy"
-""")
+model_kwargs = {{ num_classes = 3 }}
+{dets}""")
     return exp
+
+
+def _grid(tmp_path) -> Path:
+    make_data(tmp_path / "data")
+    return tiny_grid(tmp_path)
 
 
 def _use(monkeypatch, ex: FakeExecutor) -> None:
