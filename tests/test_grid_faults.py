@@ -143,11 +143,11 @@ def test_cancelled_job_without_accounting_is_reported_and_rerun_submits_only_mis
     out, err = capsys.readouterr()
     kinds = [name for name, _ in first.submitted]
     assert kinds.count("_extract_job") == 4 and kinds.count("_units_job") == 2  # id_train, id_test, 2 OOD sets; 2 detectors
-    # the warning, once; the lost job listed as what it is; 2 OOD sets x 1 seed of energy not computed
+    # the warning, once; the lost job listed as what it is; energy's 2 OOD sets and the 2 splits of Fi not computed
     assert err.count("Slurm accounting (sacct) is unavailable") == 1 and "storage is disabled" in err
     assert "job r/energy (1005): did not finish: left the Slurm queue without a result (state CANCELLED)" in out + err
-    assert "2 of " in err and "cell(s) not computed; 1 job(s) did not finish" in err
-    assert "cell(s) failed" not in err and "sweep" not in err and "(0 failed), 2 not computed" in out
+    assert "oodeval run: 4 of 8 cell(s) not computed; 1 job(s) did not finish" in err
+    assert "cell(s) failed" not in err and "sweep" not in err and "(0 failed), 4 not computed" in out
     assert set(load_results(tmp_path / "results.parquet")["detector"]) == {"msp"}
 
     # the rerun: no extraction (every entry is in the store), one job, the lost detector's

@@ -44,7 +44,7 @@ from types import SimpleNamespace
 
 from .._extras import optional
 from ..errors import ClusterUnreachableError, InputError
-from ..results import KEY, _key_of, compact_results, load_results
+from ..results import ALL_SPLIT, KEY, _key_of, compact_results, load_results
 from .config import ExperimentConfig, code_on_path
 from .runner import RunSummary, Unit, _failed_kept, _recorded_hash, pending_units, run_units, unit_cells
 from .slurm_watch import SlurmWatch, slurm_problem
@@ -233,18 +233,23 @@ def _run_all(cfg: ExperimentConfig, ex, max_jobs: int | None, features, progress
 
 
 def _count_not_computed(cfg: ExperimentConfig, units: list[Unit], summary: RunSummary) -> None:
-    """Add the cells (over whole OOD sets) of the lost jobs' ``units`` that are not in the table to
-    ``summary.not_computed`` (and to its total); units of unknown size to ``runs_not_computed``."""
+    """Add the cells of the lost jobs' ``units`` that are not in the table to ``summary.not_computed``
+    (and to its total): each whole OOD set, plus the split cells other detectors of the same model
+    run have on it; units of unknown size (their detectors not listed) to ``runs_not_computed``."""
     if not units:
         return
     table = load_results(cfg.results)
     present = {_key_of(r) for r in table[list(KEY)].itertuples(index=False, name=None)} if len(table) else set()
+    splits: dict[tuple, set[str]] = {}
+    for key in present:
+        if key.split != ALL_SPLIT:
+            splits.setdefault((key.model, key.weights, key.dataset, key.seed), set()).add(key.split)
     for unit in units:
         cells = unit_cells(cfg, unit)
         if cells is None:
             summary.runs_not_computed += 1
             continue
-        missing = sum(1 for c in cells if c not in present)
+        missing = sum(1 + len(splits.get((c.model, c.weights, c.dataset, c.seed), ())) for c in cells if c not in present)
         summary.not_computed += missing
         summary.total += missing
 

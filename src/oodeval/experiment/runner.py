@@ -102,7 +102,8 @@ class RunSummary:
     failed_kept: int = 0
     #: zero-shot vocabulary sweeps that failed (each also in ``errors``)
     sweeps_failed: int = 0
-    #: cells (over whole OOD sets) left uncomputed by jobs that did not finish; a rerun computes them
+    #: cells left uncomputed by jobs that did not finish (whole OOD sets, and the split cells known from
+    #: other detectors' rows); a rerun computes them
     not_computed: int = 0
     #: model runs with unlisted detectors whose job did not finish (their cell count is unknown)
     runs_not_computed: int = 0
