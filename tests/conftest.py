@@ -21,6 +21,8 @@ def pytest_configure(config) -> None:
                                        "skipped when they are missing, a failure under CI=true")  # fmt: skip
     config.addinivalue_line("markers", "numerics: a numerical result that must hold on every CPU kernel and thread count; "
                                        ".ci/run runs these again under other kernels (docs/conventions.md#reproducibility)")  # fmt: skip
+    config.addinivalue_line("markers", "engines(which): the test runs on a real Ray cluster or Slurm controller started by "
+                                       "scripts/engines.sh; skipped unless OODEVAL_ENGINES names it (ray,slurm)")  # fmt: skip
 
 
 def missing_packages(what: str) -> list[str]:
@@ -31,7 +33,13 @@ def missing_packages(what: str) -> list[str]:
 
 
 def pytest_runtest_setup(item) -> None:
-    """Skip a test whose Debian packages are missing, naming them; under ``CI=true`` fail it instead."""
+    """Skip a test whose Debian packages are missing, naming them; under ``CI=true`` fail it instead.
+    Skip an engines test unless ``OODEVAL_ENGINES`` names its engine (`.ci/run` sets it once they are up)."""
+    wanted = {e for mark in item.iter_markers("engines") for e in mark.args}
+    started = set(filter(None, os.environ.get("OODEVAL_ENGINES", "").split(",")))
+    if wanted - started:
+        pytest.skip(f"needs the {', '.join(sorted(wanted - started))} engine(s) of scripts/engines.sh "
+                    "(run with OODEVAL_ENGINES=ray,slurm once they are up; see docs/experiments.md)")
     missing = [pkg for mark in item.iter_markers("needs") for what in mark.args for pkg in missing_packages(what)]
     if not missing:
         return

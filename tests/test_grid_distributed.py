@@ -104,9 +104,13 @@ def test_jobs_equal_inprocess_and_survive_a_killed_worker(tmp_path, monkeypatch,
         cfg, progress=False, features=killing_features, executor=executor, executor_options=first_options,
     )  # fmt: skip
     assert marker.exists()  # one worker really died, after scoring ID test and 'near', inside a 'far' cell
-    assert any("did not finish" in e for e in first.errors)
+    assert len(first.lost) == 1 and "did not finish" in first.lost[0] and not first.errors  # a lost job, no failed cell
     partial = load_results(cfg["results"])
     assert 0 < len(partial) < len(load_results(ref.results))
+    # every cell of the killed job: its whole OOD sets and the split cells the other detectors have
+    cells = load_results(ref.results)
+    missing = set(cells[list(KEY)].itertuples(index=False, name=None)) - set(partial[list(KEY)].itertuples(index=False, name=None))
+    assert first.not_computed == len(missing) > 0 and not first.ok
     # the rerun fans out only the missing work; the killed job's cells are computed now
     monkeypatch.delenv("OODEVAL_TEST_KILL")
     second = run_experiment(cfg, progress=False, executor=executor, executor_options=rerun_options)

@@ -9,7 +9,8 @@ several commands share are defined once in :mod:`oodeval.commands._options`.
 
 One error path for every command: a user error (an :class:`oodeval.errors.OodevalError`: bad
 input, a refused output path; an OS error on the user's files; running out of memory) prints
-``oodeval CMD: error: ...`` and exits 2; any other exception is a bug in oodeval, printed as one
+``oodeval CMD: error: ...`` and exits 2; a compute cluster that cannot be reached
+(:class:`oodeval.errors.ClusterUnreachableError`) exits 3; any other exception is a bug in oodeval, printed as one
 line that says so, and exits 1; ``-v`` (accepted before or after the sub-command) adds the traceback.
 Log records and Python warnings, oodeval's and third-party ones, go through one handler that
 writes above the progress bars; third-party INFO chatter (open_clip, timm) shows only with ``-v``.
@@ -29,7 +30,7 @@ import traceback
 from . import __version__, commands
 from ._extras import missing_extra
 from .commands._options import Formatter, add_command, bound_numbers, examples
-from .errors import is_user_error
+from .errors import ClusterUnreachableError, is_user_error
 
 _VERBOSE_HELP = "log debug messages and show tracebacks (accepted anywhere on the line)"
 
@@ -200,6 +201,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{prog}: error: {extra}", file=sys.stderr)
             return 2
         msg = str(exc) or type(exc).__name__
+        if isinstance(exc, ClusterUnreachableError):
+            print(f"{prog}: error: {msg}", file=sys.stderr)
+            return 3
         if is_user_error(exc):
             print(f"{prog}: error: {msg}", file=sys.stderr)
             return 2

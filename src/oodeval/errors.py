@@ -4,13 +4,14 @@ Every such error is an :class:`OodevalError`; each subclass also derives from th
 exception callers caught before this module existed, so ``except ValueError`` (or ``KeyError``,
 ``RuntimeError``) keeps working. The CLI (:mod:`oodeval.cli`) prints them as
 ``oodeval CMD: error: ...`` and exits 2, as it does for OS errors (a missing, unreadable or
-misplaced file, a full disk, an unreachable endpoint) and for running out of memory; any other
-exception is a bug in oodeval and exits 1.
+misplaced file, a full disk, an unreachable endpoint) and for running out of memory; a compute
+cluster that cannot be reached (:class:`ClusterUnreachableError`) exits 3; any other exception is a
+bug in oodeval and exits 1.
 """
 
 from __future__ import annotations
 
-__all__ = ["OodevalError", "InputError", "UnknownNameError", "StateError", "is_user_error"]
+__all__ = ["OodevalError", "InputError", "UnknownNameError", "StateError", "ClusterUnreachableError", "is_user_error"]
 
 
 class OodevalError(Exception):
@@ -31,6 +32,12 @@ class UnknownNameError(OodevalError, KeyError):
 class StateError(OodevalError, RuntimeError):
     """Work that cannot proceed from the state on disk or in memory (an incomplete store entry,
     features a run lacks, a detector scored before ``fit``)."""
+
+
+class ClusterUnreachableError(RuntimeError):
+    """The compute cluster a command was sent to (a Ray cluster, a Slurm controller) cannot be reached
+    or refused the connection; raised before anything was written. Not the input's fault: the CLI
+    exits 3 for it."""
 
 
 def is_user_error(exc: BaseException) -> bool:

@@ -78,7 +78,8 @@ def executor_options(pairs: list[str]) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Exit 0 when every cell succeeded, 1 when any failed (after printing the summary), 2 on a bad file."""
+    """Exit 0 when every cell succeeded, 1 when any failed or was not computed (a job did not finish;
+    after printing the summary), 2 on a bad file, 3 when the cluster cannot be reached."""
     cfg = load_config(args.experiment, defaults=args.defaults)
     if args.full_image_hash:
         cfg = dataclasses.replace(cfg, full_image_hash=True)
@@ -104,18 +105,34 @@ def run(args: argparse.Namespace) -> int:
         print(f"report: {paths['html']}", file=log)
     if summary.ok:
         return 0
+    print(f"oodeval run: {closing_line(summary, log)}; `oodeval run --check {args.experiment}` lists missing inputs, -v shows tracebacks",
+          file=sys.stderr)  # fmt: skip
+    return 1
+
+
+def closing_line(summary, log=sys.stderr) -> str:
+    """What went wrong in a run, each kind counted as what it is: failed cells (recorded with their
+    error), cells not computed and the jobs that did not finish (a rerun computes those cells), failed
+    sweeps; the details first, one line each, to ``log``."""
     if summary.failed_kept:
         print(f"  {summary.failed_kept} cell(s) failed in an earlier run and were kept (retry_failed = false)", file=log)
     for message, (n, first) in summary.error_counts.items():
         print(f"  {n} failed, e.g. {first}: {message}", file=log)
-    sweeps = len(summary.errors) - summary.failed
-    what = f"{summary.failed + summary.failed_kept} of {summary.total} cell(s)" + (f" and {sweeps} sweep(s)" if sweeps else "")
-    print(
-        f"oodeval run: {what} failed; every error is in the 'error' column of the rows with status == 'error' in {summary.results} "
-        f"(sweeps: above); `oodeval run --check {args.experiment}` lists missing inputs, -v shows tracebacks",
-        file=sys.stderr,
-    )
-    return 1
+    for job in summary.lost:
+        print(f"  {job}", file=log)
+    what = []
+    failed = summary.failed + summary.failed_kept
+    if failed:
+        what.append(f"{failed} of {summary.total} cell(s) failed (each error is in the 'error' column of the rows "
+                    f"with status == 'error' in {summary.results})")
+    if summary.not_computed or summary.runs_not_computed:
+        runs = f" (and every cell of {summary.runs_not_computed} model run(s))" if summary.runs_not_computed else ""
+        what.append(f"{summary.not_computed} of {summary.total} cell(s){runs} not computed")
+    if summary.lost:
+        what.append(f"{len(summary.lost)} job(s) did not finish (a rerun computes only what they left)")
+    if summary.sweeps_failed:
+        what.append(f"{summary.sweeps_failed} sweep(s) failed (above)")
+    return "; ".join(what)
 
 
 def summary_rows(cfg, results) -> list[dict]:

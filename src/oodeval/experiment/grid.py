@@ -37,8 +37,12 @@ def run_experiment(
     check_output(cfg.results, "results table")  # refused before any work
     if cfg.results.suffix != ".parquet":
         raise InputError(f"results = {str(cfg.results)!r}: the results table is Parquet, so its path must end in .parquet")
-    claim_folder(scores_dir(cfg.results), "run scores")
-    claim_folder(parts_dir(cfg.results), PARTS_KIND)
-    if executor != "inprocess":
-        return run_distributed(cfg, executor, executor_options or {}, features, progress)
+
+    def claim() -> None:
+        claim_folder(scores_dir(cfg.results), "run scores")
+        claim_folder(parts_dir(cfg.results), PARTS_KIND)
+
+    if executor != "inprocess":  # the folders are claimed once the cluster is reached
+        return run_distributed(cfg, executor, executor_options or {}, features, progress, prepare=claim)
+    claim()
     return run_units(cfg, features, progress=progress)

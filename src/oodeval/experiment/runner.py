@@ -65,7 +65,7 @@ from .zeroshot import (
     zeroshot_logits,
 )
 
-__all__ = ["RunSummary", "Unit", "scores_dir", "EXECUTORS"]
+__all__ = ["RunSummary", "Unit", "scores_dir", "unit_cells", "EXECUTORS"]
 
 log = logging.getLogger(__name__)
 
@@ -100,26 +100,38 @@ class RunSummary:
     failed: int = 0
     fits: int = 0
     failed_kept: int = 0
+    #: zero-shot vocabulary sweeps that failed (each also in ``errors``)
+    sweeps_failed: int = 0
+    #: cells left uncomputed by jobs that did not finish (whole OOD sets, and the split cells known from
+    #: other detectors' rows); a rerun computes them
+    not_computed: int = 0
+    #: model runs with unlisted detectors whose job did not finish (their cell count is unknown)
+    runs_not_computed: int = 0
     errors: list[str] = field(default_factory=list)
     #: each distinct error message -> (number of cells, the first such cell)
     error_counts: dict[str, tuple[int, str]] = field(default_factory=dict)
+    #: jobs of a distributed run that did not finish ("job WHAT (ID): why")
+    lost: list[str] = field(default_factory=list)
 
     def __fspath__(self) -> str:
         """A summary stands for its results table: ``pd.read_parquet(run_experiment(...))`` works."""
         return str(self.results)
 
     def __str__(self) -> str:
+        missing = f", {self.not_computed} not computed" if self.not_computed else ""
         return (
             f"{self.total} cells: {self.skipped} already done, {self.computed} computed "
-            f"({self.failed} failed), {self.fits} detector fits -> {self.results}"
+            f"({self.failed} failed){missing}, {self.fits} detector fits -> {self.results}"
         )
 
     @property
     def ok(self) -> bool:
-        """True when nothing failed: no cell or sweep in this call, none kept from before (``retry_failed = false``)."""
-        return not self.errors and self.failed_kept == 0
+        """True when nothing failed: no cell, sweep or job in this call, none kept from before (``retry_failed = false``)."""
+        return not self.errors and not self.lost and self.failed_kept == 0
 
-    def add_error(self, cell: str, message: str) -> None:
+    def add_error(self, cell: str, message: str, *, sweep: bool = False) -> None:
+        """Record a failed cell (or, with ``sweep``, a failed vocabulary sweep) and its message."""
+        self.sweeps_failed += sweep
         self.errors.append(f"{cell}: {message}")
         n, first = self.error_counts.get(message, (0, cell))
         self.error_counts[message] = (n + 1, first)
@@ -162,22 +174,35 @@ def extract_experiment_features(model: ModelSpec, weights: str | None, ds: Exper
         if model.kind == "supervised":
             fs.meta.setdefault("model", model.name)
         return fs
+    return FeatureSet.load(_from_store(model, weights, ds, role, cfg))
+
+
+def _from_store(model: ModelSpec, weights: str | None, ds: ExperimentDataset, role: str, cfg: ExperimentConfig,
+                cached_only: bool = False) -> Path | None:
+    """The store entry of ``ds`` under ``model`` (extracted here unless ``cached_only``; then None when it
+    is not in the store, or cannot be found without loading a model: GL-MCM's patch readouts need
+    the text tower)."""
     from ..features.extract import extract
 
     taps = bool(model.taps) and role != "id_train"
     readouts = ()
     if model.patch_features and model.kind == "zero-shot":
+        if cached_only:
+            return None
         readouts = patch_readouts(model, weights, cfg)
-    path = extract(model.name, ds.name, cfg.store, taps=taps, patch_features=model.full_patch_features or
+    passes = _role_passes(model, weights, role, cfg, cached_only)
+    if passes is None:
+        return None
+    return extract(model.name, ds.name, cfg.store, taps=taps, patch_features=model.full_patch_features or
                    (model.patch_features and model.kind != "zero-shot"), patch_readouts=readouts,
-                   passes=_role_passes(model, weights, role, cfg), **_extract_options(model, weights, cfg))  # fmt: skip
-    return FeatureSet.load(path)
+                   passes=passes, cached_only=cached_only, **_extract_options(model, weights, cfg))  # fmt: skip
 
 
-def _role_passes(model: ModelSpec, weights: str | None, role: str, cfg: ExperimentConfig) -> list:
+def _role_passes(model: ModelSpec, weights: str | None, role: str, cfg: ExperimentConfig, cached_only: bool = False) -> list | None:
     """The model's network passes for one role: on ID train only what a fit reads (gram as given,
     mds clean, i.e. noise 0); elsewhere all, mds with noise > 0 perturbed along the Gaussians of the
-    ID-train set's clean mds pass (extracted, or read from the cache, here)."""
+    ID-train set's clean mds pass (extracted, or read from the cache, here; with ``cached_only``
+    None when that set is not in the store yet)."""
     def clean(spec):
         return replace(spec, settings=tuple((k, 0.0 if k == "noise" else v) for k, v in spec.settings))
 
@@ -191,8 +216,11 @@ def _role_passes(model: ModelSpec, weights: str | None, role: str, cfg: Experime
             elif cfg.id_train is not None:
                 from ..features.extract import extract
 
-                fit = str(extract(model.name, cfg.id_train.name, cfg.store, passes=_role_passes(model, weights, "id_train", cfg),
-                                  **_extract_options(model, weights, cfg)))  # fmt: skip
+                found = extract(model.name, cfg.id_train.name, cfg.store, passes=_role_passes(model, weights, "id_train", cfg),
+                                cached_only=cached_only, **_extract_options(model, weights, cfg))  # fmt: skip
+                if found is None:
+                    return None
+                fit = str(found)
             else:
                 raise InputError("mds with noise > 0 needs the experiment's id_train set (its Gaussians guide the perturbation)")
             spec = replace(spec, settings=tuple((k, fit if k == "fit" else v) for k, v in spec.settings))
@@ -338,14 +366,18 @@ def _cell_inputs(cfg: ExperimentConfig, model: ModelSpec, hashes: dict[str, str 
     return out
 
 
-def _recorded_hash(model: ModelSpec, role: str) -> str | None:
-    """A FeatureSet's content hash known without loading it: the one a precomputed folder's meta.json
-    records (checked against the arrays when the folder is loaded), else None."""
-    if role not in model.features:
-        return None
+def _recorded_hash(model: ModelSpec, weights: str | None, role: str, ds: ExperimentDataset, cfg: ExperimentConfig) -> str | None:
+    """A FeatureSet's content hash known without loading its arrays: the one its meta.json records
+    (checked against the arrays when it is loaded), of a precomputed folder or of the finished store
+    entry the run's extraction would read (found by its key, :func:`_from_store` with
+    ``cached_only``); None when there is none yet."""
     try:
-        return str(json.loads((Path(model.features[role]) / "meta.json").read_text())["content_hash"])
-    except (OSError, ValueError, KeyError, TypeError):
+        folder = Path(model.features[role]) if role in model.features else _from_store(model, weights, ds, role, cfg, cached_only=True)
+        if folder is None:
+            return None
+        return str(json.loads((folder / "meta.json").read_text())["content_hash"])
+    except Exception:  # noqa: BLE001 - unknown here: the run loads (or extracts) it and reports any problem
+        log.debug("no recorded hash for %s/%s", model.label, role, exc_info=True)
         return None
 
 
@@ -447,8 +479,9 @@ def _model_runs(cfg: ExperimentConfig, done: dict[CellKey, str | None], split_do
         groups: dict[str | None, list[int]] = {}
         for i, seed in enumerate(cfg.seeds):
             groups.setdefault(model.weights_for(i), []).append(seed)
-        hashes = {role: _recorded_hash(model, role) for role, _ in _feature_roles(model, cfg)}
+        recorded = any(key.model == model.label for key in done)  # else nothing to look up: every cell is pending
         for weights, seeds in groups.items():
+            hashes = {role: _recorded_hash(model, weights, role, ds, cfg) if recorded else None for role, ds in _feature_roles(model, cfg)}
             run = _Run(model, weights, seeds, inputs=_cell_inputs(cfg, model, hashes))
             n = _settled(run, cfg, done, split_done)
             if n is None:
@@ -456,6 +489,17 @@ def _model_runs(cfg: ExperimentConfig, done: dict[CellKey, str | None], split_do
             else:  # every cell done: no features needed, nothing re-extracted or re-hashed
                 settled += n
     return runs, settled
+
+
+def unit_cells(cfg: ExperimentConfig, unit: Unit) -> list[CellKey] | None:
+    """The cells of ``unit`` over whole OOD sets (None: its detectors are not listed, so unknown
+    without its features)."""
+    if unit.detector is None:
+        return None
+    model = next(m for m in cfg.models if m.label == unit.model)
+    seeds = [seed for i, seed in enumerate(cfg.seeds) if (model.weights_for(i) or "") == unit.weights]
+    return [CellKey(unit.model, unit.weights, unit.detector, unit.hyperparameters, ds.label, ALL_SPLIT, int(seed))
+            for ds in cfg.ood for seed in seeds]  # fmt: skip
 
 
 def pending_units(cfg: ExperimentConfig) -> tuple[list[Unit], int]:

@@ -307,4 +307,4 @@ def run_sweeps(model: ModelSpec, feats: dict[str, FeatureSet], context: dict, er
                     curve = sweep_prefix(*unit_fs, context["id_text"], negatives, sizes, scorer=sweep.scorer, **sweep.hyperparameters)
                 save_sweep(cfg.results, sweep.name, model.label, ds.label, curve, key=key)
             except Exception as exc:  # noqa: BLE001 - recorded, the rest goes on
-                summary.add_error(f"sweep {sweep.name} {model.label}/{ds.label}", f"{type(exc).__name__}: {exc}")
+                summary.add_error(f"sweep {sweep.name} {model.label}/{ds.label}", f"{type(exc).__name__}: {exc}", sweep=True)

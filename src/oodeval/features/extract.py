@@ -248,7 +248,8 @@ def extract(
     full_image_hash: bool = False,
     patch_readouts: Sequence[PatchReadout] = (),
     passes: Sequence[PassSpec] = (),
-) -> Path:
+    cached_only: bool = False,
+) -> Path | None:
     """Extract ``model`` on ``dataset`` into ``store`` and return the FeatureSet folder (cached).
 
     ``dataset``: a Manifest, registry name, ``NAME:SPLIT``, image folder or CSV (see
@@ -272,6 +273,11 @@ def extract(
     ``passes``: the network passes of ODIN, Mahalanobis with preprocessing, Gram, RankFeat and MC
     dropout (:mod:`oodeval.features.passes`, settings from :func:`~oodeval.features.pass_options.parse_pass`);
     their settings enter the cache key and ``meta["passes"]``, their arrays the extras.
+
+    ``cached_only``: return the entry's folder only when it is already in the store, else None; nothing
+    is loaded or extracted (a grid's coordinator decides this way which cells are done). One process
+    extracts a given entry at a time: another one asking for it meanwhile waits for it
+    (:func:`oodeval.features.store.entry_lock`) and then reads it from the store.
     """
     if batch_size < 1 or shard_size < 1:
         raise InputError(f"batch_size and shard_size must be >= 1, got {batch_size} and {shard_size}")
@@ -314,6 +320,24 @@ def extract(
     if (entry / "meta.json").is_file():
         log.info("cached: %s", entry)
         return entry
+    if cached_only:
+        return None
+    job = dict(model=model, weights=weights, weights_hash=weights_hash, head=head, pretrained=pretrained,
+               model_kwargs=model_kwargs, taps=taps, nac_layers=nac_layers, patch_features=patch_features,
+               batch_size=batch_size, num_workers=num_workers, device=dev, amp=use_amp, progress=progress,
+               shard_size=shard_size, rank=rank, world=world, backbone=backbone, patch_readouts=patch_readouts,
+               random_init=_random_init(kind, weights, pretrained))  # fmt: skip
+    # the ranks of one torch.distributed extraction share the entry by design: no lock between them
+    with st.entry_lock(store, key) if world == 1 else nullcontext():
+        if (entry / "meta.json").is_file():  # extracted by another process while this one waited
+            log.info("cached: %s (extracted by another process meanwhile)", entry)
+            return entry
+        return _extract(entry, key, store, manifest, skip_missing, passes, keyed, **job)
+
+
+def _extract(entry: Path, key: str, store: Path, manifest: Manifest, skip_missing: bool, passes: list, keyed: list, **job) -> Path:
+    """Extract the entry ``entry`` (not in the store yet): check the manifest's files, build the
+    passes, run the job (:func:`_run`), on every rank of a torch.distributed group."""
     missing = manifest.missing_files()
     if missing and not skip_missing:
         raise FileNotFoundError(
@@ -325,12 +349,9 @@ def extract(
     built = build_passes(passes)
     for p, k in zip(built, keyed):
         p.keyed = k
-    job = _Job(model=model, manifest=manifest, store=store, entry=entry, key=key, weights=weights, weights_hash=weights_hash,
-               head=head, pretrained=pretrained, model_kwargs=model_kwargs, taps=taps, nac_layers=nac_layers,
-               patch_features=patch_features, batch_size=batch_size, num_workers=num_workers, device=dev, amp=use_amp,
-               progress=progress, shard_size=shard_size, rank=rank, world=world, backbone=backbone,
-               patch_readouts=patch_readouts, random_init=_random_init(kind, weights, pretrained), passes=built)
-    created = _init_dist(world, dev)
+    job = _Job(manifest=manifest, store=store, entry=entry, key=key, passes=built, **job)
+    rank = job.rank
+    created = _init_dist(job.world, job.device)
     try:
         path = _run(job)
         if created:

@@ -5,6 +5,7 @@ Layout under a store folder::
     <store>/<model slug>/<dataset slug>-<key16>/     a finished FeatureSet (+ manifest.csv of its rows)
     <store>/.partial/<key>/plan.json                 row count and shard size, fixed when the entry is started
     <store>/.partial/<key>/shard-000123.npz          rows [123*S, 124*S) of the manifest, written atomically
+    <store>/.partial/<key>.lock                      held (flock) by the one process extracting the entry
 
 A shard is written in one rename, so a process killed at any moment leaves whole shards only;
 a rerun skips them, and the entry is assembled (in shard order, rows checked to cover the
@@ -18,7 +19,14 @@ import json
 import os
 import re
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:  # not on Windows: extractions there are not locked against each other
+    fcntl = None
 
 import numpy as np
 
@@ -27,7 +35,7 @@ from ..data.manifest import Manifest
 from ..errors import InputError, StateError
 from .featureset import FeatureSet
 
-__all__ = ["entry_path", "partial_path", "shard_path", "write_shard", "done_shards", "assemble", "weights_digest", "plan"]
+__all__ = ["entry_path", "partial_path", "shard_path", "write_shard", "done_shards", "assemble", "weights_digest", "plan", "entry_lock"]
 
 _SLUG = re.compile(r"[^A-Za-z0-9._+-]+")
 
@@ -188,3 +196,44 @@ def plan(partial: Path, spec: dict) -> dict:
     write_json_atomic(f, spec)
     return spec
 
+
+
+def lock_path(store: Path, key: str) -> Path:
+    return Path(store) / ".partial" / f"{key}.lock"
+
+
+@contextmanager
+def entry_lock(store: Path, key: str) -> Iterator[None]:
+    """Hold the extraction lock of entry ``key``: an exclusive ``flock`` on ``<store>/.partial/<key>.lock``,
+    waiting while another process holds it, so one entry is never extracted twice at once (say, by two
+    grid jobs that both miss it). The OS releases the lock of a process that dies, so no lock outlives
+    its holder; the holder removes the file when done. Across nodes this needs a shared file system
+    with ``flock`` (NFSv4, Lustre or BeeGFS mounted with flock support)."""
+    if fcntl is None:
+        yield
+        return
+    path = lock_path(store, key)
+    while True:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except FileNotFoundError:  # .partial removed between mkdir and open by a finishing process
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                current = os.fstat(fd).st_ino == os.stat(path).st_ino
+            except FileNotFoundError:
+                current = False
+        except BaseException:
+            os.close(fd)
+            raise
+        if current:
+            break
+        os.close(fd)  # the previous holder removed this file after we opened it: lock the new one
+    try:
+        yield
+    finally:
+        path.unlink(missing_ok=True)  # before the lock is released: a waiter then sees a stale inode and retries
+        os.close(fd)
+        _remove_if_empty(path.parent)
