@@ -10,8 +10,10 @@ cell's vocabulary file: its kind and content hash and, for an LLM vocabulary, th
 (``"oodeval default"`` for oodeval's own wording, else e.g. EOE's released prompts), a hash of the
 prompt texts, the LLM and the generation.
 Metric columns are fractions in [0, 1] (``oodeval.metrics``; ``fpr95`` is the papers' FPR@95, ID
-positive, ``fpr95_ood_positive`` the OpenOOD / pytorch-ood one, NaN in tables written before it
-existed); the bootstrapped ones carry
+positive, ``fpr95_ood_positive`` the OpenOOD / pytorch-ood one; ``aupr_in`` / ``aupr_out`` average
+precision, ``aupr_in_trapezoid`` / ``aupr_out_trapezoid`` OpenOOD's and pytorch-ood's trapezoid;
+``autc``; ``aurc`` / ``augrc`` of the detector's ID scores as the classifier's confidence, NaN
+without ID logits and labels; a column a table was written before is NaN when it is read); the bootstrapped ones carry
 ``<metric>_lo`` / ``<metric>_hi`` percentile 95% bounds. A failed cell has ``status == "error"``
 and its message in ``error``; its metrics are NaN. ``random_init`` is true where the model's
 features came from random weights (``pretrained = false``, or a FeatureSet whose meta says so). Per-cell scores live beside the table
@@ -95,8 +97,9 @@ class CellKey(NamedTuple):
 
 
 KEY = CellKey._fields
-METRICS = ("fpr95", "fpr95_ood_positive", "tnr95", "auroc", "aupr_in", "aupr_out", "detection_error")
-BOOTSTRAPPED = ("fpr95", "fpr95_ood_positive", "tnr95", "auroc", "detection_error")
+METRICS = ("fpr95", "fpr95_ood_positive", "tnr95", "auroc", "aupr_in", "aupr_out", "detection_error",
+           "aupr_in_trapezoid", "aupr_out_trapezoid", "autc", "aurc", "augrc")
+BOOTSTRAPPED = ("fpr95", "fpr95_ood_positive", "tnr95", "auroc", "detection_error", "autc", "aurc", "augrc")
 #: the oodeval output kind of a table's parts folder
 PARTS_KIND = "results parts"
 #: the ``split`` value of a cell over the whole OOD set

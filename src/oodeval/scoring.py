@@ -17,13 +17,15 @@ from collections.abc import Iterator, Mapping
 from . import detectors
 from .errors import InputError
 from .features import FeatureSet
-from .metrics import all_metrics, fpr95_columns
+from .features.views import id_view
+from .metrics import all_metrics, fpr95_columns, selective_metrics
 from .params import check_hyperparameters, refuse
 from .results import ALL_SPLIT, BOOTSTRAPPED, result_row
 from .scorer import RunSets, build_scorer
-from .stats import bootstrap, confidence_interval
+from .stats import bootstrap, bootstrap_selective, confidence_interval
 
-__all__ = ["check_request", "evaluate_detectors", "supported_names", "parse_hyperparameters", "format_table", "failures", "cell_metrics", "fit_score_evaluate"]
+__all__ = ["check_request", "evaluate_detectors", "supported_names", "parse_hyperparameters", "format_table", "failures", "cell_metrics",
+           "selective_cell_metrics", "id_correct", "fit_score_evaluate"]  # fmt: skip
 
 
 def parse_hyperparameters(items: list[str]) -> dict[str, dict[str, object]]:
@@ -168,6 +170,12 @@ def fit_score_evaluate(
         return
     if scores_out is not None:
         scores_out["id"] = id_scores
+    correct = id_correct(test)
+    try:
+        selective = {} if correct is None else selective_cell_metrics(id_scores, correct, seed=seed, draws=draws)
+    except Exception as err:  # noqa: BLE001
+        yield from (_failed(o, c, f"AURC/AUGRC of the ID-test set: {_message(err)}") for o in oods for c in cells[o])
+        return
     for ood_name, fs in oods.items():
         t1 = time.perf_counter()
         try:
@@ -186,7 +194,7 @@ def fit_score_evaluate(
             except Exception as err:  # noqa: BLE001
                 yield _failed(ood_name, (split, cell_seed), f"evaluating OOD set {ood_name!r}: {_message(err)}")
                 continue
-            yield {"ood": ood_name, "split": split, "seed": cell_seed, "status": "ok", **metrics,
+            yield {"ood": ood_name, "split": split, "seed": cell_seed, "status": "ok", **metrics, **selective,
                    "fit_seconds": round(fit_s, 4), "score_seconds": round(score_s, 4)}  # fmt: skip
 
 
@@ -251,6 +259,43 @@ def cell_metrics(id_scores, ood_scores, seed: int = 0, draws: int = 1000, fixed_
         return out
     boot = bootstrap(id_scores, ood_scores, draws=draws, seed=seed, fixed_id=fixed_id)
     for m in BOOTSTRAPPED:
-        lo, hi = confidence_interval(boot[m][0])
-        out[f"{m}_lo"], out[f"{m}_hi"] = float(lo), float(hi)
+        if m in boot:
+            lo, hi = confidence_interval(boot[m][0])
+            out[f"{m}_lo"], out[f"{m}_hi"] = float(lo), float(hi)
+    return out
+
+
+def id_correct(test: FeatureSet):
+    """Whether the classifier is right on each ID-test sample (argmax of the K-way logits, a CnC
+    model's outlier logit left out, :func:`oodeval.features.views.id_view`), restricted to the
+    samples with a label; None without logits or labels."""
+    import numpy as np
+
+
+    view = id_view(test) if test.meta.get("outlier_class") is not None else test
+    if view.logits is None or view.labels is None:
+        return None
+    labels = np.asarray(view.labels)
+    logits = np.asarray(view.logits)
+    if logits.ndim != 2 or labels.shape != (logits.shape[0],) or not (labels >= 0).any() or labels.max() >= logits.shape[1]:
+        return None
+    return np.where(labels >= 0, logits.argmax(axis=1) == labels, -1)
+
+
+def selective_cell_metrics(id_scores, correct, seed: int = 0, draws: int = 1000) -> dict:
+    """AURC and AUGRC (fractions) of the ID scores as the confidence of the classifier whose
+    correctness is ``correct`` (:func:`id_correct`: 1 right, 0 wrong, -1 unlabelled and left out), with
+    percentile 95% bootstrap bounds from :func:`oodeval.stats.bootstrap_selective` (the ID samples
+    resampled) when ``draws`` > 0."""
+    import numpy as np
+
+    correct = np.asarray(correct)
+    keep = correct >= 0
+    scores = np.asarray(id_scores)[keep]
+    out = selective_metrics(scores, correct[keep] == 1)
+    if draws:
+        boot = bootstrap_selective(scores, correct[keep] == 1, draws=draws, seed=seed)
+        for m, v in boot.items():
+            lo, hi = confidence_interval(v)
+            out[f"{m}_lo"], out[f"{m}_hi"] = float(lo), float(hi)
     return out
