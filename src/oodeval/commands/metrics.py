@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import InputError
-from ..metrics import all_metrics, fpr95_columns
+from ..metrics import all_metrics, aupr_columns, fpr95_columns
 from ..stats import bootstrap, confidence_interval
 from ._options import add_convention
 from ._output import add_format, write_rows
@@ -75,7 +75,8 @@ def format_metrics(id_scores: np.ndarray, ood_scores: np.ndarray, draws: int, se
     check_draws(draws)
     conventions = fpr95_columns(convention)
     values = all_metrics(id_scores, ood_scores)
-    values = {c[0]: values[c[0]] for c in conventions} | values
+    lead = [c[0] for c in conventions] + ["auroc"] + [c for c, _ in aupr_columns(convention)]
+    values = {c: values[c] for c in lead} | values
     boot = bootstrap(id_scores, ood_scores, draws=draws, seed=seed, fixed_id=not resample_id) if draws else {}
     which = "ID and OOD scores both resampled" if resample_id else "OOD scores resampled, ID scores and their FPR@95 threshold fixed"
     lines = [
@@ -84,13 +85,16 @@ def format_metrics(id_scores: np.ndarray, ood_scores: np.ndarray, draws: int, se
     ]
     for name, value in values.items():
         if not draws:
-            lines.append(f"  {name:<16} {100 * value:6.2f}%")
+            lines.append(f"  {name:<18} {100 * value:6.2f}%")
         elif name in boot:
             lo, hi = confidence_interval(boot[name][0])
-            lines.append(f"  {name:<16} {100 * value:6.2f}%   95% CI [{100 * lo:6.2f}, {100 * hi:6.2f}]")
+            lines.append(f"  {name:<18} {100 * value:6.2f}%   95% CI [{100 * lo:6.2f}, {100 * hi:6.2f}]")
         else:
-            lines.append(f"  {name:<16} {100 * value:6.2f}%   (no interval: average precision is not bootstrapped)")
+            lines.append(f"  {name:<18} {100 * value:6.2f}%   (no interval: precision-recall areas are not bootstrapped)")
     lines += [f"{column}: {label}, {meaning}" for column, label, meaning in conventions]
+    lines += ["aupr_in / aupr_out: average precision (the papers'); aupr_in_trapezoid / aupr_out_trapezoid: the trapezoid "
+              "under scikit-learn's precision-recall curve (OpenOOD, pytorch-ood); autc: area under the threshold curve "
+              "(pytorch-ood's, lower is better)"]
     return "\n".join(lines)
 
 
