@@ -165,18 +165,23 @@ def rank_detectors(results: pd.DataFrame, metric: str = "fpr95", by: str = "back
                       same_as_best=same, dropped=dropped)  # fmt: skip
 
 
-def cd_diagram(result: RankResult, ax=None):
+def cd_diagram(result: RankResult, ax=None, label=str):
     """Draw the CD diagram of ``result`` on ``ax`` (a new figure when None) with scikit-posthocs'
     ``critical_difference_diagram``: average ranks on the axis, a crossbar over each group of
     detectors whose pairwise p-values are all >= alpha, Nemenyi's CD as a bar above when computed.
-    Returns the matplotlib figure."""
+    ``label`` maps a detector name to its display text. Returns the matplotlib figure (an Agg-canvas
+    Figure, no pyplot state, when ``ax`` is None)."""
     with needs():
-        import matplotlib.pyplot as plt
         import scikit_posthocs as sp
+        from matplotlib.figure import Figure
 
     if ax is None:
-        fig, ax = plt.subplots(figsize=(7.0, 0.35 * len(result.ranks) + 1.2))
-    sp.critical_difference_diagram(result.ranks, result.pvalues, alpha=result.alpha, ax=ax, cd=result.cd,
+        ax = Figure(figsize=(7.0, 0.3 * len(result.ranks) + 1.4)).add_subplot()
+    names = {d: label(d) for d in result.ranks.index}
+    if len(set(names.values())) < len(names):  # two detectors shown alike: keep the names
+        names = {d: d for d in names}
+    p = result.pvalues.rename(index=names, columns=names)
+    sp.critical_difference_diagram(result.ranks.rename(index=names), p, alpha=result.alpha, ax=ax, cd=result.cd,
                                    label_fmt_left="{label} ({rank:.2f})", label_fmt_right="({rank:.2f}) {label}")  # fmt: skip
     ax.set_title(f"{result.metric}: average rank over {result.n_blocks} blocks ({result.by}), {result.test}", fontsize=9, pad=28)
     return ax.figure
