@@ -132,3 +132,32 @@ def test_cd_diagram_names_every_detector():
     fig = cd_diagram(r)
     texts = " ".join(t.get_text() for t in fig.axes[0].texts)
     assert all(d in texts for d in DETECTORS)
+
+
+def test_report_rank_view_marks_the_best_group():
+    from oodeval.report.ranks import ranks_view
+
+    df, _ = _table()
+    df["vocabulary"] = pd.NA
+    view = ranks_view(df, "paper")
+    r = rank_detectors(df, "fpr95", "backbone", "nemenyi")  # 7 models >= 5: one block per model
+    assert view.present and "N = 7 blocks (backbone: model)" in view.caption and "Friedman" in view.caption
+    assert [c.title for c in view.frame["Detector"]] == list(r.ranks.index)
+    assert [c.title for c in view.frame["Detector"] if c.bold] == r.same_as_best
+    # the openood convention ranks its own FPR@95, absent here: the view says why it is omitted
+    assert not ranks_view(df, "openood").present and "fpr95_ood_positive" in ranks_view(df, "openood").note
+
+
+def test_report_metrics_view_leads_with_the_conventions_aupr():
+    from oodeval.report.ranks import peer_metrics
+    from oodeval.report.views import prepare
+
+    df, _ = _table()
+    df["vocabulary"] = pd.NA
+    df["kind"] = "supervised"
+    df["aupr_in"], df["aupr_in_trapezoid"], df["autc"] = 0.9, 0.8, 0.3
+    frame = prepare(df)
+    paper, openood = peer_metrics(frame, "paper"), peer_metrics(frame, "openood")
+    cols = [c for c in paper.frame.columns if c.startswith("AUPR")]
+    assert cols[0] == "AUPR-In AP" and [c for c in openood.frame.columns if c.startswith("AUPR")][0] == "AUPR-In trapz"
+    assert set(paper.frame["AUPR-In trapz"]) == {"80.0"} and set(paper.frame["AUTC"]) == {"30.0"}
