@@ -32,6 +32,8 @@ __all__ = [
     "aurc",
     "augrc",
     "selective_metrics",
+    "full_spectrum_metrics",
+    "FULL_SPECTRUM",
     "detection_error",
     "accuracy",
     "all_metrics",
@@ -351,6 +353,26 @@ def all_metrics(id_scores: object, ood_scores: object, tpr: float = 0.95) -> dic
         # AUTC is undefined when every score is one value (refused by :func:`autc`); NaN here
         "autc": autc(x, y) if x.min() != x.max() or (y != x[0]).any() else math.nan,
     }
+
+
+#: the metrics a full-spectrum cell carries, as ``fs_<metric>`` columns
+FULL_SPECTRUM = ("fpr95", "fpr95_ood_positive", "tnr95", "auroc", "aupr_in", "aupr_out", "detection_error",
+                 "aupr_in_trapezoid", "aupr_out_trapezoid", "autc")
+
+
+def full_spectrum_metrics(id_scores: object, csid_scores: Sequence[object], ood_scores: object, tpr: float = 0.95) -> dict[str, float]:
+    """Full-spectrum OOD detection (OpenOOD v1.5's FSOOD mode; Yang et al., "Full-spectrum
+    out-of-distribution detection", IJCV 2023): the covariate-shifted ID sets (ImageNet-V2/-C/-R,
+    CIFAR-10-C) count as ID, so every metric of :func:`all_metrics` is computed with the ID side
+    the ID-test scores followed by every csID set's scores (OpenOOD's ``evaluators/ood_evaluator.py``
+    concatenates them the same way before ``compute_all_metrics``). Returns ``{"fs_<metric>": value}``
+    for :data:`FULL_SPECTRUM`."""
+    if not csid_scores:
+        raise InputError("full-spectrum metrics need at least one covariate-shifted ID (csID) score set")
+    joined = np.concatenate([check_scores(id_scores, "id_scores"),
+                             *(check_scores(c, f"csid_scores[{i}]") for i, c in enumerate(csid_scores))])  # fmt: skip
+    values = all_metrics(joined, ood_scores, tpr)
+    return {f"fs_{m}": values[m] for m in FULL_SPECTRUM}
 
 
 def accuracy(

@@ -18,7 +18,7 @@ from . import detectors
 from .errors import InputError
 from .features import FeatureSet
 from .features.views import id_view
-from .metrics import all_metrics, fpr95_columns, selective_metrics
+from .metrics import all_metrics, fpr95_columns, full_spectrum_metrics, selective_metrics
 from .params import check_hyperparameters, refuse
 from .results import ALL_SPLIT, BOOTSTRAPPED, result_row
 from .scorer import RunSets, build_scorer
@@ -142,6 +142,7 @@ def fit_score_evaluate(
     seed: int = 0,
     fixed_id: bool = True,
     scores_out: dict | None = None,
+    csid: Mapping[str, FeatureSet | BaseException] | None = None,
 ) -> Iterator[dict]:
     """The one fit -> score -> evaluate loop of ``oodeval score``, the experiment grid and ``cnc evaluate``.
 
@@ -154,6 +155,10 @@ def fit_score_evaluate(
     before the next is computed): ood, split, seed, status, and either the metrics with fit_seconds /
     score_seconds, or ``error``: the stage that failed and its message (a failed fit or ID-test score
     fails every cell). ``scores_out`` receives ``"id"`` and each set's scores before its cells.
+    ``csid`` (full-spectrum OOD): covariate-shifted ID sets, scored once each after the ID-test set;
+    every cell then also carries :func:`oodeval.metrics.full_spectrum_metrics` (csID counted as ID),
+    ``csid`` and ``csid_accuracy`` (JSON label -> the classifier's accuracy there; null without
+    logits or labels). A csID set that cannot be scored fails every cell.
     """
     cells = {name: list((cells or {}).get(name, [(ALL_SPLIT, seed, None)])) for name in oods}
     t0 = time.perf_counter()
@@ -172,10 +177,23 @@ def fit_score_evaluate(
         scores_out["id"] = id_scores
     correct = id_correct(test)
     try:
-        selective = {} if correct is None else selective_cell_metrics(id_scores, correct, seed=seed, draws=draws)
+        per_detector = {} if correct is None else selective_cell_metrics(id_scores, correct, seed=seed, draws=draws)
     except Exception as err:  # noqa: BLE001
         yield from (_failed(o, c, f"AURC/AUGRC of the ID-test set: {_message(err)}") for o in oods for c in cells[o])
         return
+    csid_scores: dict = {}
+    for name, fs in (csid or {}).items():
+        try:
+            if isinstance(fs, BaseException):
+                raise fs
+            csid_scores[name] = det.score(fs)
+        except Exception as err:  # noqa: BLE001
+            yield from (_failed(o, c, f"scoring csID set {name!r}: {_message(err)}") for o in oods for c in cells[o])
+            return
+    if csid_scores:
+        per_detector |= {"csid": ",".join(csid_scores), "csid_accuracy": json.dumps({n: _accuracy(fs) for n, fs in csid.items()})}
+        if scores_out is not None:
+            scores_out.update({f"csid:{n}": v for n, v in csid_scores.items()})
     for ood_name, fs in oods.items():
         t1 = time.perf_counter()
         try:
@@ -191,10 +209,12 @@ def fit_score_evaluate(
         for split, cell_seed, mask in cells[ood_name]:
             try:
                 metrics = cell_metrics(id_scores, s if mask is None else s[mask], seed=cell_seed, draws=draws, fixed_id=fixed_id)
+                if csid_scores:
+                    metrics |= full_spectrum_metrics(id_scores, list(csid_scores.values()), s if mask is None else s[mask])
             except Exception as err:  # noqa: BLE001
                 yield _failed(ood_name, (split, cell_seed), f"evaluating OOD set {ood_name!r}: {_message(err)}")
                 continue
-            yield {"ood": ood_name, "split": split, "seed": cell_seed, "status": "ok", **metrics, **selective,
+            yield {"ood": ood_name, "split": split, "seed": cell_seed, "status": "ok", **metrics, **per_detector,
                    "fit_seconds": round(fit_s, 4), "score_seconds": round(score_s, 4)}  # fmt: skip
 
 
@@ -280,6 +300,12 @@ def id_correct(test: FeatureSet):
     if logits.ndim != 2 or labels.shape != (logits.shape[0],) or not (labels >= 0).any() or labels.max() >= logits.shape[1]:
         return None
     return np.where(labels >= 0, logits.argmax(axis=1) == labels, -1)
+
+
+def _accuracy(fs: FeatureSet) -> float | None:
+    """The classifier's accuracy on a labelled FeatureSet (:func:`id_correct`); None without logits or labels."""
+    correct = id_correct(fs)
+    return None if correct is None else float(correct[correct >= 0].mean())
 
 
 def selective_cell_metrics(id_scores, correct, seed: int = 0, draws: int = 1000) -> dict:
