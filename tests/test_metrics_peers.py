@@ -145,3 +145,26 @@ def test_bootstrap_autc_draw_is_autc_of_its_resample():
     boot = bootstrap(x, y, draws=5, seed=0, fixed_id=True)
     for d in range(5):
         assert boot["autc"][0, d] == pytest.approx(autc(x, y[boot["ood_index"][d]]), abs=TOL)
+
+
+def test_metrics_command_carries_the_new_metrics(tmp_path, capsys):
+    import json
+
+    from oodeval.cli import main
+
+    rng = np.random.default_rng(4)
+    x, y, c = rng.normal(1, 1, 120), rng.normal(0, 1, 50), (rng.random(120) < 0.7).astype(int)
+    for name, v in (("id", x), ("ood", y), ("ok", c)):
+        np.save(tmp_path / f"{name}.npy", v)
+    args = ["metrics", str(tmp_path / "id.npy"), str(tmp_path / "ood.npy"), "--draws", "200", "--id-correct", str(tmp_path / "ok.npy")]
+    assert main([*args, "--format", "json"]) == 0
+    row = json.loads(capsys.readouterr().out)[0]
+    scores, labels = _pood_inputs(x, y)
+    assert row["autc"] == pytest.approx(float(pood.autc(scores, labels)), abs=TOL)
+    assert row["aupr_in_trapezoid"] == pytest.approx(_openood_aupr(x, y)[0], abs=TOL)
+    assert row["aurc"] == aurc(x, c.astype(bool)) and row["augrc"] == augrc(x, c.astype(bool))
+    assert row["autc_lo"] <= row["autc"] <= row["autc_hi"] and row["aurc_lo"] <= row["aurc"] <= row["aurc_hi"]
+    assert main([*args, "--convention", "openood"]) == 0
+    names = [line.split()[0] for line in capsys.readouterr().out.splitlines() if line.startswith("  ")]
+    assert names[:5] == ["fpr95_ood_positive", "fpr95", "auroc", "aupr_in_trapezoid", "aupr_out_trapezoid"]
+    assert "aurc" in names and "augrc" in names
