@@ -27,6 +27,7 @@ from scipy.stats import friedmanchisquare, rankdata, studentized_range
 
 from ._extras import needs
 from .errors import InputError
+from .results import ALL_SPLIT
 
 __all__ = ["BLOCKS", "TESTS", "LOWER_IS_BETTER", "RankResult", "rank_matrix", "rank_detectors", "cd_diagram"]
 
@@ -94,7 +95,7 @@ def rank_matrix(results: pd.DataFrame, metric: str, by: str = "backbone", ood: l
         raise InputError(f"--by must be one of {', '.join(BLOCKS)}, got {by!r}")
     if metric not in results.columns:
         raise InputError(f"metric {metric!r} is not a column of the results table")
-    f = results[(results["status"] == "ok") & (results["split"] == "all")]
+    f = results[(results["status"] == "ok") & (results["split"] == ALL_SPLIT)]
     if ood:
         unknown = sorted(set(ood) - set(f["dataset"]))
         if unknown:
