@@ -168,3 +168,13 @@ def test_metrics_command_carries_the_new_metrics(tmp_path, capsys):
     names = [line.split()[0] for line in capsys.readouterr().out.splitlines() if line.startswith("  ")]
     assert names[:5] == ["fpr95_ood_positive", "fpr95", "auroc", "aupr_in_trapezoid", "aupr_out_trapezoid"]
     assert "aurc" in names and "augrc" in names
+
+
+def test_bootstrap_selective_draw_is_the_metric_of_its_resample():
+    rng = np.random.default_rng(6)
+    x, c = np.round(rng.normal(size=150), 1), rng.random(150) < 0.7  # ties: duplicates join their group
+    boot = bootstrap_selective(x, c, draws=3, seed=9)
+    idx = np.random.default_rng(9).integers(0, 150, size=(3, 150))  # the draws bootstrap_selective makes (one block)
+    for d in range(3):
+        assert boot["aurc"][d] == pytest.approx(aurc(x[idx[d]], c[idx[d]]), abs=TOL)
+        assert boot["augrc"][d] == pytest.approx(augrc(x[idx[d]], c[idx[d]]), abs=TOL)

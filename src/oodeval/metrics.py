@@ -271,15 +271,11 @@ def _check_correct(id_scores: object, id_correct: object) -> tuple[np.ndarray, n
     return x, c.astype(bool)
 
 
-def _selective_counts(x: np.ndarray, correct: np.ndarray, weights: np.ndarray | None = None):
-    """Per distinct score (descending): samples and errors in each group, ``weights`` (..., n) of a
-    resample on the leading axes."""
+def _selective_counts(x: np.ndarray, correct: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per distinct score (descending): the number of samples and of misclassified ones."""
     values, inverse = np.unique(x, return_inverse=True)
-    g = values.size
-    w = np.ones((1, x.size)) if weights is None else np.asarray(weights, dtype=np.float64).reshape(-1, x.size)
-    onehot_rows = inverse + g * np.arange(w.shape[0])[:, None]
-    total = np.bincount(onehot_rows.ravel(), weights=w.ravel(), minlength=g * w.shape[0]).reshape(-1, g)[:, ::-1]
-    err = np.bincount(onehot_rows.ravel(), weights=(w * ~correct).ravel(), minlength=g * w.shape[0]).reshape(-1, g)[:, ::-1]
+    total = np.bincount(inverse, minlength=values.size)[::-1].astype(np.float64)
+    err = np.bincount(inverse, weights=~correct, minlength=values.size)[::-1]
     return total, err
 
 
@@ -305,7 +301,7 @@ def aurc(id_scores: object, id_correct: object) -> float:
     whole group. ``id_correct``: whether the classifier's prediction on each ID sample is right.
     Lower is better; the score ranks the classifier's own errors (selective classification)."""
     x, c = _check_correct(id_scores, id_correct)
-    return float(_aurc_augrc_from_counts(*_selective_counts(x, c))[0][0])
+    return float(_aurc_augrc_from_counts(*_selective_counts(x, c))[0])
 
 
 def augrc(id_scores: object, id_correct: object) -> float:
@@ -316,14 +312,14 @@ def augrc(id_scores: object, id_correct: object) -> float:
     (1 - acc) (acc (1 - AUROC_f) + (1 - acc) / 2) with AUROC_f the AUROC of the score separating
     right from wrong predictions, ties counting one half. Lower is better."""
     x, c = _check_correct(id_scores, id_correct)
-    return float(_aurc_augrc_from_counts(*_selective_counts(x, c))[1][0])
+    return float(_aurc_augrc_from_counts(*_selective_counts(x, c))[1])
 
 
 def selective_metrics(id_scores: object, id_correct: object) -> dict[str, float]:
     """``{"aurc", "augrc"}`` of the ID scores as confidences for the classifier's predictions."""
     x, c = _check_correct(id_scores, id_correct)
     a, g = _aurc_augrc_from_counts(*_selective_counts(x, c))
-    return {"aurc": float(a[0]), "augrc": float(g[0])}
+    return {"aurc": float(a), "augrc": float(g)}
 
 
 def detection_error(id_scores: object, ood_scores: object) -> float:

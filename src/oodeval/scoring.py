@@ -286,20 +286,19 @@ def cell_metrics(id_scores, ood_scores, seed: int = 0, draws: int = 1000, fixed_
 
 
 def id_correct(test: FeatureSet):
-    """Whether the classifier is right on each ID-test sample (argmax of the K-way logits, a CnC
-    model's outlier logit left out, :func:`oodeval.features.views.id_view`), restricted to the
-    samples with a label; None without logits or labels."""
+    """Per ID sample, 1 where the classifier is right (argmax of the K-way logits, a CnC model's
+    outlier logit left out, :func:`oodeval.features.views.id_view`), 0 where wrong, -1 where the
+    sample has no label; None without logits or labels."""
     import numpy as np
 
-
-    view = id_view(test) if test.meta.get("outlier_class") is not None else test
+    view = id_view(test)
     if view.logits is None or view.labels is None:
         return None
     labels = np.asarray(view.labels)
     logits = np.asarray(view.logits)
     if logits.ndim != 2 or labels.shape != (logits.shape[0],) or not (labels >= 0).any() or labels.max() >= logits.shape[1]:
         return None
-    return np.where(labels >= 0, logits.argmax(axis=1) == labels, -1)
+    return np.where(labels >= 0, (logits.argmax(axis=1) == labels).astype(np.int64), -1)
 
 
 def _accuracy(fs: FeatureSet) -> float | None:

@@ -28,7 +28,6 @@ from .metrics import (
     _fpr_from_counts,
     _fpr_ood_positive_from_counts,
     _k_for_tpr,
-    _selective_counts,
     check_scores,
     grouped_counts,
 )
@@ -297,18 +296,27 @@ def _autc_draws(x_mean, x_min, x_max, y_mean, y_min, y_max) -> np.ndarray:
 def bootstrap_selective(id_scores: object, id_correct: object, draws: int = 1000, seed: int = 0) -> dict[str, np.ndarray]:
     """Bootstrap draws (draws,) of AURC and AUGRC (:func:`oodeval.metrics.aurc`, :func:`~oodeval.metrics.augrc`):
     they depend on the ID samples only, so the ID samples (score and correctness together) are
-    resampled with replacement; a resampled duplicate ties with its original, as ties do there."""
+    resampled with replacement; a resampled duplicate ties with its original, as ties do there.
+    The samples are sorted by descending score once; each draw's counts are summed per distinct score."""
     x, c = _check_correct(id_scores, id_correct)
     if draws <= 0:
         raise InputError(f"draws must be positive, got {draws}")
     rng = np.random.default_rng(seed)
     n = x.size
+    order = np.argsort(-x, kind="stable")
+    xs = x[order]
+    starts = np.flatnonzero(np.r_[True, xs[1:] != xs[:-1]])
+    wrong = ~c[order]
+    position = np.empty(n, dtype=np.int64)
+    position[order] = np.arange(n)
     out = np.empty((2, draws))
     for start in range(0, draws, _BLOCK):
         b = min(_BLOCK, draws - start)
-        idx = rng.integers(0, n, size=(b, n))
-        weights = np.bincount((idx + n * np.arange(b)[:, None]).ravel(), minlength=b * n).reshape(b, n)
-        out[0, start : start + b], out[1, start : start + b] = _aurc_augrc_from_counts(*_selective_counts(x, c, weights))
+        drawn = position[rng.integers(0, n, size=(b, n))] + n * np.arange(b)[:, None]
+        weights = np.bincount(drawn.ravel(), minlength=b * n).reshape(b, n).astype(np.float64)
+        total = np.add.reduceat(weights, starts, axis=1)
+        err = np.add.reduceat(weights * wrong, starts, axis=1)
+        out[0, start : start + b], out[1, start : start + b] = _aurc_augrc_from_counts(total, err)
     return {"aurc": out[0], "augrc": out[1]}
 
 
