@@ -101,9 +101,11 @@ def test_bad_requests():
         rank_detectors(df, "nope")
     with pytest.raises(InputError, match="backbone-ood"):
         rank_detectors(df[df["model"] == "m0"], "fpr95", "backbone")
-    # a block missing a detector is dropped and named
-    _, dropped = rank_matrix(df[~((df["model"] == "m2") & (df["detector"] == "vim"))], "fpr95")
-    assert dropped == ["m2"]
+    # a model x OOD set missing a detector is dropped and named; the model keeps its other set
+    m, dropped = rank_matrix(df[~((df["model"] == "m2") & (df["detector"] == "vim") & (df["dataset"] == "far"))], "fpr95")
+    assert dropped == ["m2 / far"] and "m2" in m.index
+    near = df[(df["model"] == "m2") & (df["dataset"] == "near") & (df["split"] == "all")].groupby("detector")["fpr95"].mean()
+    np.testing.assert_allclose(m.loc["m2", list(DETECTORS)].to_numpy(float), near[list(DETECTORS)].to_numpy(), atol=1e-12)
 
 
 def test_cli_prints_the_library_numbers(tmp_path, capsys):

@@ -13,7 +13,7 @@ and Nemenyi's CD, q_alpha sqrt(k (k + 1) / (6 N)), from scipy's studentized-rang
 
 Assumptions (docs/experiments.md "Rank statistics"): the blocks are independent (two OOD sets
 scored on one backbone share its errors, so backbones x OOD sets overstates N), every detector
-has a value in every block (a block missing one is dropped, and named), and the Friedman test's
+has a value in every block (a model x OOD set missing one is dropped, and named), and the Friedman test's
 chi-square approximation wants N >= 10 blocks or so with k >= 3 detectors (Demšar, Sec. 3.2.2).
 """
 
@@ -54,7 +54,7 @@ class RankResult:
     detector (1 = best), best first; ``pvalues`` the pairwise post-hoc p-values (already corrected
     by ``correction``); ``cd`` Nemenyi's critical difference (None for the other tests);
     ``same_as_best`` the detectors no test separates from the best-ranked one at ``alpha``;
-    ``dropped`` the blocks left out because a detector has no value there."""
+    ``dropped`` the (model / OOD set) pairs left out because a detector has no value there."""
 
     metric: str
     by: str
@@ -89,8 +89,9 @@ def rank_matrix(results: pd.DataFrame, metric: str, by: str = "backbone", ood: l
     """(blocks x detectors matrix of ``metric``, the blocks dropped) from a results table: its ok
     rows over whole OOD sets (split ``all``), the mean over seeds (and, for ``by="backbone"``, over
     the OOD sets ``ood``, default all). A detector is the ``detector`` column with its explicit
-    hyperparameters when one detector ran with several; a block where some detector has no value
-    is dropped."""
+    hyperparameters when one detector ran with several. A (model, OOD set) where some detector has no
+    value is dropped (and named) before blocks are formed, so every detector of a model is averaged
+    over the same OOD sets."""
     if by not in BLOCKS:
         raise InputError(f"--by must be one of {', '.join(BLOCKS)}, got {by!r}")
     if metric not in results.columns:
@@ -110,13 +111,18 @@ def rank_matrix(results: pd.DataFrame, metric: str, by: str = "backbone", ood: l
     f = f[f[metric].notna()]
     if len(f) == 0:
         raise InputError(f"no ok row of the results table has a value of {metric!r}")
-    keys = list(BLOCKS[by])
-    per = f.groupby([*keys, "_det"], sort=False)[metric].mean().reset_index()
-    wide = per.pivot_table(index=keys, columns="_det", values=metric, sort=False)
-    wide.index = [" / ".join(map(str, i)) if isinstance(i, tuple) else str(i) for i in wide.index]
+    per = f.groupby(["model", "dataset", "_det"], sort=False)[metric].mean().reset_index()
+    wide = per.pivot_table(index=["model", "dataset"], columns="_det", values=metric, sort=False)
     wide.columns.name = None
     complete = wide.notna().all(axis=1)
-    return wide[complete], list(wide.index[~complete])
+    dropped = [f"{m} / {d}" for m, d in wide.index[~complete]]
+    wide = wide[complete]
+    if by == "backbone":  # each model's mean over the OOD sets where every detector has a value
+        wide = wide.groupby(level="model", sort=False).mean()
+        wide.index = [str(m) for m in wide.index]
+    else:
+        wide.index = [f"{m} / {d}" for m, d in wide.index]
+    return wide, dropped
 
 
 def _detector_labels(f: pd.DataFrame) -> pd.Series:

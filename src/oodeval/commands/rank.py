@@ -34,7 +34,7 @@ def format_ranks(result) -> str:
     detector from the best) and the pairwise p-value matrix."""
     lines = [result.describe()]
     if result.dropped:
-        lines.append(f"blocks dropped (a detector has no value there): {', '.join(result.dropped)}")
+        lines.append(f"model / OOD set pairs dropped (a detector has no value there): {', '.join(result.dropped)}")
     lines.append("")
     lines.append("average rank (1 = best; * = not significantly different from the best)")
     for det, r in result.ranks.items():
