@@ -10,7 +10,7 @@ from scipy.special import softmax
 from oodeval import cli, scoring
 from oodeval.experiment import run_experiment, runner
 from oodeval.features import FeatureSet
-from oodeval.metrics import all_metrics
+from oodeval.metrics import all_metrics, augrc, aurc
 from oodeval.results import KEY, load_cell_scores, load_results
 
 C, D = 4, 8
@@ -84,11 +84,19 @@ def test_grid_cells_metrics_and_failures(grid):
         row = ok[(ok["detector"] == "msp") & (ok["dataset"] == "far") & (ok["split"] == split) & (ok["seed"] == 0)].iloc[0]
         ref = all_metrics(id_msp, far_msp[mask])
         for m, v in ref.items():
-            assert row[m] == pytest.approx(v, abs=1e-12)
+            # AUTC reads the score values, not only their order: the detector's float32 softmax
+            # rounds each score by ~6e-8 relative, so AUTC (a mean of scores over their range) agrees to ~1e-6
+            assert row[m] == pytest.approx(v, abs=1e-6 if m == "autc" else 1e-12)
         assert row["n_ood"] == far_msp[mask].size and row["n_id"] == 90
         np.testing.assert_allclose(load_cell_scores(row, summary.results)[1], far_msp[mask], rtol=1e-6)
     acc = float((np.asarray(test.logits).argmax(1) == test.labels).mean())
     assert np.allclose(ok["id_accuracy"], acc)
+    # AURC / AUGRC: msp's ID scores as the classifier's confidence, the same in every OOD cell (rank-based: exact)
+    correct = np.asarray(test.logits).argmax(1) == test.labels
+    msp = ok[ok["detector"] == "msp"]
+    assert np.allclose(msp["aurc"], aurc(id_msp, correct), rtol=0, atol=1e-12)
+    assert np.allclose(msp["augrc"], augrc(id_msp, correct), rtol=0, atol=1e-12)
+    assert (msp["aurc_lo"] <= msp["aurc"]).all() and (msp["aurc"] <= msp["aurc_hi"]).all()
     # CIs bracket the point estimate
     for m in ("fpr95", "auroc", "detection_error", "tnr95"):
         assert (ok[f"{m}_lo"] <= ok[m] + 1e-12).all() and (ok[m] <= ok[f"{m}_hi"] + 1e-12).all()

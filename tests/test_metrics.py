@@ -136,6 +136,6 @@ def test_metrics_command_names_bad_files_few_draws_and_what_it_resamples(tmp_pat
     assert main(["metrics", ids, str(tmp_path / "ood.npy"), "--draws", "200"]) == 0
     out = capsys.readouterr().out
     assert "OOD scores resampled, ID scores and their FPR@95 threshold fixed" in out
-    assert "aupr_in" in out and "(no interval: average precision is not bootstrapped)" in out
+    assert "aupr_in" in out and "(no interval: precision-recall areas are not bootstrapped)" in out
     assert main(["metrics", ids, str(tmp_path / "ood.npy"), "--draws", "200", "--resample-id"]) == 0
     assert "ID and OOD scores both resampled" in capsys.readouterr().out

@@ -62,14 +62,14 @@ def report(tmp_path_factory):
 
 def test_every_report_file(report):
     summary, paths = report
-    for key in ("markdown", "latex", "html", "fig1", "roc", "hist", "figA4", "sweep0_0"):
+    for key in ("markdown", "latex", "html", "fig1", "roc", "hist", "figA4", "figRanks", "sweep0_0"):
         assert paths[key].is_file() and paths[key].stat().st_size > 0, key
-    for key in ("fig1", "roc", "hist", "figA4", "sweep0_0"):
+    for key in ("fig1", "roc", "hist", "figA4", "figRanks", "sweep0_0"):
         assert paths[key].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     html = paths["html"].read_text()
     assert "src=\"figures" not in html and "http" not in html.split("<body>")[1]  # self-contained
     imgs = re.findall(r'src="data:image/png;base64,([^"]+)"', html)
-    assert len(imgs) == 5
+    assert len(imgs) == 6  # the five above and the critical-difference diagram
     assert base64.b64decode(imgs[0])[:4] == b"\x89PNG"
     md = paths["markdown"].read_text()
     assert "Tab. A6" in md and "fine\\_grained=True" in md and "![Fig. 1" in md
@@ -149,7 +149,7 @@ def test_html_renders_in_headless_chromium(report, tmp_path):
             assert len(with_ci) >= 2, (key, cells)
             assert all(float(lo) <= float(v) <= float(hi) for v, lo, hi in (m.groups() for m in with_ci))
         images = driver.find_elements(By.CSS_SELECTOR, "figure img")
-        assert len(images) == 5
+        assert len(images) == 6
         for img in images:
             complete, width = driver.execute_script("return [arguments[0].complete, arguments[0].naturalWidth];", img)
             assert complete and width > 0

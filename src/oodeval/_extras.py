@@ -35,6 +35,9 @@ EXTRAS = {
     "imagecorruptions": ("imagecorruptions", "frost"),
     "submitit": ("submitit", "distributed"),
     "ray": ("ray", "distributed"),
+    "scikit_posthocs": ("scikit-posthocs", "rank"),
+    "statsmodels": ("scikit-posthocs", "rank"),
+    "seaborn": ("scikit-posthocs", "rank"),
 }
 
 

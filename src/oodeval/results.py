@@ -10,8 +10,13 @@ cell's vocabulary file: its kind and content hash and, for an LLM vocabulary, th
 (``"oodeval default"`` for oodeval's own wording, else e.g. EOE's released prompts), a hash of the
 prompt texts, the LLM and the generation.
 Metric columns are fractions in [0, 1] (``oodeval.metrics``; ``fpr95`` is the papers' FPR@95, ID
-positive, ``fpr95_ood_positive`` the OpenOOD / pytorch-ood one, NaN in tables written before it
-existed); the bootstrapped ones carry
+positive, ``fpr95_ood_positive`` the OpenOOD / pytorch-ood one; ``aupr_in`` / ``aupr_out`` average
+precision, ``aupr_in_trapezoid`` / ``aupr_out_trapezoid`` OpenOOD's and pytorch-ood's trapezoid;
+``autc``; ``aurc`` / ``augrc`` of the detector's ID scores as the classifier's confidence, NaN
+without ID logits and labels; a column a table was written before is NaN when it is read); with
+covariate-shifted ID sets (full-spectrum OOD, :func:`oodeval.metrics.full_spectrum_metrics`) also
+``fs_<metric>`` (no CIs), ``csid`` (the csID labels, comma-separated) and ``csid_accuracy`` (JSON:
+label -> ID accuracy on that set); the bootstrapped ones carry
 ``<metric>_lo`` / ``<metric>_hi`` percentile 95% bounds. A failed cell has ``status == "error"``
 and its message in ``error``; its metrics are NaN. ``random_init`` is true where the model's
 features came from random weights (``pretrained = false``, or a FeatureSet whose meta says so). Per-cell scores live beside the table
@@ -52,6 +57,7 @@ import pandas as pd
 from ._extras import needs
 from ._io import claim_folder, write_parquet_atomic
 from .errors import InputError, StateError
+from .metrics import FULL_SPECTRUM
 
 __all__ = [
     "CellKey",
@@ -95,8 +101,9 @@ class CellKey(NamedTuple):
 
 
 KEY = CellKey._fields
-METRICS = ("fpr95", "fpr95_ood_positive", "tnr95", "auroc", "aupr_in", "aupr_out", "detection_error")
-BOOTSTRAPPED = ("fpr95", "fpr95_ood_positive", "tnr95", "auroc", "detection_error")
+METRICS = ("fpr95", "fpr95_ood_positive", "tnr95", "auroc", "aupr_in", "aupr_out", "detection_error",
+           "aupr_in_trapezoid", "aupr_out_trapezoid", "autc", "aurc", "augrc")
+BOOTSTRAPPED = ("fpr95", "fpr95_ood_positive", "tnr95", "auroc", "detection_error", "autc", "aurc", "augrc")
 #: the oodeval output kind of a table's parts folder
 PARTS_KIND = "results parts"
 #: the ``split`` value of a cell over the whole OOD set
@@ -127,6 +134,8 @@ _INFO = {
     "fit_seconds": "float64",
     "score_seconds": "float64",
     "ci_resamples": "string",
+    "csid": "string",
+    "csid_accuracy": "string",
     "created": "string",
 }
 _KEY_TYPES = {k: ("int64" if k == "seed" else "string") for k in KEY}
@@ -134,6 +143,7 @@ COLUMNS: dict[str, str] = {
     **_KEY_TYPES,
     **{m: "float64" for m in METRICS},
     **{f"{m}_{b}": "float64" for m in BOOTSTRAPPED for b in ("lo", "hi")},
+    **{f"fs_{m}": "float64" for m in FULL_SPECTRUM},
     **_INFO,
 }
 

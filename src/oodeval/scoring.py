@@ -17,14 +17,16 @@ from collections.abc import Iterator, Mapping
 from . import detectors
 from .errors import InputError
 from .features import FeatureSet
-from .metrics import all_metrics, fpr95_columns
+from .features.views import id_view
+from .metrics import all_metrics, fpr95_columns, full_spectrum_metrics, selective_metrics
 from .params import check_hyperparameters, refuse
 from .results import ALL_SPLIT, BOOTSTRAPPED, result_row
 from .detectors import profiles
 from .scorer import RunSets, build_scorer
-from .stats import bootstrap, confidence_interval
+from .stats import bootstrap, bootstrap_selective, confidence_interval
 
-__all__ = ["check_request", "with_profiles", "evaluate_detectors", "supported_names", "parse_hyperparameters", "format_table", "failures", "cell_metrics", "fit_score_evaluate"]
+__all__ = ["check_request", "with_profiles", "evaluate_detectors", "supported_names", "parse_hyperparameters", "format_table", "failures",
+           "cell_metrics", "selective_cell_metrics", "id_correct", "fit_score_evaluate"]  # fmt: skip
 
 
 def parse_hyperparameters(items: list[str]) -> dict[str, dict[str, object]]:
@@ -165,6 +167,7 @@ def fit_score_evaluate(
     seed: int = 0,
     fixed_id: bool = True,
     scores_out: dict | None = None,
+    csid: Mapping[str, FeatureSet | BaseException] | None = None,
 ) -> Iterator[dict]:
     """The one fit -> score -> evaluate loop of ``oodeval score``, the experiment grid and ``cnc evaluate``.
 
@@ -177,6 +180,10 @@ def fit_score_evaluate(
     before the next is computed): ood, split, seed, status, and either the metrics with fit_seconds /
     score_seconds, or ``error``: the stage that failed and its message (a failed fit or ID-test score
     fails every cell). ``scores_out`` receives ``"id"`` and each set's scores before its cells.
+    ``csid`` (full-spectrum OOD): covariate-shifted ID sets, scored once each after the ID-test set;
+    every cell then also carries :func:`oodeval.metrics.full_spectrum_metrics` (csID counted as ID),
+    ``csid`` and ``csid_accuracy`` (JSON label -> the classifier's accuracy there; null without
+    logits or labels). A csID set that cannot be scored fails every cell.
     """
     cells = {name: list((cells or {}).get(name, [(ALL_SPLIT, seed, None)])) for name in oods}
     t0 = time.perf_counter()
@@ -193,6 +200,25 @@ def fit_score_evaluate(
         return
     if scores_out is not None:
         scores_out["id"] = id_scores
+    correct = id_correct(test)
+    try:
+        per_detector = {} if correct is None else selective_cell_metrics(id_scores, correct, seed=seed, draws=draws)
+    except Exception as err:  # noqa: BLE001
+        yield from (_failed(o, c, f"AURC/AUGRC of the ID-test set: {_message(err)}") for o in oods for c in cells[o])
+        return
+    csid_scores: dict = {}
+    for name, fs in (csid or {}).items():
+        try:
+            if isinstance(fs, BaseException):
+                raise fs
+            csid_scores[name] = det.score(fs)
+        except Exception as err:  # noqa: BLE001
+            yield from (_failed(o, c, f"scoring csID set {name!r}: {_message(err)}") for o in oods for c in cells[o])
+            return
+    if csid_scores:
+        per_detector |= {"csid": ",".join(csid_scores), "csid_accuracy": json.dumps({n: _accuracy(fs) for n, fs in csid.items()})}
+        if scores_out is not None:
+            scores_out.update({f"csid:{n}": v for n, v in csid_scores.items()})
     for ood_name, fs in oods.items():
         t1 = time.perf_counter()
         try:
@@ -208,10 +234,12 @@ def fit_score_evaluate(
         for split, cell_seed, mask in cells[ood_name]:
             try:
                 metrics = cell_metrics(id_scores, s if mask is None else s[mask], seed=cell_seed, draws=draws, fixed_id=fixed_id)
+                if csid_scores:
+                    metrics |= full_spectrum_metrics(id_scores, list(csid_scores.values()), s if mask is None else s[mask])
             except Exception as err:  # noqa: BLE001
                 yield _failed(ood_name, (split, cell_seed), f"evaluating OOD set {ood_name!r}: {_message(err)}")
                 continue
-            yield {"ood": ood_name, "split": split, "seed": cell_seed, "status": "ok", **metrics,
+            yield {"ood": ood_name, "split": split, "seed": cell_seed, "status": "ok", **metrics, **per_detector,
                    "fit_seconds": round(fit_s, 4), "score_seconds": round(score_s, 4)}  # fmt: skip
 
 
@@ -276,6 +304,48 @@ def cell_metrics(id_scores, ood_scores, seed: int = 0, draws: int = 1000, fixed_
         return out
     boot = bootstrap(id_scores, ood_scores, draws=draws, seed=seed, fixed_id=fixed_id)
     for m in BOOTSTRAPPED:
-        lo, hi = confidence_interval(boot[m][0])
-        out[f"{m}_lo"], out[f"{m}_hi"] = float(lo), float(hi)
+        if m in boot:
+            lo, hi = confidence_interval(boot[m][0])
+            out[f"{m}_lo"], out[f"{m}_hi"] = float(lo), float(hi)
+    return out
+
+
+def id_correct(test: FeatureSet):
+    """Per ID sample, 1 where the classifier is right (argmax of the K-way logits, a CnC model's
+    outlier logit left out, :func:`oodeval.features.views.id_view`), 0 where wrong, -1 where the
+    sample has no label; None without logits or labels."""
+    import numpy as np
+
+    view = id_view(test)
+    if view.logits is None or view.labels is None:
+        return None
+    labels = np.asarray(view.labels)
+    logits = np.asarray(view.logits)
+    if logits.ndim != 2 or labels.shape != (logits.shape[0],) or not (labels >= 0).any() or labels.max() >= logits.shape[1]:
+        return None
+    return np.where(labels >= 0, (logits.argmax(axis=1) == labels).astype(np.int64), -1)
+
+
+def _accuracy(fs: FeatureSet) -> float | None:
+    """The classifier's accuracy on a labelled FeatureSet (:func:`id_correct`); None without logits or labels."""
+    correct = id_correct(fs)
+    return None if correct is None else float(correct[correct >= 0].mean())
+
+
+def selective_cell_metrics(id_scores, correct, seed: int = 0, draws: int = 1000) -> dict:
+    """AURC and AUGRC (fractions) of the ID scores as the confidence of the classifier whose
+    correctness is ``correct`` (:func:`id_correct`: 1 right, 0 wrong, -1 unlabelled and left out), with
+    percentile 95% bootstrap bounds from :func:`oodeval.stats.bootstrap_selective` (the ID samples
+    resampled) when ``draws`` > 0."""
+    import numpy as np
+
+    correct = np.asarray(correct)
+    keep = correct >= 0
+    scores = np.asarray(id_scores)[keep]
+    out = selective_metrics(scores, correct[keep] == 1)
+    if draws:
+        boot = bootstrap_selective(scores, correct[keep] == 1, draws=draws, seed=seed)
+        for m, v in boot.items():
+            lo, hi = confidence_interval(v)
+            out[f"{m}_lo"], out[f"{m}_hi"] = float(lo), float(hi)
     return out

@@ -6,6 +6,7 @@
   FPR@95 threshold) fixed, for many detectors at once on the *same* draws.
 - :func:`rank_stability`: mean Spearman rho between the detector ranking on a draw and on the full set.
 - :func:`bootstrap` / :func:`confidence_interval`: percentile bootstrap CIs, ID and OOD resampled.
+- :func:`bootstrap_selective`: bootstrap draws of AURC / AUGRC, the ID samples resampled.
 - :func:`mean_std`: mean +- std over runs, with the ddof returned beside the numbers.
 
 Everything is vectorised over draws and detectors; randomness comes from an explicit seed.
@@ -20,7 +21,9 @@ from scipy.stats import rankdata
 
 from .errors import InputError
 from .metrics import (
+    _aurc_augrc_from_counts,
     _auroc_from_counts,
+    _check_correct,
     _detection_error_from_counts,
     _fpr_from_counts,
     _fpr_ood_positive_from_counts,
@@ -35,6 +38,7 @@ __all__ = [
     "SubsampleResult",
     "rank_stability",
     "bootstrap",
+    "bootstrap_selective",
     "confidence_interval",
     "mean_std",
 ]
@@ -193,7 +197,7 @@ def bootstrap(
     tpr: float = 0.95,
     fixed_id: bool = True,
 ) -> dict[str, np.ndarray]:
-    """Bootstrap draws of fpr95, fpr95_ood_positive, tnr95, auroc and detection_error, arrays
+    """Bootstrap draws of fpr95, fpr95_ood_positive, tnr95, auroc, detection_error and autc, arrays
     (K detectors, draws).
 
     ``fixed_id=True`` (default) resamples the OOD scores with replacement and keeps the ID set,
@@ -207,7 +211,9 @@ def bootstrap(
 
     With ``fixed_id=True`` the result also holds ``ood_index`` (draws, m), the resampled OOD
     indices. Average precision is not bootstrapped: it depends on ties inside ID-only runs that neither
-    representation keeps.
+    representation keeps. AUTC depends on the score values (their mean and the min-max range), so
+    it is computed from the resampled values themselves: with ``fixed_id`` from the same resampled
+    OOD indices, else from index resamples of both sets drawn after the other metrics' draws.
     """
     x, y = _check_pair(id_scores, ood_scores)
     if draws <= 0:
@@ -234,8 +240,12 @@ def bootstrap(
             ascending = order[::-1]
             rejected = np.searchsorted(np.sort(x[d]), y[d][ascending], side="right") / x.shape[1]
             fpr_oodpos[d] = rejected[np.argmax(np.cumsum(counts[:, ascending], axis=1) >= k_ood, axis=1)]
+        drawn = counts > 0
+        autc = np.stack([_autc_draws(x[d].mean(), x[d].min(), x[d].max(), counts @ y[d] / m,
+                                     np.where(drawn, y[d], np.inf).min(axis=1), np.where(drawn, y[d], -np.inf).max(axis=1))
+                         for d in range(K)])  # fmt: skip
         return {"fpr95": fpr, "fpr95_ood_positive": fpr_oodpos, "tnr95": 1.0 - fpr, "auroc": auc, "detection_error": det,
-                "ood_index": idx}  # fmt: skip
+                "autc": autc, "ood_index": idx}  # fmt: skip
     bins = [_collapsed_bins(x[d], y[d]) for d in range(K)]
     width = max(b[0].size for b in bins)
     I = np.zeros((K, draws, width))
@@ -256,7 +266,58 @@ def bootstrap(
         "tnr95": 1.0 - fpr,
         "auroc": _auroc_from_counts(I, O),
         "detection_error": _detection_error_from_counts(I, O),
+        "autc": np.stack([_autc_draws(*_resampled_summary(x[d], rng, draws), *_resampled_summary(y[d], rng, draws)) for d in range(K)]),
     }
+
+
+#: bootstrap draws resampled per block of index arrays (bounds the (block, n) memory)
+_BLOCK = 64
+
+
+def _resampled_summary(v: np.ndarray, rng: np.random.Generator, draws: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Mean, min and max of ``draws`` resamples (with replacement) of ``v``, each (draws,)."""
+    out = np.empty((3, draws))
+    for start in range(0, draws, _BLOCK):
+        r = v[rng.integers(0, v.size, size=(min(_BLOCK, draws - start), v.size))]
+        out[:, start : start + r.shape[0]] = r.mean(axis=1), r.min(axis=1), r.max(axis=1)
+    return out[0], out[1], out[2]
+
+
+def _autc_draws(x_mean, x_min, x_max, y_mean, y_min, y_max) -> np.ndarray:
+    """AUTC (:func:`oodeval.metrics.autc`) from the means and ranges of the two samples; NaN where
+    every score of a draw is one value."""
+    lo = np.minimum(x_min, y_min)
+    hi = np.maximum(x_max, y_max)
+    span = hi - lo
+    num = (hi - x_mean) + (y_mean - lo)
+    return np.divide(num, 2 * span, out=np.full(np.shape(span), np.nan), where=span > 0)
+
+
+def bootstrap_selective(id_scores: object, id_correct: object, draws: int = 1000, seed: int = 0) -> dict[str, np.ndarray]:
+    """Bootstrap draws (draws,) of AURC and AUGRC (:func:`oodeval.metrics.aurc`, :func:`~oodeval.metrics.augrc`):
+    they depend on the ID samples only, so the ID samples (score and correctness together) are
+    resampled with replacement; a resampled duplicate ties with its original, as ties do there.
+    The samples are sorted by descending score once; each draw's counts are summed per distinct score."""
+    x, c = _check_correct(id_scores, id_correct)
+    if draws <= 0:
+        raise InputError(f"draws must be positive, got {draws}")
+    rng = np.random.default_rng(seed)
+    n = x.size
+    order = np.argsort(-x, kind="stable")
+    xs = x[order]
+    starts = np.flatnonzero(np.r_[True, xs[1:] != xs[:-1]])
+    wrong = ~c[order]
+    position = np.empty(n, dtype=np.int64)
+    position[order] = np.arange(n)
+    out = np.empty((2, draws))
+    for start in range(0, draws, _BLOCK):
+        b = min(_BLOCK, draws - start)
+        drawn = position[rng.integers(0, n, size=(b, n))] + n * np.arange(b)[:, None]
+        weights = np.bincount(drawn.ravel(), minlength=b * n).reshape(b, n).astype(np.float64)
+        total = np.add.reduceat(weights, starts, axis=1)
+        err = np.add.reduceat(weights * wrong, starts, axis=1)
+        out[0, start : start + b], out[1, start : start + b] = _aurc_augrc_from_counts(total, err)
+    return {"aurc": out[0], "augrc": out[1]}
 
 
 def confidence_interval(draws: np.ndarray, level: float = 0.95, axis: int = -1) -> tuple[np.ndarray, np.ndarray]:

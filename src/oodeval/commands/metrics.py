@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import InputError
-from ..metrics import all_metrics, fpr95_columns
-from ..stats import bootstrap, confidence_interval
+from ..metrics import all_metrics, aupr_columns, fpr95_columns, selective_metrics
+from ..stats import bootstrap, bootstrap_selective, confidence_interval
 from ._options import add_convention
 from ._output import add_format, write_rows
 
@@ -30,6 +30,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resample-id", action="store_true",
                    help="resample the ID scores too (default: only the OOD scores, the ID set and its threshold fixed, paper App. C)")  # fmt: skip
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
+    p.add_argument("--id-correct", type=Path, default=None, metavar="FILE",
+                   help="whether the classifier is right on each ID sample (1/0, one per ID score, .npy or text): adds AURC and AUGRC")  # fmt: skip
     add_convention(p)
     add_format(p, "the metrics")
 
@@ -68,15 +70,19 @@ def load_scores(path: Path) -> np.ndarray:
 
 
 def format_metrics(id_scores: np.ndarray, ood_scores: np.ndarray, draws: int, seed: int, resample_id: bool = False,
-                   convention: str = "paper") -> str:
+                   convention: str = "paper", id_correct: np.ndarray | None = None) -> str:
     """A text table of all metrics; both FPR@95s (``convention``'s first, :func:`oodeval.metrics.fpr95_columns`),
     TNR@95, AUROC and detection error with bootstrap percentile 95% CIs (OOD resampled, ID fixed;
-    both with ``resample_id``), AUPR as point values."""
+    both with ``resample_id``), AUPR as point values; with ``id_correct`` also AURC / AUGRC (ID samples resampled)."""
     check_draws(draws)
     conventions = fpr95_columns(convention)
     values = all_metrics(id_scores, ood_scores)
-    values = {c[0]: values[c[0]] for c in conventions} | values
+    lead = [c[0] for c in conventions] + ["auroc"] + [c for c, _ in aupr_columns(convention)]
+    values = {c: values[c] for c in lead} | values
     boot = bootstrap(id_scores, ood_scores, draws=draws, seed=seed, fixed_id=not resample_id) if draws else {}
+    if id_correct is not None:
+        values |= selective_metrics(id_scores, id_correct)
+        boot |= {k: v[None] for k, v in bootstrap_selective(id_scores, id_correct, draws=draws, seed=seed).items()} if draws else {}
     which = "ID and OOD scores both resampled" if resample_id else "OOD scores resampled, ID scores and their FPR@95 threshold fixed"
     lines = [
         f"ID n={id_scores.size}  OOD m={ood_scores.size}  (higher score = ID)",
@@ -84,14 +90,25 @@ def format_metrics(id_scores: np.ndarray, ood_scores: np.ndarray, draws: int, se
     ]
     for name, value in values.items():
         if not draws:
-            lines.append(f"  {name:<16} {100 * value:6.2f}%")
+            lines.append(f"  {name:<18} {100 * value:6.2f}%")
         elif name in boot:
             lo, hi = confidence_interval(boot[name][0])
-            lines.append(f"  {name:<16} {100 * value:6.2f}%   95% CI [{100 * lo:6.2f}, {100 * hi:6.2f}]")
+            lines.append(f"  {name:<18} {100 * value:6.2f}%   95% CI [{100 * lo:6.2f}, {100 * hi:6.2f}]")
         else:
-            lines.append(f"  {name:<16} {100 * value:6.2f}%   (no interval: average precision is not bootstrapped)")
+            lines.append(f"  {name:<18} {100 * value:6.2f}%   (no interval: precision-recall areas are not bootstrapped)")
     lines += [f"{column}: {label}, {meaning}" for column, label, meaning in conventions]
+    lines += ["aupr_in / aupr_out: average precision (the papers'); aupr_in_trapezoid / aupr_out_trapezoid: the trapezoid "
+              "under scikit-learn's precision-recall curve (OpenOOD, pytorch-ood); autc: area under the threshold curve "
+              "(pytorch-ood's, lower is better)"]
     return "\n".join(lines)
+
+
+def _correct(values: np.ndarray, n: int, path: Path) -> np.ndarray:
+    """The --id-correct file as booleans: one 0/1 per ID score."""
+    if values.size != n or not np.isin(values, (0, 1)).all():
+        raise InputError(f"--id-correct {path}: expected {n} values of 0 or 1 (one per ID score), got {values.size} "
+                         f"with {int((~np.isin(values, (0, 1))).sum())} other than 0/1")  # fmt: skip
+    return values.astype(bool)
 
 
 def check_draws(draws: int) -> None:
@@ -101,15 +118,18 @@ def check_draws(draws: int) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..scoring import cell_metrics
+    from ..scoring import cell_metrics, selective_cell_metrics
 
     if str(args.id_scores) == "-" == str(args.ood_scores):
         raise InputError("only one of the two score files can be - (stdin)")
     scores = load_scores(args.id_scores), load_scores(args.ood_scores)
+    correct = None if args.id_correct is None else _correct(load_scores(args.id_correct), scores[0].size, args.id_correct)
     if args.format == "table":
-        print(format_metrics(*scores, args.draws, args.seed, args.resample_id, args.convention))
+        print(format_metrics(*scores, args.draws, args.seed, args.resample_id, args.convention, correct))
         return 0
     check_draws(args.draws)
     row = cell_metrics(*scores, seed=args.seed, draws=args.draws, fixed_id=not args.resample_id)
+    if correct is not None:
+        row |= selective_cell_metrics(scores[0], correct.astype(np.int64), seed=args.seed, draws=args.draws)
     write_rows([row], args.format)
     return 0

@@ -30,7 +30,7 @@ IMAGE_FOLDERS = ("images_classic", "images_largescale")
 #: under ``benchmark_imglist/<benchmark>/`` for ID train / val / test, each OOD group (near, far),
 #: the OOD validation list (``ood_val``, for hyperparameter search) and the covariate-shifted ID
 #: lists (``csid``: ImageNet-V2/-C/-R(/-ES); OpenOOD adds them to the ID side in its full-spectrum
-#: mode only and reports no group for them, so :func:`experiment_datasets` leaves them out)
+#: mode only and reports no group for them; :func:`experiment_datasets` adds them with ``full_spectrum``)
 _CIFAR_FAR = {"mnist": "test_mnist.txt", "svhn": "test_svhn.txt", "texture": "test_texture.txt", "places365": "test_places365.txt"}
 _IMAGENET_NEAR = {"ssb_hard": "test_ssb_hard.txt", "ninco": "test_ninco.txt"}
 _IMAGENET_FAR = {"inaturalist": "test_inaturalist.txt", "textures": "test_textures.txt", "openimage_o": "test_openimage_o.txt"}
@@ -80,7 +80,7 @@ def _images_root(list_file: Path, first: str) -> Path:
 def read_imglist(list_file: str | Path, images_root: str | Path | None = None, *, name: str | None = None) -> Manifest:
     """A Manifest of one OpenOOD image list: ``path label`` lines, paths relative to
     ``images_root`` (default: found as :func:`_images_root` says). ID (the list's dataset is its
-    benchmark folder's) keeps integer labels; OOD gets -1. Bad lines raise ValueError naming the
+    benchmark folder's, or one of its covariate-shifted ID lists) keeps integer labels; OOD gets -1. Bad lines raise ValueError naming the
     file and line."""
     list_file = Path(list_file)
     if not list_file.is_file():
@@ -102,7 +102,8 @@ def read_imglist(list_file: str | Path, images_root: str | Path | None = None, *
     if not paths:
         raise InputError(f"OpenOOD image list {list_file} has no lines")
     benchmark = list_file.parent.name
-    is_id = list_file.stem.split("_", 1)[-1] == benchmark
+    csid_lists = set(BENCHMARKS.get(benchmark, {}).get("csid", {}).values())
+    is_id = list_file.stem.split("_", 1)[-1] == benchmark or list_file.name in csid_lists
     root = Path(images_root) if images_root is not None else _images_root(list_file, paths[0])
     label = np.array(labels) if is_id else np.full(len(paths), -1)
     if is_id and (label < 0).any():
@@ -110,20 +111,27 @@ def read_imglist(list_file: str | Path, images_root: str | Path | None = None, *
     return Manifest(paths, label, root=root, name=name or f"{benchmark}/{list_file.stem}", meta={"openood_list": str(list_file)})
 
 
-def experiment_datasets(data_root: str | Path, benchmark: str) -> dict:
+def experiment_datasets(data_root: str | Path, benchmark: str, full_spectrum: bool = False) -> dict:
     """The ``[datasets]`` table of an experiment on OpenOOD v1.5 benchmark ``benchmark`` under
     ``data_root``: ID train / test lists and every OOD list, labelled by OpenOOD's dataset name,
-    grouped ``near`` / ``far`` (the report shows each group's mean). A missing list file is a
-    FileNotFoundError naming every missing file and the expected layout."""
+    grouped ``near`` / ``far`` (the report shows each group's mean); with ``full_spectrum`` also the
+    benchmark's covariate-shifted ID lists as ``csid`` (OpenOOD v1.5's FSOOD mode; refused for a
+    benchmark that has none). A missing list file is a FileNotFoundError naming every missing file
+    and the expected layout."""
     if benchmark not in BENCHMARKS:
         raise UnknownNameError(f"unknown OpenOOD benchmark {benchmark!r}; known: {', '.join(BENCHMARKS)}")
     spec = BENCHMARKS[benchmark]
     lists = Path(data_root) / "benchmark_imglist" / benchmark
     ood = [{"name": str(lists / f), "label": n, "group": g} for g in ("near", "far") for n, f in spec[g].items()]
     out = {"id_train": str(lists / spec["id_train"]), "id_test": str(lists / spec["id_test"]), "ood": ood}
+    if full_spectrum:
+        if not spec["csid"]:
+            raise InputError(f"OpenOOD benchmark {benchmark!r} has no covariate-shifted ID lists; full_spectrum needs one of "
+                             f"{', '.join(b for b, v in BENCHMARKS.items() if v['csid'])}")
+        out["csid"] = [{"name": str(lists / f), "label": n} for n, f in spec["csid"].items()]
     if not lists.is_dir():
         raise FileNotFoundError(f"OpenOOD benchmark {benchmark!r}: {lists} does not exist; expected {LAYOUT}")
-    missing = [p for p in (out["id_train"], out["id_test"], *(d["name"] for d in ood)) if not Path(p).is_file()]
+    missing = [p for p in (out["id_train"], out["id_test"], *(d["name"] for d in ood + out.get("csid", []))) if not Path(p).is_file()]
     if missing:
         raise FileNotFoundError(f"OpenOOD benchmark {benchmark!r} under {data_root}: {len(missing)} image list(s) missing: "
                                 f"{', '.join(missing)}; expected {LAYOUT}")

@@ -57,8 +57,8 @@ _TOP = {
     "num_workers", "retry_failed", "seed_detectors", "datasets", "models", "detectors", "zeroshot", "sweeps", "selection",
     "eoe_prompts", "openood", "detector_device", "full_image_hash", "defaults",
 }  # fmt: skip
-_DATASETS = {"id_train", "id_test", "ood", "split_column", "id_classes"}
-_OPENOOD = {"benchmark", "root"}
+_DATASETS = {"id_train", "id_test", "ood", "csid", "split_column", "id_classes"}
+_OPENOOD = {"benchmark", "root", "full_spectrum"}
 _OOD = {"name", "label", "split_column", "group"}
 _MODEL = {
     "name", "label", "weights", "pretrained", "head", "kind", "model_kwargs", "taps", "patch_features", "full_patch_features", "features",
@@ -178,6 +178,8 @@ class ExperimentConfig:
     id_test: ExperimentDataset
     ood: tuple[ExperimentDataset, ...]
     id_train: ExperimentDataset | None = None
+    #: covariate-shifted ID sets (full-spectrum OOD: counted as ID in the ``fs_*`` metrics)
+    csid: tuple[ExperimentDataset, ...] = ()
     detectors: tuple[DetectorSpec, ...] | None = None
     zeroshot: tuple[DetectorSpec, ...] | None = None
     seeds: tuple[int, ...] = (0,)
@@ -290,7 +292,8 @@ def _openood(t: dict, base: Path) -> dict:
     o = _check_keys(t["openood"], _OPENOOD, "[openood]")
     benchmark = _typed(o, "benchmark", str, "[openood]", required=True)
     try:
-        return experiment_datasets(_path(_typed(o, "root", str, "[openood]", required=True), base), benchmark)
+        return experiment_datasets(_path(_typed(o, "root", str, "[openood]", required=True), base), benchmark,
+                                   full_spectrum=_typed(o, "full_spectrum", bool, "[openood]", False))  # fmt: skip
     except UnknownNameError as exc:
         raise _fail("[openood]", exc.args[0]) from None
 
@@ -607,6 +610,11 @@ def load_config(source: str | Path | dict | ExperimentConfig, base_dir: str | Pa
     clash = sorted(set(labels) & set(_ROLES))
     if clash:
         raise _fail("[datasets]", f"OOD labels may not be {', '.join(clash)}")
+    csid = tuple(_dataset(e, f"[datasets] csid[{i}]", base, None) for i, e in enumerate(_typed(ds, "csid", list, "[datasets]", [])))
+    csid_labels = [d.label for d in csid]
+    dup = sorted({x for x in csid_labels if csid_labels.count(x) > 1 or x in labels or x in _ROLES})
+    if dup:
+        raise _fail("[datasets]", f"csID label(s) {', '.join(dup)} repeat or clash with an OOD label or a role; give each a distinct label")
     id_test = _dataset(_typed(ds, "id_test", str, "[datasets]", required=True), "[datasets] id_test", base, None)
     id_train_raw = _typed(ds, "id_train", str, "[datasets]")
     id_train = None if id_train_raw is None else _dataset(id_train_raw, "[datasets] id_train", base, None)
@@ -622,7 +630,7 @@ def load_config(source: str | Path | dict | ExperimentConfig, base_dir: str | Pa
     needs_train = [m.label for m in models if m.kind == "supervised"]
     if needs_train and id_train is None and not all("id_train" in m.features for m in models if m.kind == "supervised"):
         raise _fail("[datasets]", f"id_train is required to fit the detectors of supervised model(s) {', '.join(needs_train)}")
-    allowed_feats = set(_ROLES) | set(labels) | {"validation_id", "validation_ood"}
+    allowed_feats = set(_ROLES) | set(labels) | set(csid_labels) | {"validation_id", "validation_ood"}
     for m in models:
         bad = sorted(k for k in set(m.features) - allowed_feats if not (k.startswith("text:") and m.kind == "zero-shot"))
         if bad:
@@ -660,6 +668,7 @@ def load_config(source: str | Path | dict | ExperimentConfig, base_dir: str | Pa
         selection=selection,
         id_test=id_test,
         ood=ood,
+        csid=csid,
         id_train=id_train,
         detectors=detectors,
         sweeps=sweeps,

@@ -163,14 +163,15 @@ def _extract_options(model: ModelSpec, weights: str | None, cfg: ExperimentConfi
 
 def extract_experiment_features(model: ModelSpec, weights: str | None, ds: ExperimentDataset, role: str, cfg: ExperimentConfig) -> FeatureSet:
     """The FeatureSet of ``ds`` under ``model``: a precomputed folder named in the model's
-    ``features`` table (by role ``id_train`` / ``id_test`` or OOD label), else the store.
+    ``features`` table (by role ``id_train`` / ``id_test``, OOD label or csID label), else the store.
     NAC taps (``model.taps``) are extracted for the test and OOD sets here; on ID train only
     for the fitting rows of a detector that declares them (:func:`tapped_fit_features`). A zero-shot model with ``patch_features`` gets
     GL-MCM's patch readouts for the ID names at each gl_mcm tau (``zeroshot.patch_readouts``); the full
     patch tensor (float16) only with ``full_patch_features``. A supervised model's precomputed FeatureSet
     that records no model is taken to come from its ``name`` (which picks the backbone defaults)."""
-    if role in model.features:
-        fs = FeatureSet.load(model.features[role])
+    given = role.removeprefix("csid:")  # a csID set's precomputed folder is named by its label
+    if given in model.features:
+        fs = FeatureSet.load(model.features[given])
         if model.kind == "supervised":
             fs.meta.setdefault("model", model.name)
         return fs
@@ -345,18 +346,19 @@ def _cell_key(run: _Run, spec: DetectorSpec, dataset: str, split: str, seed: int
 
 
 def _feature_roles(model: ModelSpec, cfg: ExperimentConfig) -> list[tuple[str, ExperimentDataset]]:
-    """(role, dataset) of the FeatureSets a model's cells are computed from: ID train (supervised), ID test, each OOD set."""
+    """(role, dataset) of the FeatureSets a model's cells are computed from: ID train (supervised), ID
+    test, each OOD set, each covariate-shifted ID set (role ``csid:<label>``, full-spectrum OOD)."""
     roles: list[tuple[str, ExperimentDataset]] = [("id_test", cfg.id_test)]
     if model.kind == "supervised" and (cfg.id_train is not None or "id_train" in model.features):
         roles.insert(0, ("id_train", cfg.id_train or ExperimentDataset("id_train", "id_train")))
-    return roles + [(d.label, d) for d in cfg.ood]
+    return roles + [(d.label, d) for d in cfg.ood] + [(f"csid:{d.label}", d) for d in cfg.csid]
 
 
 def _cell_inputs(cfg: ExperimentConfig, model: ModelSpec, hashes: dict[str, str | None]) -> dict[str, str | None]:
     """Per OOD label, the fingerprint of everything its cells are computed from: the content hashes
     of the ID train, ID test and OOD FeatureSets and the bootstrap settings (None: a hash unknown).
     A recorded cell is reused only while its fingerprint is the current one."""
-    id_roles = [r for r, _ in _feature_roles(model, cfg) if r in ("id_train", "id_test")]
+    id_roles = [r for r, _ in _feature_roles(model, cfg) if r in ("id_train", "id_test") or r.startswith("csid:")]
     out: dict[str, str | None] = {}
     for ds in cfg.ood:
         parts = {r: hashes.get(r) for r in (*id_roles, ds.label)}
@@ -370,9 +372,10 @@ def _recorded_hash(model: ModelSpec, weights: str | None, role: str, ds: Experim
     """A FeatureSet's content hash known without loading its arrays: the one its meta.json records
     (checked against the arrays when it is loaded), of a precomputed folder or of the finished store
     entry the run's extraction would read (found by its key, :func:`_from_store` with
-    ``cached_only``); None when there is none yet."""
+    ``cached_only``); None when there is none yet. A csID set's precomputed folder is named by its label."""
+    given = role.removeprefix("csid:")
     try:
-        folder = Path(model.features[role]) if role in model.features else _from_store(model, weights, ds, role, cfg, cached_only=True)
+        folder = Path(model.features[given]) if given in model.features else _from_store(model, weights, ds, role, cfg, cached_only=True)
         if folder is None:
             return None
         return str(json.loads((folder / "meta.json").read_text())["content_hash"])
@@ -389,7 +392,7 @@ def _plan_run(run: _Run, cfg: ExperimentConfig, features: FeatureFn) -> None:
     for role, ds in roles:
         try:
             run.feats[role] = features(run.model, run.weights, ds, role, cfg)
-            if role not in ("id_train", "id_test"):
+            if role not in ("id_train", "id_test") and not role.startswith("csid:"):
                 run.splits[role] = _split_masks(split_values(run.feats[role], ds, cfg), ds.split_column)
         except Exception as exc:  # noqa: BLE001 - recorded, the grid goes on
             log.debug("features of %s failed", role, exc_info=True)
@@ -688,8 +691,10 @@ def _run_detector(run: _Run, spec: DetectorSpec, cells: list[CellKey], cfg: Expe
         scores: dict = {}
         fitted = False
         folder = scores_dir(cfg.results) / hash_json([run.model.label, run.weights or "", spec.name, spec.result_key, hpj])
+        csid = {d.label: RuntimeError(run.errors[f"csid:{d.label}"]) if f"csid:{d.label}" in run.errors else run.feats[f"csid:{d.label}"]
+                for d in cfg.csid}  # fmt: skip
         for row in fit_score_evaluate(scorer, scorer.train, run.feats["id_test"], oods, cells=by_set, draws=cfg.bootstrap_draws,
-                                      fixed_id=cfg.bootstrap_fixed_id, scores_out=scores):  # fmt: skip
+                                      fixed_id=cfg.bootstrap_fixed_id, scores_out=scores, csid=csid):  # fmt: skip
             if "id" in scores and not fitted:
                 fitted, summary.fits = True, summary.fits + 1
                 save_npy_atomic(folder / "id.npy", np.asarray(scores["id"], dtype=np.float64))

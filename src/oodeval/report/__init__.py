@@ -16,7 +16,7 @@ from ..experiment.config import load_config
 from ..metrics import fpr_ood_positive
 from ..results import ALL_SPLIT, METRICS, load_cell_scores, load_results, missing_cell_scores, parts_dir
 from ..zeroshot.sweeps import save_sweep, sweeps_path
-from . import cnc, groups, reference, tables  # noqa: F401 - they register their views
+from . import cnc, groups, ranks, reference, tables  # noqa: F401 - they register their views
 from . import figures as figs
 from .paper_views import CLEAN_SUFFIX, gallery_items
 from .render import html_page, latex, markdown
@@ -105,7 +105,7 @@ def build_views(
               "subsample_n": subsample_n, "draws": draws, "seed": seed, "convention": convention}  # fmt: skip
     views = [VIEWS[key](*(inputs[n] for n in VIEWS[key].needs)) for key in VIEWS.names()]
     n = default_subsample_n(scores, primary)[0] if subsample_n is None else subsample_n  # as Tab. A6 chose it
-    return views, {"frame": frame, "primary": primary, "model": model, "scores": scores, "n": n}
+    return views, {"frame": frame, "primary": primary, "model": model, "scores": scores, "n": n, "convention": convention}
 
 
 def _gallery_figures(export: str | Path | None, fig_dir: Path, seed: int, formats: tuple[str, ...]) -> list[Figure]:
@@ -176,6 +176,7 @@ def _figures(df: pd.DataFrame, results_path: Path, choice: dict, fig_dir: Path, 
     else:
         a4.note = "omitted: needs stored scores on at least one OOD set besides the primary one with 12 or more images"
     out.append(a4)
+    out.append(ranks.ranks_figure(df, choice.get("convention", "paper"), fig_dir, formats))
     # Fig. A3: sweeps over k negatives per class from the merged pool
     merged = sweeps[sweeps["sweep"].str.lower().str.startswith("merged")] if sweeps is not None and len(sweeps) else None
     a3 = Figure("figA3", "Fig. A3 — size of the merged per-class negative pool", f"FPR@95 against k negatives kept per ID class, mean over models; solid: {primary}, dashed: the other OOD sets.")

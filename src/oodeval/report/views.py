@@ -197,7 +197,8 @@ def prepare(df: pd.DataFrame) -> pd.DataFrame:
 
     Columns: model, kind, det, detector, hyperparameters, vocabulary, dataset, split, fpr95, tnr95,
     auroc, detection_error, id_accuracy, n_ood, runs, the CI bounds ``fpr95_lo/hi``, ``auroc_lo/hi``
-    (each run's bootstrap bounds, averaged over runs) and ``fpr95_ood_positive`` with its bounds.
+    (each run's bootstrap bounds, averaged over runs), ``fpr95_ood_positive`` with its bounds, and
+    aupr_in / aupr_out, aupr_in_trapezoid / aupr_out_trapezoid, autc, aurc, augrc.
     """
     ok = add_det(df[df["status"] == "ok"])
     if len(ok) == 0:
@@ -206,7 +207,8 @@ def prepare(df: pd.DataFrame) -> pd.DataFrame:
     keys = ["model", "kind", "det", "detector", "hyperparameters", "dataset", "split"]
     ok["vocabulary"] = vocab.fillna("")
     means = ["fpr95", "tnr95", "auroc", "detection_error", "id_accuracy", "fpr95_lo", "fpr95_hi", "auroc_lo", "auroc_hi",
-             "fpr95_ood_positive", "fpr95_ood_positive_lo", "fpr95_ood_positive_hi"]
+             "fpr95_ood_positive", "fpr95_ood_positive_lo", "fpr95_ood_positive_hi", "aupr_in", "aupr_out",
+             "aupr_in_trapezoid", "aupr_out_trapezoid", "autc", "aurc", "augrc"]
     means = [m for m in means if m in ok.columns]
     agg = (
         ok.groupby(keys + ["vocabulary"], sort=False, dropna=False)
