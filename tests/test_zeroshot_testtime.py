@@ -212,3 +212,32 @@ def test_csp_score_is_neglabel_grouping_with_100_groups(stream):
     got = create_scorer("csp").score(x, id_text, neg)
     np.testing.assert_allclose(got, grouped(x @ np.r_[id_text, neg].T / 0.01, 4, 11, 0), rtol=1e-12)
     assert create_scorer("csp").get_params() == {"tau": 0.01, "n_groups": 100, "seed": 0}
+
+
+def test_cli_vocab_csp_builds_both_parts(tmp_path, tiny_clip, capsys):
+    import json
+
+    import open_clip
+
+    from oodeval.cli import main
+    from oodeval.zeroshot import Vocabulary
+
+    wn = tmp_path / "wn"
+    wn.mkdir()
+    row = "{i:08d} {lex:02d} {pos} 01 {w} 0 000 | gloss\n"
+    nouns = [(3, "rock"), (6, "violin"), (18, "teacher"), (6, "car"), (17, "cloud"), (3, "tree"), (21, "liter"), (6, "kite")]
+    adjs = [(0, "red"), (1, "solar"), (44, "hand-held"), (0, "blue"), (0, "lively"), (0, "quiet")]
+    (wn / "data.noun").write_text("  licence\n" + "".join(row.format(i=i, lex=lex, pos="n", w=w) for i, (lex, w) in enumerate(nouns)))
+    (wn / "data.adj").write_text("  licence\n" + "".join(row.format(i=i, lex=lex, pos="a", w=w) for i, (lex, w) in enumerate(adjs)))
+    cfg = tmp_path / f"{tiny_clip}.json"
+    cfg.write_text(json.dumps(open_clip.get_model_config(tiny_clip)))
+    (tmp_path / "ids.txt").write_text("cat\nviolin\n")
+    assert main(["vocab", "csp", "--model", str(cfg), "--pretrained", "none", "--id-names", str(tmp_path / "ids.txt"),
+                 "--wordnet", str(wn), "--cache", str(tmp_path / "cache"), "--fraction", "0.5", "--out", str(tmp_path / "csp.json")]) == 0
+    assert "wrote the CSP pool: 3 nouns + 2 conjugated labels" in capsys.readouterr().out  # int(6 * 0.5), int(5 * 0.5)
+    vocab = Vocabulary.load(tmp_path / "csp.json")
+    assert vocab.kind == "csp" and len(vocab) == 5
+    nouns_kept, conj_kept = vocab.labels[:3], vocab.labels[3:]
+    assert set(nouns_kept) <= {"rock", "violin", "car", "cloud", "tree", "kite"}  # noun.person / noun.quantity left out
+    assert all(label.split()[-1] in SUPERCLASSES and label.split()[0] in {"red", "hand-held", "blue", "lively", "quiet"}
+               for label in conj_kept)  # adj.pert ("solar") left out
