@@ -104,7 +104,7 @@ def test_adaneg_matches_the_release_rederived(stream, samada):
 def test_adaneg_defaults_are_the_imagenet_script():
     assert create_scorer("adaneg").get_params() == {
         "tau": 0.01, "n_groups": 5, "seed": 0, "memory_size": 10, "thres": 0.5, "gap": 0.5, "beta": 5.5, "lam": 0.1,
-        "sample_adaptive": True, "batch_size": 256}  # fmt: skip
+        "sample_adaptive": True, "batch_size": 256, "id_share": None}  # fmt: skip
 
 
 def test_memory_bank_is_bounded_and_keeps_the_lowest_entropies():
@@ -241,3 +241,40 @@ def test_cli_vocab_csp_builds_both_parts(tmp_path, tiny_clip, capsys):
     assert set(nouns_kept) <= {"rock", "violin", "car", "cloud", "tree", "kite"}  # noun.person / noun.quantity left out
     assert all(label.split()[-1] in SUPERCLASSES and label.split()[0] in {"red", "hand-held", "blue", "lively", "quiet"}
                for label in conj_kept)  # adj.pert ("solar") left out
+
+
+def test_grid_runs_adaneg_per_order_and_records_the_stream(tmp_path):
+    import json
+
+    from oodeval.experiment import load_config, run_experiment
+    from oodeval.features import FeatureSet
+    from oodeval.metrics import all_metrics
+    from oodeval.results import load_results
+
+    rng = np.random.default_rng(1)
+    basis = np.linalg.qr(rng.normal(size=(8, 8)))[0]
+    id_text, neg_text = basis[:3], basis[3:7]
+    id_img = unit(id_text[rng.integers(0, 3, 60)] + 0.6 * rng.normal(size=(60, 8)))
+    ood_img = unit(neg_text[rng.integers(0, 4, 40)] + 0.6 * rng.normal(size=(40, 8)))
+    feats = {"id_test": str(FeatureSet(features=id_img.astype(np.float32)).save(tmp_path / "id")),
+             "novel": str(FeatureSet(features=ood_img.astype(np.float32)).save(tmp_path / "ood"))}
+    np.save(tmp_path / "id_text.npy", id_text)
+    np.save(tmp_path / "wordnet.npy", neg_text)
+    (tmp_path / "wordnet.txt").write_text("a\nb\nc\nd\n")
+    feats.update({"text:id": str(tmp_path / "id_text.npy"), "text:wordnet": str(tmp_path / "wordnet.npy")})
+    cfg = {"seeds": [0, 1, 2], "bootstrap_draws": 20, "results": str(tmp_path / "results.parquet"),
+           "datasets": {"id_test": "val", "ood": ["novel"]},
+           "models": [{"name": "open_clip:ViT-B-32", "label": "clip", "kind": "zero-shot", "features": feats}],
+           "zeroshot": [{"name": "adaneg", "vocabulary": "wordnet.txt", "hyperparameters": {"batch_size": 8}},
+                        {"name": "csp", "vocabulary": "wordnet.txt"}]}  # fmt: skip
+    summary = run_experiment(load_config(cfg, base_dir=tmp_path), progress=False)
+    df = load_results(summary.results)
+    assert (df["status"] == "ok").all(), df["error"].dropna().tolist()
+    ada = df[df["detector"] == "adaneg"].sort_values("seed")
+    assert df[df["detector"] == "csp"]["stream"].isna().all()
+    streams = [json.loads(s) for s in ada["stream"]]
+    assert [(s["order"], s["batch_size"], s["id_share"]) for s in streams] == [(0, 8, None), (1, 8, None), (2, 8, None)]
+    x_id, x_ood = (unit(np.asarray(FeatureSet.load(feats[k]).features, np.float64)) for k in ("id_test", "novel"))
+    for seed, auroc in zip(ada["seed"], ada["auroc"]):
+        s_id, s_ood, _ = score_pair(create_scorer("adaneg", batch_size=8), x_id, x_ood, id_text, neg_text, Protocol(order=int(seed)))
+        assert auroc == pytest.approx(all_metrics(s_id, s_ood)["auroc"], abs=1e-12)

@@ -136,7 +136,9 @@ class AdaNeg(ZeroShotScorer):
 
     A test-time scorer: ``score`` consumes its images as one stream, in row order, ``batch_size`` at a
     time, from an empty memory (state lives only inside the call). The ID:OOD stream of the paper's
-    protocol is built by :func:`oodeval.zeroshot.testtime.score_pair`.
+    protocol is built by :func:`oodeval.zeroshot.testtime.score_pair`; ``id_share`` (None: the ID
+    and OOD sets whole) is that protocol's ID:OOD mix where a grid runs the scorer
+    (:meth:`oodeval.scorer.Scorer.score_pair`; ``score`` itself takes the rows it is given).
     """
 
     label = "AdaNeg"
@@ -145,12 +147,12 @@ class AdaNeg(ZeroShotScorer):
         "tau": POSITIVE, "n_groups": Interval(Integral, 1, None), "seed": SEED,
         "memory_size": Interval(Integral, 2, None), "thres": Interval(Real, 0, 1), "gap": Interval(Real, 0, 1),
         "beta": Interval(Real, 0, None), "lam": Interval(Real, 0, None), "sample_adaptive": BOOLEAN,
-        "batch_size": Interval(Integral, 1, None),
+        "batch_size": Interval(Integral, 1, None), "id_share": (Interval(Real, 0, 1, closed="neither"), None),
     }  # fmt: skip
 
     def __init__(self, tau: float = 0.01, n_groups: int = 5, seed: int = 0, memory_size: int = 10, thres: float = 0.5,
                  gap: float = 0.5, beta: float = 5.5, lam: float = 0.1, sample_adaptive: bool = True,
-                 batch_size: int = 256) -> None:
+                 batch_size: int = 256, id_share: float | None = None) -> None:
         self.tau = tau
         self.n_groups = n_groups
         self.seed = seed
@@ -161,6 +163,7 @@ class AdaNeg(ZeroShotScorer):
         self.lam = lam
         self.sample_adaptive = sample_adaptive
         self.batch_size = batch_size
+        self.id_share = id_share
 
     def score(self, image: FeatureSet | np.ndarray, id_text: np.ndarray, negatives: np.ndarray | None = None,
               normalize: bool = False) -> np.ndarray:
