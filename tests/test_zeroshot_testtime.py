@@ -275,6 +275,10 @@ def test_grid_runs_adaneg_per_order_and_records_the_stream(tmp_path):
     streams = [json.loads(s) for s in ada["stream"]]
     assert [(s["order"], s["batch_size"], s["id_share"]) for s in streams] == [(0, 8, None), (1, 8, None), (2, 8, None)]
     x_id, x_ood = (unit(np.asarray(FeatureSet.load(feats[k]).features, np.float64)) for k in ("id_test", "novel"))
+    from oodeval.report import build_views
+
+    tab2 = next(v for v in build_views(df, summary.results)[0] if v.key == "tab2")
+    assert "Test-time scorers (adaneg) saw the test set adaptively" in tab2.caption
     for seed, auroc in zip(ada["seed"], ada["auroc"]):
         s_id, s_ood, _ = score_pair(create_scorer("adaneg", batch_size=8), x_id, x_ood, id_text, neg_text, Protocol(order=int(seed)))
         assert auroc == pytest.approx(all_metrics(s_id, s_ood)["auroc"], abs=1e-12)
