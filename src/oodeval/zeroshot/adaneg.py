@@ -75,20 +75,19 @@ class MemoryBank:
         self.entropy = np.zeros((k, capacity))
         self.gram = np.zeros((k, capacity, capacity))  # m_kj . m_kj'
         self.pool = np.empty((0, e))
-        self.slot = np.empty(0, dtype=np.int64)  # the slot of each pool row
         self.gram_text = np.empty(0)  # t_slot . m of each pool row
         self.used = 0
 
     def _grow(self) -> None:
         size = max(64, 2 * len(self.pool))
-        for name in ("pool", "slot", "gram_text"):
+        for name in ("pool", "gram_text"):
             old = getattr(self, name)
             new = np.zeros((size, *old.shape[1:]), dtype=old.dtype)
             new[: self.used] = old[: self.used]
             setattr(self, name, new)
 
     def _put(self, slot: int, j: int, x: np.ndarray, h: float, row: int) -> None:
-        self.pool[row], self.slot[row], self.gram_text[row] = x, slot, self.text[slot] @ x
+        self.pool[row], self.gram_text[row] = x, self.text[slot] @ x
         self.rows[slot, j] = row
         self.entropy[slot, j] = h
         n = self.count[slot]
@@ -112,46 +111,42 @@ class MemoryBank:
             self._put(slot, j, x, h, int(self.rows[slot, j]))
 
     def _layout(self):
-        """The filled slots, the pool rows' slot as a sparse (rows x filled) indicator, and the image
-        pairs (j <= j') of each filled slot: their pool rows, Gram factor (2 off the diagonal) and indicator."""
-        from scipy import sparse
-
+        """The filled slots; their stored images' pool rows, slot by slot, and where each slot's run
+        starts; the image pairs (j <= j') of each slot, slot by slot, as positions in that order, their
+        Gram factor (2 m_j'm_j' off the diagonal, m_j'm_j on it) and where each slot's pairs start."""
         filled = np.flatnonzero(self.count)
-        col = np.full(len(self.text), -1, dtype=np.int64)
-        col[filled] = np.arange(filled.size)
-        used = self.used
-        rows_to_slot = sparse.csr_matrix((np.ones(used), (np.arange(used), col[self.slot[:used]])), shape=(used, filled.size))
-        idx = self.rows[filled]
+        counts = self.count[filled]
+        starts = np.r_[0, np.cumsum(counts)[:-1]]
+        entries = self.rows[filled][np.arange(self.capacity) < counts[:, None]]
         j, k = np.triu_indices(self.capacity)
-        ok = (idx[:, j] >= 0) & (idx[:, k] >= 0)
-        f, p = np.nonzero(ok)
+        f, p = np.nonzero((j < counts[:, None]) & (k < counts[:, None]))
         factor = np.where(j[p] == k[p], 1.0, 2.0) * self.gram[filled[f], j[p], k[p]]
-        pairs_to_slot = sparse.csr_matrix((factor, (np.arange(f.size), f)), shape=(f.size, filled.size))
-        return filled, rows_to_slot, idx[f, j[p]], idx[f, k[p]], pairs_to_slot
+        pair_starts = np.r_[0, np.cumsum(np.bincount(f, minlength=filled.size))[:-1]]
+        return filled, entries, starts, starts[f] + j[p], starts[f] + k[p], factor, pair_starts
 
     def proxy_cosines(self, x: np.ndarray, static: np.ndarray, beta: float, sample_adaptive: bool) -> np.ndarray:
-        """cos(x, p_k) (rows of x against every slot's proxy), (N, K); ``static`` = x @ text.T.
+        """cos(x, p_k) (rows of x against every slot's proxy), (N, K), written into ``static`` = x @ text.T.
 
         With w0 = w(t_k'x), w_e = w(m_e'x) (w = exp(-beta (1 - .)), or 1 task-adaptively):
         x'p_k = (w0 t_k'x + sum_e w_e m_e'x) / sqrt(w0^2 + 2 w0 sum_e w_e t_k'm_e + sum_ee' w_e w_e' m_e'm_e')."""
-        out = static.copy()
         if self.used == 0:
-            return out
-        filled, rows_to_slot, first, second, pairs_to_slot = self._layout()
-        rows = max(1, _arrays.CHUNK_ELEMENTS // max(1, 2 * self.used + first.size))
+            return static
+        filled, entries, starts, first, second, factor, pair_starts = self._layout()
+        images, gram_text = self.pool[entries], self.gram_text[entries]
+        rows = max(1, _arrays.CHUNK_ELEMENTS // max(1, 3 * entries.size + first.size))
         for start in range(0, len(x), rows):
             part = slice(start, start + rows)
             cos0 = static[part][:, filled]
-            cos = x[part] @ self.pool[: self.used].T
+            cos = x[part] @ images.T
             if sample_adaptive:
                 w0, w = np.exp(-beta * (1.0 - cos0)), np.exp(-beta * (1.0 - cos))
             else:
                 w0, w = np.ones_like(cos0), np.ones_like(cos)
-            num = w0 * cos0 + np.asarray((rows_to_slot.T @ (w * cos).T).T)
-            cross = np.asarray((rows_to_slot.T @ (w * self.gram_text[: self.used]).T).T)
-            quad = np.asarray((pairs_to_slot.T @ (w[:, first] * w[:, second]).T).T)
-            out[part, filled] = num / np.sqrt(w0**2 + 2.0 * w0 * cross + quad)
-        return out
+            num = w0 * cos0 + np.add.reduceat(w * cos, starts, axis=1)
+            cross = np.add.reduceat(w * gram_text, starts, axis=1)
+            quad = np.add.reduceat(w[:, first] * w[:, second] * factor, pair_starts, axis=1)
+            static[part, filled] = num / np.sqrt(w0**2 + 2.0 * w0 * cross + quad)
+        return static
 
 
 @register("adaneg", 11, vocabulary=True)
@@ -225,6 +220,7 @@ class AdaNeg(ZeroShotScorer):
                 sub = logits[idx, part]
                 for i, slot, h in zip(idx, offset + np.argmax(sub, axis=1), _entropy(sub)):
                     bank.add(int(slot), x[i], float(h))
-        ada = bank.proxy_cosines(x, cos, self.beta, bool(self.sample_adaptive)) / self.tau
+        ada = bank.proxy_cosines(x, cos, self.beta, bool(self.sample_adaptive))  # in place: cos is not used again
+        ada /= self.tau
         s1 = grouped_share(ada[:, :c], ada[:, c:], self.n_groups, self.seed)
         return s1 + self.lam * s0

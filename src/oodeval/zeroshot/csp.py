@@ -35,7 +35,7 @@ import numpy as np
 from ..errors import InputError
 from .scorers import NegLabel, register
 from .vocabulary import Vocabulary
-from .wordnet import DEFAULT_WORDNET, normalise
+from .wordnet import DEFAULT_WORDNET, normalise, synsets
 
 __all__ = ["SUPERCLASSES", "NOUN_EXCLUDED", "ADJ_FILES", "lexfile_heads", "conjugated_labels", "csp_distance",
            "select_pool", "build_csp", "CSP"]
@@ -65,16 +65,9 @@ def lexfile_heads(names: Sequence[str], folder: str | Path = DEFAULT_WORDNET) ->
     out: dict[str, None] = {}
     for pos in sorted({n.split(".")[0] for n in names}):
         wanted = {LEXFILES[n] for n in names if n.startswith(pos + ".")}
-        path = Path(folder) / f"data.{pos}"
-        if not path.is_file():
-            raise FileNotFoundError(f"WordNet data file {path} not found (install Debian's wordnet-base or pass a WNDB folder)")
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                if line.startswith("  "):
-                    continue
-                fields = line.split(" ")
-                if int(fields[1]) in wanted:
-                    out.setdefault(normalise(fields[4]), None)
+        for syn in synsets(pos, folder):
+            if syn.lexfile in wanted:
+                out.setdefault(normalise(syn.lemmas[0]), None)
     return list(out)
 
 
