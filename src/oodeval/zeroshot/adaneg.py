@@ -112,40 +112,44 @@ class MemoryBank:
 
     def _layout(self):
         """The filled slots; their stored images' pool rows, slot by slot, and where each slot's run
-        starts; the image pairs (j <= j') of each slot, slot by slot, as positions in that order, their
-        Gram factor (2 m_j'm_j' off the diagonal, m_j'm_j on it) and where each slot's pairs start."""
+        starts; and per number n of images held, the slots holding n (positions among the filled
+        slots), their images' positions in that run (s, n) and their Gram matrices (s, n, n)."""
         filled = np.flatnonzero(self.count)
         counts = self.count[filled]
         starts = np.r_[0, np.cumsum(counts)[:-1]]
         entries = self.rows[filled][np.arange(self.capacity) < counts[:, None]]
-        j, k = np.triu_indices(self.capacity)
-        f, p = np.nonzero((j < counts[:, None]) & (k < counts[:, None]))
-        factor = np.where(j[p] == k[p], 1.0, 2.0) * self.gram[filled[f], j[p], k[p]]
-        pair_starts = np.r_[0, np.cumsum(np.bincount(f, minlength=filled.size))[:-1]]
-        return filled, entries, starts, starts[f] + j[p], starts[f] + k[p], factor, pair_starts
+        groups = []
+        for n in np.unique(counts):
+            sel = np.flatnonzero(counts == n)
+            groups.append((sel, starts[sel][:, None] + np.arange(n), self.gram[filled[sel], :n, :n]))
+        return filled, entries, starts, groups
 
     def proxy_cosines(self, x: np.ndarray, static: np.ndarray, beta: float, sample_adaptive: bool) -> np.ndarray:
         """cos(x, p_k) (rows of x against every slot's proxy), (N, K), written into ``static`` = x @ text.T.
 
         With w0 = w(t_k'x), w_e = w(m_e'x) (w = exp(-beta (1 - .)), or 1 task-adaptively):
-        x'p_k = (w0 t_k'x + sum_e w_e m_e'x) / sqrt(w0^2 + 2 w0 sum_e w_e t_k'm_e + sum_ee' w_e w_e' m_e'm_e')."""
+        x'p_k = (w0 t_k'x + sum_e w_e m_e'x) / sqrt(w0^2 + 2 w0 sum_e w_e t_k'm_e + w'G_k w), G_k the
+        Gram matrix of slot k's images. Worked with images along the first axis (rows of x along the last)."""
         if self.used == 0:
             return static
-        filled, entries, starts, first, second, factor, pair_starts = self._layout()
-        images, gram_text = self.pool[entries], self.gram_text[entries]
-        rows = max(1, _arrays.CHUNK_ELEMENTS // max(1, 3 * entries.size + first.size))
+        filled, entries, starts, groups = self._layout()
+        images, gram_text = self.pool[entries], self.gram_text[entries][:, None]
+        rows = max(1, _arrays.CHUNK_ELEMENTS // max(1, 4 * entries.size))
         for start in range(0, len(x), rows):
             part = slice(start, start + rows)
-            cos0 = static[part][:, filled]
-            cos = x[part] @ images.T
+            cos0 = static[part][:, filled].T
+            cos = images @ x[part].T
             if sample_adaptive:
                 w0, w = np.exp(-beta * (1.0 - cos0)), np.exp(-beta * (1.0 - cos))
             else:
                 w0, w = np.ones_like(cos0), np.ones_like(cos)
-            num = w0 * cos0 + np.add.reduceat(w * cos, starts, axis=1)
-            cross = np.add.reduceat(w * gram_text, starts, axis=1)
-            quad = np.add.reduceat(w[:, first] * w[:, second] * factor, pair_starts, axis=1)
-            static[part, filled] = num / np.sqrt(w0**2 + 2.0 * w0 * cross + quad)
+            num = w0 * cos0 + np.add.reduceat(w * cos, starts, axis=0)
+            cross = np.add.reduceat(w * gram_text, starts, axis=0)
+            quad = np.empty_like(num)
+            for sel, pos, gram in groups:
+                wg = w[pos]  # (s, n, rows)
+                quad[sel] = ((gram @ wg) * wg).sum(axis=1)
+            static[part, filled] = (num / np.sqrt(w0**2 + 2.0 * w0 * cross + quad)).T
         return static
 
 
