@@ -266,7 +266,9 @@ def test_grid_runs_adaneg_per_order_and_records_the_stream(tmp_path):
            "datasets": {"id_test": "val", "ood": ["novel"]},
            "models": [{"name": "open_clip:ViT-B-32", "label": "clip", "kind": "zero-shot", "features": feats}],
            "zeroshot": [{"name": "adaneg", "vocabulary": "wordnet.txt", "hyperparameters": {"batch_size": 8}},
-                        {"name": "csp", "vocabulary": "wordnet.txt"}]}  # fmt: skip
+                        {"name": "csp", "vocabulary": "wordnet.txt"}],
+           "sweeps": [{"name": "wn_size", "vocabulary": "wordnet.txt", "sizes": [2, 4], "scorer": "adaneg",
+                       "hyperparameters": {"batch_size": 8}}]}  # fmt: skip
     summary = run_experiment(load_config(cfg, base_dir=tmp_path), progress=False)
     df = load_results(summary.results)
     assert (df["status"] == "ok").all(), df["error"].dropna().tolist()
@@ -275,7 +277,13 @@ def test_grid_runs_adaneg_per_order_and_records_the_stream(tmp_path):
     streams = [json.loads(s) for s in ada["stream"]]
     assert [(s["order"], s["batch_size"], s["id_share"]) for s in streams] == [(0, 8, None), (1, 8, None), (2, 8, None)]
     x_id, x_ood = (unit(np.asarray(FeatureSet.load(feats[k]).features, np.float64)) for k in ("id_test", "novel"))
-    from oodeval.report import build_views
+    import pandas as pd
+
+    from oodeval.report import build_views, sweeps_path
+
+    sw = pd.read_parquet(sweeps_path(summary.results))
+    assert list(sw["size"]) == [2, 4]  # the whole vocabulary, stream order 0 = the grid's seed-0 cell
+    assert sw["fpr95"].iloc[-1] == pytest.approx(ada[ada["seed"] == 0]["fpr95"].iloc[0], abs=1e-12)
 
     tab2 = next(v for v in build_views(df, summary.results)[0] if v.key == "tab2")
     assert "Test-time scorers (adaneg) saw the test set adaptively" in tab2.caption
