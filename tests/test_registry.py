@@ -36,7 +36,7 @@ def test_names_come_from_tags_and_order():
     assert len(detectors.names("paper21", "feature")) == 10 and len(detectors.names("paper21", "activation")) == 4
     assert detectors.names("cnc") == ["cnc"] and detectors.REGISTRY["cnc"].tags == {"logit", "cnc"}
     assert zeroshot.scorer_names("logit") == ["mcm", "maxlogit", "energy", "gen", "entropy", "margin", "gl_mcm"]
-    assert zeroshot.scorer_names("needs-vocabulary") == ["neglabel", "eoe"]
+    assert zeroshot.scorer_names("needs-vocabulary") == ["neglabel", "eoe", "csp", "adaneg"]
     assert zeroshot.scorer_names("zeroshot") == zeroshot.scorer_names()
     for name in zeroshot.scorer_names():
         assert zeroshot.REGISTRY[name].uses_negatives == ("needs-vocabulary" in zeroshot.REGISTRY[name].tags)

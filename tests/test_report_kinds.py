@@ -34,7 +34,7 @@ def test_every_paper_detector_and_zero_shot_scorer_is_shown_by_the_papers_label(
              "rMaha++", "k-NN", "cosine", "MCM", "fDBD", "NECO", "NAC", "ViM", "NNGuide"]  # fmt: skip
     assert [detector_label(n) for n in detectors.names("paper21")] == paper
     assert [detector_label(f"{ZS_PREFIX}{n}") for n in scorers.scorer_names()] == [
-        f"{ZS_PREFIX}{x}" for x in ("MCM", "MaxLogit", "Energy", "GEN", "Entropy", "Margin", "GL-MCM", "NegLabel", "EOE")]  # fmt: skip
+        f"{ZS_PREFIX}{x}" for x in ("MCM", "MaxLogit", "Energy", "GEN", "Entropy", "Margin", "GL-MCM", "NegLabel", "EOE", "CSP", "AdaNeg")]  # fmt: skip
     for shared in set(detectors.names()) & set(scorers.scorer_names()):  # one label whichever registry is asked first
         assert detector_label(shared) == detector_label(f"{ZS_PREFIX}{shared}").removeprefix(ZS_PREFIX)
     # what a view adds to a name stays; a name without a declared label, or no registry name, is kept

@@ -25,7 +25,7 @@ def naive_p(img, text, tau=0.01):
 
 
 def test_names_and_registry():
-    assert scorer_names() == ["mcm", "maxlogit", "energy", "gen", "entropy", "margin", "gl_mcm", "neglabel", "eoe"]
+    assert scorer_names() == ["mcm", "maxlogit", "energy", "gen", "entropy", "margin", "gl_mcm", "neglabel", "eoe", "csp", "adaneg"]
     det = create_scorer("neglabel", n_groups=3)
     assert det.get_params() == {"tau": 0.01, "n_groups": 3, "seed": 0}
     assert clone(det).get_params() == det.get_params()

@@ -260,9 +260,22 @@ def test_cli_vocab_wordnet_union_oracle(tmp_path, tiny_clip, wndb, capsys):
     out = capsys.readouterr().out
     assert "gl_mcm     omitted: no patch_features" in out and "neglabel" in out and "ID names: 2 from" in out
     metrics = json.loads((tmp_path / "zs" / "metrics.json").read_text())
-    assert sorted(metrics) == sorted(["mcm", "maxlogit", "energy", "gen", "entropy", "margin", "gl_mcm", "neglabel", "eoe"])
+    assert sorted(metrics) == sorted(["mcm", "maxlogit", "energy", "gen", "entropy", "margin", "gl_mcm", "neglabel", "eoe", "csp", "adaneg"])
     assert metrics["gl_mcm"]["omitted"].startswith("omitted: no patch_features") and not (tmp_path / "zs" / "gl_mcm.id.npy").exists()
     assert np.load(tmp_path / "zs" / "eoe.ood.npy").shape == (20,)
+    assert metrics["adaneg"]["test_time"] and not metrics["neglabel"]["test_time"]
+    # a test-time scorer over five stream orders: the spread printed and recorded with each order's settings
+    assert main(["zeroshot"] + sweep[3:] + ["--id-features", str(tmp_path / "id"), "--ood-features", str(tmp_path / "ood"),
+                                           "--scorers", "adaneg,neglabel", "--vocab", str(tmp_path / "wn.json"), "--orders", "5",
+                                           "--stream-batch", "4", "--out", str(tmp_path / "tt")]) == 0
+    out = capsys.readouterr().out
+    assert "test-time: mean of 5 orders (batch 4, both sets whole" in out and "FPR@95 min-max" in out and "95% CI of the mean" in out
+    assert "static (order-free)" in out.split("neglabel", 1)[1].splitlines()[0]
+    rec = json.loads((tmp_path / "tt" / "metrics.json").read_text())["adaneg"]
+    assert [(r["order"], r["batch_size"], r["id_share"], r["n_id"], r["n_ood"]) for r in rec["orders"]] == [(k, 4, None, 30, 20) for k in range(5)]
+    aurocs = [r["auroc"] for r in rec["orders"]]
+    assert rec["spread"]["auroc"]["min"] == min(aurocs) and rec["spread"]["auroc"]["max"] == max(aurocs)
+    assert np.load(tmp_path / "tt" / "adaneg.order4.ood.npy").shape == (20,)
 
 
 def test_cli_vocab_llm_with_fake_endpoint_and_k_sweep(endpoint, tmp_path, capsys, tiny_clip):

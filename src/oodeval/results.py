@@ -128,6 +128,7 @@ _INFO = {
     "random_init": "boolean",
     "inputs": "string",
     "selection": "string",
+    "stream": "string",
     "scores_id": "string",
     "scores_ood": "string",
     "seconds": "float64",

@@ -37,6 +37,7 @@ from .detectors import profiles
 from .detectors.defaults import backbone_family, resolve_defaults
 from .errors import InputError
 from .features import FeatureSet
+from .zeroshot.scorers import REGISTRY as ZS_REGISTRY
 from .zeroshot.scorers import create_scorer
 
 __all__ = ["RunSets", "Scorer", "build_scorer", "SEED_PARAMS", "KINDS"]
@@ -102,6 +103,27 @@ class Scorer:
         if scorer.uses_negatives and negatives is None:
             raise InputError(f"zero-shot scorer {self.name!r} needs a vocabulary (set `vocabulary` in its table)")
         return scorer.score(fs, self.context["id_text"], negatives, normalize=True)
+
+    @property
+    def test_time(self) -> bool:
+        """Whether it adapts to the stream it scores (a test-time zero-shot scorer: AdaNeg)."""
+        return self.kind == "zero-shot" and bool(getattr(ZS_REGISTRY[self.name], "test_time", False))
+
+    def score_pair(self, test: FeatureSet, fs: FeatureSet, order: int) -> tuple[np.ndarray, np.ndarray, dict]:
+        """A test-time scorer's scores of the ID-test and OOD set ``fs`` streamed together in stream
+        order ``order`` with fresh state (``oodeval.zeroshot.testtime``): two arrays of the sets' full
+        lengths, NaN for rows the ID:OOD mix (hyperparameter ``id_share``) left out, and the settings."""
+        from .zeroshot.testtime import Protocol, score_labelled
+
+        scorer = create_scorer(self.name, **self.hyperparameters)
+        protocol = Protocol(int(order), scorer.id_share)
+        negatives = self.context["vocab"](self.vocabulary) if scorer.uses_negatives else None
+        if scorer.uses_negatives and negatives is None:
+            raise InputError(f"zero-shot scorer {self.name!r} needs a vocabulary (set `vocabulary` in its table)")
+        is_id = np.r_[np.ones(len(test), bool), np.zeros(len(fs), bool)]
+        pool = np.concatenate([np.asarray(test.features), np.asarray(fs.features)])
+        s = score_labelled(scorer, pool, is_id, self.context["id_text"], negatives, protocol, normalize=True)
+        return s[: len(test)], s[len(test) :], {**protocol.record(), "batch_size": scorer.batch_size}
 
     def resolved(self) -> dict:
         """Every hyperparameter it runs with: the detector's backbone defaults, under its profile's

@@ -186,6 +186,9 @@ def fit_score_evaluate(
     logits or labels). A csID set that cannot be scored fails every cell.
     """
     cells = {name: list((cells or {}).get(name, [(ALL_SPLIT, seed, None)])) for name in oods}
+    if getattr(det, "test_time", False):
+        yield from _test_time_cells(det, test, oods, cells, draws, fixed_id)
+        return
     t0 = time.perf_counter()
     try:
         stage = "fit on the ID-train set"
@@ -241,6 +244,31 @@ def fit_score_evaluate(
                 continue
             yield {"ood": ood_name, "split": split, "seed": cell_seed, "status": "ok", **metrics, **per_detector,
                    "fit_seconds": round(fit_s, 4), "score_seconds": round(score_s, 4)}  # fmt: skip
+
+
+def _test_time_cells(det, test: FeatureSet, oods: Mapping, cells: Mapping, draws: int, fixed_id: bool) -> Iterator[dict]:
+    """The cells of a test-time scorer (``det.score_pair``): each (OOD set, seed) is one stream of the
+    ID-test and that OOD set in stream order = the cell's seed, with fresh state; the stream's settings
+    go to the ``stream`` column. Scores are not kept (they differ per OOD set and order)."""
+    import numpy as np
+
+    for ood_name, fs in oods.items():
+        by_order: dict[int, tuple] = {}
+        for split, cell_seed, mask in cells[ood_name]:
+            t0 = time.perf_counter()
+            try:
+                if isinstance(fs, BaseException):
+                    raise fs
+                if cell_seed not in by_order:
+                    by_order[cell_seed] = det.score_pair(test, fs, cell_seed)
+                s_id, s_ood, info = by_order[cell_seed]
+                s_ood = s_ood if mask is None else s_ood[mask]
+                metrics = cell_metrics(s_id[~np.isnan(s_id)], s_ood[~np.isnan(s_ood)], seed=cell_seed, draws=draws, fixed_id=fixed_id)
+            except Exception as err:  # noqa: BLE001
+                yield _failed(ood_name, (split, cell_seed), f"scoring the stream of ID-test and {ood_name!r}: {_message(err)}")
+                continue
+            yield {"ood": ood_name, "split": split, "seed": cell_seed, "status": "ok", **metrics, "fit_seconds": 0.0,
+                   "score_seconds": round(time.perf_counter() - t0, 4), "stream": json.dumps(info, sort_keys=True)}  # fmt: skip
 
 
 def _message(err: BaseException) -> str:

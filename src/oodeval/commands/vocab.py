@@ -1,4 +1,4 @@
-"""``oodeval vocab wordnet|llm|eoe|union|oracle|sweep``: build negative vocabularies and size sweeps."""
+"""``oodeval vocab wordnet|csp|llm|eoe|union|oracle|sweep``: build negative vocabularies and size sweeps."""
 
 from __future__ import annotations
 
@@ -65,7 +65,7 @@ def _add_llm(p: argparse.ArgumentParser) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    sub = parser.add_subparsers(dest="vocab_cmd", metavar="{wordnet,llm,eoe,union,oracle,sweep}", required=True)
+    sub = parser.add_subparsers(dest="vocab_cmd", metavar="{wordnet,csp,llm,eoe,union,oracle,sweep}", required=True)
 
     p = add_command(sub, "wordnet", "WordNet head lemmas (noun + adj) mined by NegMining",
                     "oodeval vocab wordnet --model ViT-B-16@openai --pretrained --M 10000 --out vocab/wordnet.json")
@@ -74,6 +74,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--M", default="5000", help="labels kept (default 5000; 'all' keeps the full ranking for sweeps)")
     p.add_argument("--percentile", type=float, default=95.0, help="NegMining's eta: a label's distance is this percentile over ID classes of its cosine to them (default 95)")
     p.add_argument("--keep-id-names", action="store_true", help="do not drop lexicon entries equal to an ID name")
+    add_out(p, "vocabulary JSON", required=True)
+
+    p = add_command(sub, "csp", "CSP's conjugated semantic pool: mined WordNet nouns + mined 'adjective superclass' labels",
+                    "oodeval vocab csp --model ViT-B-16@openai --pretrained --id-names imagenet1k --out vocab/csp.json")
+    _add_model(p)
+    p.add_argument("--wordnet", type=Path, default=Path("/usr/share/wordnet"), help="WNDB folder (data.noun, data.adj)")
+    p.add_argument("--fraction", type=float, default=0.15, help="share of each part (nouns, conjugated labels) kept, least ID-like first (default 0.15)")
+    p.add_argument("--percentile", type=float, default=95.0, help="a label's distance: this percentile over ID classes of its cosine to them (default 95)")
+    p.add_argument("--superclass-seed", type=int, default=0, help="seed of the superclass drawn for each adjective (default 0)")
     add_out(p, "vocabulary JSON", required=True)
 
     p = add_command(sub, "llm", "LLM near siblings per ID class (default 20), ID names and WordNet synonyms removed",
@@ -112,8 +121,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--id-features", type=Path, required=True, help="FeatureSet folder of ID images")
     p.add_argument("--ood-features", type=Path, required=True, help="FeatureSet folder of OOD images")
     p.add_argument("--values", type=int, nargs="+", required=True, help="M values (wordnet) or k values (siblings)")
-    p.add_argument("--scorer", default="neglabel", choices=["neglabel", "eoe"], help="zero-shot scorer of the curve (default neglabel)")
-    p.add_argument("--n-groups", type=int, default=100, help="NegLabel groups (default 100)")
+    p.add_argument("--scorer", default="neglabel", choices=["neglabel", "eoe", "csp", "adaneg"],
+                   help="zero-shot scorer of the curve (default neglabel; adaneg streams ID + OOD in order 0)")
+    p.add_argument("--n-groups", type=int, default=100, help="NegLabel / CSP groups (default 100)")
     p.add_argument("--sample-seed", type=int, default=0, help="seed of the per-class sibling order")
     add_out(p, "curve JSON")
 
@@ -196,7 +206,7 @@ def run(args: argparse.Namespace) -> int:
     cmd = args.vocab_cmd
     _check_ranges(args)
     _check_out(args)
-    if cmd in ("wordnet", "sweep"):
+    if cmd in ("wordnet", "csp", "sweep"):
         check_weights(args)
     if cmd == "wordnet":
         m = None if args.M == "all" else int(args.M)
@@ -208,6 +218,17 @@ def run(args: argparse.Namespace) -> int:
         _print_stats(enc)
         vocab.save(args.out)
         print(f"wrote {len(vocab)} NegMined labels (M={args.M}) to {args.out}  hash {vocab.content_hash}")
+    elif cmd == "csp":
+        from ..zeroshot.csp import build_csp
+
+        names, _ = read_id_names(args.id_names)
+        print(f"ID names: {len(names)} from {args.id_names}")
+        enc = _encoder(args)
+        vocab = build_csp(enc, names, args.wordnet, args.fraction, args.superclass_seed, args.percentile)
+        _print_stats(enc)
+        vocab.save(args.out)
+        prov = vocab.provenance
+        print(f"wrote the CSP pool: {prov['nouns']} nouns + {prov['conjugated']} conjugated labels to {args.out}  hash {vocab.content_hash}")
     elif cmd == "llm":
         names, wnids = read_id_names(args.id_names)
         print(f"ID names: {len(names)} from {args.id_names}")
@@ -260,7 +281,7 @@ def _sweep(args) -> int:
     names = id_names_for(args, id_fs)
     enc = encoder_for(args, id_fs, ood_fs)
     id_text = enc.encode(names)
-    hp = {"n_groups": args.n_groups} if args.scorer == "neglabel" else {}
+    hp = {"n_groups": args.n_groups} if args.scorer in ("neglabel", "csp") else {}
     if args.kind == "wordnet":
         negatives = enc.encode(vocab.labels[: max(args.values)])
         curve = sweep_prefix(id_fs, ood_fs, id_text, negatives, args.values, args.scorer, **hp)

@@ -699,7 +699,9 @@ def _run_detector(run: _Run, spec: DetectorSpec, cells: list[CellKey], cfg: Expe
                 fitted, summary.fits = True, summary.fits + 1
                 save_npy_atomic(folder / "id.npy", np.asarray(scores["id"], dtype=np.float64))
             label, split, seed = row["ood"], row["split"], row["seed"]
-            if row["status"] == "ok":
+            if row["status"] == "ok" and "stream" in row:  # a test-time scorer: its scores are per stream
+                row.update(id_accuracy=run.id_accuracy, seconds=row["score_seconds"])
+            elif row["status"] == "ok":
                 mask = run.splits[label][split]
                 ood_file = folder / f"{hash_json([label, split])}.npy"
                 save_npy_atomic(ood_file, np.asarray(scores[label] if mask is None else scores[label][mask], dtype=np.float64))

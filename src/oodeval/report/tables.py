@@ -241,6 +241,11 @@ def vocabularies(frame: pd.DataFrame, primary: str) -> View:
     v = f[f["vocabulary"].notna()]
     if len(v) == 0:
         return View("tab2", title, caption, note="omitted: no zero-shot results with a vocabulary (set `vocabulary` on a zeroshot scorer)")
+    adaptive = sorted(v.loc[v["streams"] > 0, "detector"].unique()) if "streams" in v else []
+    if adaptive:
+        caption += (f" Test-time scorers ({', '.join(adaptive)}) saw the test set adaptively: one stream of the ID test set and "
+                    "each OOD set per seed, the seed being the stream order (settings in the results' `stream` column); their "
+                    "cells are means over the orders. The other scorers are static.")
     v = vocabulary_columns(v)
     cols = list(dict.fromkeys(v["col"]))
     rows = []

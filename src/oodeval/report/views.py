@@ -196,9 +196,10 @@ def prepare(df: pd.DataFrame) -> pd.DataFrame:
     where needed to tell configurations apart), averaged over seeds and weights.
 
     Columns: model, kind, det, detector, hyperparameters, vocabulary, dataset, split, fpr95, tnr95,
-    auroc, detection_error, id_accuracy, n_ood, runs, the CI bounds ``fpr95_lo/hi``, ``auroc_lo/hi``
-    (each run's bootstrap bounds, averaged over runs), ``fpr95_ood_positive`` with its bounds, and
-    aupr_in / aupr_out, aupr_in_trapezoid / aupr_out_trapezoid, autc, aurc, augrc.
+    auroc, detection_error, id_accuracy, n_ood, runs (seeds; a test-time scorer's stream orders), streams
+    (how many of them were test-time streams, with a ``stream`` column), the CI bounds ``fpr95_lo/hi``,
+    ``auroc_lo/hi`` (each run's bootstrap bounds, averaged over runs), ``fpr95_ood_positive`` with its
+    bounds, and aupr_in / aupr_out, aupr_in_trapezoid / aupr_out_trapezoid, autc, aurc, augrc.
     """
     ok = add_det(df[df["status"] == "ok"])
     if len(ok) == 0:
@@ -212,7 +213,8 @@ def prepare(df: pd.DataFrame) -> pd.DataFrame:
     means = [m for m in means if m in ok.columns]
     agg = (
         ok.groupby(keys + ["vocabulary"], sort=False, dropna=False)
-        .agg(**{m: (m, "mean") for m in means}, n_ood=("n_ood", "first"), runs=("seed", "size"))
+        .agg(**{m: (m, "mean") for m in means}, n_ood=("n_ood", "first"), runs=("seed", "size"),
+             **({"streams": ("stream", "count")} if "stream" in ok.columns else {}))
         .reset_index()
     )
     agg["vocabulary"] = agg["vocabulary"].replace("", None)

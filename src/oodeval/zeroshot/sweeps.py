@@ -22,12 +22,19 @@ from ..features import FeatureSet
 from ..metrics import all_metrics
 from .llm_vocab import siblings_vocabulary
 from .scorers import create_scorer
+from .testtime import is_test_time, score_pair
 
 __all__ = ["sweep_prefix", "sweep_siblings", "sweeps_path", "save_sweep"]
 
 
 def _point(scorer, id_image, ood_image, id_text, neg) -> dict:
-    res = all_metrics(scorer.score(id_image, id_text, neg), scorer.score(ood_image, id_text, neg))
+    """FPR@95 and AUROC of one pool; a test-time scorer (AdaNeg) scores the ID + OOD stream of order 0
+    with fresh state (``oodeval.zeroshot.testtime``), as in its paper."""
+    if is_test_time(scorer):
+        s_id, s_ood, _ = score_pair(scorer, id_image, ood_image, id_text, neg)
+        res = all_metrics(s_id, s_ood)
+    else:
+        res = all_metrics(scorer.score(id_image, id_text, neg), scorer.score(ood_image, id_text, neg))
     return {"fpr95": res["fpr95"], "auroc": res["auroc"]}
 
 

@@ -19,7 +19,7 @@ from ..errors import InputError
 
 __all__ = ["Vocabulary", "union", "oracle", "KINDS"]
 
-KINDS = ("wordnet", "negmined", "llm-siblings", "eoe", "union", "oracle", "custom")
+KINDS = ("wordnet", "negmined", "llm-siblings", "eoe", "union", "oracle", "custom", "csp")
 
 
 def _content_hash(kind: str, labels: Sequence[str]) -> str:

@@ -31,7 +31,8 @@ def normalise(lemma: str) -> str:
 
 
 class Synset(tuple):
-    """(pos, offset, lemmas): one line of a WNDB ``data.*`` file."""
+    """(pos, offset, lemmas, lexfile): one line of a WNDB ``data.*`` file (lexfile: the lexicographer
+    file number, e.g. 0 adj.all, 44 adj.ppl, 3-28 the noun files)."""
 
     @property
     def pos(self) -> str:
@@ -44,6 +45,10 @@ class Synset(tuple):
     @property
     def lemmas(self) -> tuple[str, ...]:
         return self[2]
+
+    @property
+    def lexfile(self) -> int:
+        return self[3]
 
 
 def synsets(pos: str, folder: str | Path = DEFAULT_WORDNET) -> Iterator[Synset]:
@@ -60,7 +65,7 @@ def synsets(pos: str, folder: str | Path = DEFAULT_WORDNET) -> Iterator[Synset]:
             fields = line.split(" ")
             count = int(fields[3], 16)
             lemmas = tuple(fields[4 + 2 * i] for i in range(count))
-            yield Synset((pos, int(fields[0]), lemmas))
+            yield Synset((pos, int(fields[0]), lemmas, int(fields[1])))
 
 
 @lru_cache(maxsize=8)
