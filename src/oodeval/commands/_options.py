@@ -28,6 +28,7 @@ INT_RANGES: dict[str, tuple[int, int | None]] = {
     "port": (0, 65535), "nac_fit": (1, None), "n": (1, None), "k": (1, None), "n_groups": (1, None), "n_classes": (1, None),
     "per_class": (1, None), "generation": (0, None), "generations": (0, None), "values": (0, None), "threads": (0, None),
     "subsample_n": (1, None), "size": (1, None), "id_class": (0, None),
+    "orders": (1, None), "stream_batch": (1, None), "superclass_seed": (0, 2**63 - 1),
 }
 #: the ranges of the float options (``type=float``; every one is also refused when not finite): (low, high, low is open)
 FLOAT_RANGES: dict[str, tuple[float, float | None, bool]] = {
