@@ -108,7 +108,8 @@ def products(name: str, n_train: int, n_score: int, d: int, c: int, hp: dict) ->
         "cosine": head, "mcm": head,
         "fdbd": [(c, d, c), (n_score, d, c)],
         "neco": [(n_train, d, d), (n_score, d, hp.get("n_components_", d))],
-        "vim": [(n_train, d, d), (n_train, d, c), (n_train, d, d - vim_dim(d)),
+        # ViM's origin -pinv(W) b: at least the head's (C, D, C) Gram product (then a C^3 / 3 factorisation)
+        "vim": [(c, d, c), (n_train, d, d), (n_train, d, c), (n_train, d, d - vim_dim(d)),
                 (n_score, d, c), (n_score, d, d - vim_dim(d))],
     }  # fmt: skip
     return table.get(name, [])
