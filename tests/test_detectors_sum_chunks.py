@@ -76,3 +76,15 @@ def test_a_failing_chunk_ends_the_helper_threads_and_restores_blas():
         Compute("float64").sum_chunks(part, 64 * 1000, 1000)
     assert not any(t.is_alive() for t in set(seen) - {threading.current_thread()})
     assert blas_threads() == before
+
+
+def test_a_float32_scatter_is_summed_in_float64():
+    # NECO's scatter: float32 products of each chunk, added into a float64 sum. The first chunk
+    # (8192 rows) adds 8192 x 2^20 = 2^33, the second (808 rows) 808 x 2^-20: every product and
+    # chunk sum is exact in float32, and their total is exact in float64 (51 bits) but not in
+    # float32 (the second chunk's sum is below half an ulp of 2^33), so the equality is exact
+    z = np.zeros((ROWS, WIDTH), dtype=np.float32)
+    z[:8192, 0], z[8192:, 0] = 2.0**10, 2.0**-10
+    s, n = scatter(z, np.zeros(WIDTH), comp=Compute("float32"))
+    assert n == ROWS and len(list(Compute("float32").chunks(ROWS, WIDTH))) == 2
+    assert s[0, 0] == 2.0**33 + 808 * 2.0**-20

@@ -130,7 +130,9 @@ def scatter(
             if normalise:
                 z = comp.normalise(z)
             z = z - center
-        return _Count(z.T @ z, z.shape[0], comp.colsum(z) if with_sum else None)
+        part = z.T @ z  # added into a float64 sum: a float32 product is widened first
+        part = part if comp.precision == "float64" else comp.zeros(part.shape) + part
+        return _Count(part, z.shape[0], comp.colsum(z) if with_sum else None)
 
     total = comp.sum_chunks(chunk, len(features), features.shape[1])
     if with_sum:
