@@ -41,6 +41,7 @@ import time
 import tracemalloc
 
 import numpy as np
+from _machine import add_kernel_arguments, describe, use_kernel
 
 from oodeval import detectors
 from oodeval.detectors._synthetic import synthetic_problem
@@ -107,7 +108,8 @@ def products(name: str, n_train: int, n_score: int, d: int, c: int, hp: dict) ->
         "cosine": head, "mcm": head,
         "fdbd": [(c, d, c), (n_score, d, c)],
         "neco": [(n_train, d, d), (n_score, d, hp.get("n_components_", d))],
-        "vim": [(n_train, d, d), (n_train, d, c), (n_train, d, d - vim_dim(d)),
+        # ViM's origin -pinv(W) b: at least the head's (C, D, C) Gram product (then a C^3 / 3 factorisation)
+        "vim": [(c, d, c), (n_train, d, d), (n_train, d, c), (n_train, d, d - vim_dim(d)),
                 (n_score, d, c), (n_score, d, d - vim_dim(d))],
     }  # fmt: skip
     table.update(since_paper_products(n_train, n_score, d, c))
@@ -137,10 +139,14 @@ def softmax_passes(name: str) -> list[str]:
 def reads(name: str) -> list[tuple[str, str]]:
     """(set, reduction): the passes over the features that no product of the detector makes:
     the fit statistics over every ID-train row ("columns": the class means of cosine and MCM,
-    the mean feature of fDBD and DICE, kNN's normalised bank) and the norms of the scored rows
-    ("rows": cosine, MCM, kNN and NNGuide normalise them, fDBD divides by ||z - mean||)."""
-    train = [("train", "columns")] if name in ("cosine", "mcm", "fdbd", "dice", "knn") else []
-    score = [("score", "rows")] if name in ("cosine", "mcm", "fdbd", "knn", "nnguide") else []
+    the mean feature of fDBD and DICE, kNN's normalised bank, the Mahalanobis family's class
+    means) and the norms of the rows ("rows": cosine, MCM, kNN and NNGuide normalise the scored
+    rows, fDBD divides by ||z - mean||, the ++ forms normalise ID-train and scored rows alike)."""
+    maha = ("mahalanobis", "mahalanobis_pp", "relative_mahalanobis", "relative_mahalanobis_pp")
+    pp = ("mahalanobis_pp", "relative_mahalanobis_pp")
+    train = [("train", "columns")] if name in ("cosine", "mcm", "fdbd", "dice", "knn", *maha) else []
+    train += [("train", "rows")] if name in pp else []
+    score = [("score", "rows")] if name in ("cosine", "mcm", "fdbd", "knn", "nnguide", *pp) else []
     return train + score + SINCE_PAPER_READS.get(name, [])
 
 
@@ -188,6 +194,8 @@ def _timed(fn, device: str | None) -> tuple[float, float]:
 
 #: the issue's bound on a detector's time over its float32 floor (wall and CPU)
 FLOOR_TARGET = 2.0
+#: issue 45's bound on a detector's CPU time over its floor's (CPU time: robust on a shared machine)
+CPU_TARGET = 1.5
 
 #: rows per block of the floor's elementwise passes (each block's passes stay in a core's cache)
 FLOOR_ROWS = 1024
@@ -295,9 +303,17 @@ def floor_seconds(name: str, shapes: list[tuple[int, int, int]], train: FeatureS
             top = lambda a: a.kthvalue(k + 1, dim=1)  # noqa: E731
             add(("select", role, array, k, device), lambda: scaled(lambda r: rand(r, n), top, min(m, max(256, budget // n)), m))
     def eigh(d: int) -> tuple[float, float]:
+        # the least wall and the least CPU time over one BLAS thread and all of them (LAPACK's
+        # eigh gains little wall time from a second thread and spins on it; the detectors run it
+        # on one): the floor is the least the factorisation can take, each measure on its own
+        from threadpoolctl import threadpool_limits
+
         a = np.random.default_rng(0).standard_normal((d, d))
         spd = a @ a.T / d
-        return _timed(lambda: np.linalg.eigh(spd), None)
+        every = _timed(lambda: np.linalg.eigh(spd), None)
+        with threadpool_limits(1, user_api="blas"):
+            one = _timed(lambda: np.linalg.eigh(spd), None)
+        return min(every[0], one[0]), min(every[1], one[1])
 
     for _ in range(factorisations(name)):
         add(("eigh", train.features.shape[1]), lambda: eigh(train.features.shape[1]))
@@ -497,7 +513,9 @@ def main() -> None:
     ap.add_argument("--no-pood", action="store_true", help="skip pytorch-ood")
     ap.add_argument("--pood-rows", type=int, default=2000, help="rows timed for pytorch-ood's slow predicts")
     ap.add_argument("--seed", type=int, default=0)
+    add_kernel_arguments(ap)
     args = ap.parse_args()
+    use_kernel(args)
     n_train = args.train or int(200_000 * args.scale)
     n_test = args.test or int(50_000 * args.scale)
     if min(n_train, n_test) < 1:
@@ -513,7 +531,8 @@ def main() -> None:
     print(f"data: {args.classes} classes, D={args.dim}, train {n_train}, test {n_test}, OOD {n_test} "
           f"(generated in {time.perf_counter() - t0:.1f}s); threads: OMP_NUM_THREADS="
           f"{os.environ.get('OMP_NUM_THREADS', 'unset')}, cpus {os.cpu_count()}; "
-          f"sgemm {sgemm_gflops():.0f} GFLOP/s; {allocator}; oodeval compute_dtype {args.compute_dtype}, device {args.device or 'numpy'}")  # fmt: skip
+          f"{allocator}; oodeval compute_dtype {args.compute_dtype}, device {args.device or 'numpy'}")  # fmt: skip
+    print("\n".join(describe(sgemm_gflops())))
     knn_k = 1000 if n_train >= 100_000 else max(1, n_train // 200)
     print(f"knn k = {knn_k} for both libraries")
     hps = {"knn": {"k": knn_k}, **since_paper_hyperparameters(args.classes)}
@@ -547,7 +566,7 @@ def main() -> None:
         line = f"{name:<24}{secs:>8.2f}{cpu:>8.2f}{peak:>8.0f}"
         if shapes or softmax_passes(name) or factorisations(name) or reads(name):
             ref, ref_cpu = floor_seconds(name, shapes, train, [test, ood], cache, args.device)
-            if max(secs / ref, cpu / ref_cpu) > FLOOR_TARGET:
+            if max(secs / ref, cpu / ref_cpu) > FLOOR_TARGET or cpu / ref_cpu > CPU_TARGET:
                 misses["floor"].append(f"{name} {secs / ref:.2f}/{cpu / ref_cpu:.2f}")
             line += f"{ref:>9.2f}{secs / ref:>7.2f}{cpu / ref_cpu:>7.2f}"
         else:
@@ -578,7 +597,7 @@ def main() -> None:
             line += f"; pytorch-ood {pw:.2f} s wall, {pcpu:.2f} s CPU = {pcpu / c:.1f}x ours in CPU time"
         print(line)
     print("pood/ours = pytorch-ood CPU time / ours")
-    print(f"targets (the issue's, at --scale 0.1 and 1): /floor and cpu/fl <= {FLOOR_TARGET:g}: " + ("met" if not misses["floor"] else "NOT met by " + ", ".join(misses["floor"])))
+    print(f"targets (the issues', at --scale 0.1 and 1): /floor <= {FLOOR_TARGET:g} and cpu/fl <= {CPU_TARGET:g}: " + ("met" if not misses["floor"] else "NOT met by " + ", ".join(misses["floor"])))
     if not args.no_pood:
         print("targets (the issue's, at --scale 0.1 and 1): pood/ours >= 1: " + ("met" if not misses["pood"] else "NOT met by " + ", ".join(misses["pood"])))
     print(f"max RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB; "

@@ -240,6 +240,17 @@ class _NumpyCompute(Compute):
         out = self.by_rows(lambda block: fn(self.put(block, dtype)), a)
         return tuple(map(self.get, out)) if isinstance(out, tuple) else self.get(out)
 
+    def sum_chunks(self, fn: Callable, n: int, width: int):
+        """sum over the row chunks sl of :meth:`chunks` (``n``, ``width``) of fn(sl), a fit's pass
+        (a scatter's syrk per chunk): the chunks taken in turn by one thread per core, each
+        running its chunk's product on one BLAS thread (:func:`one_blas_thread`; a
+        multi-threaded BLAS's idle threads spin between a chunk's products, and on a loaded
+        machine a factorisation's took 5x its CPU time), and the parts added in chunk order,
+        so the sum is the sequential one, bit for bit, whatever the number of threads."""
+        slices = list(self.chunks(n, width))
+        with one_blas_thread() as threads:
+            return _ordered_sum(fn, slices, min(len(slices), os.cpu_count() or 1, threads))
+
     def inverse_norm(self, a, eps: float = 1e-12):
         """1 / max(||a_i||, eps) per row, float64 (norm accumulated in float64)."""
         return 1.0 / np.maximum(self.rownorm(a), eps)
@@ -375,6 +386,14 @@ class _TorchCompute(Compute):
             return tuple(np.concatenate([self.get(p[i]) for p in parts]) for i in range(len(parts[0])))
         return np.concatenate([self.get(p) for p in parts])
 
+    def sum_chunks(self, fn: Callable, n: int, width: int):
+        """sum over the row chunks sl of :meth:`chunks` of fn(sl), in chunk order (torch's ops use its own threads)."""
+        parts = (fn(sl) for sl in self.chunks(n, width))
+        total = next(parts)
+        for part in parts:
+            total += part
+        return total
+
     def inverse_norm(self, a, eps: float = 1e-12):
         return 1.0 / self.rownorm(a).clamp_min(eps)
 
@@ -441,6 +460,53 @@ def _run_blocks(fn: Callable, arrays: tuple, starts: range, threads: int) -> lis
     if errors:
         raise errors[0]
     return parts
+
+
+def _ordered_sum(fn: Callable, slices: list, threads: int):
+    """fn(slices[0]) + fn(slices[1]) + ... added in that order, the parts computed on the calling
+    thread and ``threads - 1`` threads started here (joined before it returns), each taking the
+    next pending slice; a part waits only until those before it are added, so at most about
+    ``threads`` parts are held at once. The first error stops the others taking more and is raised."""
+    done: dict = {}
+    state = {"next": 0, "total": None}
+    pending, lock, errors = iter(range(len(slices))), threading.Lock(), []
+
+    def work() -> None:
+        while True:
+            with lock:
+                i = next(pending, None)
+            if i is None:
+                return
+            try:
+                part = fn(slices[i])
+            except BaseException as error:
+                with lock:
+                    collections.deque(pending, maxlen=0)
+                    errors.append(error)
+                return
+            with lock:  # add every part that is now next in order
+                done[i] = part
+                while state["next"] in done:
+                    part = done.pop(state["next"])
+                    if state["total"] is None:
+                        state["total"] = part
+                    else:
+                        state["total"] += part
+                    state["next"] += 1
+
+    helpers = [threading.Thread(target=work, name=f"oodeval-sum-{i}") for i in range(1, threads)]
+    for t in helpers:
+        t.start()
+    try:
+        work()
+    finally:
+        with lock:
+            collections.deque(pending, maxlen=0)
+        for t in helpers:
+            t.join()
+    if errors:
+        raise errors[0]
+    return state["total"]
 
 
 _BLAS: dict = {}

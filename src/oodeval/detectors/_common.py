@@ -11,11 +11,11 @@ import numpy as np
 
 from .._arrays import chunk_rows, chunks, l2_normalise
 from ..errors import InputError
-from ._backend import Compute
+from ._backend import Compute, one_blas_thread
 
 __all__ = [
     "chunk_rows", "chunks", "as64", "l2_normalise", "energy", "logsumexp_rows",
-    "class_means", "scatter", "mean_rows", "pinv_sym", "float32_centre", "centre_parts", "whitening", "chunked_percentile", "labelled",
+    "class_means", "scatter", "mean_rows", "pinv_sym", "eigh_one_thread", "float32_centre", "centre_parts", "whitening", "chunked_percentile", "labelled",
 ]  # fmt: skip
 
 
@@ -98,38 +98,63 @@ def scatter(
     classes: np.ndarray | None = None,
     normalise: bool = False,
     comp: Compute | None = None,
-) -> tuple[np.ndarray, int]:
-    """Sum of outer products (z - c)(z - c)^T, accumulated in float64, and the row count.
+    with_sum: bool = False,
+) -> tuple[np.ndarray, int] | tuple[np.ndarray, int, np.ndarray]:
+    """Sum of outer products (z - c)(z - c)^T, accumulated in float64, and the row count
+    (``with_sum``: and sum_i (z_i - c), float64, from the same pass: ViM's mean needs no second).
 
     ``center`` is one vector (D,), or per-class means (K, D) indexed by ``labels`` (rows with
     label -1 skipped). Divide by the count for the maximum-likelihood covariance. Rows are
-    normalised and centred before the product (no E[zz^T] - mu mu^T cancellation); with ``comp``
-    in float32 each chunk's product is an sgemm added to the float64 sum, whose rounding (eps
+    normalised and centred before the product (no E[zz^T] - mu mu^T cancellation). The chunks'
+    products run one per core, each on one BLAS thread, and are added in chunk order
+    (:meth:`Compute.sum_chunks`: the sequential sum, bit for bit, whatever the thread count).
+    With ``comp`` in float32 each chunk's product is an sgemm added to the float64 sum, whose rounding (eps
     times the largest entries) swamps every eigenvalue below ~1e-6 of the largest: pseudo-inverses
     and residual spaces, which read those, pass a float64 ``comp``.
     """
     comp = _stat_compute(comp)
-    d = features.shape[1]
-    out = comp.zeros((d, d))
     center = comp.put(center)
-    n = 0
-    for sl in comp.chunks(len(features), d):
+
+    def chunk(sl: slice) -> _Count:
         rows = features[sl]
         if labels is not None:
             y = np.asarray(labels[sl])
             keep = y >= 0
-            z = comp.put(rows[keep])
+            everyone = keep.all()  # then the chunk is used as it is, not copied by a mask
+            z = comp.put(rows if everyone else rows[keep])
             if normalise:
                 z = comp.normalise(z)
-            z = z - center[np.searchsorted(classes, y[keep])]
+            z = z - center[np.searchsorted(classes, y if everyone else y[keep])]
         else:
             z = comp.put(rows)
             if normalise:
                 z = comp.normalise(z)
             z = z - center
-        out += z.T @ z
-        n += z.shape[0]
-    return comp.get(out), n
+        part = z.T @ z  # added into a float64 sum: a float32 product is widened first
+        part = part if comp.precision == "float64" else comp.zeros(part.shape) + part
+        return _Count(part, z.shape[0], comp.colsum(z) if with_sum else None)
+
+    total = comp.sum_chunks(chunk, len(features), features.shape[1])
+    if with_sum:
+        return comp.get(total.s), total.n, comp.get(total.sum)
+    return comp.get(total.s), total.n
+
+
+class _Count:
+    """A scatter's partial sum, its row count and (or None) its column sum, added together
+    (:meth:`Compute.sum_chunks`)."""
+
+    __slots__ = ("s", "n", "sum")
+
+    def __init__(self, s, n: int, total=None) -> None:
+        self.s, self.n, self.sum = s, n, total
+
+    def __iadd__(self, other: "_Count") -> "_Count":
+        self.s += other.s
+        self.n += other.n
+        if self.sum is not None:
+            self.sum += other.sum
+        return self
 
 
 def mean_rows(features: np.ndarray, normalise: bool = False, comp: Compute | None = None) -> np.ndarray:
@@ -163,10 +188,20 @@ def centre_parts(m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return m32, np.asarray(m, dtype=np.float64) - m32
 
 
+def eigh_one_thread(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.linalg.eigh`` of a symmetric float64 matrix on one BLAS thread: a D x D
+    eigendecomposition is mostly memory-bound reductions to tridiagonal form, so a second BLAS
+    thread saves little wall time and spins between them (1024 x 1024 on the shared 2-core
+    machine: 0.25 s of CPU on one thread, 1.27 s on two; docs/performance.md)."""
+    with one_blas_thread():
+        return np.linalg.eigh(np.asarray(a, dtype=np.float64))
+
+
 def whitening(a: np.ndarray) -> np.ndarray:
     """W (D, k) with W W^T = pinv_sym(a) for a symmetric PSD ``a``: V_k L_k^-1/2 over the k
-    eigenvalues above numpy's pseudo-inverse cutoff (max(D) eps times the largest), float64."""
-    evals, evecs = np.linalg.eigh(np.asarray(a, dtype=np.float64))
+    eigenvalues above numpy's pseudo-inverse cutoff (max(D) eps times the largest), float64.
+    LAPACK runs on one BLAS thread (:func:`eigh_one_thread`)."""
+    evals, evecs = eigh_one_thread(a)
     keep = evals > a.shape[0] * np.finfo(np.float64).eps * max(evals.max(), 0.0)
     return np.ascontiguousarray(evecs[:, keep] / np.sqrt(evals[keep]))
 

@@ -10,7 +10,7 @@ from ..features import FeatureSet
 from ..params import COMPUTE, Integral, Interval, Real
 from . import REGISTRY, register
 from ._backend import Compute, _torch, one_blas_thread
-from ._common import as64, float32_centre, labelled, mean_rows, scatter, whitening
+from ._common import as64, eigh_one_thread, float32_centre, labelled, scatter, whitening
 from ._peers import PeerMethod
 from .base import Detector
 from .mahalanobis import WHITENED_ROUNDING_LIMIT
@@ -110,11 +110,13 @@ class ViM(Detector):
         self.origin_ = logit_origin(train.weight, train.bias)
         comp = self._compute()
         # float64: the residual space is the smallest eigenvalues', which a float32 scatter cannot resolve
-        s, n = scatter(z, self.origin_, comp=Compute("float64", comp.device))
-        evals, evecs = np.linalg.eigh(s / n)
+        s, n, centred_sum = scatter(z, self.origin_, comp=Compute("float64", comp.device), with_sum=True)
+        evals, evecs = eigh_one_thread(s / n)
         order = np.argsort(evals)[::-1]
         self.residual_basis_ = np.ascontiguousarray(evecs[:, order[k:]])
-        self.train_mean_ = float32_centre(mean_rows(z))
+        # the mean from the scatter's pass: sum(z - u) / n + u, float64 (its error, eps64 |u|, is
+        # far below the float32 rounding of the centre it becomes)
+        self.train_mean_ = float32_centre(centred_sum / n + self.origin_)
         self.mean_residual_ = (self.train_mean_ - self.origin_) @ self.residual_basis_
         max_logit, residual = self._parts(comp, train.features, train.weight, train.bias, energy=False)
         self.alpha_ = float(max_logit.sum() / residual.sum()) if residual.sum() > 0 else 0.0

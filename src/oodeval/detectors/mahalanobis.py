@@ -91,7 +91,8 @@ class _MahalanobisBase(Detector):
         if z.shape[1] != self.means_.shape[1]:
             raise InputError(f"{type(self).__name__} was fitted on {self.means_.shape[1]}-d features, got {z.shape[1]}")
         comp = self._compute()
-        white, nu = comp.put(self.whitening_), comp.put(self.whitened_means_).T
+        # -2 nu_c: the cross term's factor folded into the product (a power of two: exact)
+        white, nu = comp.put(self.whitening_), comp.put(-2.0 * self.whitened_means_).T
         block_dtype = "float64" if self.normalise else None
         const, center = comp.put(self.whitened_mean_norms_), comp.put(self.center_, block_dtype)
         if self.relative:
@@ -101,7 +102,6 @@ class _MahalanobisBase(Detector):
             r = comp.put(comp.subtract(comp.normalise(c), center)) if self.normalise else comp.centred(c, center)
             u = r @ white
             t = u @ nu
-            t *= -2.0
             t += const
             d = comp.rowdot(u, u) + comp.rowmin(t)
             d = d * (d > 0)
