@@ -11,18 +11,17 @@ from __future__ import annotations
 import numpy as np
 from scipy.optimize import minimize_scalar
 from scipy.special import logsumexp
-from scipy.stats import weibull_min
 
 from ..errors import InputError
 from ..features import FeatureSet
 from ..params import BOOLEAN, COMPUTE, SEED, Integral, Interval, Options, Real
 from . import register
 from ._backend import Compute
-from ._common import as64, chunks, labelled
+from ._common import as64, chunks, class_means, labelled
 from ._peers import PeerMethod
 from .logit import MSP
 
-__all__ = ["Entropy", "TemperatureScaling", "OpenMax", "neg_entropy", "fit_temperature", "WEIBULL_TRANSLATION"]
+__all__ = ["Entropy", "TemperatureScaling", "OpenMax", "neg_entropy", "fit_temperature", "weibull_mle", "WEIBULL_TRANSLATION"]
 
 #: libmr's FitHigh shifts the tail by this amount minus its smallest value before the Weibull
 #: fit (both peers keep it); it changes the fitted CDF only slightly and is kept for agreement
@@ -119,16 +118,63 @@ class TemperatureScaling(PeerMethod):
         return MSP(temperature=self.temperature_, compute_dtype=self.compute_dtype, device=self.device).fit()._score(x)
 
 
+def weibull_mle(x: np.ndarray, mask: np.ndarray | None = None, steps: int = 120) -> tuple[np.ndarray, np.ndarray]:
+    """Maximum-likelihood two-parameter Weibull fits (location 0) of each row of ``x`` (K, T) > 0 at
+    once, over the entries where ``mask`` is True: (shape c, scale). The likelihood's stationary
+    point in c is the one root of g(c) = sum w t / sum w - 1/c - mean t, w = exp(c t), t = log x -
+    max log x (g rises from -inf to -mean t > 0), found by bisection on log c over [1e-6, 1e16]
+    (``steps`` halvings reach float64 resolution); scale = (mean x^c)^(1/c), summed about max x.
+    t is log1p((x - max x) / max x), so tails shifted far from 0 (libmr's +10000) keep their
+    spread. Rows with one distinct value have no finite maximum (shape inf, scale that value)."""
+    x = np.asarray(x, dtype=np.float64)
+    mask = np.ones(x.shape, bool) if mask is None else mask
+    top = np.where(mask, x, -np.inf).max(1, keepdims=True)
+    t = np.where(mask, np.log1p((np.where(mask, x, top) - top) / top), 0.0)
+    count = mask.sum(1)
+    mean_t = t.sum(1) / count
+    lo, hi = np.full(len(x), np.log(1e-6)), np.full(len(x), np.log(1e16))
+    for _ in range(steps):
+        mid = (lo + hi) / 2
+        c = np.exp(mid)[:, None]
+        w = np.where(mask, np.exp(c * t), 0.0)
+        g = (w * t).sum(1) / w.sum(1) - 1 / c[:, 0] - mean_t
+        up = g > 0
+        hi, lo = np.where(up, mid, hi), np.where(up, lo, mid)
+    shape = np.exp((lo + hi) / 2)
+    scale = top[:, 0] * np.exp(np.log((np.where(mask, np.exp(shape[:, None] * t), 0.0)).sum(1) / count) / shape)
+    flat = np.where(mask, t, -np.inf).min(1) == 0  # one distinct value
+    return np.where(flat, np.inf, shape), np.where(flat, top[:, 0], scale)
+
+
 def _distances(f: np.ndarray, means: np.ndarray, kind: str, eu_weight: float) -> np.ndarray:
-    """(N, K) distances of logit rows to the class means (MAVs), float64: "euclidean", "cosine"
-    (1 - cos) or "eucos" (eu_weight * euclidean + cosine, the OSDN release's combination)."""
-    f = as64(f)
-    eu = np.sqrt(np.maximum((f**2).sum(1)[:, None] - 2 * f @ means.T + (means**2).sum(1)[None, :], 0.0))
+    """Distances of logit rows f (N, C) to the class means (MAVs) ``means`` (N, A, C), one set of
+    A means per row, float64: "euclidean", "cosine" (1 - cos) or "eucos" (eu_weight * euclidean
+    + cosine, the OSDN release's combination)."""
+    f = as64(f)[:, None, :]
+    eu = np.sqrt(np.einsum("nac,nac->na", f - means, f - means))
     if kind == "euclidean":
         return eu
-    norms = np.linalg.norm(f, axis=1)[:, None] * np.linalg.norm(means, axis=1)[None, :]
-    cos = 1.0 - np.divide(f @ means.T, norms, out=np.zeros((len(f), len(means))), where=norms > 0)
+    norms = np.linalg.norm(f, axis=2) * np.linalg.norm(means, axis=2)
+    dots = np.einsum("nac,nac->na", np.broadcast_to(f, means.shape), means)
+    cos = 1.0 - np.divide(dots, norms, out=np.zeros(norms.shape), where=norms > 0)
     return cos if kind == "cosine" else eu_weight * eu + cos
+
+
+def _top_classes(f: np.ndarray, alpha: int) -> np.ndarray:
+    """The ``alpha`` largest entries' columns of each row, largest first, ties to the lower column
+    (as a stable argsort of -f): a linear-time partition, and the full sort only for rows where
+    the alpha-th value is tied with one outside."""
+    if alpha >= f.shape[1]:
+        return np.argsort(-f, axis=1, kind="stable")
+    part = np.argpartition(-f, alpha - 1, axis=1)[:, :alpha]
+    vals = np.take_along_axis(f, part, axis=1)
+    order = np.lexsort((part, -vals), axis=1)
+    top = np.take_along_axis(part, order, axis=1)
+    kth = np.take_along_axis(f, top[:, -1:], axis=1)
+    tied = (f >= kth).sum(1) > alpha
+    if tied.any():
+        top[tied] = np.argsort(-f[tied], axis=1, kind="stable")[:, :alpha]
+    return top
 
 
 @register("openmax", tags=("logit",))
@@ -138,16 +184,19 @@ class OpenMax(PeerMethod):
     Fit: per class k, the mean logit vector (MAV) m_k of the ID-train rows labelled k (and, with
     ``correct_only``, predicted k) and a Weibull fit of the ``tailsize`` largest distances
     d(f, m_k) of those rows, libmr-style: the tail is shifted by 10000 - its minimum and a
-    two-parameter Weibull (location 0) is fitted by maximum likelihood (``scipy.stats.weibull_min``,
-    no native libmr). Score: the ``alpha`` top classes of f get weights w_r = (alpha + 1 - r) /
-    alpha (rank r = 1..alpha), every other class 0; with c_k = WeibullCDF_k(d(f, m_k)), v_k =
-    f_k (1 - w_k c_k) and v_0 = sum_k f_k w_k c_k; P = softmax(v_0, v_1..v_K). ``readout``
-    "unknown" (default): s = -log P_0 (pytorch-ood's score, -P_0, in the log domain, so it keeps
-    its resolution where P_0 is tiny); "max": s = log max_j P_j over all K + 1 entries (OpenOOD's
-    score, which counts a confident "unknown" as ID). Defaults are OpenOOD v1.5's: tailsize 20,
-    alpha 3, Euclidean distance, correctly classified rows only (the paper's release: tail 20,
-    alpha 10, "eucos" with eu_weight 1/200; pytorch-ood: tail 25, alpha 10, Euclidean, all
-    labelled rows). A class whose fit set is empty has no model and gets c_k = 1.
+    two-parameter Weibull (location 0) is fitted by maximum likelihood (:func:`weibull_mle`, every
+    class at once; scipy's ``weibull_min.fit`` finds the same maximum, no native libmr). Score: the
+    ``alpha`` top classes of f get weights w_r = (alpha + 1 - r) / alpha (rank r = 1..alpha), every
+    other class 0; with c_k = WeibullCDF_k(d(f, m_k)), v_k = f_k (1 - w_k c_k) and v_0 = sum_k
+    f_k w_k c_k; P = softmax(v_0, v_1..v_K) (only the alpha top classes' distances and CDFs are
+    formed: the others have w_k = 0). ``readout`` "unknown" (default): s = -log P_0 (pytorch-ood's
+    score, -P_0, in the log domain, so it keeps its resolution where P_0 is tiny); "max": s = log
+    max_j P_j over all K + 1 entries (OpenOOD's score, which counts a confident "unknown" as ID).
+    Defaults are OpenOOD v1.5's (``openmax_postprocessor.py``: tail 20, alpha 3, Euclidean,
+    correctly classified rows; its ``openmax.yml`` sets none of them): the paper's release has
+    tail 20, alpha 10, "eucos" with eu_weight 1/200; pytorch-ood 0.4's ``OpenMax``: tail 25,
+    alpha 10, Euclidean (``euclid_weight`` 1.0), all labelled
+    rows. A class whose fit set is empty has no model and gets c_k = 1.
     """
 
     needs = ("logits",)
@@ -172,28 +221,34 @@ class OpenMax(PeerMethod):
         self.readout = readout
 
     def _fit(self, train: FeatureSet) -> None:
-        f, y = as64(train.logits), np.asarray(train.labels)
-        c = f.shape[1]
-        keep = (y >= 0) & (f.argmax(1) == y) if self.correct_only else y >= 0
-        self.means_ = np.zeros((c, c))
-        self.weibull_ = np.full((c, 3), np.nan)  # shape, scale, shift per class
-        for k in range(c):
-            rows = f[keep & (y == k)]
-            if len(rows) == 0:
-                continue
-            self.means_[k] = rows.mean(0)
-            tail = np.sort(_distances(rows, self.means_[k : k + 1], self.distance, self.eu_weight)[:, 0])[-int(self.tailsize) :]
-            shift = WEIBULL_TRANSLATION - tail.min()
-            if np.ptp(tail) == 0:  # a degenerate tail: every distance at or below it is "inside"
-                self.weibull_[k] = (np.inf, tail[0] + shift, shift)
-                continue
-            shape, _, scale = weibull_min.fit(tail + shift, floc=0)
-            self.weibull_[k] = (shape, scale, shift)
-        if np.isnan(self.weibull_[:, 0]).all():
+        y = np.asarray(train.labels)
+        c = train.logits.shape[1]
+        pred = np.concatenate([np.asarray(train.logits[sl]).argmax(1) for sl in chunks(len(y), c)])
+        fit_y = np.where((y >= 0) & (pred == y), y, -1) if self.correct_only else np.where(y >= 0, y, -1)
+        have = np.unique(fit_y[fit_y >= 0])
+        if have.size == 0:
             raise InputError("openmax found no (correctly classified) labelled ID-train rows to fit")
+        self.means_ = np.zeros((c, c))
+        self.means_[have] = class_means(train.logits, fit_y, have)[0]
+        rows = np.flatnonzero(fit_y >= 0)
+        dist = np.concatenate([_distances(train.logits[r], self.means_[fit_y[r]][:, None, :], self.distance, self.eu_weight)[:, 0] for r in np.array_split(rows, max(1, len(rows) * c // 4_000_000))])
+        # the tailsize largest distances of each class: sorted by (class, distance), each class's last ones
+        order = np.lexsort((dist, fit_y[rows]))
+        cls, dist = fit_y[rows][order], dist[order]
+        end = np.searchsorted(cls, have, side="right")
+        count = np.minimum(end - np.searchsorted(cls, have), int(self.tailsize))
+        width = int(count.max())
+        pos = end[:, None] - width + np.arange(width)[None, :]
+        mask = np.arange(width)[None, :] >= (width - count)[:, None]
+        tail = np.where(mask, dist[np.clip(pos, 0, len(dist) - 1)], np.inf)
+        shift = WEIBULL_TRANSLATION - tail.min(1)
+        shape, scale = weibull_mle(np.where(mask, tail + shift[:, None], 1.0), mask)
+        self.weibull_ = np.full((c, 3), np.nan)  # shape, scale, shift per class
+        self.weibull_[have] = np.stack([shape, scale, shift], axis=1)
 
-    def _cdf(self, d: np.ndarray) -> np.ndarray:
-        shape, scale, shift = self.weibull_.T
+    @staticmethod
+    def _cdf(d: np.ndarray, shape: np.ndarray, scale: np.ndarray, shift: np.ndarray) -> np.ndarray:
+        """WeibullCDF(d + shift) of each distance under its class's fit; 1 for a class without one."""
         with np.errstate(over="ignore", invalid="ignore"):
             cdf = -np.expm1(-(((d + shift) / scale) ** shape))
         cdf = np.where(np.isinf(shape), ((d + shift) > scale).astype(float), cdf)
@@ -203,13 +258,15 @@ class OpenMax(PeerMethod):
         alpha = min(int(self.alpha), x.logits.shape[1])
         out = np.empty(len(x))
         ranks = (alpha + 1 - np.arange(1, alpha + 1)) / alpha
-        for sl in chunks(len(x), x.logits.shape[1]):
+        for sl in chunks(len(x), x.logits.shape[1] * (alpha + 1)):
             f = as64(x.logits[sl])
-            top = np.argsort(-f, axis=1, kind="stable")[:, :alpha]
-            w = np.zeros_like(f)
-            np.put_along_axis(w, top, np.broadcast_to(ranks, top.shape), axis=1)
-            wc = w * self._cdf(_distances(f, self.means_, self.distance, self.eu_weight))
-            v = np.concatenate([(f * wc).sum(1, keepdims=True), f * (1 - wc)], axis=1)
-            lse = logsumexp(v, axis=1)
-            out[sl] = lse - v[:, 0] if self.readout == "unknown" else v.max(1) - lse
+            top = _top_classes(f, alpha)
+            ft = np.take_along_axis(f, top, axis=1)
+            shape, scale, shift = (p[top] for p in self.weibull_.T)
+            wc = ranks * self._cdf(_distances(f, self.means_[top], self.distance, self.eu_weight), shape, scale, shift)
+            v0 = (ft * wc).sum(1)
+            np.put_along_axis(f, top, ft * (1 - wc), axis=1)
+            m = np.maximum(f.max(1), v0)
+            lse = m + np.log(np.exp(f - m[:, None]).sum(1) + np.exp(v0 - m))
+            out[sl] = lse - v0 if self.readout == "unknown" else np.maximum(f.max(1), v0) - lse
         return out
