@@ -15,8 +15,9 @@ from sklearn.cluster import KMeans
 
 from ..errors import InputError
 from ..features import FeatureSet
-from ..params import POSITIVE, SEED, Integral, Interval, Options, Real
+from ..params import COMPUTE, POSITIVE, SEED, Integral, Interval, Options, Real
 from . import register
+from ._backend import Compute
 from ._common import as64, chunks, class_means, l2_normalise, labelled, mean_rows, scatter
 from ._peers import PeerMethod
 from .hybrid import ViM
@@ -97,6 +98,10 @@ class SHE(PeerMethod):
         return out
 
 
+#: bank rows per block of relation's products (numpy, torch): a (512, 8192) float32 block per core
+RELATION_BLOCK = {False: 8192, True: 65536}
+
+
 @register("relation", tags=("hybrid",))
 class Relation(PeerMethod):
     """Neural relation graph: s = sum_j r_j^pow [r_j > thres], r_j = max(0, <z^, z^_j>) <p, p_j>.
@@ -104,21 +109,27 @@ class Relation(PeerMethod):
     Kim et al., "Neural relation graph: a unified framework for identifying label noise and
     outlier data", NeurIPS 2023 (OpenOOD's ``relation``). z^ = z / sqrt(|z|^2 + 1e-10), p =
     softmax(f), j over a bank of ID-train rows (``bank_fraction`` of them, seeded; default 1 =
-    all of them, as the release); ``pow`` = 1 and ``thres`` = 0.03 are the release's defaults.
-    float64 throughout; the bank holds (D + C) float64 values per row, so for ImageNet-sized
-    training sets a ``bank_fraction`` below 1 keeps it in memory (the release holds all of it).
+    all of them, as the release); ``pow`` = 1 (``configs/postprocessors/relation.yml``) and
+    ``thres`` = 0.03 (``relation_postprocessor.py``) are the release's defaults. The embeddings
+    are formed in float64 and kept in ``compute_dtype`` (the bank: (D + C) values per row); the
+    two products per (row, bank block) run in it and each row's sum accumulates in float64. In
+    float32 an r_j moves by a few float32 ulps of the products (the rows are unit vectors and
+    probabilities, so no offset or scale of the features enters), which changes a score only
+    through a pair within that distance of ``thres``. ``device``: None = numpy, or a torch device.
     """
 
     needs = ("features", "logits")
     fit_needs = ("features", "logits")
 
-    constraints = {"pow": POSITIVE, "thres": Interval(Real, None, None), "bank_fraction": Interval(Real, 0, 1, closed="right"), "seed": SEED}
+    constraints = {"pow": POSITIVE, "thres": Interval(Real, None, None), "bank_fraction": Interval(Real, 0, 1, closed="right"), "seed": SEED, **COMPUTE}
 
-    def __init__(self, pow: float = 1.0, thres: float = 0.03, bank_fraction: float = 1.0, seed: int = 0) -> None:
+    def __init__(self, pow: float = 1.0, thres: float = 0.03, bank_fraction: float = 1.0, seed: int = 0, compute_dtype: str = "float32", device: str | None = None) -> None:
         self.pow = pow
         self.thres = thres
         self.bank_fraction = bank_fraction
         self.seed = seed
+        self.compute_dtype = compute_dtype
+        self.device = device
 
     @staticmethod
     def _embed(z: np.ndarray, f: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -128,20 +139,33 @@ class Relation(PeerMethod):
 
     def _fit(self, train: FeatureSet) -> None:
         idx = _bank_rows(len(train), self.bank_fraction, self.seed, 1, "relation")
-        rows = np.arange(len(train)) if idx is None else idx
-        self.bank_features_, self.bank_probs_ = self._embed(train.features[rows], train.logits[rows])
+        n = len(train) if idx is None else len(idx)
+        host = Compute(self.compute_dtype).dtype
+        self.bank_features_ = np.empty((n, train.features.shape[1]), dtype=host)
+        self.bank_probs_ = np.empty((n, train.logits.shape[1]), dtype=host)
+        for sl in chunks(n, train.features.shape[1] + train.logits.shape[1]):
+            rows = sl if idx is None else idx[sl]
+            self.bank_features_[sl], self.bank_probs_[sl] = self._embed(train.features[rows], train.logits[rows])
 
     def _score(self, x: FeatureSet) -> np.ndarray:
-        out = np.empty(len(x))
-        step = 4096
-        for sl in chunks(len(x), len(self.bank_features_)):
-            z, p = self._embed(x.features[sl], x.logits[sl])
-            total = np.zeros(len(z))
+        comp = self._compute()
+        bank_z, bank_p = comp.put(self.bank_features_), comp.put(self.bank_probs_)
+        step, thres, power = RELATION_BLOCK[comp.device is not None], float(self.thres), float(self.pow)
+
+        def relation(z, p):
+            total = 0.0
             for start in range(0, len(self.bank_features_), step):
-                rel = np.maximum(z @ self.bank_features_[start : start + step].T, 0.0)
-                rel *= p @ self.bank_probs_[start : start + step].T
-                total += np.where(rel > self.thres, rel**self.pow, 0.0).sum(1)
-            out[sl] = total
+                r = z @ bank_z[start : start + step].T
+                r = r * (r > 0)
+                r *= p @ bank_p[start : start + step].T
+                r = r * (r > thres)
+                total = total + comp.rowsum(r if power == 1 else r**power)
+            return total
+
+        out = np.empty(len(x))
+        for sl in comp.chunks(len(x), self.bank_features_.shape[1] + self.bank_probs_.shape[1]):
+            z, p = self._embed(x.features[sl], x.logits[sl])
+            out[sl] = comp.get(comp.by_rows(relation, comp.put(z), comp.put(p)))
         return out
 
 
