@@ -153,7 +153,7 @@ def test_weibull_mle_is_scipys_maximum_likelihood_fit():
     float64 rounding of a sum of 20 terms."""
     from scipy.stats import weibull_min
 
-    from oodeval.detectors.peers_logit import weibull_mle
+    from oodeval.detectors.logit import weibull_mle
 
     rng = np.random.default_rng(0)
     tails = np.sort(rng.gamma(3, 2, (6, 20)), axis=1)
@@ -173,7 +173,7 @@ def test_weibull_mle_is_scipys_maximum_likelihood_fit():
 
 
 def test_openmax_top_classes_break_ties_as_a_stable_sort():
-    from oodeval.detectors.peers_logit import _top_classes
+    from oodeval.detectors.logit import _top_classes
 
     f = np.array([[1.0, 3.0, 3.0, 0.0, 3.0], [5.0, 1.0, 2.0, 2.0, 0.0], [0.0, 0.0, 0.0, 0.0, 0.0]])
     for alpha in (1, 2, 3, 5):
