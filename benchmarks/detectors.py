@@ -166,6 +166,12 @@ def reads(name: str) -> list[tuple[str, str]]:
     return train + score
 
 
+def argmax_passes(name: str) -> list[str]:
+    """The sets whose predicted classes (an argmax of each logit row) a formula reads with no
+    softmax: SHE's patterns (train) and the pattern each row is read against, NCI's head row."""
+    return {"she": ["train", "score"], "nci": ["score"]}.get(name, [])
+
+
 def selections(name: str, d: int, c: int) -> list[tuple[str, str, int]]:
     """(set, array, k): the per-row selections a detector's formula itself needs, a partition of
     each row at position k: GEN sums the M largest p of each row, ASH-S keeps and SCALE sums the
@@ -310,6 +316,12 @@ def floor_seconds(name: str, shapes: list[tuple[int, int, int]], train: FeatureS
             m, n = sum(len(fs) for fs in sets[role]), train.features.shape[1]
             reduce = (lambda a: a.sum(dim=0)) if axis == "columns" else (lambda a: (a * a).sum(dim=1))
             add(("read", role, axis, device), lambda: scaled(lambda r: rand(r, n), reduce, min(m, max(256, budget // n)), m))
+    for role in argmax_passes(name):  # the predicted class of every row: an argmax over its logits
+        if device is None:
+            add(("argmax", role), lambda: _on_all_cores(lambda a: a.argmax(1), [np.asarray(fs.logits) for fs in sets[role]]))
+        else:
+            m, n = sum(len(fs) for fs in sets[role]), train.logits.shape[1]
+            add(("argmax", role, device), lambda: scaled(lambda r: rand(r, n), lambda a: a.argmax(1), min(m, max(256, budget // n)), m))
     for role, array, k in selections(name, train.features.shape[1], train.logits.shape[1]):
         if device is None:
             top = lambda a: np.partition(a, k, axis=1)  # noqa: E731

@@ -281,7 +281,7 @@ class SHE(PeerMethod):
     def _fit(self, train: FeatureSet) -> None:
         y = np.asarray(train.labels)
         _, classes = labelled(y, "she")
-        pred = np.concatenate([as64(train.logits[sl]).argmax(1) for sl in chunks(len(y), train.logits.shape[1])])
+        pred = np.concatenate([np.asarray(train.logits[sl]).argmax(1) for sl in chunks(len(y), train.logits.shape[1])])
         correct = np.where(pred == y, y, -1)
         patterns = np.zeros((train.logits.shape[1], train.features.shape[1]))
         have = np.unique(correct[correct >= 0])
@@ -296,7 +296,7 @@ class SHE(PeerMethod):
         out = np.empty(len(x))
         for sl in chunks(len(x), x.features.shape[1]):
             z = as64(x.features[sl])
-            s = self.patterns_[as64(x.logits[sl]).argmax(1)]
+            s = self.patterns_[np.asarray(x.logits[sl]).argmax(1)]
             if self.metric == "inner_product":
                 out[sl] = np.einsum("ij,ij->i", z, s)
             elif self.metric == "euclidean":

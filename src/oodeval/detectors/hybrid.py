@@ -271,7 +271,7 @@ class NCI(PeerMethod):
         for sl in chunks(len(x), x.features.shape[1]):
             z = as64(x.features[sl])
             c = z - self.train_mean_
-            wy = w[as64(x.logits[sl]).argmax(1)]
+            wy = w[np.asarray(x.logits[sl]).argmax(1)]
             out[sl] = np.einsum("ij,ij->i", wy, c) / np.linalg.norm(c, axis=1) + self.alpha * np.abs(z).sum(1)
         return out
 
