@@ -195,7 +195,7 @@ def factorisations(name: str) -> int:
     the pseudo-inverse of each covariance (Mahalanobis: the tied one; RMD: also the background
     one), ViM's principal space, NECO's PCA."""
     return {"mahalanobis": 1, "mahalanobis_pp": 1, "relative_mahalanobis": 2, "relative_mahalanobis_pp": 2,
-            "vim": 1, "neco": 1, "residual": 1}.get(name, 0)  # fmt: skip
+            "vim": 1, "neco": 1, "residual": 1, "gmm": 1}.get(name, 0)  # fmt: skip
 
 
 def _timed(fn, device: str | None) -> tuple[float, float]:
