@@ -264,7 +264,7 @@ class SHE(PeerMethod):
     the rows labelled k and predicted k (Zhang et al., "OOD detection based on in-distribution
     data patterns memorization with modern Hopfield energy", ICLR 2023).
 
-    ``metric`` "inner_product" (default, both releases), or OpenOOD's alternatives "euclidean"
+    ``metric`` "inner_product" (default: OpenOOD's ``she.yml``, pytorch-ood 0.4's only one), or OpenOOD's alternatives "euclidean"
     (-||z - S_y||) and "cosine". A class without a correctly classified ID-train row takes the
     mean of its labelled rows as its pattern (OpenOOD's mean is then NaN, pytorch-ood refuses).
     float64 throughout.
