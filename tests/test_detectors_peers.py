@@ -17,10 +17,12 @@ import torch
 from scipy.special import logsumexp, softmax
 from scipy.stats import exponweib, spearmanr
 from sklearn.covariance import EmpiricalCovariance
+from sklearn.decomposition import PCA
 from sklearn.mixture import GaussianMixture
 
 from oodeval import detectors
 from oodeval.detectors._synthetic import synthetic_problem
+from oodeval.errors import InputError
 from oodeval.features import FeatureSet
 
 
@@ -144,6 +146,41 @@ def test_openmax_matches_pytorch_ood_and_openood(problem):
     np.testing.assert_allclose(np.exp(-mine), openood, rtol=1e-4)
 
 
+def test_weibull_mle_is_scipys_maximum_likelihood_fit():
+    """Our vectorised fit (bisection on the likelihood equation, every class at once) against
+    scipy's weibull_min.fit(floc=0) (a general optimiser) on libmr-shifted tails: the same
+    maximum, parameters within scipy's optimiser tolerance (its shape moves by ~1e-8 relative
+    along the flat top of the likelihood), and a log-likelihood no lower than scipy's beyond
+    float64 rounding of a sum of 20 terms."""
+    from scipy.stats import weibull_min
+
+    from oodeval.detectors.logit import weibull_mle
+
+    rng = np.random.default_rng(0)
+    tails = np.sort(rng.gamma(3, 2, (6, 20)), axis=1)
+    tails = tails - tails.min(1, keepdims=True) + 10000
+    mask = np.ones(tails.shape, bool)
+    mask[5, :7] = False  # a class with a short tail
+    shape, scale = weibull_mle(tails, mask)
+    for i in range(6):
+        x = tails[i][mask[i]]
+        c, _, s = weibull_min.fit(x, floc=0)
+        np.testing.assert_allclose(shape[i], c, rtol=1e-6)
+        np.testing.assert_allclose(scale[i], s, rtol=1e-9)
+        ours, theirs = weibull_min.logpdf(x, shape[i], 0, scale[i]).sum(), weibull_min.logpdf(x, c, 0, s).sum()
+        assert ours >= theirs - 1e-12 * abs(theirs)
+    flat = weibull_mle(np.full((1, 5), 10000.0))
+    assert np.isinf(flat[0][0]) and flat[1][0] == 10000.0
+
+
+def test_openmax_top_classes_break_ties_as_a_stable_sort():
+    from oodeval.detectors.logit import _top_classes
+
+    f = np.array([[1.0, 3.0, 3.0, 0.0, 3.0], [5.0, 1.0, 2.0, 2.0, 0.0], [0.0, 0.0, 0.0, 0.0, 0.0]])
+    for alpha in (1, 2, 3, 5):
+        np.testing.assert_array_equal(_top_classes(f, alpha), np.argsort(-f, axis=1, kind="stable")[:, :alpha])
+
+
 # ---- features ----------------------------------------------------------------------------------
 
 
@@ -192,7 +229,12 @@ def test_relation_is_openoods(problem):
         rel = np.clip(zx @ zt.T, 0, None) * (px @ pt.T)
         masked = rel * (np.abs(rel) > 0.03)
         theirs = (np.sign(masked) * np.abs(masked) ** pow_).sum(-1)
-        np.testing.assert_allclose(score("relation", train, x, pow=pow_), theirs, rtol=1e-10)
+        np.testing.assert_allclose(score("relation", train, x, pow=pow_, compute_dtype="float64"), theirs, rtol=1e-10)
+        # float32 products of unit vectors and of probabilities: each r_j within D eps32 of its
+        # value relative to itself (pow times that for r_j^pow), a sum of positive terms likewise
+        # (no pair lies that close to the threshold here)
+        rtol = pow_ * zt.shape[1] * np.finfo(np.float32).eps
+        np.testing.assert_allclose(score("relation", train, x, pow=pow_), theirs, rtol=rtol)
 
 
 def test_gmm_is_openoods_sklearn_tied_mixture(problem):
@@ -201,12 +243,46 @@ def test_gmm_is_openoods_sklearn_tied_mixture(problem):
     zc = x.features.astype(np.float64)[:, None, :] - gm.means_[None]
     maha = np.einsum("nkd,de,nke->nk", zc, gm.precisions_, zc)
     theirs = np.log(np.exp(-0.5 * maha) @ gm.weights_ + 1e-40)  # OpenOOD's score
-    ours = score("gmm", train, x)
+    ours = score("gmm", train, x, n_components=8, dim=None)
     live = theirs > np.log(1e-30)  # where OpenOOD's exp has not underflowed to its 1e-40 floor
     assert live.sum() > 100
     offset = ours[live] - theirs[live]  # the Gaussian's normalising constant, one value for tied
     np.testing.assert_allclose(offset, offset[0], atol=1e-8)
     assert rho(ours, theirs) > 0.999
+
+
+@pytest.mark.parametrize(("k", "dim"), [(8, None), (5, 6), (50, 50)])
+def test_gmm_blocked_em_is_sklearns_pca_and_tied_mixture(problem, k, dim):
+    """OpenOOD's pipeline (sklearn PCA, then GaussianMixture(tied, random_state=0)) against ours
+    (eigh of the covariance, then EM on the BLAS): the same k-means start, the same number of EM
+    steps, and log-likelihoods equal to 1e-9 of their scale. The two differ only in float64
+    rounding: the squared distances as |y|^2 - 2 y.c + |c|^2 (error a few eps times |y|^2 + |c|^2,
+    ~1e-13 here) instead of |y - c|^2, and the principal axes from eigh instead of an SVD (equal up
+    to sign, which no distance sees); EM's fixed point is stable, so these do not grow."""
+    train, x = problem
+    z = train.features.astype(np.float64)
+    axes = np.eye(z.shape[1]) if dim is None or dim >= z.shape[1] else PCA(n_components=dim).fit(z).components_.T
+    gm = GaussianMixture(n_components=k, random_state=0, covariance_type="tied").fit(z @ axes)
+    det = detectors.create("gmm", n_components=k, dim=dim).fit(train)
+    assert det.n_iter_ == gm.n_iter_
+    ref = gm.score_samples(x.features.astype(np.float64) @ axes)
+    np.testing.assert_allclose(det.score(x), ref, rtol=0, atol=1e-9 * np.abs(ref).max())
+
+
+def test_gmm_defaults_are_openoods_final_layer():
+    params = detectors.create("gmm").get_params()
+    assert params["n_components"] == 50 and params["dim"] == 50  # gmm.yml: num_clusters 50, pca_50
+
+
+def test_gmm_and_class_gmm_refuse_beyond_their_budgets_up_front(problem):
+    train, x = problem
+    with pytest.raises(InputError, match=r"gmm: the fit .* would need up to .* TFLOP .* over budget_tflop=1e-06; reduce n_components or dim"):
+        detectors.create("gmm", budget_tflop=1e-6).fit(train)
+    with pytest.raises(InputError, match=r"class_gmm: 8 float64 32 x 32 Cholesky factors need .* GiB, over memory_gb=1e-05; reduce the feature dimension"):
+        detectors.create("class_gmm", memory_gb=1e-5).fit(train)
+    det = detectors.create("class_gmm", budget_tflop=2e-6).fit(train)  # the fit: 2 N D^2 + K D^3 = 1.9e6 flop
+    with pytest.raises(InputError, match=r"class_gmm: scoring 300 rows against 8 covariances of D=32 would need up to 2.46e-06 TFLOP .* raise budget_tflop"):
+        det.score(x)
 
 
 # ---- shaping and gradients ---------------------------------------------------------------------

@@ -8,6 +8,7 @@ from oodeval import detectors
 from oodeval.detectors._backend import Compute
 from oodeval.detectors._synthetic import CONDITIONED, conditioned_problem, synthetic_problem
 from oodeval.errors import InputError
+from oodeval.features import FeatureSet
 from oodeval.metrics import all_metrics
 
 pytestmark = pytest.mark.numerics  # run again under other CPU kernels (docs/conventions.md#reproducibility)
@@ -64,6 +65,38 @@ def test_float32_agrees_with_float64_on_real_conditioning(conditioned, name):
     fast, ref = all_metrics(a_id, a_ood), all_metrics(b_id, b_ood)
     assert abs(fast["fpr95"] - ref["fpr95"]) <= 0.001 + 1e-12
     assert abs(fast["auroc"] - ref["auroc"]) <= 0.001
+
+
+#: the methods without a float32 path that run on cached arrays: float64 whatever the input
+#: registered methods the conditioned problems cannot run: nac (per-layer states), cnc (a K + 1
+#: head) and those needing the network (their passes' arrays, tests/test_network_methods.py)
+NOT_ON_CONDITIONED = ["nac", "cnc", "odin", "mahalanobis_ensemble", "gram", "rankfeat", "mc_dropout"]
+FLOAT64_ONLY = [n for n in detectors.names() if n not in NOT_ON_CONDITIONED and "compute_dtype" not in detectors.create(n).get_params()]
+
+
+@pytest.mark.parametrize("name", FLOAT64_ONLY)
+def test_float64_methods_score_float32_inputs_as_their_float64_copies(conditioned, name):
+    """Every method without a compute_dtype computes in float64 whatever its input: on each
+    conditioned problem its scores of the float32 arrays are those of their exact float64 copies
+    (the same code on the same values in one process: equal bits), and finite."""
+    kind, (train, test, ood) = conditioned
+
+    def widened(fs):
+        return FeatureSet(fs.features.astype(np.float64), labels=fs.labels, logits=None if fs.logits is None else fs.logits.astype(np.float64),
+                          weight=None if fs.weight is None else fs.weight.astype(np.float64), bias=None if fs.bias is None else fs.bias.astype(np.float64))  # fmt: skip
+
+    det = detectors.create(name).fit(train)
+    wide = detectors.create(name).fit(widened(train))
+    for fs in (test, ood):
+        got = det.score(fs)
+        assert np.isfinite(got).all()
+        np.testing.assert_array_equal(got, wide.score(widened(fs)))
+
+
+def test_the_conditioned_problems_cover_every_method():
+    covered = set(PRECISION) | set(FLOAT64_ONLY) | set(NOT_ON_CONDITIONED)
+    assert covered == set(detectors.names())
+    assert not set(PRECISION) & set(FLOAT64_ONLY)
 
 
 @pytest.mark.parametrize("name", ["cfood", "optfs", "kpca"])
@@ -152,7 +185,7 @@ def test_exactly_the_documented_detectors_lack_compute_dtype_and_device():
     params = {n: detectors.create(n).get_params() for n in detectors.names()}
     lacking = [n for n, p in params.items() if "compute_dtype" not in p]
     assert [n for n, p in params.items() if "device" not in p] == lacking  # compute_dtype and device come together
-    float64 = ["class_gmm", "gmm", "grad_uncertainty", "gradnorm", "lts", "nci", "openmax", "relation", "residual", "she",
+    float64 = ["class_gmm", "gmm", "grad_uncertainty", "gradnorm", "lts", "nci", "openmax", "residual", "she",
                "cfood", "optfs", "kpca"]
     network = ["odin", "mahalanobis_ensemble", "gram", "rankfeat", "mc_dropout"]  # on their passes' arrays (detectors.network)
     assert sorted(lacking) == sorted(["cnc", "maxlogit", "nac", *float64, *network])  # the peers' float64-only methods

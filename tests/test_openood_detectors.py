@@ -28,8 +28,9 @@ OPENOOD_POST_HOC = {
 }  # fmt: skip
 POST_HOC = [n for n in detectors.names("openood") if "network" not in REGISTRY[n].tags]
 #: overrides an 18-image training set of a random-init network needs: kNN's k=1000 exceeds it; OpenMax fits its Weibull tails (20
-#: per class) on correct predictions only, of which random weights make none; CFOOD's 10% reference subset would be 1 row
-SMALL = {"knn": {"k": 5}, "openmax": {"tailsize": 2, "correct_only": False}, "cfood": {"alpha": 1.0}}
+#: per class) on correct predictions only, of which random weights make none; GMM's 50 components and 50 PCA axes exceed it;
+#: CFOOD's 10% reference subset would be 1 row
+SMALL = {"knn": {"k": 5}, "openmax": {"tailsize": 2, "correct_only": False}, "gmm": {"n_components": 3, "dim": 8}, "cfood": {"alpha": 1.0}}
 
 
 @pytest.fixture(scope="module")

@@ -19,17 +19,21 @@ PAPER21 = [
     "knn", "cosine", "mcm", "fdbd", "neco", "nac", "vim", "nnguide",
 ]  # fmt: skip
 #: the peers' methods (OpenOOD v1.5, pytorch-ood 0.4) oodeval adds, in registration order
-#: the methods that need the network (detectors.network, registered before the peers' modules)
+#: the methods that need the network (detectors.network)
 NETWORK = ["odin", "mahalanobis_ensemble", "gram", "rankfeat", "mc_dropout"]
 PEERS = [
-    "residual", "she", "relation", "nci", "gmm", "class_gmm", "entropy", "temperature_scaling", "openmax",
-    "ash_b", "ash_p", "vra", "lts", "gradnorm", "grad_uncertainty",
+    "ash_b", "ash_p", "vra", "lts", "she", "residual", "relation", "nci", "gradnorm", "grad_uncertainty",
+    "entropy", "temperature_scaling", "openmax", "gmm", "class_gmm",
 ]  # fmt: skip
 
 
 def test_names_come_from_tags_and_order():
     assert detectors.names("paper21") == PAPER21  # the paper's order (Sec. 4.1), from `order=`
-    assert detectors.names() == PAPER21 + ["cnc"] + NETWORK + PEERS  # the peers' methods follow, unordered
+    # the others in registration order: each family module's (activation, cnc, feature, hybrid, logit,
+    # mahalanobis, network) in turn, the peers' methods at the end of their family's module
+    rest = [n for n in detectors.names() if n not in PAPER21]
+    assert detectors.names()[:21] == PAPER21 and sorted(rest) == sorted(["cnc", *NETWORK, *PEERS])
+    assert [n for n in rest if n in PEERS] == PEERS and [n for n in rest if n in NETWORK] == NETWORK
     assert detectors.names("network") == NETWORK
     assert detectors.names("paper21", "logit") == ["msp", "maxlogit", "kl_matching", "energy", "gen"]
     assert detectors.names("paper21", "hybrid") == ["vim", "nnguide"]

@@ -9,6 +9,9 @@ takes ``device`` (None = numpy, or a torch device for the head product). float32
 feature s is off by at most about sqrt(D) eps |w_c| |s| (the sgemm's rounding, eps = 2^-24), the
 log-sum-exp adds a few ulps; the shapings are nonlinear, so an offset they keep enters through |s|
 (Spearman 1.000000 with float64 on the conditioned problems of tests/test_detectors_precision.py).
+
+The peers' shaping methods follow (opt-in, ``PeerMethod``): ASH-B and ASH-P beside ASH-S, VRA's
+clip and LTS's logit scaling, each read out as above; docs/detectors.md ("The peers' methods").
 """
 
 from __future__ import annotations
@@ -17,14 +20,15 @@ import numpy as np
 
 from ..errors import InputError
 from ..features import FeatureSet
-from ..params import COMPUTE, Interval, Options, Real
+from ..params import BOOLEAN, COMPUTE, Interval, Options, Real
 from . import register
 from ._backend import Compute
 from ._common import as64, chunked_percentile, chunks, logsumexp_rows, mean_rows
 from ._peers import PeerMethod
 from .base import BackboneInfo, Default, Detector
 
-__all__ = ["ReAct", "ASHS", "SCALE", "DICE", "OptFS", "ash_s_features", "scale_features"]
+__all__ = ["ReAct", "ASHS", "SCALE", "DICE", "ash_s_features", "scale_features",
+           "ASHB", "ASHP", "VRA", "LTS", "ash_b_features", "ash_p_features", "OptFS"]
 
 
 def _energy_of(comp: Compute, x: FeatureSet, shape, weight: np.ndarray, bias: np.ndarray) -> np.ndarray:
@@ -230,6 +234,138 @@ class DICE(Detector):
         if x.weight.shape != self.masked_weight_.shape:
             raise InputError(f"dice was fitted with a {self.masked_weight_.shape} head, got {x.weight.shape}")
         return _energy_of(self._compute(), x, lambda z: z, self.masked_weight_, self.bias_)
+
+
+def ash_p_features(z: np.ndarray, percentile: float) -> np.ndarray:
+    """ASH-P: all but the top k = D - round(D p / 100) entries of each row set to 0."""
+    return _top_k(z, _keep(z.shape[1], percentile))
+
+
+def ash_b_features(z: np.ndarray, percentile: float) -> np.ndarray:
+    """ASH-B: the top k entries of each row set to s1 / k (s1 = the row's sum), the rest to 0."""
+    d = z.shape[1]
+    k = _keep(d, percentile)
+    top = np.argpartition(z, d - k, axis=1)[:, d - k :]
+    out = np.zeros_like(z)
+    fill = (_sum64(z) / k).astype(z.dtype)
+    np.put_along_axis(out, top, np.broadcast_to(fill[:, None], top.shape), axis=1)
+    return out
+
+
+@register("ash_b", tags=("activation",))
+class ASHB(PeerMethod):
+    """ASH-B: binarised top (100 - p)% of z, each kept entry s1 / k, energy readout.
+
+    Djurisic et al., "Extremely simple activation shaping for OOD detection", ICLR 2023.
+    Default p = 65, the paper's ImageNet ResNet-50 setting ("ASH-B@65"); OpenOOD's ``ash``
+    postprocessor is ASH-B with p = 90 (``ash.yml``), pytorch-ood's ``ASH(variant="ash-b")``
+    takes p as a fraction (default 0.65). Ties at the k-th value are broken arbitrarily, as by
+    the releases' ``topk``.
+    """
+
+    needs = ("features", "head")
+
+    constraints = {"percentile": Interval(Real, 0, 100, closed="left"), **COMPUTE}
+
+    def __init__(self, percentile: float = 65.0, compute_dtype: str = "float32", device: str | None = None) -> None:
+        self.percentile = percentile
+        self.compute_dtype = compute_dtype
+        self.device = device
+
+    def _score(self, x: FeatureSet) -> np.ndarray:
+        return _energy_of(self._compute(), x, lambda z: ash_b_features(z, self.percentile), x.weight, x.bias)
+
+
+@register("ash_p", tags=("activation",))
+class ASHP(PeerMethod):
+    """ASH-P: the top (100 - p)% entries of z kept, the rest 0 (no rescaling), energy readout.
+
+    Djurisic et al., ICLR 2023; default p = 90, the paper's ImageNet ResNet-50 setting
+    ("ASH-P@90"); pytorch-ood's ``ASH(variant="ash-p")`` defaults to 0.65.
+    """
+
+    needs = ("features", "head")
+
+    constraints = {"percentile": Interval(Real, 0, 100, closed="left"), **COMPUTE}
+
+    def __init__(self, percentile: float = 90.0, compute_dtype: str = "float32", device: str | None = None) -> None:
+        self.percentile = percentile
+        self.compute_dtype = compute_dtype
+        self.device = device
+
+    def _score(self, x: FeatureSet) -> np.ndarray:
+        return _energy_of(self._compute(), x, lambda z: ash_p_features(z, self.percentile), x.weight, x.bias)
+
+
+def _column_percentiles(z: np.ndarray, q: float, block: int = 64) -> np.ndarray:
+    """np.percentile(z, q, axis=0) (linear interpolation), float64, a block of columns at a time."""
+    return np.concatenate([np.percentile(as64(z[:, c : c + block]), q, axis=0) for c in range(0, z.shape[1], block)])
+
+
+@register("vra", tags=("activation",))
+class VRA(PeerMethod):
+    """VRA as its releases run it: z clipped to [lo, hi], energy readout (Xu et al., NeurIPS 2023).
+
+    lo, hi = the ``low``-th and ``high``-th percentiles of the ID-train features: over all their
+    entries (default, OpenOOD's, with its defaults 10 and 90), or per feature dimension with
+    ``per_dim`` (pytorch-ood's, with its defaults 1 and 99). The paper's VRA-P also zeroes
+    entries below lo and adds an offset to those kept; neither release does, nor does this.
+    """
+
+    needs = ("features", "head")
+    fit_needs = ("features",)
+
+    constraints = {"low": Interval(Real, 0, 100), "high": Interval(Real, 0, 100), "per_dim": BOOLEAN, **COMPUTE}
+
+    def __init__(self, low: float = 10.0, high: float = 90.0, per_dim: bool = False, compute_dtype: str = "float32", device: str | None = None) -> None:
+        self.low = low
+        self.high = high
+        self.per_dim = per_dim
+        self.compute_dtype = compute_dtype
+        self.device = device
+
+    def _fit(self, train: FeatureSet) -> None:
+        if not self.low <= self.high:
+            raise InputError(f"detector 'vra': low={self.low} must not exceed high={self.high}")
+        z = train.features
+        if self.per_dim:
+            self.lower_, self.upper_ = _column_percentiles(z, self.low), _column_percentiles(z, self.high)
+        else:
+            self.lower_, self.upper_ = chunked_percentile(z, self.low), chunked_percentile(z, self.high)
+
+    def _score(self, x: FeatureSet) -> np.ndarray:
+        def clip(z):
+            lo = np.asarray(self.lower_, dtype=z.dtype)
+            return np.clip(z, lo, np.asarray(self.upper_, dtype=z.dtype))
+
+        return _energy_of(self._compute(), x, clip, x.weight, x.bias)
+
+
+@register("lts", tags=("activation",))
+class LTS(PeerMethod):
+    """Logit scaling: s = logsumexp(S f), S = (sum relu(z) / sum of the top k of relu(z))^2.
+
+    Djurisic et al., "Logit scaling for out-of-distribution detection" (pytorch-ood's ``LTS``);
+    k = max(1, D - round(D (1 - p))), default p = 0.05 (the top 5%), as that release; f the
+    cached logits. A row whose top-k sum is 0 is not rescaled (S = 1).
+    """
+
+    needs = ("features", "logits")
+
+    constraints = {"p": Interval(Real, 0, 1, closed="right")}
+
+    def __init__(self, p: float = 0.05) -> None:
+        self.p = p
+
+    def _score(self, x: FeatureSet) -> np.ndarray:
+        out = np.empty(len(x))
+        for sl in chunks(len(x), x.features.shape[1]):
+            z = np.maximum(as64(x.features[sl]), 0.0)
+            d = z.shape[1]
+            k = max(1, d - int(round(d * (1 - self.p))))
+            s2 = np.partition(z, d - k, axis=1)[:, d - k :].sum(1)
+            s = np.square(np.divide(z.sum(1), s2, out=np.ones(len(z)), where=s2 > 0))
+            out[sl] = logsumexp_rows(as64(x.logits[sl]) * s[:, None])
 
 
 @register("optfs", tags=("activation", "since-paper"))

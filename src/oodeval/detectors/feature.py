@@ -9,6 +9,8 @@ not by the size of an offset all features share; NECO standardises as ((z - m32)
 (:func:`~oodeval.detectors._common.centre_parts`: each step rounded relative to its result) and
 projects in float32 (relative error about sqrt(D) eps, independent of offset and scale); fDBD's
 logits are one sgemm (error about sqrt(D) eps |w_c| |z|), its ||z - zbar|| centred the same way.
+
+The peers' SHE (class patterns read by the predicted class, opt-in, float64) follows.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from ._common import as64, centre_parts, chunks, class_means, float32_centre, l2
 from ._peers import PeerMethod
 from .base import BackboneInfo, Default, Detector
 
-__all__ = ["Cosine", "MCM", "FDBD", "NECO", "KernelPCA"]
+__all__ = ["Cosine", "MCM", "FDBD", "NECO", "SHE", "KernelPCA"]
 
 
 class _CentroidBase(Detector):
@@ -251,6 +253,56 @@ class NECO(Detector):
 
         ratio = comp.map_rows(block, z, z.shape[1])
         return ratio * np.asarray(x.logits).max(axis=1) if self.maxlogit else ratio
+
+
+_SHE_METRICS = ("inner_product", "euclidean", "cosine")
+
+
+@register("she", tags=("feature",))
+class SHE(PeerMethod):
+    """Simplified Hopfield energy: s = <z, S_y>, y = argmax f, S_k the mean ID-train feature of
+    the rows labelled k and predicted k (Zhang et al., "OOD detection based on in-distribution
+    data patterns memorization with modern Hopfield energy", ICLR 2023).
+
+    ``metric`` "inner_product" (default: OpenOOD's ``she.yml``, pytorch-ood 0.4's only one), or OpenOOD's alternatives "euclidean"
+    (-||z - S_y||) and "cosine". A class without a correctly classified ID-train row takes the
+    mean of its labelled rows as its pattern (OpenOOD's mean is then NaN, pytorch-ood refuses).
+    float64 throughout.
+    """
+
+    needs = ("features", "logits")
+    fit_needs = ("features", "logits", "labels")
+
+    constraints = {"metric": Options(*_SHE_METRICS)}
+
+    def __init__(self, metric: str = "inner_product") -> None:
+        self.metric = metric
+
+    def _fit(self, train: FeatureSet) -> None:
+        y = np.asarray(train.labels)
+        _, classes = labelled(y, "she")
+        pred = np.concatenate([np.asarray(train.logits[sl]).argmax(1) for sl in chunks(len(y), train.logits.shape[1])])
+        correct = np.where(pred == y, y, -1)
+        patterns = np.zeros((train.logits.shape[1], train.features.shape[1]))
+        have = np.unique(correct[correct >= 0])
+        if have.size:
+            patterns[have] = class_means(train.features, correct, have)[0]
+        rest = np.setdiff1d(classes, have)
+        if rest.size:
+            patterns[rest] = class_means(train.features, np.where(np.isin(y, rest), y, -1), rest)[0]
+        self.patterns_ = patterns
+
+    def _score(self, x: FeatureSet) -> np.ndarray:
+        out = np.empty(len(x))
+        for sl in chunks(len(x), x.features.shape[1]):
+            z = as64(x.features[sl])
+            s = self.patterns_[np.asarray(x.logits[sl]).argmax(1)]
+            if self.metric == "inner_product":
+                out[sl] = np.einsum("ij,ij->i", z, s)
+            elif self.metric == "euclidean":
+                out[sl] = -np.linalg.norm(z - s, axis=1)
+            else:
+                out[sl] = np.einsum("ij,ij->i", l2_normalise(z), l2_normalise(s))
 
 
 #: the kernel PCA release's explained-variance ratio per kernel (run_detection.sh, ImageNet ResNet-50,

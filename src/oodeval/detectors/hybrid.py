@@ -1,21 +1,28 @@
-"""Hybrid detectors combining features with logits: ViM, pNML (NNGuide lives in neighbours.py)."""
+"""Hybrid detectors combining features with logits: ViM (NNGuide lives in neighbours.py).
+
+The peers' hybrid methods follow (opt-in, ``PeerMethod``): Residual (ViM's residual alone), the
+neural relation graph, NCI, and the closed-form last-layer gradients GradNorm and GradUncertainty;
+then pNML, since the paper.
+"""
 
 from __future__ import annotations
 
 import numpy as np
 import scipy.linalg
+from scipy.special import logsumexp
 
 from ..errors import InputError
 from ..features import FeatureSet
-from ..params import COMPUTE, Integral, Interval, Real
+from ..params import COMPUTE, POSITIVE, SEED, Integral, Interval, Real
 from . import REGISTRY, register
 from ._backend import Compute, _torch, one_blas_thread
-from ._common import as64, eigh_one_thread, float32_centre, labelled, scatter, whitening
+from ._common import as64, chunks, eigh_one_thread, float32_centre, labelled, mean_rows, scatter, whitening
 from ._peers import PeerMethod
 from .base import Detector
 from .mahalanobis import WHITENED_ROUNDING_LIMIT
+from .neighbours import _bank_rows
 
-__all__ = ["ViM", "PNML", "vim_dim", "logit_origin"]
+__all__ = ["ViM", "vim_dim", "logit_origin", "Residual", "Relation", "NCI", "GradNorm", "GradUncertainty", "PNML"]
 
 #: largest cond(G) = cond(W)^2 for which :func:`logit_origin` solves through the Gram matrix G:
 #: the first solve is off by at most cond(G) eps (1e-4 here) and each refinement step multiplies
@@ -148,6 +155,186 @@ class ViM(Detector):
         comp = self._compute()
         energy, residual = self._parts(comp, x.features, x.weight, x.bias, energy=True)
         return energy - self.alpha_ * residual
+
+
+@register("residual", tags=("feature",))
+class Residual(PeerMethod, ViM):
+    """Residual: s = -||(z - u) R||, ViM's virtual logit alone (Wang et al., CVPR 2022, Sec. 5).
+
+    u = -pinv(W) b, R the eigenvectors of the uncentred covariance of (z - u) over ID train
+    beyond the top ``dim`` (ViM's fit, :class:`~oodeval.detectors.hybrid.ViM`). ``dim`` defaults
+    to ViM's rule (1000 if D >= 2048, 512 if D >= 768, else D / 2), as the paper's Residual
+    baseline shares ViM's D'; OpenOOD's ``residual.yml`` sets 512 for every network (which
+    leaves a 512-d feature no residual) and fits on its ID ``val`` split, here the ID-train set.
+    float64 throughout (the residual space is the covariance's smallest eigenvalues).
+    """
+
+    constraints = {"dim": (Interval(Integral, 1, None), None)}
+
+    def __init__(self, dim: int | None = None) -> None:
+        self.dim = dim
+
+    def _score(self, x: FeatureSet) -> np.ndarray:
+        return -self.residual_norm(x.features)
+
+
+#: bank rows per block of relation's products (numpy, torch): a (512, 8192) float32 block per core
+RELATION_BLOCK = {False: 8192, True: 65536}
+
+
+@register("relation", tags=("hybrid",))
+class Relation(PeerMethod):
+    """Neural relation graph: s = sum_j r_j^pow [r_j > thres], r_j = max(0, <z^, z^_j>) <p, p_j>.
+
+    Kim et al., "Neural relation graph: a unified framework for identifying label noise and
+    outlier data", NeurIPS 2023 (OpenOOD's ``relation``). z^ = z / sqrt(|z|^2 + 1e-10), p =
+    softmax(f), j over a bank of ID-train rows (``bank_fraction`` of them, seeded; default 1 =
+    all of them, as the release); ``pow`` = 1 (``configs/postprocessors/relation.yml``) and
+    ``thres`` = 0.03 (``relation_postprocessor.py``) are the release's defaults. The embeddings
+    are formed in float64 and kept in ``compute_dtype`` (the bank: (D + C) values per row); the
+    two products per (row, bank block) run in it and each row's sum accumulates in float64. In
+    float32 an r_j moves by a few float32 ulps of the products (the rows are unit vectors and
+    probabilities, so no offset or scale of the features enters), which changes a score only
+    through a pair within that distance of ``thres``. ``device``: None = numpy, or a torch device.
+    """
+
+    needs = ("features", "logits")
+    fit_needs = ("features", "logits")
+
+    constraints = {"pow": POSITIVE, "thres": Interval(Real, None, None), "bank_fraction": Interval(Real, 0, 1, closed="right"), "seed": SEED, **COMPUTE}
+
+    def __init__(self, pow: float = 1.0, thres: float = 0.03, bank_fraction: float = 1.0, seed: int = 0, compute_dtype: str = "float32", device: str | None = None) -> None:
+        self.pow = pow
+        self.thres = thres
+        self.bank_fraction = bank_fraction
+        self.seed = seed
+        self.compute_dtype = compute_dtype
+        self.device = device
+
+    @staticmethod
+    def _embed(z: np.ndarray, f: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        z, f = as64(z), as64(f)
+        p = np.exp(f - logsumexp(f, axis=1, keepdims=True))
+        return z / np.sqrt((z**2).sum(1, keepdims=True) + 1e-10), p
+
+    def _fit(self, train: FeatureSet) -> None:
+        idx = _bank_rows(len(train), self.bank_fraction, self.seed, 1, "relation")
+        n = len(train) if idx is None else len(idx)
+        host = Compute(self.compute_dtype).dtype
+        self.bank_features_ = np.empty((n, train.features.shape[1]), dtype=host)
+        self.bank_probs_ = np.empty((n, train.logits.shape[1]), dtype=host)
+        for sl in chunks(n, train.features.shape[1] + train.logits.shape[1]):
+            rows = sl if idx is None else idx[sl]
+            self.bank_features_[sl], self.bank_probs_[sl] = self._embed(train.features[rows], train.logits[rows])
+
+    def _score(self, x: FeatureSet) -> np.ndarray:
+        comp = self._compute()
+        bank_z, bank_p = comp.put(self.bank_features_), comp.put(self.bank_probs_)
+        step, thres, power = RELATION_BLOCK[comp.device is not None], float(self.thres), float(self.pow)
+
+        def relation(z, p):
+            total = 0.0
+            for start in range(0, len(self.bank_features_), step):
+                r = z @ bank_z[start : start + step].T
+                r = r * (r > 0)
+                r *= p @ bank_p[start : start + step].T
+                r = r * (r > thres)
+                total = total + comp.rowsum(r if power == 1 else r**power)
+            return total
+
+        out = np.empty(len(x))
+        for sl in comp.chunks(len(x), self.bank_features_.shape[1] + self.bank_probs_.shape[1]):
+            z, p = self._embed(x.features[sl], x.logits[sl])
+            out[sl] = comp.get(comp.by_rows(relation, comp.put(z), comp.put(p)))
+        return out
+
+
+@register("nci", tags=("hybrid",))
+class NCI(PeerMethod):
+    """Neural-collapse inspired: s = <w_y, z - mu> / ||z - mu|| + alpha ||z||_1, y = argmax f.
+
+    Liu & Qin, "Detecting out-of-distribution through the lens of neural collapse", CVPR 2025.
+    mu = the mean ID-train feature, w_y the head's row of the predicted class. ``alpha`` =
+    1e-4 is OpenOOD's default (``nci.yml``; pytorch-ood's is 0, which drops the norm term).
+    """
+
+    needs = ("features", "logits", "head")
+    fit_needs = ("features",)
+
+    constraints = {"alpha": Interval(Real, None, None)}
+
+    def __init__(self, alpha: float = 1e-4) -> None:
+        self.alpha = alpha
+
+    def _fit(self, train: FeatureSet) -> None:
+        self.train_mean_ = mean_rows(train.features)
+
+    def _score(self, x: FeatureSet) -> np.ndarray:
+        w = as64(x.weight)
+        out = np.empty(len(x))
+        for sl in chunks(len(x), x.features.shape[1]):
+            z = as64(x.features[sl])
+            c = z - self.train_mean_
+            wy = w[np.asarray(x.logits[sl]).argmax(1)]
+            out[sl] = np.einsum("ij,ij->i", wy, c) / np.linalg.norm(c, axis=1) + self.alpha * np.abs(z).sum(1)
+        return out
+
+
+def _softmax64(f: np.ndarray, t: float = 1.0) -> np.ndarray:
+    f = as64(f) / t
+    e = np.exp(f - f.max(1, keepdims=True))
+    return e / e.sum(1, keepdims=True)
+
+
+@register("gradnorm", tags=("hybrid",))
+class GradNorm(PeerMethod):
+    """GradNorm: s = || dL/dW ||_1 = ||softmax(f / T) - 1/C||_1 ||z||_1 / T, W the head's weight.
+
+    Huang, Geng & Li, "On the importance of gradients for detecting distributional shifts in
+    the wild", NeurIPS 2021. L = (1/C) sum_c -log softmax(f / T)_c, the cross-entropy to the
+    uniform distribution (KL(u || p) up to a constant); dL/df = (softmax(f / T) - 1/C) / T and
+    dL/dW = (dL/df) z^T, whose entrywise l1 norm factors. The releases (the paper's, OpenOOD's)
+    read only the last layer's weight, so this is exact on cached features; T = 1 as they do.
+    Their loss sums over classes (targets all ones), C times this one: the same ranking.
+    """
+
+    needs = ("features", "logits")
+
+    constraints = {"temperature": POSITIVE}
+
+    def __init__(self, temperature: float = 1.0) -> None:
+        self.temperature = temperature
+
+    def _score(self, x: FeatureSet) -> np.ndarray:
+        t = float(self.temperature)
+        out = np.empty(len(x))
+        for sl in chunks(len(x), max(x.features.shape[1], x.logits.shape[1])):
+            p = _softmax64(x.logits[sl], t)
+            out[sl] = np.abs(p - 1.0 / p.shape[1]).sum(1) * np.abs(as64(x.features[sl])).sum(1) / t
+        return out
+
+
+@register("grad_uncertainty", tags=("hybrid",))
+class GradUncertainty(PeerMethod):
+    """Gradient uncertainty on the head: s = ||C p - 1||^2 (||z||^2 + 1), p = softmax(f).
+
+    Oberdiek, Rottmann & Gottschalk, "Classification uncertainty of deep neural networks based on
+    gradient information", ANNPR 2018 (pytorch-ood's ``GradUncertainty``): the squared l2 norms
+    of the gradients of L = BCE(p, 1) = -sum_c log p_c with respect to the head's weight and
+    bias (dL/df = C p - 1), summed. pytorch-ood sums over the parameters it is given; with only
+    the linear head this is its score, except that torch's BCE backward divides by max(p (1 - p),
+    1e-12), which bends its gradient on rows with a class of p (1 - p) < 1e-12 (confident ones).
+    """
+
+    needs = ("features", "logits")
+
+    def _score(self, x: FeatureSet) -> np.ndarray:
+        out = np.empty(len(x))
+        for sl in chunks(len(x), max(x.features.shape[1], x.logits.shape[1])):
+            p = _softmax64(x.logits[sl])
+            g = np.square(p.shape[1] * p - 1).sum(1)
+            out[sl] = g * (np.square(as64(x.features[sl])).sum(1) + 1)
+        return out
 
 
 @register("pnml", tags=("hybrid", "since-paper"))

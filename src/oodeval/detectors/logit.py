@@ -6,21 +6,31 @@ products in float32, every sum over classes accumulated in float64; "float64": a
 float32 guarantees: every exp is of a shifted logit (error (|f_c - shift| + 4) eps of its term,
 eps = 2^-24) and every sum is float64, so a score is within a few float32 ulps of its float64
 value whatever the logits' offset or scale (tests/test_detectors_precision.py, docs/performance.md).
+
+The peers' logit methods follow (OpenOOD v1.5, pytorch-ood 0.4; opt-in, ``PeerMethod``): Entropy,
+temperature scaling and OpenMax, float64 apart from Entropy's and temperature scaling's exps
+(``compute_dtype`` as above); docs/detectors.md ("The peers' methods") lists their differences.
 """
 
 from __future__ import annotations
 
 import numpy as np
+from scipy.optimize import minimize_scalar
+from scipy.special import logsumexp
 
+from .._extras import optional
 from ..errors import InputError
 from ..features import FeatureSet
-from ..params import COMPUTE, POSITIVE, Instance, Integral, Interval
+from ..params import BOOLEAN, COMPUTE, POSITIVE, SEED, Instance, Integral, Interval, Options, Real
 from . import REGISTRY, register
 from ._backend import Compute
+from ._common import as64, chunks, class_means, labelled
 from ._peers import PeerMethod
 from .base import Detector
 
-__all__ = ["MSP", "MaxLogit", "KLMatching", "Energy", "GEN", "WeightedEnergy"]
+__all__ = ["MSP", "MaxLogit", "KLMatching", "Energy", "GEN",
+           "Entropy", "TemperatureScaling", "OpenMax", "neg_entropy", "fit_temperature", "fit_temperature_lbfgs", "FITS", "weibull_mle", "WEIBULL_TRANSLATION",
+           "WeightedEnergy"]
 
 
 def _over_rows(x: FeatureSet, fn, comp: Compute) -> np.ndarray:
@@ -197,6 +207,291 @@ class KLMatching(Detector):
             return comp.rowmax(e @ log_t) / total - neg_entropy
 
         return _over_rows(x, block, comp)
+
+
+#: libmr's FitHigh shifts the tail by this amount minus its smallest value before the Weibull
+#: fit (both peers keep it); it changes the fitted CDF only slightly and is kept for agreement
+WEIBULL_TRANSLATION = 10_000.0
+
+
+def neg_entropy(comp: Compute, f) -> np.ndarray:
+    """sum_c p_c log p_c of softmax(f) per row, float64: with e = exp(f - max f) and S = sum e,
+    it is (e . (f - max f)) / S - log S, so p and log p are never formed (no log 0)."""
+    shifted = f - comp.rowmax(f)[:, None]
+    e = comp.exp(shifted)
+    total = comp.rowsum(e)
+    log_total = comp.log(total)
+    return comp.rowdot(e, shifted) / total - log_total
+
+
+@register("entropy", tags=("logit",))
+class Entropy(PeerMethod):
+    """Negative softmax entropy, s = sum_c p_c log p_c, p = softmax(f) (higher = ID).
+
+    Chan, Rottmann & Gottschalk, "Entropy maximization and meta classification for OOD detection
+    in semantic segmentation", ICCV 2021 (pytorch-ood's ``Entropy``). No hyperparameters.
+    pytorch-ood clips p to [1e-7, 1] before the log; this computes the exact entropy (0 log 0 = 0).
+    """
+
+    needs = ("logits",)
+
+    constraints = COMPUTE
+
+    def __init__(self, compute_dtype: str = "float32", device: str | None = None) -> None:
+        self.compute_dtype = compute_dtype
+        self.device = device
+
+    def _score(self, x: FeatureSet) -> np.ndarray:
+        comp = self._compute()
+        return comp.map_rows(lambda f: neg_entropy(comp, f), x.logits, x.logits.shape[1])
+
+
+def fit_temperature(logits: np.ndarray, labels: np.ndarray, bounds: tuple[float, float] = (1e-3, 1e3)) -> float:
+    """T minimising the mean negative log-likelihood of ``labels`` under softmax(f / T), float64.
+
+    The NLL is convex in 1 / T (a log-sum-exp of a linear function minus a linear term), so it has
+    one minimum; it is found by bounded Brent search over log T in ``bounds`` (a minimum on the
+    boundary means the logits carry no usable calibration, e.g. all predictions right: T -> 0).
+    """
+    f = as64(logits)
+    y = np.asarray(labels)
+    picked = f[np.arange(len(f)), y]
+
+    def nll(log_t: float) -> float:
+        b = np.exp(-log_t)
+        return float(np.mean(logsumexp(f * b, axis=1) - picked * b))
+
+    lo, hi = np.log(bounds[0]), np.log(bounds[1])
+    res = minimize_scalar(nll, bounds=(lo, hi), method="bounded", options={"xatol": 1e-10})
+    return float(np.exp(res.x))
+
+
+#: temperature fits: "exact" (:func:`fit_temperature`), or a release's L-BFGS from its start T
+FITS = {"exact": None, "openood": 1.5, "pytorch-ood": 1.0}
+
+
+def fit_temperature_lbfgs(logits: np.ndarray, labels: np.ndarray, start: float, lr: float = 0.01, steps: int = 50) -> float:
+    """T after the releases' fit: torch's L-BFGS (``lr``, ``max_iter=steps``, no line search) on
+    the mean NLL of softmax(f / T) in float32, from T = ``start`` (OpenOOD v1.5
+    ``temp_scaling_postprocessor.py``: 1.5; pytorch-ood 0.4 ``TemperatureScaling.fit_logits``: 1)."""
+    torch = optional("torch")
+    f = torch.as_tensor(np.asarray(logits, dtype=np.float32))
+    y = torch.as_tensor(np.asarray(labels, dtype=np.int64))
+    t = torch.nn.Parameter(torch.tensor(float(start)))
+    optimizer = torch.optim.LBFGS([t], lr=lr, max_iter=steps)
+
+    def closure():
+        optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(f / t, y)
+        loss.backward()
+        return loss
+
+    with torch.enable_grad():
+        optimizer.step(closure)
+    return float(t.detach())
+
+
+@register("temperature_scaling", tags=("logit",))
+class TemperatureScaling(PeerMethod):
+    """MSP after temperature scaling: s = max_c softmax(f / T)_c, T fitted to minimise the NLL.
+
+    Guo et al., "On calibration of modern neural networks", ICML 2017. T minimises the mean
+    negative log-likelihood of the labels on a validation split (:func:`fit_temperature`, the
+    exact minimiser). The split: a seeded random ``val_fraction`` (default 0.1, ``seed`` 0) of the
+    labelled rows of the set ``fit`` is given (the ID-train set in ``oodeval score``/``run``);
+    ``val_fraction=1`` uses all of them, e.g. when that set already is a held-out validation set
+    (OpenOOD fits on its ID ``val`` split). Both releases run L-BFGS (lr 0.01, 50 steps; OpenOOD
+    starts at T = 1.5, pytorch-ood at 1), which need not reach the minimum: ``procedure="openood"`` /
+    ``"pytorch-ood"`` runs that procedure (:func:`fit_temperature_lbfgs`, torch's L-BFGS in
+    float32; their defaults profiles, with ``val_fraction=1``), ``procedure="exact"`` (default) the
+    exact minimiser. The fitted T is recorded in ``resolved_params()``; the score is
+    :class:`~oodeval.detectors.logit.MSP`'s.
+    """
+
+    needs = ("logits",)
+    fit_needs = ("logits", "labels")
+
+    constraints = {"val_fraction": Interval(Real, 0, 1, closed="right"), "seed": SEED, "procedure": Options(*FITS), **COMPUTE}
+
+    def __init__(self, val_fraction: float = 0.1, seed: int = 0, compute_dtype: str = "float32", device: str | None = None,
+                 procedure: str = "exact") -> None:  # fmt: skip
+        self.val_fraction = val_fraction
+        self.seed = seed
+        self.compute_dtype = compute_dtype
+        self.device = device
+        self.procedure = procedure
+
+    def _fit(self, train: FeatureSet) -> None:
+        idx, _ = labelled(train.labels, "temperature_scaling")
+        n = max(1, int(round(self.val_fraction * idx.size)))
+        if n < idx.size:
+            idx = np.sort(np.random.default_rng(self.seed).choice(idx, size=n, replace=False))
+        self.val_rows_ = idx
+        logits, labels = train.logits[idx], np.asarray(train.labels)[idx]
+        if self.procedure == "exact":
+            self.temperature_ = fit_temperature(logits, labels)
+        else:
+            self.temperature_ = fit_temperature_lbfgs(logits, labels, FITS[self.procedure])
+        self.resolved_ = {"temperature": self.temperature_}
+
+    def _score(self, x: FeatureSet) -> np.ndarray:
+        return MSP(temperature=self.temperature_, compute_dtype=self.compute_dtype, device=self.device).fit()._score(x)
+
+
+def weibull_mle(x: np.ndarray, mask: np.ndarray | None = None, steps: int = 120) -> tuple[np.ndarray, np.ndarray]:
+    """Maximum-likelihood two-parameter Weibull fits (location 0) of each row of ``x`` (K, T) > 0 at
+    once, over the entries where ``mask`` is True: (shape c, scale). The likelihood's stationary
+    point in c is the one root of g(c) = sum w t / sum w - 1/c - mean t, w = exp(c t), t = log x -
+    max log x (g rises from -inf to -mean t > 0), found by bisection on log c over [1e-6, 1e16]
+    (``steps`` halvings reach float64 resolution); scale = (mean x^c)^(1/c), summed about max x.
+    t is log1p((x - max x) / max x), so tails shifted far from 0 (libmr's +10000) keep their
+    spread. Rows with one distinct value have no finite maximum (shape inf, scale that value)."""
+    x = np.asarray(x, dtype=np.float64)
+    mask = np.ones(x.shape, bool) if mask is None else mask
+    top = np.where(mask, x, -np.inf).max(1, keepdims=True)
+    t = np.where(mask, np.log1p((np.where(mask, x, top) - top) / top), 0.0)
+    count = mask.sum(1)
+    mean_t = t.sum(1) / count
+    lo, hi = np.full(len(x), np.log(1e-6)), np.full(len(x), np.log(1e16))
+    for _ in range(steps):
+        mid = (lo + hi) / 2
+        c = np.exp(mid)[:, None]
+        w = np.where(mask, np.exp(c * t), 0.0)
+        g = (w * t).sum(1) / w.sum(1) - 1 / c[:, 0] - mean_t
+        up = g > 0
+        hi, lo = np.where(up, mid, hi), np.where(up, lo, mid)
+    shape = np.exp((lo + hi) / 2)
+    scale = top[:, 0] * np.exp(np.log((np.where(mask, np.exp(shape[:, None] * t), 0.0)).sum(1) / count) / shape)
+    flat = np.where(mask, t, -np.inf).min(1) == 0  # one distinct value
+    return np.where(flat, np.inf, shape), np.where(flat, top[:, 0], scale)
+
+
+def _distances(f: np.ndarray, means: np.ndarray, kind: str, eu_weight: float) -> np.ndarray:
+    """Distances of logit rows f (N, C) to the class means (MAVs) ``means`` (N, A, C), one set of
+    A means per row, float64: "euclidean", "cosine" (1 - cos) or "eucos" (eu_weight * euclidean
+    + cosine, the OSDN release's combination)."""
+    f = as64(f)[:, None, :]
+    eu = np.sqrt(np.einsum("nac,nac->na", f - means, f - means))
+    if kind == "euclidean":
+        return eu
+    norms = np.linalg.norm(f, axis=2) * np.linalg.norm(means, axis=2)
+    dots = np.einsum("nac,nac->na", np.broadcast_to(f, means.shape), means)
+    cos = 1.0 - np.divide(dots, norms, out=np.zeros(norms.shape), where=norms > 0)
+    return cos if kind == "cosine" else eu_weight * eu + cos
+
+
+def _top_classes(f: np.ndarray, alpha: int) -> np.ndarray:
+    """The ``alpha`` largest entries' columns of each row, largest first, ties to the lower column
+    (as a stable argsort of -f): a linear-time partition, and the full sort only for rows where
+    the alpha-th value is tied with one outside."""
+    if alpha >= f.shape[1]:
+        return np.argsort(-f, axis=1, kind="stable")
+    part = np.argpartition(-f, alpha - 1, axis=1)[:, :alpha]
+    vals = np.take_along_axis(f, part, axis=1)
+    order = np.lexsort((part, -vals), axis=1)
+    top = np.take_along_axis(part, order, axis=1)
+    kth = np.take_along_axis(f, top[:, -1:], axis=1)
+    tied = (f >= kth).sum(1) > alpha
+    if tied.any():
+        top[tied] = np.argsort(-f[tied], axis=1, kind="stable")[:, :alpha]
+    return top
+
+
+@register("openmax", tags=("logit",))
+class OpenMax(PeerMethod):
+    """OpenMax: Weibull-recalibrated logits with an "unknown" class (Bendale & Boult, CVPR 2016).
+
+    Fit: per class k, the mean logit vector (MAV) m_k of the ID-train rows labelled k (and, with
+    ``correct_only``, predicted k) and a Weibull fit of the ``tailsize`` largest distances
+    d(f, m_k) of those rows, libmr-style: the tail is shifted by 10000 - its minimum and a
+    two-parameter Weibull (location 0) is fitted by maximum likelihood (:func:`weibull_mle`, every
+    class at once; scipy's ``weibull_min.fit`` finds the same maximum, no native libmr). Score: the
+    ``alpha`` top classes of f get weights w_r = (alpha + 1 - r) / alpha (rank r = 1..alpha), every
+    other class 0; with c_k = WeibullCDF_k(d(f, m_k)), v_k = f_k (1 - w_k c_k) and v_0 = sum_k
+    f_k w_k c_k; P = softmax(v_0, v_1..v_K) (only the alpha top classes' distances and CDFs are
+    formed: the others have w_k = 0). ``readout`` "unknown" (default): s = -log P_0 (the score of
+    both releases, -P_0: OpenOOD v1.5 ``openmax_postprocessor.py`` returns conf = -P(unknown),
+    pytorch-ood P(unknown) as its outlier score; here in the log domain, so it keeps its resolution
+    where P_0 is tiny); "max": s = log max_j P_j over all K + 1 entries (neither release's; it counts
+    a confident "unknown" as ID).
+    Defaults are OpenOOD v1.5's (``openmax_postprocessor.py``: tail 20, alpha 3, Euclidean,
+    correctly classified rows; its ``openmax.yml`` sets none of them): the paper's release has
+    tail 20, alpha 10, "eucos" with eu_weight 1/200; pytorch-ood 0.4's ``OpenMax``: tail 25,
+    alpha 10, Euclidean (``euclid_weight`` 1.0), all labelled
+    rows. A class whose fit set is empty has no model and gets c_k = 1.
+    """
+
+    needs = ("logits",)
+    fit_needs = ("logits", "labels")
+
+    constraints = {"tailsize": Interval(Integral, 2, None), "alpha": Interval(Integral, 1, None), "distance": Options("euclidean", "cosine", "eucos"), "eu_weight": Interval(Real, 0, None), "correct_only": BOOLEAN, "readout": Options("unknown", "max")}
+
+    def __init__(
+        self,
+        tailsize: int = 20,
+        alpha: int = 3,
+        distance: str = "euclidean",
+        eu_weight: float = 0.005,
+        correct_only: bool = True,
+        readout: str = "unknown",
+    ) -> None:
+        self.tailsize = tailsize
+        self.alpha = alpha
+        self.distance = distance
+        self.eu_weight = eu_weight
+        self.correct_only = correct_only
+        self.readout = readout
+
+    def _fit(self, train: FeatureSet) -> None:
+        y = np.asarray(train.labels)
+        c = train.logits.shape[1]
+        pred = np.concatenate([np.asarray(train.logits[sl]).argmax(1) for sl in chunks(len(y), c)])
+        fit_y = np.where((y >= 0) & (pred == y), y, -1) if self.correct_only else np.where(y >= 0, y, -1)
+        have = np.unique(fit_y[fit_y >= 0])
+        if have.size == 0:
+            raise InputError("openmax found no (correctly classified) labelled ID-train rows to fit")
+        self.means_ = np.zeros((c, c))
+        self.means_[have] = class_means(train.logits, fit_y, have)[0]
+        rows = np.flatnonzero(fit_y >= 0)
+        dist = np.concatenate([_distances(train.logits[r], self.means_[fit_y[r]][:, None, :], self.distance, self.eu_weight)[:, 0] for r in np.array_split(rows, max(1, len(rows) * c // 4_000_000))])
+        # the tailsize largest distances of each class: sorted by (class, distance), each class's last ones
+        order = np.lexsort((dist, fit_y[rows]))
+        cls, dist = fit_y[rows][order], dist[order]
+        end = np.searchsorted(cls, have, side="right")
+        count = np.minimum(end - np.searchsorted(cls, have), int(self.tailsize))
+        width = int(count.max())
+        pos = end[:, None] - width + np.arange(width)[None, :]
+        mask = np.arange(width)[None, :] >= (width - count)[:, None]
+        tail = np.where(mask, dist[np.clip(pos, 0, len(dist) - 1)], np.inf)
+        shift = WEIBULL_TRANSLATION - tail.min(1)
+        shape, scale = weibull_mle(np.where(mask, tail + shift[:, None], 1.0), mask)
+        self.weibull_ = np.full((c, 3), np.nan)  # shape, scale, shift per class
+        self.weibull_[have] = np.stack([shape, scale, shift], axis=1)
+
+    @staticmethod
+    def _cdf(d: np.ndarray, shape: np.ndarray, scale: np.ndarray, shift: np.ndarray) -> np.ndarray:
+        """WeibullCDF(d + shift) of each distance under its class's fit; 1 for a class without one."""
+        with np.errstate(over="ignore", invalid="ignore"):
+            cdf = -np.expm1(-(((d + shift) / scale) ** shape))
+        cdf = np.where(np.isinf(shape), ((d + shift) > scale).astype(float), cdf)
+        return np.where(np.isnan(shape), 1.0, cdf)
+
+    def _score(self, x: FeatureSet) -> np.ndarray:
+        alpha = min(int(self.alpha), x.logits.shape[1])
+        out = np.empty(len(x))
+        ranks = (alpha + 1 - np.arange(1, alpha + 1)) / alpha
+        for sl in chunks(len(x), x.logits.shape[1] * (alpha + 1)):
+            f = as64(x.logits[sl])
+            top = _top_classes(f, alpha)
+            ft = np.take_along_axis(f, top, axis=1)
+            shape, scale, shift = (p[top] for p in self.weibull_.T)
+            wc = ranks * self._cdf(_distances(f, self.means_[top], self.distance, self.eu_weight), shape, scale, shift)
+            v0 = (ft * wc).sum(1)
+            np.put_along_axis(f, top, ft * (1 - wc), axis=1)
+            m = np.maximum(f.max(1), v0)
+            lse = m + np.log(np.exp(f - m[:, None]).sum(1) + np.exp(v0 - m))
+            out[sl] = lse - v0 if self.readout == "unknown" else np.maximum(f.max(1), v0) - lse
+        return out
 
 
 @register("webo", tags=("logit", "since-paper"))
