@@ -105,9 +105,9 @@ def default_hyperparameters(train) -> dict:
 def score_features(train, nac_fit, test, oods, hyperparameters: dict | None = None, names: list[str] | None = None,
                    ) -> tuple[dict, dict]:
     """Paper detectors (default: all 21) on the golden features through the grid's own seam
-    (:func:`oodeval.scoring.evaluate_detectors`): ({detector|ood: {column: value}}, {detector|set: scores})."""
+    (:func:`oodeval.evaluation.evaluate_detectors`): ({detector|ood: {column: value}}, {detector|set: scores})."""
     from oodeval import detectors
-    from oodeval.scoring import evaluate_detectors
+    from oodeval.evaluation import evaluate_detectors
 
     hp = default_hyperparameters(train)
     for name, values in (hyperparameters or {}).items():
@@ -277,7 +277,7 @@ def demo_rescored(out: Path, hyperparameters: dict) -> dict:
     from oodeval.demo.run import OOD_LABELS
     from oodeval.demo.data import SET_NAMES
     from oodeval.features import FeatureSet
-    from oodeval.scoring import evaluate_detectors
+    from oodeval.evaluation import evaluate_detectors
 
     entries = {json.loads((p / "meta.json").read_text())["dataset"]: p for p in (out / "store").glob("*/*")
                if (p / "meta.json").is_file() and ".nac-fit-" not in p.name}

@@ -20,7 +20,7 @@ from oodeval.features import FeatureSet
 from oodeval.features.extract import extract
 from oodeval.features.taps import nac_plan
 from oodeval.results import load_results, save_results
-from oodeval.scoring import evaluate_detectors
+from oodeval.evaluation import evaluate_detectors
 
 TINY = {"num_classes": 3, "pretrained_cfg_overlay": {"input_size": (3, 32, 32)}}
 #: one randomly initialised tiny timm model per family we can build cheaply

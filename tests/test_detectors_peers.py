@@ -351,7 +351,7 @@ def test_peer_names_resolve_to_ours_and_say_so(problem, caplog, monkeypatch):
                 "RMD": "relative_mahalanobis", "ViM": "vim", "KNN": "knn", "GMM": "class_gmm"}  # fmt: skip
     for peer, ours in expected.items():
         assert detectors.canonical(peer) == ours
-    from oodeval.scoring import evaluate_detectors
+    from oodeval.evaluation import evaluate_detectors
 
     rows = evaluate_detectors(train, x, {"x": x}, ["ebo", "MaxLogit"], {"ebo": {"temperature": 2.0}}, progress=False)
     assert [r["detector"] for r in rows] == ["energy", "maxlogit"]  # the rows record oodeval's names

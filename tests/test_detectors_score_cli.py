@@ -1,4 +1,4 @@
-"""``oodeval score`` and ``oodeval.scoring.evaluate_detectors`` on FeatureSets written by the test."""
+"""``oodeval score`` and ``oodeval.evaluation.evaluate_detectors`` on FeatureSets written by the test."""
 
 import numpy as np
 import pandas as pd
@@ -9,7 +9,7 @@ from oodeval.cli import main
 from oodeval.detectors._synthetic import synthetic_problem
 from oodeval.features import FeatureSet
 from oodeval.metrics import auroc, fpr_at_tpr
-from oodeval.scoring import evaluate_detectors, parse_hyperparameters
+from oodeval.evaluation import evaluate_detectors, parse_hyperparameters
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 from scipy.special import softmax
 
-from oodeval import cli, scoring
+from oodeval import cli, evaluation
 from oodeval.experiment import run_experiment, runner
 from oodeval.features import FeatureSet
 from oodeval.metrics import all_metrics, augrc, aurc
@@ -137,7 +137,7 @@ def test_rerun_retries_failures_and_adds_only_new_cells(grid):
 def test_interrupted_run_loses_only_the_cell_in_flight(tmp_path, monkeypatch):
     paths = make_sets(tmp_path)
     cfg = config(tmp_path, paths, detectors=["msp", "energy"])
-    real = scoring.cell_metrics
+    real = evaluation.cell_metrics
     calls = {"n": 0}
 
     def flaky(*args, **kwargs):
@@ -146,12 +146,12 @@ def test_interrupted_run_loses_only_the_cell_in_flight(tmp_path, monkeypatch):
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(scoring, "cell_metrics", flaky)
+    monkeypatch.setattr(evaluation, "cell_metrics", flaky)
     with pytest.raises(KeyboardInterrupt):
         run_experiment(cfg, progress=False)
     df = load_results(cfg["results"])
     assert len(df) == 5 and (df["status"] == "ok").all()
-    monkeypatch.setattr(scoring, "cell_metrics", real)
+    monkeypatch.setattr(evaluation, "cell_metrics", real)
     resumed = run_experiment(cfg, progress=False)
     assert resumed.skipped == 5 and resumed.computed == resumed.total - 5 == 11
 

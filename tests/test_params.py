@@ -131,7 +131,7 @@ def test_experiment_device_values_are_checked_and_detector_device_is_read(tmp_pa
 def test_detector_device_reaches_the_detectors_and_an_explicit_device_wins(tmp_path):
     from dataclasses import replace
 
-    from oodeval.scorer import RunSets, build_scorer
+    from oodeval.scorer_factory import RunSets, build_scorer
 
     exp = tmp_path / "exp.toml"
     exp.write_text(EXPERIMENT.format(top='device = "cpu"', k=5, dtype="float64", device="cpu"))
@@ -189,11 +189,11 @@ def feature_sets(tmp_path):
 
 
 def test_score_set_refuses_bad_values_before_scoring(feature_sets, capsys, monkeypatch):
-    from oodeval import scoring
+    from oodeval import evaluation
 
     scored: list = []
-    real = scoring.fit_score_evaluate
-    monkeypatch.setattr(scoring, "fit_score_evaluate", lambda *a, **k: scored.append(a) or real(*a, **k))
+    real = evaluation.fit_score_evaluate
+    monkeypatch.setattr(evaluation, "fit_score_evaluate", lambda *a, **k: scored.append(a) or real(*a, **k))
     base = ["score", "--train", feature_sets["train"], "--test", feature_sets["test"], "--ood", f"far={feature_sets['ood']}",
             "--detectors", "knn,msp", "--draws", "0", "--no-progress"]  # fmt: skip
     assert cli.main([*base, "--set", "knn.k=-5", "--set", "msp.precision=float64"]) == 2

@@ -1,5 +1,5 @@
 """A detector from a plugin module declares a backbone default and a view, and every command
-honours both through the one seam (oodeval.scorer.build_scorer): ``score`` (CSV and Parquet),
+honours both through the one seam (oodeval.scorer_factory.build_scorer): ``score`` (CSV and Parquet),
 ``run`` (the grid and its validation search) and ``cnc evaluate``, with no other file changed."""
 
 from __future__ import annotations

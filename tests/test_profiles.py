@@ -20,8 +20,8 @@ from oodeval.detectors import profiles
 from oodeval.detectors._synthetic import synthetic_problem
 from oodeval.errors import InputError
 from oodeval.features import FeatureSet
-from oodeval.scorer import RunSets, build_scorer
-from oodeval.scoring import with_profiles
+from oodeval.scorer_factory import RunSets, build_scorer
+from oodeval.evaluation import with_profiles
 
 SAME = 1 - 1e-6
 

@@ -1,4 +1,4 @@
-"""The seam (oodeval.scorer.build_scorer) resolves fitting rows, backbone defaults and the seed from
+"""The seam (oodeval.scorer_factory.build_scorer) resolves fitting rows, backbone defaults and the seed from
 what a detector's class declares; one row definition (oodeval.results.result_row) refuses other columns."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from oodeval.errors import StateError
 from oodeval.features import FeatureSet
 from oodeval.results import CellKey, result_row
-from oodeval.scorer import RunSets, build_scorer
+from oodeval.scorer_factory import RunSets, build_scorer
 
 
 def _tapped(n: int, model: str | None, seed: int, taps: tuple[str, ...] = ("layer3",)) -> FeatureSet:

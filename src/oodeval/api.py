@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from ._extras import needs
 from .errors import InputError
 from .features import FeatureSet
-from .scoring import evaluate_detectors, failures
+from .evaluation import evaluate_detectors, failures
 
 if TYPE_CHECKING:
     import pandas as pd

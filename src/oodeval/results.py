@@ -26,7 +26,7 @@ features came from random weights (``pretrained = false``, or a FeatureSet whose
 ``score --out X.parquet``, ``cnc evaluate --results``) and the score table's (``oodeval score``'s
 rows and CSV, ``oodeval.evaluate``'s DataFrame, :data:`SCORE_COLUMNS`: the same columns without the
 key's model, weights, split and seed, the OOD set named ``ood``) are built by it from a cell of
-:func:`oodeval.scoring.fit_score_evaluate` and the :class:`oodeval.scorer.Scorer` that made it.
+:func:`oodeval.evaluation.fit_score_evaluate` and the :class:`oodeval.scorer_factory.Scorer` that made it.
 
 On disk a table is a Parquet dataset of parts: the main file at the table's path plus the
 part files under ``<stem>.parts/`` beside it. Each writer (one detector fit of the in-process
@@ -159,8 +159,8 @@ def result_row(cell: Mapping, scorer=None, key: CellKey | None = None, *, resolv
     seed) or of the score table (no ``key``: detector and ood first, :data:`SCORE_COLUMNS`, then
     the rest of ``cell``).
 
-    ``cell`` is a row of :func:`oodeval.scoring.fit_score_evaluate` (or ``{"status": "error",
-    "error": ...}``). ``scorer`` (the :class:`oodeval.scorer.Scorer` that made it; None where none
+    ``cell`` is a row of :func:`oodeval.evaluation.fit_score_evaluate` (or ``{"status": "error",
+    "error": ...}``). ``scorer`` (the :class:`oodeval.scorer_factory.Scorer` that made it; None where none
     was built) gives the ``backbone``, the explicit ``hyperparameters`` (JSON; a results row takes
     its key's, which also name a vocabulary or a search) and, with ``resolved``,
     ``hyperparameters_resolved``: every hyperparameter it ran with. ``columns`` are further columns

@@ -10,7 +10,7 @@ tables state it). Only like runs are averaged: :func:`comparable` refuses runs w
 (seed aside), data, device, precision or epochs reached differ, and :func:`check_finished` an
 unfinished run.
 
-Every detector is built by :func:`oodeval.scorer.build_scorer`, as in ``oodeval score`` and the
+Every detector is built by :func:`oodeval.scorer_factory.build_scorer`, as in ``oodeval score`` and the
 grid: its backbone defaults and its view come from its class. On a CnC FeatureSet
 (``meta["outlier_class"] = K``) a detector that declares it reads the outlier class (the CnC
 detector) sees all K+1 logits; every other one sees the K-way classifier (:func:`id_view`, from
@@ -32,7 +32,7 @@ from ..features.views import id_view
 from ..features.views import num_id_classes as _num_id_classes
 from ..metrics import accuracy, all_metrics
 from ..results import result_row
-from ..scorer import RunSets, build_scorer
+from ..scorer_factory import RunSets, build_scorer
 from ..stats import mean_std
 
 __all__ = [
@@ -128,13 +128,13 @@ def evaluate_run(
     ``detectors``: names, or {label: {"name": registry name, **hyperparameters}}; default: every
     registered detector that declares it reads the outlier class (the CnC detector). ``train``: the
     ID-train FeatureSet for detectors that fit. ``groups``: {group: set names} (e.g. near/far).
-    Each detector is built by :func:`oodeval.scorer.build_scorer` and runs through
-    :func:`oodeval.scoring.fit_score_evaluate`; a failure is a ValueError naming the detector.
+    Each detector is built by :func:`oodeval.scorer_factory.build_scorer` and runs through
+    :func:`oodeval.evaluation.fit_score_evaluate`; a failure is a ValueError naming the detector.
     ``rows_out`` (a list) receives its rows (:func:`oodeval.results.result_row`, keyed by OOD set
     as ``ood``), one per OOD set, with the detector's label, registry name, backbone, explicit and
     resolved hyperparameters, and ``draws`` bootstrap bounds seeded by ``seed``.
     """
-    from ..scoring import fit_score_evaluate
+    from ..evaluation import fit_score_evaluate
 
     if id_test.labels is None or not (np.asarray(id_test.labels) >= 0).any():
         raise InputError("the ID test FeatureSet needs class labels for ID accuracy")

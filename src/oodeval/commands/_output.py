@@ -1,7 +1,7 @@
 """``--format table|csv|json``: how a command writes its result rows to stdout (one spelling for
 ``evaluate``, ``score``, ``metrics`` and ``run``).
 
-``table`` is the text table of :func:`oodeval.scoring.format_table`; ``csv`` and ``json`` are the
+``table`` is the text table of :func:`oodeval.evaluation.format_table`; ``csv`` and ``json`` are the
 rows themselves (fractions; a missing value is an empty CSV field or JSON ``null``), so the output
 pipes into pandas, ``jq`` or a spreadsheet. With csv/json everything else a command prints goes
 to stderr, keeping stdout parseable.
@@ -15,7 +15,7 @@ import sys
 from typing import TextIO
 
 from ..errors import InputError
-from ..scoring import format_table
+from ..evaluation import format_table
 
 __all__ = ["FORMATS", "add_format", "info", "write_rows"]
 
@@ -45,7 +45,7 @@ def _plain(value: object) -> object:
 
 
 def write_rows(rows: list[dict], fmt: str, convention: str = "paper", stream: TextIO | None = None) -> None:
-    """``rows`` to ``stream`` (default stdout) as ``fmt``; a table by :func:`oodeval.scoring.format_table`."""
+    """``rows`` to ``stream`` (default stdout) as ``fmt``; a table by :func:`oodeval.evaluation.format_table`."""
     import pandas as pd
 
 

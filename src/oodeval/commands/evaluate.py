@@ -14,7 +14,7 @@ from .._io import check_output
 from ..errors import InputError
 from ..features import FeatureSet
 from ..features.names import parse_model_name
-from ..scoring import check_request, evaluate_detectors, parse_hyperparameters, with_profiles
+from ..evaluation import check_request, evaluate_detectors, parse_hyperparameters, with_profiles
 from ._options import (
     NameList,
     add_convention,

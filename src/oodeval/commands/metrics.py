@@ -118,7 +118,7 @@ def check_draws(draws: int) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..scoring import cell_metrics, selective_cell_metrics
+    from ..evaluation import cell_metrics, selective_cell_metrics
 
     if str(args.id_scores) == "-" == str(args.ood_scores):
         raise InputError("only one of the two score files can be - (stdin)")

@@ -14,7 +14,7 @@ from ..errors import InputError
 from ..experiment import run_experiment
 from ..features import FeatureSet
 from ..results import ALL_SPLIT, hp_json, load_results
-from ..scoring import check_request, evaluate_detectors, failures, parse_hyperparameters, supported_names, with_profiles
+from ..evaluation import check_request, evaluate_detectors, failures, parse_hyperparameters, supported_names, with_profiles
 from ._options import NameList, add_convention, add_defaults, add_detectors, add_out, add_progress
 from ._output import add_format, info, write_rows
 
@@ -87,7 +87,7 @@ def parse_names(value: list[str] | None, canonical_names: bool = True) -> list[s
     """``--detectors`` names (:class:`~oodeval.commands._options.NameList`) as oodeval's own (a peer's
     alias resolved, a ``module:Class`` one registered: :func:`oodeval.detectors.registry_name`); None:
     every supported detector. ``canonical_names=False`` keeps a peer's name as given (its profile
-    is resolved from it: :func:`oodeval.scoring.with_profiles`)."""
+    is resolved from it: :func:`oodeval.evaluation.with_profiles`)."""
     if not value:
         return None
     return [canonical(registry_name(n)) if canonical_names else registry_name(n) for n in value]

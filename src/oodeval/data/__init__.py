@@ -7,7 +7,7 @@ The data root is ``--data-root DIR`` or ``$OODEVAL_DATA``.
 
 from .images import ImageError, open_image, read_idx
 from .manifest import IMAGE_EXTENSIONS, Manifest, list_images
-from .registry import REGISTRY, DatasetSpec, default_data_root, register_dataset, resolve, status
+from .datasets import REGISTRY, DatasetSpec, default_data_root, register_dataset, resolve, status
 
 __all__ = [
     "IMAGE_EXTENSIONS", "REGISTRY", "DatasetSpec", "ImageError", "Manifest", "default_data_root",

@@ -1,7 +1,7 @@
 """Official dataset downloads -> image folders + ``manifest.csv`` under the data root.
 
 ``convert(fmt, source, data_root)`` reads one dataset in the format its authors publish and writes
-``<data_root>/<name>/`` in the layout :mod:`oodeval.data.registry` documents for that name, plus a
+``<data_root>/<name>/`` in the layout :mod:`oodeval.data.datasets` documents for that name, plus a
 ``manifest.csv`` (path, label, split, class_name) that the registry reads first:
 
 - ``cifar10`` / ``cifar100``: the "python version" (``cifar-10-python.tar.gz`` or the extracted

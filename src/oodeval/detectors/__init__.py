@@ -7,7 +7,7 @@ order, ``names("paper21")`` the paper's 21, ``names("logit")`` one group; ``crea
 The defaults that depend on the backbone are declared by each class
 (:meth:`~oodeval.detectors.base.Detector.backbone_defaults`: NECO, ASH-S, NAC) and applied by
 ``defaults.resolve_defaults(name, featureset, overrides)``, through which every command builds a
-detector (:func:`oodeval.scorer.build_scorer`).
+detector (:func:`oodeval.scorer_factory.build_scorer`).
 """
 
 from __future__ import annotations

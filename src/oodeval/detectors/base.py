@@ -12,7 +12,7 @@ match the ID-train set ``fit`` saw (feature dimension, class count, head, extras
 ``constraints`` (:mod:`oodeval.params`) when it is built, by ``set_params`` and again by ``fit``.
 
 What is special about a detector is declared beside its class, and every command reads it from
-there (:mod:`oodeval.scorer`, docs/extending.md): ``backbone_defaults(backbone)`` (the releases'
+there (:mod:`oodeval.scorer_factory`, docs/extending.md): ``backbone_defaults(backbone)`` (the releases'
 per-backbone settings, each with its source, as timm keeps ``default_cfgs`` beside each model),
 ``reads_outlier_class`` (the view: a K+1 model's outlier class is hidden from every other
 detector, :func:`oodeval.features.views.id_view`) and ``fits_on`` (rows of its own to fit on,

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from .._extras import optional
 from ..data import resolve
-from ..data.registry import REGISTRY
+from ..data.datasets import REGISTRY
 from ..features.names import parse_model_name
 from .config import ExperimentConfig, ModelSpec
 from .zeroshot import gl_mcm_taus

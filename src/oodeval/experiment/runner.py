@@ -2,12 +2,12 @@
 
 For every model run (a model with one weights file; per-seed weights make one run per seed):
 FeatureSets come from the store (``oodeval.features.extract``, cached) or from precomputed folders;
-each detector configuration is built by ``oodeval.scorer.build_scorer`` (the seam of ``oodeval
+each detector configuration is built by ``oodeval.scorer_factory.build_scorer`` (the seam of ``oodeval
 score`` and ``cnc evaluate`` too: backbone defaults, fitting rows, seed and view, as the detector's
-class declares them) and goes through ``oodeval.scoring.fit_score_evaluate``: fitted ONCE on its
+class declares them) and goes through ``oodeval.evaluation.fit_score_evaluate``: fitted ONCE on its
 fitting rows (once per seed only for seeded detectors when ``seed_detectors = true``), ID-test and
 every OOD set scored once, each
-(dataset, split, seed) cell evaluated with ``oodeval.scoring.cell_metrics`` (percentile 95% CIs
+(dataset, split, seed) cell evaluated with ``oodeval.evaluation.cell_metrics`` (percentile 95% CIs
 seeded by the cell's seed). The cells of each detector fit are
 added to the table as one results part (``oodeval.results.write_part``; also when interrupted),
 and the parts are folded into the main file once at the end, so the table is never rewritten
@@ -50,8 +50,8 @@ from ..results import (
     result_row,
     write_part,
 )
-from ..scorer import RunSets, Scorer, build_scorer
-from ..scoring import fit_score_evaluate
+from ..scorer_factory import RunSets, Scorer, build_scorer
+from ..evaluation import fit_score_evaluate
 from .config import DetectorSpec, ExperimentConfig, ExperimentDataset, ModelSpec
 from .validation import choose_on_validation
 from .zeroshot import (
@@ -275,7 +275,7 @@ def _split_masks(values: np.ndarray | None, column: str | None) -> dict[str, np.
 
 # ---------------------------------------------------------------------------- scorers
 def _run_sets(run: _Run, cfg: ExperimentConfig) -> RunSets:
-    """The FeatureSets a scorer of ``run`` is built from (:func:`oodeval.scorer.build_scorer`): ID
+    """The FeatureSets a scorer of ``run`` is built from (:func:`oodeval.scorer_factory.build_scorer`): ID
     train and test, and the tapped fitting rows, extracted on demand where the ID-train set holds
     no taps of its own (:func:`_taps_fit_rows`)."""
     train = run.feats.get("id_train")

@@ -1,10 +1,10 @@
 """The opt-in hyperparameter search of a detector on validation data, never on a test set.
 
 A detector entry with ``search = { k = [10, 50, 1000] }`` is built once per candidate (the grid's
-product) by the grid's seam (``oodeval.scorer.build_scorer``: the candidate's backbone defaults,
+product) by the grid's seam (``oodeval.scorer_factory.build_scorer``: the candidate's backbone defaults,
 fitting rows and view, as on the test sets), fitted on its fitting rows and scored on
 ``[selection]``'s ``validation_id`` split and ``validation_ood`` set
-(``oodeval.scoring.fit_score_evaluate``, the loop of every command); the candidate with the lowest
+(``oodeval.evaluation.fit_score_evaluate``, the loop of every command); the candidate with the lowest
 FPR@95 wins (ties: the higher AUROC, then the earlier candidate in grid order). Only the winner is
 evaluated on the test sets, and every one of its result rows records the choice (column
 ``selection``). This is the role of OpenOOD's APS mode and pytorch-ood's grid search, restricted to
@@ -17,8 +17,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from itertools import product
 
-from ..scorer import Scorer
-from ..scoring import fit_score_evaluate
+from ..scorer_factory import Scorer
+from ..evaluation import fit_score_evaluate
 
 __all__ = ["choose_on_validation", "VALIDATION_ROLES"]
 

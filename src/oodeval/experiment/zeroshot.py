@@ -23,7 +23,7 @@ from ..data import resolve
 from ..errors import InputError
 from ..features import FeatureSet
 from ..features.stream import iter_chunks
-from ..scorer import RunSets, build_scorer
+from ..scorer_factory import RunSets, build_scorer
 from ..zeroshot.build import prompt_names, read_id_names
 from ..zeroshot.models import load_clip
 from ..zeroshot.scorers import create_scorer, scorer_names
@@ -228,7 +228,7 @@ def build_context(model: ModelSpec, weights: str | None, cfg: ExperimentConfig, 
 
 def zeroshot_scores(spec: DetectorSpec, hp: dict, fs: FeatureSet, context: dict) -> np.ndarray:
     """Scores of zero-shot scorer ``spec`` on image embeddings ``fs``, streamed from the store in
-    chunks and l2-normalised chunk by chunk (the zero-shot :class:`oodeval.scorer.Scorer`)."""
+    chunks and l2-normalised chunk by chunk (the zero-shot :class:`oodeval.scorer_factory.Scorer`)."""
     return build_scorer(spec.name, hp, RunSets(None, fs), kind="zero-shot", context=context, vocabulary=spec.vocabulary).score(fs)
 
 

@@ -161,7 +161,7 @@ class AdaNeg(ZeroShotScorer):
     time, from an empty memory (state lives only inside the call). The ID:OOD stream of the paper's
     protocol is built by :func:`oodeval.zeroshot.testtime.score_pair`; ``id_share`` (None: the ID
     and OOD sets whole) is that protocol's ID:OOD mix where a grid runs the scorer
-    (:meth:`oodeval.scorer.Scorer.score_pair`; ``score`` itself takes the rows it is given).
+    (:meth:`oodeval.scorer_factory.Scorer.score_pair`; ``score`` itself takes the rows it is given).
     """
 
     label = "AdaNeg"

@@ -1,7 +1,7 @@
 """From a detector spec and the FeatureSets of a run to a ready scorer: the one seam of every command.
 
 :func:`build_scorer` is how ``oodeval score`` and ``oodeval.evaluate``
-(:func:`oodeval.scoring.evaluate_detectors`), the experiment grid and its validation search
+(:func:`oodeval.evaluation.evaluate_detectors`), the experiment grid and its validation search
 (:mod:`oodeval.experiment`) and ``oodeval cnc evaluate`` turn a detector spec (a registry name, the
 explicit hyperparameters, the cell's seed) and the FeatureSets of a run (:class:`RunSets`) into a
 :class:`Scorer` (``fit(train)`` / ``score(fs)``). For a post-hoc detector it resolves, in this order:

@@ -4,7 +4,7 @@
 ``oodeval cnc evaluate``: one fit per detector on its fitting rows, one score pass over the
 ID-test set and each OOD set, metrics and bootstrap CIs from :func:`cell_metrics` (fractions; ID
 positive, higher score = ID), failures as error rows. The detector it runs is built by the seam
-:func:`oodeval.scorer.build_scorer` (backbone defaults, fitting rows, seed, view); the rows of
+:func:`oodeval.scorer_factory.build_scorer` (backbone defaults, fitting rows, seed, view); the rows of
 :func:`evaluate_detectors` by :func:`oodeval.results.result_row`.
 """
 
@@ -22,7 +22,7 @@ from .metrics import all_metrics, fpr95_columns, full_spectrum_metrics, selectiv
 from .params import check_hyperparameters, refuse
 from .results import ALL_SPLIT, BOOTSTRAPPED, result_row
 from .detectors import profiles
-from .scorer import RunSets, build_scorer
+from .scorer_factory import RunSets, build_scorer
 from .stats import bootstrap, bootstrap_selective, confidence_interval
 
 __all__ = ["check_request", "with_profiles", "evaluate_detectors", "supported_names", "parse_hyperparameters", "format_table", "failures",
@@ -119,7 +119,7 @@ def evaluate_detectors(
     explicit hyperparameters and every hyperparameter the detector ran with (``hyperparameters`` /
     ``hyperparameters_resolved``, JSON, as in a results table); with ``draws`` > 0 also the
     bootstrap bounds of :func:`cell_metrics` (seeded by ``seed``) and ``ci_resamples``. Each
-    detector is built by :func:`oodeval.scorer.build_scorer` and runs through :func:`fit_score_evaluate`.
+    detector is built by :func:`oodeval.scorer_factory.build_scorer` and runs through :func:`fit_score_evaluate`.
 
     ``names`` defaults to every detector the FeatureSets support (:func:`detectors.supported`,
     checked against the test and every OOD set). A detector that fails (its fit, the ID-test set
