@@ -366,6 +366,7 @@ class LTS(PeerMethod):
             s2 = np.partition(z, d - k, axis=1)[:, d - k :].sum(1)
             s = np.square(np.divide(z.sum(1), s2, out=np.ones(len(z)), where=s2 > 0))
             out[sl] = logsumexp_rows(as64(x.logits[sl]) * s[:, None])
+        return out
 
 
 @register("optfs", tags=("activation", "since-paper"))

@@ -303,6 +303,7 @@ class SHE(PeerMethod):
                 out[sl] = -np.linalg.norm(z - s, axis=1)
             else:
                 out[sl] = np.einsum("ij,ij->i", l2_normalise(z), l2_normalise(s))
+        return out
 
 
 #: the kernel PCA release's explained-variance ratio per kernel (run_detection.sh, ImageNet ResNet-50,
