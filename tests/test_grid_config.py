@@ -128,7 +128,7 @@ def test_a_model_without_a_weights_choice_is_refused_with_the_hint(tmp_path):
 @pytest.mark.parametrize(
     "zeroshot, message",
     [
-        ('[[zeroshot]]\nname = "mcm"\nvocabulary = "v.txt"\n', "'mcm' takes no vocabulary; only neglabel, eoe do"),
+        ('[[zeroshot]]\nname = "mcm"\nvocabulary = "v.txt"\n', "'mcm' takes no vocabulary; only neglabel, eoe, csp, adaneg do"),
         ('[[zeroshot]]\nname = "neglabel"\n', "'neglabel' needs a `vocabulary`"),
         ('[[zeroshot]]\nname = "eoe"\n', "'eoe' needs a `vocabulary`"),
     ],

@@ -22,19 +22,22 @@ PAPER21 = [
 #: the methods that need the network (detectors.network)
 NETWORK = ["odin", "mahalanobis_ensemble", "gram", "rankfeat", "mc_dropout"]
 PEERS = [
-    "ash_b", "ash_p", "vra", "lts", "she", "residual", "relation", "nci", "gradnorm", "grad_uncertainty",
-    "entropy", "temperature_scaling", "openmax", "gmm", "class_gmm",
+    "ash_b", "ash_p", "vra", "lts", "she", "gmm", "class_gmm", "residual", "relation", "nci", "gradnorm", "grad_uncertainty",
+    "entropy", "temperature_scaling", "openmax",
 ]  # fmt: skip
+#: the methods since the paper (issue 42), each at the end of its family's module
+SINCE_PAPER = ["optfs", "webo", "pnml", "cfood", "kpca"]
 
 
 def test_names_come_from_tags_and_order():
     assert detectors.names("paper21") == PAPER21  # the paper's order (Sec. 4.1), from `order=`
-    # the others in registration order: each family module's (activation, cnc, feature, hybrid, logit,
-    # mahalanobis, network) in turn, the peers' methods at the end of their family's module
+    # the others in registration order: each family module's in the order the modules are imported
+    # (activation, cnc, feature, mahalanobis, neighbours, hybrid, logit, network), the peers' methods
+    # and those since the paper at the end of their family's module
     rest = [n for n in detectors.names() if n not in PAPER21]
-    assert detectors.names()[:21] == PAPER21 and sorted(rest) == sorted(["cnc", *NETWORK, *PEERS])
+    assert detectors.names()[:21] == PAPER21 and sorted(rest) == sorted(["cnc", *NETWORK, *PEERS, *SINCE_PAPER])
     assert [n for n in rest if n in PEERS] == PEERS and [n for n in rest if n in NETWORK] == NETWORK
-    assert detectors.names("network") == NETWORK
+    assert detectors.names("network") == NETWORK and sorted(detectors.names("since-paper")) == sorted([*SINCE_PAPER, "mahalanobis_ensemble"])  # noise 0: MultiMahalanobis
     assert detectors.names("paper21", "logit") == ["msp", "maxlogit", "kl_matching", "energy", "gen"]
     assert detectors.names("paper21", "hybrid") == ["vim", "nnguide"]
     assert len(detectors.names("paper21", "feature")) == 10 and len(detectors.names("paper21", "activation")) == 4

@@ -77,11 +77,11 @@ def with_profiles(names: list[str] | None, hyperparameters: Mapping[str, Mapping
     each detector's defaults profile in its ``defaults`` key (left out for paper): its own
     ``defaults`` hyperparameter, else the peer's whose name it was given by (``ash``: openood,
     ``KNN``: pytorch-ood), else ``defaults`` (the run's, None: paper;
-    :func:`oodeval.detectors.profiles.resolve`)."""
+    :func:`oodeval.detectors.profiles.resolve_profile`)."""
     hps: dict[str, dict] = {}
     for raw, hp in (hyperparameters or {}).items():
         name = _canonical(detectors.registry_name(raw))
-        hps[name] = profiles.resolve(raw, defaults, {**hps.get(name, {}), **hp})[1]
+        hps[name] = profiles.resolve_profile(raw, defaults, {**hps.get(name, {}), **hp})[1]
     if names is None:
         return None, hps
     out = []
@@ -89,7 +89,7 @@ def with_profiles(names: list[str] | None, hyperparameters: Mapping[str, Mapping
         name = _canonical(detectors.registry_name(raw))
         out.append(name)
         if name in detectors.REGISTRY:
-            hps[name] = profiles.resolve(raw, defaults, hps.get(name))[1]
+            hps[name] = profiles.resolve_profile(raw, defaults, hps.get(name))[1]
     return out, {n: hp for n, hp in hps.items() if hp or n not in out}
 
 

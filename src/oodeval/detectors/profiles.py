@@ -7,7 +7,7 @@ each class's own defaults (the paper's, with the backbone's release defaults,
 :mod:`oodeval.detectors.defaults`); ``openood`` / ``pytorch-ood`` overlay the values of
 :data:`TABLE`; explicit hyperparameters override both. A peer's name for a detector (``ash``,
 ``KNN``, ``temp_scaling``: :mod:`oodeval.detectors.peer_names`) selects that peer's profile unless
-the detector is given a profile of its own (:func:`resolve`).
+the detector is given a profile of its own (:func:`resolve_profile`).
 
 :data:`TABLE` maps detector -> profile -> :class:`PeerEntry` (the values, each with its source,
 OpenOOD's ``postprocessor_sweep`` grid, a note), or None where the peer lacks the method; a
@@ -27,7 +27,7 @@ from ..errors import InputError
 from .base import Default
 
 __all__ = ["PROFILES", "PAPER", "KEY", "TABLE", "PeerEntry", "OPENOOD_COMMIT", "PYTORCH_OOD_VERSION", "check_profile",
-           "entry", "profile_defaults", "sweep_grid", "resolve", "split_profile", "peer_profile"]
+           "entry", "profile_defaults", "sweep_grid", "resolve_profile", "split_profile", "peer_profile"]
 
 PAPER, OPENOOD, PYTORCH_OOD = "paper", "openood", "pytorch-ood"
 #: the profiles, the first the default
@@ -180,7 +180,7 @@ def peer_profile(name: str) -> str | None:
     return _ALIAS_SOURCES.get(alias[1]) if alias is not None else None
 
 
-def resolve(name: str, defaults: str | None = None, hyperparameters: Mapping | None = None) -> tuple[str, dict]:
+def resolve_profile(name: str, defaults: str | None = None, hyperparameters: Mapping | None = None) -> tuple[str, dict]:
     """``(profile, hyperparameters)`` of a detector spec: the profile is the spec's own ``defaults``
     hyperparameter, else the peer's whose name ``name`` is, else ``defaults`` (the run's; None:
     paper); the hyperparameters are returned with ``defaults`` set to it (left out for paper unless

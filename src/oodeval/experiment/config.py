@@ -323,7 +323,7 @@ def _detector(entry: Any, where: str, known: set[str], base: Path, zeroshot: boo
         own = _typed(t, "defaults", str, where)
         own = own if own is not None else search if isinstance(search, str) and profiles.KEY not in hp else None
         try:
-            _, hp = profiles.resolve(given, profile, {**hp, **({profiles.KEY: own} if own is not None else {})})
+            _, hp = profiles.resolve_profile(given, profile, {**hp, **({profiles.KEY: own} if own is not None else {})})
             if isinstance(search, str):  # a profile's sweep grid (OpenOOD's APS lists)
                 search = profiles.sweep_grid(name, search)
         except InputError as exc:
