@@ -67,11 +67,13 @@ def test_float32_agrees_with_float64_on_real_conditioning(conditioned, name):
     assert abs(fast["auroc"] - ref["auroc"]) <= 0.001
 
 
-#: the methods without a float32 path that run on cached arrays: float64 whatever the input
 #: registered methods the conditioned problems cannot run: nac (per-layer states), cnc (a K + 1
 #: head) and those needing the network (their passes' arrays, tests/test_network_methods.py)
 NOT_ON_CONDITIONED = ["nac", "cnc", "odin", "mahalanobis_ensemble", "gram", "rankfeat", "mc_dropout"]
+#: the methods without a float32 path that run on cached arrays: float64 whatever the input
 FLOAT64_ONLY = [n for n in detectors.names() if n not in NOT_ON_CONDITIONED and "compute_dtype" not in detectors.create(n).get_params()]
+#: a smaller setting where the default's fit is large for a test (kernel PCA: 4096 random features)
+SMALL = {"kpca": {"n_features": 512}}
 
 
 @pytest.mark.parametrize("name", FLOAT64_ONLY)
@@ -85,8 +87,8 @@ def test_float64_methods_score_float32_inputs_as_their_float64_copies(conditione
         return FeatureSet(fs.features.astype(np.float64), labels=fs.labels, logits=None if fs.logits is None else fs.logits.astype(np.float64),
                           weight=None if fs.weight is None else fs.weight.astype(np.float64), bias=None if fs.bias is None else fs.bias.astype(np.float64))  # fmt: skip
 
-    det = detectors.create(name).fit(train)
-    wide = detectors.create(name).fit(widened(train))
+    det = detectors.create(name, **SMALL.get(name, {})).fit(train)
+    wide = detectors.create(name, **SMALL.get(name, {})).fit(widened(train))
     for fs in (test, ood):
         got = det.score(fs)
         assert np.isfinite(got).all()
@@ -109,7 +111,7 @@ def test_float64_since_paper_methods_hold_on_real_conditioning(conditioned, name
     from test_since_paper import _cfood_release, _kpca_release, _optfs_release
 
     kind, (train, test, ood) = conditioned
-    det = detectors.create(name, **({"n_features": 512} if name == "kpca" else {})).fit(train)
+    det = detectors.create(name, **SMALL.get(name, {})).fit(train)
     ours = np.concatenate([det.score(test), det.score(ood)])
     if name == "kpca":
         rows = np.concatenate([test.features, ood.features])

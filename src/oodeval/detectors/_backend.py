@@ -425,29 +425,28 @@ class _TorchCompute(Compute):
         return _torch().cat(parts, dim=axis)
 
 
-def _run_blocks(fn: Callable, arrays: tuple, starts: range, threads: int) -> list:
-    """[fn(block) for each block of rows beginning at ``starts``], on the calling thread and
-    ``threads - 1`` threads started here and joined before it returns, each taking the next
-    pending block; the first error stops the others taking more and is raised."""
-    parts: list = [None] * len(starts)
-    pending, lock, errors = iter(range(len(starts))), threading.Lock(), []
+def _pool(task: Callable[[int], None], n: int, threads: int, name: str, wrap=contextlib.nullcontext) -> None:
+    """``task(i)`` for i in 0..n-1, on the calling thread and ``threads - 1`` threads started here
+    (joined before it returns), each taking the next pending i inside ``wrap()``; the first error
+    stops the others taking more and is raised."""
+    pending, lock, errors = iter(range(n)), threading.Lock(), []
 
     def work() -> None:
-        with _scratch_scope():
+        with wrap():
             while True:
                 with lock:
                     i = next(pending, None)
                 if i is None:
                     return
                 try:
-                    parts[i] = fn(*(a[starts[i] : starts[i] + PARALLEL_ROWS] for a in arrays))
+                    task(i)
                 except BaseException as error:
                     with lock:
                         collections.deque(pending, maxlen=0)  # the other threads take no more
                         errors.append(error)
                     return
 
-    helpers = [threading.Thread(target=work, name=f"oodeval-rows-{i}") for i in range(1, threads)]
+    helpers = [threading.Thread(target=work, name=f"oodeval-{name}-{i}") for i in range(1, threads)]
     for t in helpers:
         t.start()
     try:
@@ -459,53 +458,40 @@ def _run_blocks(fn: Callable, arrays: tuple, starts: range, threads: int) -> lis
             t.join()
     if errors:
         raise errors[0]
+
+
+def _run_blocks(fn: Callable, arrays: tuple, starts: range, threads: int) -> list:
+    """[fn(block) for each block of rows beginning at ``starts``], by :func:`_pool`."""
+    parts: list = [None] * len(starts)
+
+    def task(i: int) -> None:
+        parts[i] = fn(*(a[starts[i] : starts[i] + PARALLEL_ROWS] for a in arrays))
+
+    _pool(task, len(starts), threads, "rows", _scratch_scope)
     return parts
 
 
 def _ordered_sum(fn: Callable, slices: list, threads: int):
-    """fn(slices[0]) + fn(slices[1]) + ... added in that order, the parts computed on the calling
-    thread and ``threads - 1`` threads started here (joined before it returns), each taking the
-    next pending slice; a part waits only until those before it are added, so at most about
-    ``threads`` parts are held at once. The first error stops the others taking more and is raised."""
+    """fn(slices[0]) + fn(slices[1]) + ... added in that order, the parts computed by :func:`_pool`;
+    a part waits only until those before it are added, so at most about ``threads`` parts are held
+    at once."""
     done: dict = {}
     state = {"next": 0, "total": None}
-    pending, lock, errors = iter(range(len(slices))), threading.Lock(), []
+    lock = threading.Lock()
 
-    def work() -> None:
-        while True:
-            with lock:
-                i = next(pending, None)
-            if i is None:
-                return
-            try:
-                part = fn(slices[i])
-            except BaseException as error:
-                with lock:
-                    collections.deque(pending, maxlen=0)
-                    errors.append(error)
-                return
-            with lock:  # add every part that is now next in order
-                done[i] = part
-                while state["next"] in done:
-                    part = done.pop(state["next"])
-                    if state["total"] is None:
-                        state["total"] = part
-                    else:
-                        state["total"] += part
-                    state["next"] += 1
+    def task(i: int) -> None:
+        part = fn(slices[i])
+        with lock:  # add every part that is now next in order
+            done[i] = part
+            while state["next"] in done:
+                part = done.pop(state["next"])
+                if state["total"] is None:
+                    state["total"] = part
+                else:
+                    state["total"] += part
+                state["next"] += 1
 
-    helpers = [threading.Thread(target=work, name=f"oodeval-sum-{i}") for i in range(1, threads)]
-    for t in helpers:
-        t.start()
-    try:
-        work()
-    finally:
-        with lock:
-            collections.deque(pending, maxlen=0)
-        for t in helpers:
-            t.join()
-    if errors:
-        raise errors[0]
+    _pool(task, len(slices), threads, "sum")
     return state["total"]
 
 
