@@ -4,7 +4,7 @@
 #   benchmarks/gpu.sh                      # CUDA: ViT-B/16 224 px extraction (bf16 autocast), then the
 #                                          # torch-backend detectors on 1.28M x 768 and 1.28M x 2048
 #                                          # synthetic train features (50k ID test + 50k OOD, 1000 classes)
-#   benchmarks/gpu.sh --device cpu --tiny  # the same steps at a tiny size on the CPU (run by the tests)
+#   benchmarks/gpu.sh --device cpu --tiny  # the same steps at a tiny size on the CPU, in float32 (run by the tests)
 #
 # Prints img/s of the bare forward and of oodeval's extraction loop, and seconds per detector
 # (fit + scoring both sets) beside its float32 floor measured on the same device.
@@ -33,8 +33,12 @@ else
   IMAGES=4096; BATCH=256; WORKERS=8; TRAIN=1281167; TEST=50000; CLASSES=1000; DIMS="768 2048"
 fi
 
-echo "== extraction: vit_base_patch16_224, 224 px, bf16 autocast, device $DEVICE"
-"$PYTHON" "$HERE/extract.py" --model vit_base_patch16_224 --device "$DEVICE" --bf16 \
+# bf16 autocast on CUDA (what this script measures); the CPU smoke run stays in float32: torch's CPU
+# bf16 attention picks its kernels from the CPU's features and fails inside torch where a lower
+# ATEN_CPU_CAPABILITY is forced on an AMX CPU ("pack_vnni2 is only supported when avx512 is supported")
+case "$DEVICE" in cuda*) BF16=--bf16; PRECISION="bf16 autocast" ;; *) BF16=; PRECISION=float32 ;; esac
+echo "== extraction: vit_base_patch16_224, 224 px, $PRECISION, device $DEVICE"
+"$PYTHON" "$HERE/extract.py" --model vit_base_patch16_224 --device "$DEVICE" $BF16 \
   --images "$IMAGES" --batch-size "$BATCH" --workers "$WORKERS" --repeats 1
 
 DETS=kl_matching,dice,mahalanobis,relative_mahalanobis,mahalanobis_pp,relative_mahalanobis_pp,knn,cosine,mcm,fdbd,neco,vim,nnguide
