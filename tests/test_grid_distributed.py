@@ -70,9 +70,15 @@ class _KillOnRead(np.ndarray):
 
     def __getitem__(self, item):
         marker = os.environ.get("OODEVAL_TEST_KILL")
-        if marker and not Path(marker).exists():
-            Path(marker).write_text(str(os.getpid()))
-            os.kill(os.getpid(), signal.SIGKILL)
+        if marker:
+            try:  # created exclusively: of two workers reading at once, only one dies
+                fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                pass
+            else:
+                os.write(fd, str(os.getpid()).encode())
+                os.close(fd)
+                os.kill(os.getpid(), signal.SIGKILL)
         return np.asarray(self)[item]
 
 
