@@ -54,8 +54,10 @@ def network_problem(seed: int = 0) -> tuple[FeatureSet, FeatureSet, FeatureSet]:
                   "gram/a": np.abs(near(np.stack([z[:, :6] ** 2] * 3, axis=1))), "gram/b": np.abs(near(np.stack([z[:, 6:]] * 3, axis=1))),
                   "mcd/probs": p.mean(axis=0).astype(np.float32), "mcd/logits": draws.mean(axis=0).astype(np.float32),
                   "mcd/var": p.var(axis=0, ddof=1).mean(axis=1).astype(np.float32)}  # fmt: skip
+        extras.update({"ensemble/0": near(f), "ensemble/1": near(f)})  # a deep ensemble's two members' logits
+        members = [{"name": f"m{k}", "model": "synthetic", "weights_hash": str(k), "content_hash": str(k)} for k in range(2)]
         passes = {k: {"kind": k, **v} for k, v in settings.items()}
-        return replace(fs, extras={**fs.extras, **extras}, meta={**fs.meta, "passes": passes})
+        return replace(fs, extras={**fs.extras, **extras}, meta={**fs.meta, "passes": passes, "ensemble": {"members": members}})
 
     return tuple(add(fs) for fs in small_problem(seed))
 

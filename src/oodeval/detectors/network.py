@@ -328,3 +328,49 @@ class MCDropout(NetworkMethod):
 #: plus 1e-6 I, this one the maximum-likelihood covariance's pseudo-inverse), the same ranking for the
 #: same weights (tests/test_since_paper.py)
 REGISTRY.alias("MultiMahalanobis", "mahalanobis_ensemble", "pytorch-ood 0.4, an mds pass with noise=0", tags=("since-paper",))
+
+
+@register("deep_ensemble", tags=("logit", "network", "openood", "since-paper"))
+class DeepEnsemble(PeerMethod):
+    """A deep ensemble of M models trained on the same data, scored as one detector.
+
+    ``mode="logits"`` (default): s = max_c softmax((1/M) sum_m f_m)_c, the mean of the members'
+    logits f_m through the maximum softmax, as OpenOOD's ``ensemble`` postprocessor
+    (``openood/postprocessors/ensemble_postprocessor.py`` at
+    3c35632ee91b54b09d1f085d04f94744cece7d0b; ``configs/postprocessors/ensemble.yml``: every listed
+    checkpoint is a member, 5 there). ``"probs"``: s = max_c (1/M) sum_m softmax(f_m)_c, the mean
+    predictive distribution of Lakshminarayanan, Pritzel & Blundell (NeurIPS 2017), whose form
+    OpenOOD's mean of logits departs from. Reads an ensemble FeatureSet
+    (:func:`oodeval.features.ensemble.ensemble_featureset`, or an ``ensemble = [...]`` model
+    table in an experiment), whose members are recorded in ``resolved_`` (the results'
+    ``hyperparameters_resolved``); every set scored after a fit must have the same members
+    (names and models; the first set scored fixes them). float64.
+    """
+
+    needs = ("extra:ensemble/*",)
+    constraints = {"mode": Options("logits", "probs")}
+
+    def __init__(self, mode: str = "logits") -> None:
+        self.mode = mode
+
+    @staticmethod
+    def _members(x: FeatureSet) -> list[dict]:
+        return [{k: m.get(k) for k in ("name", "model", "weights_hash")} for m in (x.meta.get("ensemble") or {}).get("members", [])]
+
+    def _score(self, x: FeatureSet) -> np.ndarray:
+        from ..features.ensemble import member_logits
+
+        logits = member_logits(x)
+        members = self._members(x)
+        known = getattr(self, "resolved_", {}).get("members")
+        if known is not None and known != members:
+            raise InputError(f"deep_ensemble: {x.name!r} holds the members {[m['name'] for m in members]} ({[m['model'] for m in members]}), "
+                             f"the sets scored before {[m['name'] for m in known]} ({[m['model'] for m in known]})")
+        self.resolved_ = {"members": members}
+        if self.mode == "logits":
+            return Compute("float64").max_softmax(sum(as64(f) for f in logits) / len(logits))
+        total = np.zeros(logits[0].shape)
+        for f in logits:
+            e = np.exp(as64(f) - as64(f).max(axis=1, keepdims=True))
+            total += e / e.sum(axis=1, keepdims=True)
+        return total.max(axis=1) / len(logits)

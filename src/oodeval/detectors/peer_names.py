@@ -49,3 +49,9 @@ for _name, _target in PYTORCH_OOD.items():
     REGISTRY.alias(_name, _target, "pytorch-ood", tags=("pytorch-ood",))
 for _target in PYTORCH_OOD_VARIANTS:
     REGISTRY.alias(_target, _target, "pytorch-ood", tags=("pytorch-ood",))
+
+#: OpenOOD's keys added since v1.5 for methods that need the network (openood/evaluation_api/postprocessor.py
+#: at 3c35632ee91b54b09d1f085d04f94744cece7d0b); each detector is tagged ``openood`` and ``since-paper``
+OPENOOD_SINCE = {"ensemble": "deep_ensemble"}
+for _name, _target in OPENOOD_SINCE.items():
+    REGISTRY.alias(_name, _target, "OpenOOD (since v1.5)", tags=("openood",))

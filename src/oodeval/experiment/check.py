@@ -28,7 +28,10 @@ __all__ = ["check_experiment", "eoe_prompt_notes"]
 
 def _model_problem(model: ModelSpec) -> str | None:
     """A model name its library cannot build, or None. A ``hf:`` hub id cannot be verified offline (a local
-    folder must hold a ``config.json``); a ``package.module:factory`` must import and name a callable."""
+    folder must hold a ``config.json``); a ``package.module:factory`` must import and name a callable.
+    A deep ensemble's table builds no model of its own (its members are checked)."""
+    if model.ensemble:
+        return None
     kind, name, tag = parse_model_name(model.name)
     if kind == "timm":
         return None if optional("timm").is_model(name) else f"model {model.label!r}: timm has no model {name!r} (see timm.list_models())"
@@ -98,8 +101,9 @@ def check_experiment(cfg: ExperimentConfig, names_only: bool = False, disk: list
     for m in cfg.models:
         problems += [p for w in dict.fromkeys(m.weights) if w is not None for p in [_weights_problem(m, w)] if p]
         problems += [p for p in [m.head and _weights_problem(m, m.head)] if p]
-    supervised = [m for m in cfg.models if m.kind == "supervised"]
-    roles = [("id_test", cfg.id_test, list(cfg.models))] + [(d.label, d, list(cfg.models)) for d in cfg.ood]
+    own = [m for m in cfg.models if not m.ensemble]  # an ensemble reads its members' FeatureSets
+    supervised = [m for m in own if m.kind == "supervised"]
+    roles = [("id_test", cfg.id_test, own)] + [(d.label, d, own) for d in cfg.ood]
     if cfg.id_train is not None:
         roles.insert(0, ("id_train", cfg.id_train, supervised))
     if cfg.selection is not None:

@@ -62,7 +62,7 @@ _OPENOOD = {"benchmark", "root", "full_spectrum"}
 _OOD = {"name", "label", "split_column", "group"}
 _MODEL = {
     "name", "label", "weights", "pretrained", "head", "kind", "model_kwargs", "taps", "patch_features", "full_patch_features", "features",
-    "detectors", *PASS_KINDS,
+    "detectors", "ensemble", *PASS_KINDS,
 }  # fmt: skip
 _DETECTOR = {"name", "label", "hyperparameters", "vocabulary", "search", "generations", "defaults"}
 _SELECTION = {"validation_id", "validation_ood"}
@@ -159,6 +159,8 @@ class ModelSpec:
     pretrained: bool | None = None
     #: the network passes to extract (``features.pass_options``; ``odin = {...}`` in the model table)
     passes: tuple[PassSpec, ...] = ()
+    #: a deep ensemble of the models with these labels (``ensemble = [...]``; no extraction of its own)
+    ensemble: tuple[str, ...] = ()
 
     @property
     def random_init(self) -> bool:
@@ -400,6 +402,8 @@ def _detectors(value: Any, where: str, base: Path, problems: list[str], zeroshot
 def _model(entry: Any, i: int, base: Path, n_seeds: int, problems: list[str], profile: str | None = None) -> ModelSpec:
     where = f"[[models]] #{i + 1}"
     t = _check_keys(entry, _MODEL, where)
+    if "ensemble" in t:
+        return _ensemble_model(t, where, base, problems, profile)
     name = _typed(t, "name", str, where, required=True)
     kind = _typed(t, "kind", str, where, "supervised")
     if kind not in KINDS:
@@ -639,8 +643,10 @@ def load_config(source: str | Path | dict | ExperimentConfig, base_dir: str | Pa
                 f"unknown dataset(s) {', '.join(bad)}; use id_train, id_test, an OOD label ({', '.join(labels)})"
                 " or, for a zero-shot model, text:id / text:<vocabulary> label embeddings",
             )
+    _check_ensembles(models)
     for m in models:
-        _check_weights_chosen(m, id_train is not None, labels)
+        if not m.ensemble:
+            _check_weights_chosen(m, id_train is not None, labels)
     detectors = _detectors(t.get("detectors"), "detectors", base, problems, profile=profile)
     zeroshot = _detectors(t.get("zeroshot"), "zeroshot", base, problems, zeroshot=True)
     sweeps = tuple(_sweep(e, i, base, problems) for i, e in enumerate(_typed(t, "sweeps", list, "top level", [])))
@@ -691,3 +697,40 @@ def load_config(source: str | Path | dict | ExperimentConfig, base_dir: str | Pa
         eoe_prompts=_path(_typed(t, "eoe_prompts", str, "top level"), base),
         code_dir=code_dir,
     )
+
+
+_ENSEMBLE = {"ensemble", "label", "name", "detectors"}
+
+
+def _ensemble_model(t: dict, where: str, base: Path, problems: list[str], profile: str | None) -> ModelSpec:
+    """A model table ``ensemble = ["LABEL", ...]``: a deep ensemble of the grid's models with those
+    labels (each with all its weights files, one per seed where it has several), scored by
+    ``deep_ensemble`` (or the table's own ``detectors``) from the members' stored FeatureSets
+    (:func:`oodeval.features.ensemble.ensemble_featureset`)."""
+    bad = sorted(set(t) - _ENSEMBLE)
+    if bad:
+        raise _fail(where, f"an ensemble model table takes only {', '.join(sorted(_ENSEMBLE))}; {', '.join(bad)} belong to its members")
+    members = t["ensemble"]
+    if not (isinstance(members, list) and members and all(isinstance(m, str) for m in members)) or len(set(members)) != len(members):
+        raise _fail(where, f"ensemble must list distinct model labels, got {members!r}")
+    detectors = _detectors(t.get("detectors", ["deep_ensemble"]), f"{where} detectors", base, problems, profile=profile)
+    label = _typed(t, "label", str, where, "ensemble(" + "+".join(members) + ")")
+    return ModelSpec(name=_typed(t, "name", str, where, "ensemble"), label=label, weights=(None,), detectors=detectors,
+                     ensemble=tuple(members))  # fmt: skip
+
+
+def _check_ensembles(models: tuple[ModelSpec, ...]) -> None:
+    """Each ensemble's members are supervised models of the grid, not ensembles, two or more runs in all."""
+    by_label = {m.label: m for m in models}
+    for m in models:
+        if not m.ensemble:
+            continue
+        unknown = [x for x in m.ensemble if x not in by_label]
+        if unknown:
+            raise _fail(f"model {m.label!r}", f"ensemble member(s) {', '.join(unknown)} are not model labels of this file ({', '.join(by_label)})")
+        odd = [x for x in m.ensemble if by_label[x].ensemble or by_label[x].kind != "supervised"]
+        if odd:
+            raise _fail(f"model {m.label!r}", f"ensemble member(s) {', '.join(odd)} must be supervised classifiers, not ensembles or zero-shot models")
+        runs = sum(len(set(by_label[x].weights)) for x in m.ensemble)
+        if runs < 2:
+            raise _fail(f"model {m.label!r}", "an ensemble needs two or more members: list two models, or one with a weights file per seed")

@@ -374,6 +374,8 @@ def _recorded_hash(model: ModelSpec, weights: str | None, role: str, ds: Experim
     entry the run's extraction would read (found by its key, :func:`_from_store` with
     ``cached_only``); None when there is none yet. A csID set's precomputed folder is named by its label."""
     given = role.removeprefix("csid:")
+    if model.ensemble:  # known once its members' FeatureSets are loaded
+        return None
     try:
         folder = Path(model.features[given]) if given in model.features else _from_store(model, weights, ds, role, cfg, cached_only=True)
         if folder is None:
@@ -385,6 +387,8 @@ def _recorded_hash(model: ModelSpec, weights: str | None, role: str, ds: Experim
 
 
 def _plan_run(run: _Run, cfg: ExperimentConfig, features: FeatureFn) -> None:
+    if run.model.ensemble:
+        features = ensemble_features(features)
     reset_text()  # label embeddings are computed anew for each run (from the text cache), shared within it
     roles = _feature_roles(run.model, cfg)
     if cfg.selection is not None and any(s.search for s in cfg.detectors_for(run.model) or ()):
@@ -720,3 +724,26 @@ def _taps_fit_rows(run: _Run, train: FeatureSet | None) -> bool:
     (not precomputed) ID train set of a model with taps, which therefore holds no tapped states of its own."""
     return (run.model.kind == "supervised" and bool(run.model.taps) and train is not None
             and "id_train" not in run.model.features and not train.extras_with_prefix("nac/"))  # fmt: skip
+
+
+def ensemble_features(features: FeatureFn) -> FeatureFn:
+    """The FeatureFn of a deep ensemble's model (``ensemble = [...]``): each member's FeatureSet of the
+    dataset from ``features`` (the store, or a precomputed folder), once per weights file of the
+    member (one per seed where it has several), made one by
+    :func:`oodeval.features.ensemble.ensemble_featureset` (members named by label, and seed where
+    a member has several weights files)."""
+    from ..features.ensemble import ensemble_featureset
+
+    def build(model: ModelSpec, weights: str | None, ds: ExperimentDataset, role: str, cfg: ExperimentConfig) -> FeatureSet:
+        sets, names = [], []
+        for label in model.ensemble:
+            member = next(m for m in cfg.models if m.label == label)
+            runs: dict[str | None, int] = {}
+            for i, seed in enumerate(cfg.seeds):
+                runs.setdefault(member.weights_for(i), seed)
+            for w, seed in runs.items():
+                sets.append(features(member, w, ds, role, cfg))
+                names.append(label if len(runs) == 1 else f"{label} seed {seed}")
+        return ensemble_featureset(sets, names)
+
+    return build
