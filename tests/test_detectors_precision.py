@@ -69,7 +69,8 @@ def test_float32_agrees_with_float64_on_real_conditioning(conditioned, name):
 
 #: registered methods the conditioned problems cannot run: nac (per-layer states), cnc (a K + 1
 #: head) and those needing the network (their passes' arrays, tests/test_network_methods.py)
-NOT_ON_CONDITIONED = ["nac", "cnc", "odin", "mahalanobis_ensemble", "gram", "rankfeat", "mc_dropout"]
+NOT_ON_CONDITIONED = ["nac", "cnc", "odin", "mahalanobis_ensemble", "gram", "rankfeat", "mc_dropout", "deep_ensemble", "adascale_a",
+                      "adascale_l", "iodin"]  # fmt: skip
 #: the methods without a float32 path that run on cached arrays: float64 whatever the input
 FLOAT64_ONLY = [n for n in detectors.names() if n not in NOT_ON_CONDITIONED and "compute_dtype" not in detectors.create(n).get_params()]
 #: a smaller setting where the default's fit is large for a test (kernel PCA: 4096 random features)
@@ -189,7 +190,8 @@ def test_exactly_the_documented_detectors_lack_compute_dtype_and_device():
     assert [n for n, p in params.items() if "device" not in p] == lacking  # compute_dtype and device come together
     float64 = ["class_gmm", "gmm", "grad_uncertainty", "gradnorm", "lts", "nci", "openmax", "residual", "she",
                "cfood", "optfs", "kpca"]
-    network = ["odin", "mahalanobis_ensemble", "gram", "rankfeat", "mc_dropout"]  # on their passes' arrays (detectors.network)
+    network = ["odin", "mahalanobis_ensemble", "gram", "rankfeat", "mc_dropout",  # on their passes' arrays (detectors.network)
+               "deep_ensemble", "adascale_a", "adascale_l", "iodin"]  # fmt: skip
     assert sorted(lacking) == sorted(["cnc", "maxlogit", "nac", *float64, *network])  # the peers' float64-only methods
 
 

@@ -19,7 +19,7 @@ PAPER21 = [
     "knn", "cosine", "mcm", "fdbd", "neco", "nac", "vim", "nnguide",
 ]  # fmt: skip
 #: the methods that need the network (detectors.network), in its source order
-NETWORK = ["odin", "mahalanobis_ensemble", "gram", "rankfeat", "mc_dropout"]
+NETWORK = ["odin", "mahalanobis_ensemble", "gram", "rankfeat", "mc_dropout", "deep_ensemble", "adascale_a", "adascale_l", "iodin"]
 #: the peers' methods (OpenOOD v1.5, pytorch-ood 0.4) oodeval adds
 PEERS = [
     "ash_b", "ash_p", "vra", "lts", "she", "gmm", "class_gmm", "residual", "relation", "nci", "gradnorm", "grad_uncertainty",
@@ -36,7 +36,9 @@ def test_names_come_from_tags_and_order():
     rest = [n for n in detectors.names() if n not in PAPER21]
     assert detectors.names()[:21] == PAPER21 and sorted(rest) == sorted(["cnc", *NETWORK, *PEERS, *SINCE_PAPER])
     assert [n for n in rest if n in NETWORK] == NETWORK
-    assert detectors.names("network") == NETWORK and sorted(detectors.names("since-paper")) == sorted([*SINCE_PAPER, "mahalanobis_ensemble"])  # noise 0: MultiMahalanobis
+    # noise 0: MultiMahalanobis; the network methods since the paper (deep ensemble, AdaSCALE, i-ODIN) are in NETWORK
+    assert detectors.names("network") == NETWORK
+    assert sorted(detectors.names("since-paper")) == sorted([*SINCE_PAPER, "mahalanobis_ensemble", *NETWORK[5:]])
     assert detectors.names("paper21", "logit") == ["msp", "maxlogit", "kl_matching", "energy", "gen"]
     assert detectors.names("paper21", "hybrid") == ["vim", "nnguide"]
     assert len(detectors.names("paper21", "feature")) == 10 and len(detectors.names("paper21", "activation")) == 4

@@ -179,3 +179,215 @@ def test_an_ensemble_of_one_model_takes_each_seeds_weights(tmp_path):
     assert seen == ["a.pt", "b.pt", "c.pt"]
     assert [m["name"] for m in fs.meta["ensemble"]["members"]] == ["r seed 0", "r seed 1", "r seed 2"]
     assert cfg.models[1].label == "ensemble(r)" and [d.name for d in cfg.models[1].detectors] == ["deep_ensemble"]
+
+
+# ---------------------------------------------------------------------------------- AdaSCALE and i-ODIN
+@pytest.fixture(scope="module")
+def net_sets(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """test_resnet (96-d features; tests/test_network_methods.py's lively random weights) on tiny ID
+    train / test and OOD folders, each extracted once with the adascale pass (defaults) and the iodin
+    pass (eps 0.5, so that one perturbed value moves the logits well beyond float32 rounding)."""
+    from test_network_methods import KW, _folder, _lively_weights
+
+    from oodeval.features.extract import extract
+    from oodeval.features.pass_options import parse_pass
+
+    root = tmp_path_factory.mktemp("since")
+    _folder(root / "train", ("a", "b", "c"), 6, 0)
+    _folder(root / "test", ("a", "b", "c"), 3, 1)
+    _folder(root / "ood", ("x",), 9, 2, smooth=True)
+    opts = dict(model_kwargs=KW, weights=_lively_weights(root / "w.safetensors"), progress=False, batch_size=64)
+    specs = [parse_pass("adascale", True), parse_pass("iodin", "eps=0.5")]
+    out = {"root": root, "opts": opts, "specs": specs, "paths": {}}
+    for name in ("train", "test", "ood"):
+        out["paths"][name] = extract("test_resnet", root / name, root / "store", passes=specs, **opts)
+        out[name] = FeatureSet.load(out["paths"][name])
+    return out
+
+
+def _inputs(net_sets: dict, name: str):
+    """The extracted model and a set's rows as its input tensor, as the extraction feeds them."""
+    from PIL import Image
+    from test_network_methods import KW
+
+    from oodeval.data import Manifest
+    from oodeval.features.backbones import load_backbone
+
+    bb = load_backbone("test_resnet", net_sets["opts"]["weights"], model_kwargs=KW)
+    model = bb.model.to(memory_format=torch.channels_last)
+    paths = Manifest.from_csv(net_sets["paths"][name] / "manifest.csv").paths
+    return model, torch.stack([bb.transform(Image.open(p).convert("RGB")) for p in paths]).contiguous(memory_format=torch.channels_last)
+
+
+def _feature(model, x):
+    return model.forward_head(model.forward_features(x), pre_logits=True)
+
+
+def _openood_adascale_pass(model, data, o: float = 0.05, largest: bool = False):
+    """AdaScalePostprocessor.postprocess / .perturb (openood/postprocessors/adascale_postprocessor.py at
+    3c35632ee91b54b09d1f085d04f94744cece7d0b) re-derived up to the features: the gradient of the
+    summed maximum logits, the int(C H W o) values of smallest |grad| moved by 0.5 sign(grad), the
+    feature of each input. ``largest``: the largest |grad| perturbed, the deliberately wrong formula."""
+    data = data.clone().requires_grad_(True)
+    output = model(data)
+    score = output[torch.arange(len(output)), output.detach().argmax(dim=1)]
+    score.backward(torch.ones_like(score))
+    grad = data.grad.detach()
+    b, c, h, w = data.shape
+    abs_grad = grad.abs().reshape(b, c * h * w)
+    idx = torch.topk(abs_grad, int(c * h * w * o), dim=1, largest=largest)[1]
+    mask = torch.zeros_like(abs_grad, dtype=torch.uint8).scatter_(1, idx, 1).reshape(b, c, h, w)
+    with torch.no_grad():
+        return _feature(model, data.detach()).numpy(), _feature(model, data.detach() + grad.sign() * mask * 0.5).numpy()
+
+
+EPS32 = float(np.finfo(np.float32).eps)
+
+
+def test_adascale_pass_is_openoods_perturbation(net_sets):
+    model, x = _inputs(net_sets, "test")
+    feature, perturbed = _openood_adascale_pass(model, x)
+    test = net_sets["test"]
+    assert test.meta["passes"]["adascale"] == {"kind": "adascale", "o": 0.05, "step": 0.5}
+    # the same float32 operations on the same input: equal but for summation order inside the convolutions
+    tol = 64 * EPS32 * np.abs(perturbed).max()
+    np.testing.assert_allclose(test.features, feature, rtol=0, atol=tol)
+    np.testing.assert_allclose(test.extras["adascale/features"], perturbed, rtol=0, atol=tol)
+    assert np.abs(perturbed - feature).max() > 100 * tol  # the perturbation moves the features
+    _, wrong = _openood_adascale_pass(model, x, largest=True)
+    assert not np.allclose(test.extras["adascale/features"], wrong, rtol=0, atol=tol)
+
+
+def _openood_adascale(train: FeatureSet, rows: FeatureSet, head: FeatureSet, k1=5, k2=1, lmbda=10.0, pct=(75, 85),
+                      logit_scaling=False, flip_cdf=False) -> np.ndarray:  # fmt: skip
+    """AdaScalePostprocessor.set_hyperparam / get_percentile / postprocess with AdaScaleANet /
+    AdaScaleLNet.forward_threshold and ada_scale (openood/networks/adascale_net.py), at
+    3c35632ee91b54b09d1f085d04f94744cece7d0b, re-derived in float64 torch on stored features (every
+    fit row used: num_samples >= N): torch.topk / gather for the correction terms, the ECDF (fraction
+    <=) of the fit rows, p = min + (1 - F) (max - min), ks = n - round(n p / 100), scale = sum /
+    masked top-k sum; A: fc(feature * exp(scale)), L: fc(feature) * scale^2; logsumexp.
+    ``flip_cdf``: p = min + F (max - min), the deliberately wrong formula."""
+    t = lambda a: torch.from_numpy(np.asarray(a, dtype=np.float64))  # noqa: E731
+    f_log, fp_log = t(train.features), t(train.extras["adascale/features"])
+    d = f_log.shape[1]
+    k1_, k2_ = int(d * k1 / 100), int(d * k2 / 100)
+
+    def q(f, fp):
+        top1 = torch.gather(torch.relu(fp), 1, torch.topk(f, dim=1, k=k1_)[1])
+        top2 = torch.gather((f - fp).abs(), 1, torch.topk(f, dim=1, k=k2_)[1])
+        return top1.sum(dim=1) + lmbda * top2.sum(dim=1)
+
+    sample = np.sort(q(f_log, fp_log).numpy())
+    feature, fp = t(rows.features), t(rows.extras["adascale/features"])
+    cdf = np.searchsorted(sample, q(feature, fp).numpy(), side="right") / len(sample)
+    percent = cdf if flip_cdf else 1 - cdf
+    percentiles = torch.from_numpy(pct[0] + percent * (pct[1] - pct[0]))
+    x = torch.relu(feature)
+    n = x.shape[1]
+    ks = n - torch.round(n * percentiles / 100.0).to(torch.int)
+    values, _ = torch.topk(x, int(ks.max()), dim=1)
+    mask = torch.arange(int(ks.max()))[None, :] < ks[:, None]
+    scale = x.sum(dim=1, keepdim=True) / (values * mask).sum(dim=1, keepdim=True)
+    fc = lambda z: z @ t(head.weight).T + t(head.bias)  # noqa: E731
+    logits = fc(feature) * scale**2.0 if logit_scaling else fc(feature * torch.exp(scale))
+    return torch.logsumexp(logits, dim=1).numpy()
+
+
+@pytest.mark.parametrize("name", ["adascale_a", "adascale_l"])
+@pytest.mark.parametrize("hp", [{}, {"k1": 10.0, "k2": 5.0, "lmbda": 2.0, "percentile": [60.0, 90.0]}])
+def test_adascale_is_openoods_adascale(net_sets, name, hp):
+    train, test, ood = net_sets["train"], net_sets["test"], net_sets["ood"]
+    det = detectors.create(name, **hp).fit(train)
+    ours = np.concatenate([det.score(test), det.score(ood)])
+    ref_hp = {"k1": hp.get("k1", 5), "k2": hp.get("k2", 1), "lmbda": hp.get("lmbda", 10.0), "pct": hp.get("percentile", (75, 85)),
+              "logit_scaling": name == "adascale_l"}  # fmt: skip
+    ref = np.concatenate([_openood_adascale(train, s, train, **ref_hp) for s in (test, ood)])
+    # float64 on both sides: sums of at most 96 terms and one log-sum-exp, a few float64 ulps of the scores
+    np.testing.assert_allclose(ours, ref, rtol=1e-12, atol=0)
+    same_results(ours, ref, len(test))
+    wrong = np.concatenate([_openood_adascale(train, s, train, **ref_hp, flip_cdf=True) for s in (test, ood)])
+    assert not np.allclose(wrong, ref, rtol=1e-6, atol=0)
+    assert len(np.unique(det.percentiles(test))) > 1  # the percentile does vary per sample
+
+
+def test_adascale_subsamples_its_fit_rows_with_its_seed(net_sets):
+    train = net_sets["train"]
+    a, b = (detectors.create("adascale_a", num_samples=10, seed=s).fit(train) for s in (0, 1))
+    assert len(a.reference_) == 10 and not np.array_equal(a.reference_, b.reference_)
+    np.testing.assert_array_equal(a.reference_, detectors.create("adascale_a", num_samples=10).fit(train).reference_)
+    with pytest.raises(InputError, match="holds the adascale pass with o=0.05"):
+        detectors.create("adascale_a", o=0.1).fit(train)
+    with pytest.raises(InputError, match="percentile must be"):
+        detectors.create("adascale_l", percentile=[90.0, 80.0]).fit(train)
+
+
+def _openood_iodin(model, data, std, t=1000.0, noise=0.5, every_value=False) -> np.ndarray:
+    """IODINPostprocessor.postprocess (openood/postprocessors/iodin_postprocessor.py at
+    3c35632ee91b54b09d1f085d04f94744cece7d0b) re-derived up to the perturbed logits: the mean
+    cross-entropy of f / T against the argmax, the one value of largest |grad| per image (get_mask),
+    (ge(grad, 0) - 0.5) 2 divided by each channel's std, x - noise * gradient * mask.
+    ``every_value``: ODIN's perturbation of every value, the deliberately wrong formula."""
+    data = data.clone().requires_grad_(True)
+    output = model(data)
+    loss = torch.nn.CrossEntropyLoss()(output / t, output.detach().argmax(axis=1))
+    loss.backward()
+    grad = data.grad.detach()
+    b = grad.shape[0]
+    abs_grad = grad.abs().reshape(b, -1)
+    mask = torch.zeros_like(abs_grad, dtype=torch.uint8).scatter_(1, torch.argmax(abs_grad, dim=1, keepdim=True), 1).reshape(grad.shape)
+    gradient = (torch.ge(grad, 0).float() - 0.5) * 2
+    for ch in range(3):
+        gradient[:, ch] = gradient[:, ch] / std[ch]
+    with torch.no_grad():
+        return model(data.detach() - noise * gradient * (1 if every_value else mask)).numpy()
+
+
+def test_iodin_is_openoods_iodin(net_sets):
+    model, x = _inputs(net_sets, "test")
+    test = net_sets["test"]
+    assert test.meta["passes"]["iodin"] == {"kind": "iodin", "temperature": 1000.0, "noise": 0.5, "std": [0.5, 0.5, 0.5]}
+    want = _openood_iodin(model, x, [0.5, 0.5, 0.5])
+    got = test.extras["iodin/logits"]
+    tol = 64 * EPS32 * np.abs(want).max()  # the same float32 operations on the same input, up to summation order
+    np.testing.assert_allclose(got, want, rtol=0, atol=tol)
+    assert np.abs(got - test.logits).max() > 10 * tol  # the one value moved changes the logits
+    assert not np.allclose(got, _openood_iodin(model, x, [0.5, 0.5, 0.5], every_value=True), rtol=0, atol=tol)
+    # the score: OpenOOD's max softmax of the perturbed logits / T, float64 on the stored logits
+    f = np.asarray(got, dtype=np.float64) / 1000.0
+    ref = 1.0 / np.exp(f - f.max(axis=1, keepdims=True)).sum(axis=1)
+    det = detectors.create("iodin").fit()
+    np.testing.assert_allclose(det.score(test), ref, rtol=1e-14, atol=0)  # one float64 softmax, summed in another order
+    assert det.resolved_params() == {"temperature": 1000.0, "noise": 0.5}
+    with pytest.raises(InputError, match="holds the iodin pass with noise=0.5"):
+        detectors.create("iodin", noise=0.0014).fit().score(test)
+
+
+def test_the_passes_are_cached_and_run_in_score(net_sets, tmp_path, monkeypatch, capsys):
+    from oodeval.cli import main
+    from oodeval.features import passes as passes_mod
+    from oodeval.features.extract import extract
+
+    def never(*_a, **_k):
+        raise AssertionError("a cached pass ran again")
+
+    monkeypatch.setattr(passes_mod.AdaScalePass, "__call__", never)
+    monkeypatch.setattr(passes_mod.IodinPass, "__call__", never)
+    again = extract("test_resnet", net_sets["root"] / "test", net_sets["root"] / "store", passes=net_sets["specs"], **net_sets["opts"])
+    assert FeatureSet.load(again).meta["key"] == net_sets["test"].meta["key"]
+    dirs = {k: str(v) for k, v in net_sets["paths"].items()}
+    out = tmp_path / "s.csv"
+    assert main(["score", "--train", dirs["train"], "--test", dirs["test"], "--ood", f"ood={dirs['ood']}", "--draws", "0",
+                 "--detectors", "adascale_a,adascale_l,iodin", "--out", str(out), "--format", "csv", "--no-progress"]) == 0  # fmt: skip
+    table = pd.read_csv(out, comment="#")
+    assert sorted(table["detector"]) == ["adascale_a", "adascale_l", "iodin"] and table["status"].eq("ok").all()
+
+
+@pytest.mark.parametrize("name", ["deep_ensemble", "adascale_a", "adascale_l", "iodin"])
+def test_listed_as_since_paper_with_openoods_name(name):
+    from oodeval.commands.detectors import listing
+
+    entries = {e["name"]: e for e in listing(["since-paper"])}
+    assert {"openood", "network"} <= set(entries[name]["tags"]) and not entries[name]["default_selection"]
+    if name == "deep_ensemble":  # OpenOOD's key differs: an alias with its source
+        assert entries[name]["aliases"] == {"ensemble": "OpenOOD (since v1.5)"}
+    assert OPENOOD in detectors.REGISTRY[name].__doc__ or OPENOOD in detectors.REGISTRY[name].__mro__[1].__doc__  # the release cited

@@ -33,12 +33,14 @@ def network_problem(seed: int = 0) -> tuple[FeatureSet, FeatureSet, FeatureSet]:
     """:func:`small_problem` with synthetic arrays of every network pass (``features.passes``) and
     their settings in ``meta["passes"]``, for the detectors tagged ``network``: ODIN logits and the
     RankFeat blocks' logits near the logits, mds layers and Gram rows from slices of the features
-    (Gram rows non-negative), MC-dropout means and variances from noisy softmaxes. ID train's mds
+    (Gram rows non-negative), MC-dropout means and variances from noisy softmaxes, i-ODIN's logits and
+    AdaSCALE's perturbed features near the logits and features, two deep-ensemble members' logits. ID train's mds
     pass is clean (noise 0) as an ID-train fit set's is; so are the others' (no perturbation to check)."""
     rng = np.random.default_rng(seed + 1)
     settings = {"odin": {"temperature": 1000.0, "noise": 0.0014}, "mds": {"noise": 0.0, "layers": ["a", "b"]},
                 "gram": {"powers": 3, "layers": ["a", "b"]}, "rankfeat": {"blocks": ["b3", "b4"]},
-                "mcd": {"samples": 4, "p": 0.5, "where": "head", "seed": 0}}  # fmt: skip
+                "mcd": {"samples": 4, "p": 0.5, "where": "head", "seed": 0}, "adascale": {"o": 0.05, "step": 0.5},
+                "iodin": {"temperature": 1000.0, "noise": 0.0014}}  # fmt: skip
 
     def add(fs: FeatureSet) -> FeatureSet:
         f, z = np.asarray(fs.logits, np.float64), np.asarray(fs.features, np.float64)
@@ -54,7 +56,7 @@ def network_problem(seed: int = 0) -> tuple[FeatureSet, FeatureSet, FeatureSet]:
                   "gram/a": np.abs(near(np.stack([z[:, :6] ** 2] * 3, axis=1))), "gram/b": np.abs(near(np.stack([z[:, 6:]] * 3, axis=1))),
                   "mcd/probs": p.mean(axis=0).astype(np.float32), "mcd/logits": draws.mean(axis=0).astype(np.float32),
                   "mcd/var": p.var(axis=0, ddof=1).mean(axis=1).astype(np.float32)}  # fmt: skip
-        extras.update({"ensemble/0": near(f), "ensemble/1": near(f)})  # a deep ensemble's two members' logits
+        extras.update({"ensemble/0": near(f), "ensemble/1": near(f), "iodin/logits": near(f), "adascale/features": near(z)})
         members = [{"name": f"m{k}", "model": "synthetic", "weights_hash": str(k), "content_hash": str(k)} for k in range(2)]
         passes = {k: {"kind": k, **v} for k, v in settings.items()}
         return replace(fs, extras={**fs.extras, **extras}, meta={**fs.meta, "passes": passes, "ensemble": {"members": members}})

@@ -34,7 +34,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                        ("mds", "Mahalanobis layer features: noise=0 on ID train; noise=0.0014,fit=ID_TRAIN_FEATURESET on scored sets; layers=a+b"),
                        ("gram", "Gram matrix rows: powers=10 (default), layers=a+b"),
                        ("rankfeat", "logits with the rank-1 part of blocks removed: blocks=layer3+layer4 (default: the last two stages)"),
-                       ("mcd", "Monte-Carlo dropout: samples=5,p=0.5,where=head|model,seed=0 (default)")):
+                       ("mcd", "Monte-Carlo dropout: samples=5,p=0.5,where=head|model,seed=0 (default)"),
+                       ("adascale", "AdaSCALE's features of a slightly perturbed input: o=0.05,step=0.5 (default)"),
+                       ("iodin", "i-ODIN's logits, the top-gradient value perturbed: T=1000,eps=0.0014 (default), std=R,G,B")):
         p.add_argument(f"--{kind}", nargs="?", const=True, default=None, metavar="K=V,...",
                        help=f"also run the {kind} network pass ({what}; see docs/detectors.md)")
     p.add_argument("--patch-features", action="store_true", help="VLMs (open_clip:, hf:): value-path patch features for GL-MCM")

@@ -15,6 +15,7 @@ differ from the peers' releases, docs/detectors.md ("Methods that need the netwo
 from __future__ import annotations
 
 from collections.abc import Sequence
+from numbers import Integral
 
 import numpy as np
 
@@ -24,12 +25,12 @@ from ..features.pass_options import fit_digests, require_pass
 from ..params import BOOLEAN, POSITIVE, SEED, Instance, Interval, Options, Real
 from . import REGISTRY, register
 from ._backend import Compute
-from ._common import as64, chunks, energy, labelled
+from ._common import as64, chunks, energy, labelled, logsumexp_rows
 from ._peers import PeerMethod
 from .mahalanobis import Mahalanobis
 
 __all__ = ["ODIN", "MahalanobisEnsemble", "Gram", "RankFeat", "MCDropout", "fit_layer_gaussians", "fit_layer_weights",
-           "gram_deviations"]
+           "gram_deviations", "DeepEnsemble", "AdaScaleA", "AdaScaleL", "IODIN", "adascale_shift", "adascale_scale"]
 
 
 class NetworkMethod(PeerMethod):
@@ -374,3 +375,132 @@ class DeepEnsemble(PeerMethod):
             e = np.exp(as64(f) - as64(f).max(axis=1, keepdims=True))
             total += e / e.sum(axis=1, keepdims=True)
         return total.max(axis=1) / len(logits)
+
+
+def _top_sum(a: np.ndarray, z: np.ndarray, k: int) -> np.ndarray:
+    """Per row, the sum of ``a`` at the k largest entries of ``z`` (float64; 0 for k = 0)."""
+    if k == 0:
+        return np.zeros(len(z))
+    idx = np.argpartition(z, z.shape[1] - k, axis=1)[:, z.shape[1] - k :]
+    return np.take_along_axis(a, idx, axis=1).sum(axis=1)
+
+
+def adascale_shift(z: np.ndarray, zp: np.ndarray, k1: int, k2: int, lmbda: float) -> np.ndarray:
+    """Q' = sum_{top k1 of z} relu(z~) + lmbda sum_{top k2 of z} |z - z~| per row (float64), z~ the
+    feature of the perturbed input: AdaSCALE's estimate of how far a sample's top activations move."""
+    z, zp = as64(z), as64(zp)
+    return _top_sum(np.maximum(zp, 0), z, k1) + lmbda * _top_sum(np.abs(z - zp), z, k2)
+
+
+def adascale_scale(z: np.ndarray, percentiles: np.ndarray) -> np.ndarray:
+    """r = sum relu(z) / (sum of the k_i largest of relu(z)), k_i = D - round(D p_i / 100) per row (float64)."""
+    a = np.maximum(as64(z), 0)
+    d = a.shape[1]
+    k = d - np.round(d * percentiles / 100.0).astype(np.int64)
+    top = -np.sort(-a, axis=1)
+    kept = np.take_along_axis(np.cumsum(top, axis=1), (k - 1)[:, None], axis=1)[:, 0]
+    total = a.sum(axis=1)
+    return np.divide(total, kept, out=np.zeros_like(total), where=kept != 0)
+
+
+class _AdaScale(NetworkMethod):
+    """AdaSCALE (Regmi, arXiv 2503.08023): SCALE with a per-sample percentile.
+
+    Per sample, Q' = :func:`adascale_shift` of its feature z and the feature z~ of the ``adascale``
+    pass (extract with ``--adascale``: the int(o C H W) input values of smallest gradient magnitude
+    of the maximum logit moved by 0.5 sign(grad)); p = p_min + (1 - F(Q')) (p_max - p_min), F the
+    empirical CDF (fraction <=) of Q' over a seeded ``num_samples`` rows of the fit set; r =
+    :func:`adascale_scale` (z, p). AdaSCALE-A: s = logsumexp(W (z e^r) + b); AdaSCALE-L: s =
+    logsumexp(r^2 (W z + b)). k1, k2 are percentages of the feature dimension D (int(D k / 100)
+    entries). OpenOOD's ``adascale_a`` / ``adascale_l`` (``openood/postprocessors/adascale_postprocessor.py``
+    and ``openood/networks/adascale_net.py`` at 3c35632ee91b54b09d1f085d04f94744cece7d0b), defaults
+    from ``configs/postprocessors/adascale_{a,l}.yml``: percentile (75, 85), k1 5, k2 1, lmbda 10,
+    o 0.05, num_samples 5000. OpenOOD fits on ID validation rows with an unseeded draw; here on the
+    fit set given, with ``seed``. The top-k of z break ties by position (torch's topk may pick other
+    tied entries). float64.
+    """
+
+    needs = ("features", "head", "extra:adascale/features")
+    fit_needs = ("features", "extra:adascale/features")
+    pass_kind = "adascale"
+    logit_scaling = False
+    constraints = {"percentile": Instance(list, tuple), "k1": Interval(Real, 0, 100), "k2": Interval(Real, 0, 100),
+                   "lmbda": Interval(Real, 0, None), "o": (Interval(Real, 0, 1, closed="right"), None),
+                   "num_samples": Interval(Integral, 1, None), "seed": SEED}  # fmt: skip
+
+    def __init__(self, percentile: Sequence[float] = (75.0, 85.0), k1: float = 5.0, k2: float = 1.0, lmbda: float = 10.0,
+                 o: float | None = None, num_samples: int = 5000, seed: int = 0) -> None:  # fmt: skip
+        self.percentile = percentile
+        self.k1 = k1
+        self.k2 = k2
+        self.lmbda = lmbda
+        self.o = o
+        self.num_samples = num_samples
+        self.seed = seed
+
+    def _fit(self, train: FeatureSet) -> None:
+        p = [float(v) for v in self.percentile]
+        d = train.features.shape[1]
+        if len(p) != 2 or not 0 < p[0] <= p[1] < 100 or d - round(d * p[1] / 100) < 1:
+            raise InputError(f"{type(self).__name__}: percentile must be [min, max] with 0 < min <= max < 100 keeping an entry "
+                             f"of the {d}-d feature, got {list(self.percentile)}")
+        self.o_ = self._matching(train, "o", "o")
+        n = len(train)
+        rows = np.sort(np.random.default_rng(self.seed).permutation(n)[: self.num_samples]) if n > self.num_samples else np.arange(n)
+        self.k1_, self.k2_ = int(d * self.k1 / 100), int(d * self.k2 / 100)
+        self.reference_ = np.sort(adascale_shift(train.features[rows], train.extras["adascale/features"][rows], self.k1_, self.k2_, self.lmbda))
+
+    def percentiles(self, x: FeatureSet) -> np.ndarray:
+        """p per row of ``x`` (float64)."""
+        if self._matching(x, "o", "o") != self.o_:
+            raise InputError(f"{type(self).__name__}: {x.name!r} holds the adascale pass with o={self.o_} unlike the fit set; extract both alike")
+        q = adascale_shift(x.features, x.extras["adascale/features"], self.k1_, self.k2_, self.lmbda)
+        cdf = np.searchsorted(self.reference_, q, side="right") / len(self.reference_)
+        low, high = (float(v) for v in self.percentile)
+        return low + (1 - cdf) * (high - low)
+
+    def _score(self, x: FeatureSet) -> np.ndarray:
+        z, w, b = as64(x.features), as64(x.weight), as64(x.bias)
+        r = adascale_scale(z, self.percentiles(x))
+        if self.logit_scaling:
+            return logsumexp_rows((z @ w.T + b) * (r**2)[:, None])
+        return logsumexp_rows((z * np.exp(r)[:, None]) @ w.T + b)
+
+
+@register("adascale_a", tags=("activation", "network", "openood", "since-paper"))
+class AdaScaleA(_AdaScale):
+    """AdaSCALE-A: s = logsumexp(W (z e^r) + b), the feature scaled by e^r (see :class:`_AdaScale`)."""
+
+
+@register("adascale_l", tags=("activation", "network", "openood", "since-paper"))
+class AdaScaleL(_AdaScale):
+    """AdaSCALE-L: s = logsumexp(r^2 (W z + b)), the logits scaled by r^2 (see :class:`_AdaScale`)."""
+    logit_scaling = True
+
+
+@register("iodin", tags=("logit", "network", "openood", "since-paper"))
+class IODIN(NetworkMethod):
+    """i-ODIN: s = max_c softmax(f(x~) / T)_c, x~ = x - eps s_j / std_j at the single input value j of
+    largest |grad_x CE(f(x) / T, argmax f(x))|, s_j = +1 where that gradient is >= 0 else -1.
+
+    arXiv 2411.10794; OpenOOD's ``iodin`` (``openood/postprocessors/iodin_postprocessor.py`` at
+    3c35632ee91b54b09d1f085d04f94744cece7d0b; ``configs/postprocessors/iodin.yml``: T = 1000, eps =
+    0.0014). f(x~) is the ``iodin`` pass's ``iodin/logits`` (extract with ``--iodin``); ``temperature``
+    and ``noise`` default to the pass's, as ODIN's. The softmax is float64.
+    """
+
+    needs = ("extra:iodin/logits",)
+    pass_kind = "iodin"
+    constraints = {"temperature": (POSITIVE, None), "noise": (Interval(Real, 0, None), None)}
+
+    def __init__(self, temperature: float | None = None, noise: float | None = None) -> None:
+        self.temperature = temperature
+        self.noise = noise
+
+    def _score(self, x: FeatureSet) -> np.ndarray:
+        t = self._matching(x, "temperature", "temperature")
+        self.resolved_ = {"temperature": t, "noise": self._matching(x, "noise", "noise")}
+        comp = Compute("float64")
+        f = x.extras["iodin/logits"]
+        return comp.map_rows(lambda a: comp.max_softmax(a / t), f, f.shape[1])
+

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from . import REGISTRY
 
-__all__ = ["OPENOOD", "PYTORCH_OOD", "PYTORCH_OOD_VARIANTS"]
+__all__ = ["OPENOOD", "PYTORCH_OOD", "PYTORCH_OOD_VARIANTS", "OPENOOD_SINCE"]
 
 #: OpenOOD v1.5 postprocessor key -> oodeval detector
 OPENOOD = {
@@ -52,6 +52,6 @@ for _target in PYTORCH_OOD_VARIANTS:
 
 #: OpenOOD's keys added since v1.5 for methods that need the network (openood/evaluation_api/postprocessor.py
 #: at 3c35632ee91b54b09d1f085d04f94744cece7d0b); each detector is tagged ``openood`` and ``since-paper``
-OPENOOD_SINCE = {"ensemble": "deep_ensemble"}
+OPENOOD_SINCE = {"ensemble": "deep_ensemble", "adascale_a": "adascale_a", "adascale_l": "adascale_l", "iodin": "iodin"}
 for _name, _target in OPENOOD_SINCE.items():
     REGISTRY.alias(_name, _target, "OpenOOD (since v1.5)", tags=("openood",))

@@ -200,15 +200,15 @@ def _from_store(model: ModelSpec, weights: str | None, ds: ExperimentDataset, ro
 
 
 def _role_passes(model: ModelSpec, weights: str | None, role: str, cfg: ExperimentConfig, cached_only: bool = False) -> list | None:
-    """The model's network passes for one role: on ID train only what a fit reads (gram as given,
-    mds clean, i.e. noise 0); elsewhere all, mds with noise > 0 perturbed along the Gaussians of the
+    """The model's network passes for one role: on ID train only what a fit reads (gram and adascale as
+    given, mds clean, i.e. noise 0); elsewhere all, mds with noise > 0 perturbed along the Gaussians of the
     ID-train set's clean mds pass (extracted, or read from the cache, here; with ``cached_only``
     None when that set is not in the store yet)."""
     def clean(spec):
         return replace(spec, settings=tuple((k, 0.0 if k == "noise" else v) for k, v in spec.settings))
 
     if role == "id_train":
-        return [s if s.kind == "gram" else clean(s) for s in model.passes if s.kind in ("gram", "mds")]
+        return [s if s.kind in ("gram", "adascale") else clean(s) for s in model.passes if s.kind in ("gram", "mds", "adascale")]
     out = []
     for spec in model.passes:
         if spec.kind == "mds" and float(spec.get("noise")) > 0:

@@ -16,6 +16,8 @@ mds      noise (0.0014), layers (model's stages), fit     OpenOOD v1.5 ``mds_ens
 gram     powers (10: p = 1..10), layers (model's stages)  OpenOOD v1.5 ``gram_postprocessor``
 rankfeat blocks (model's last two stages), iterations (0)  OpenOOD v1.5 ``rankfeat.yml`` (SVD)
 mcd      samples (5), p (0.5), where ("head"), seed (0)   OpenOOD v1.5 ``dropout.yml``
+adascale o (0.05), step (0.5)                             OpenOOD ``adascale_postprocessor.py``
+iodin    temperature (1000), noise (0.0014), std (model)  OpenOOD ``iodin.yml``
 ======== ================================================ ===================================
 
 ``std``: the per-channel standard deviation of the model's input normalisation; the sign gradient
@@ -24,6 +26,8 @@ for your own module, the ``Normalize`` its transform ends in (after ``ToTensor``
 another shape leaves the step in model-input units unless ``std`` is given). ``rankfeat``'s ``iterations``: 0 = the exact SVD (OpenOOD's default), k > 0 = k steps of the power
 iteration (the paper's faster form, OpenOOD's ``accelerate`` with 20). ``mds``'s ``fit``: the ID-train FeatureSet folder extracted with
 ``--mds noise=0`` whose Gaussians guide the perturbation (a scored set with ``noise > 0`` needs it).
+``adascale``'s ``o``: the fraction of the input's values perturbed (those with the smallest gradient
+magnitude), each by ``step`` in model-input units (the release's 0.5, not divided by ``std``).
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from ..errors import InputError
 __all__ = ["KINDS", "DEFAULTS", "ALIASES", "PassSpec", "parse_pass", "option_hint", "require_pass", "fit_digests"]
 
 #: every pass, in the order extraction runs them
-KINDS = ("odin", "mds", "gram", "rankfeat", "mcd")
+KINDS = ("odin", "mds", "gram", "rankfeat", "mcd", "adascale", "iodin")
 
 #: each pass's settings and defaults (None: from the model, see the module docstring)
 DEFAULTS: dict[str, dict[str, object]] = {
@@ -46,19 +50,21 @@ DEFAULTS: dict[str, dict[str, object]] = {
     "gram": {"powers": 10, "layers": None},
     "rankfeat": {"blocks": None, "iterations": 0},
     "mcd": {"samples": 5, "p": 0.5, "where": "head", "seed": 0},
+    "adascale": {"o": 0.05, "step": 0.5},
+    "iodin": {"temperature": 1000.0, "noise": 0.0014, "std": None},
 }
 
 #: the peers' short names for settings (``T=1000,eps=0.0014``)
 ALIASES = {"T": "temperature", "eps": "noise", "magnitude": "noise", "n": "samples", "dropout_p": "p"}
 
 _EXAMPLE = {"odin": "T=1000,eps=0.0014", "mds": "noise=0.0014,fit=ID_TRAIN_FEATURESET", "gram": "powers=10",
-            "rankfeat": "blocks=layer3+layer4", "mcd": "samples=5,p=0.5"}  # fmt: skip
+            "rankfeat": "blocks=layer3+layer4", "mcd": "samples=5,p=0.5", "adascale": "o=0.05", "iodin": "T=1000,eps=0.0014"}  # fmt: skip
 
 
 def option_hint(kind: str) -> str:
     """How a user asks for the pass ``kind``, for error messages."""
     table = {"odin": "{temperature = 1000, noise = 0.0014}", "mds": "{noise = 0.0014}", "gram": "{powers = 10}",
-             "rankfeat": "true", "mcd": "{samples = 5, p = 0.5}"}  # fmt: skip
+             "rankfeat": "true", "mcd": "{samples = 5, p = 0.5}", "adascale": "{o = 0.05}", "iodin": "{temperature = 1000, noise = 0.0014}"}  # fmt: skip
     return f"extract with --{kind} {_EXAMPLE[kind]} (or {kind} = {table[kind]} in the experiment's model table)"
 
 
@@ -120,6 +126,10 @@ def _value(kind: str, key: str, raw: object) -> object:
         raise InputError(f"{kind}: temperature must be > 0, got {raw}")
     if key == "noise" and raw < 0:
         raise InputError(f"{kind}: noise must be >= 0, got {raw}")
+    if key == "o" and not 0 < raw <= 1:
+        raise InputError(f"adascale: o (the fraction of input values perturbed) must be in (0, 1], got {raw}")
+    if key == "step" and raw <= 0:
+        raise InputError(f"adascale: step must be > 0, got {raw}")
     if key == "p" and not 0 < raw < 1:
         raise InputError(f"mcd: p must be in (0, 1), got {raw}")
     return float(raw)

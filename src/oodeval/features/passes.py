@@ -449,3 +449,82 @@ def build_passes(specs: Sequence[PassSpec]) -> list[NetPass]:
     for spec in specs:
         out.append(MdsPass(spec, *_mds_fit(spec)) if spec.kind == "mds" else _CLASSES[spec.kind](spec))
     return out
+
+
+# ---------------------------------------------------------------- the passes of OpenOOD's methods since v1.5
+def _head_input(ctx: Context, x: Tensor) -> Tensor:
+    """The classifier's input (the penultimate feature the plain forward stores) on x, float32."""
+    if ctx.head is None:
+        raise InputError("this pass reads the classifier's input (the penultimate feature): it needs the head module")
+    box: dict[str, Tensor] = {}
+    handle = ctx.head.register_forward_pre_hook(lambda _m, inp: box.__setitem__("z", inp[0]))
+    try:
+        model_logits(ctx, x)
+    finally:
+        handle.remove()
+    return box["z"].float()
+
+
+def adascale_perturb(x: Tensor, grad: Tensor, o: float, step: float) -> Tensor:
+    """x + step sign(grad) on the int(o C H W) values of each image with the smallest |grad| (torch.topk
+    over the image's values in (C, H, W) order), the others unchanged (AdaSCALE's perturbation)."""
+    b = x.shape[0]
+    flat = grad.abs().reshape(b, -1)
+    n = int(flat.shape[1] * o)
+    mask = torch.zeros_like(flat).scatter_(1, torch.topk(flat, n, dim=1, largest=False).indices, 1.0).reshape(x.shape)
+    return x.detach() + grad.sign() * mask * step
+
+
+def iodin_perturb(x: Tensor, grad: Tensor, noise: float, std: Sequence[float] | None) -> Tensor:
+    """x - noise s / std at the one value of each image with the largest |grad| (the first where
+    several tie), s = +1 where grad >= 0 else -1 (i-ODIN's perturbation); the others unchanged."""
+    b = x.shape[0]
+    flat = grad.abs().reshape(b, -1)
+    mask = torch.zeros_like(flat).scatter_(1, flat.argmax(dim=1, keepdim=True), 1.0).reshape(x.shape)
+    step = torch.where(grad >= 0, 1.0, -1.0).to(x.dtype)
+    if std is not None:
+        if len(std) != x.shape[1]:
+            raise InputError(f"std has {len(std)} channels but the input has {x.shape[1]}")
+        step = step / torch.tensor(std, dtype=step.dtype, device=step.device).view(1, -1, *([1] * (x.ndim - 2)))
+    return x.detach() - noise * step * mask
+
+
+class AdaScalePass(NetPass):
+    """``adascale/features`` (N, D): the penultimate feature at x~ = :func:`adascale_perturb` of x along
+    the gradient of the maximum logit (summed over the batch: each image's own gradient)."""
+
+    def resolve(self, ctx: Context) -> None:
+        if ctx.head is None:
+            raise InputError("adascale reads the classifier's input (the penultimate feature): it needs the head module")
+        self.resolved = {}
+
+    def __call__(self, ctx: Context, x: Tensor, first_row: int) -> dict[str, Tensor]:
+        with torch.enable_grad():
+            xg = x.detach().requires_grad_(True)
+            f = model_logits(ctx, xg)
+            top = f.gather(1, f.detach().argmax(dim=1, keepdim=True)).sum()
+            (grad,) = torch.autograd.grad(top, xg)
+        with torch.no_grad():
+            return {"adascale/features": _head_input(ctx, adascale_perturb(x, grad, float(self.spec.get("o")), float(self.spec.get("step"))))}
+
+
+class IodinPass(NetPass):
+    """``iodin/logits`` (N, C): f(x~), x~ = :func:`iodin_perturb` of x along the gradient of
+    sum_i CE(f(x_i) / T, argmax f(x_i)) (one backward pass)."""
+
+    def resolve(self, ctx: Context) -> None:
+        self.resolved = {"std": None if self._std(ctx) is None else list(self._std(ctx))}
+
+    def __call__(self, ctx: Context, x: Tensor, first_row: int) -> dict[str, Tensor]:
+        t, eps = float(self.spec.get("temperature")), float(self.spec.get("noise"))
+        with torch.enable_grad():
+            xg = x.detach().requires_grad_(True)
+            f = model_logits(ctx, xg)
+            loss = F.cross_entropy(f / t, f.detach().argmax(dim=1), reduction="sum")
+            (grad,) = torch.autograd.grad(loss, xg)
+        with torch.no_grad():
+            return {"iodin/logits": model_logits(ctx, iodin_perturb(x, grad, eps, self._std(ctx)))}
+
+
+PREFIX.update({"adascale": "adascale/", "iodin": "iodin/"})
+_CLASSES.update({"adascale": AdaScalePass, "iodin": IodinPass})
