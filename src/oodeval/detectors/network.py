@@ -10,6 +10,8 @@ defaults to None = the pass's recorded setting; an explicit value must match it.
 (:class:`~oodeval.detectors._peers.PeerMethod`), float64 (the ensemble's per-layer distances are
 the ``mahalanobis`` detector's, in its default precision), higher = more in-distribution; where they
 differ from the peers' releases, docs/detectors.md ("Methods that need the network") says how.
+OpenOOD's methods since v1.5 follow at the end: the deep ensemble (members' logits of an ensemble
+FeatureSet, :mod:`oodeval.features.ensemble`), AdaSCALE-A / -L and i-ODIN (their passes).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The network passes of ODIN, Mahalanobis with input preprocessing, Gram, RankFeat and MC dropout.
+"""The network passes of ODIN, Mahalanobis with input preprocessing, Gram, RankFeat, MC dropout, AdaSCALE and i-ODIN.
 
 Each runs per batch beside the plain forward of :func:`oodeval.features.extract.extract` (so it is
 cached, sharded and resumable like every extraction; settings in :mod:`.pass_options`), on the
@@ -25,6 +25,11 @@ FeatureSet extras (float32, prefixed with its kind). What each stores:
   (``where="head"``, OpenOOD's ``forward_with_dropout``) or the model's own dropout in train mode
   with BatchNorm kept in eval mode (``where="model"``, pytorch-ood's ``MCD``). The masks come from
   torch's generator seeded with ``seed`` + the batch's first row, so the batch size is part of the key.
+* ``adascale/features`` (N, D): the penultimate feature (the classifier's input) at x + step sign(g) on
+  the int(o C H W) values of smallest |g|, g = grad_x sum_i max_c f(x_i)_c (AdaSCALE, arXiv 2503.08023;
+  OpenOOD's ``adascale_postprocessor.py``): one backward and one forward.
+* ``iodin/logits`` (N, C): f(x~), ODIN's loss and step at the one value of each image with the
+  largest |grad| (i-ODIN, arXiv 2411.10794; OpenOOD's ``iodin_postprocessor.py``): one backward and one forward.
 """
 
 from __future__ import annotations
