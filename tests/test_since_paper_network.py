@@ -391,3 +391,33 @@ def test_listed_as_since_paper_with_openoods_name(name):
     if name == "deep_ensemble":  # OpenOOD's key differs: an alias with its source
         assert entries[name]["aliases"] == {"ensemble": "OpenOOD (since v1.5)"}
     assert OPENOOD in detectors.REGISTRY[name].__doc__ or OPENOOD in detectors.REGISTRY[name].__mro__[1].__doc__  # the release cited
+
+
+def test_an_experiment_extracts_adascale_on_id_train_and_scores_both(net_sets, tmp_path):
+    from oodeval.experiment import load_config, run_experiment
+    from oodeval.results import load_results
+
+    root = net_sets["root"]
+    exp = tmp_path / "exp.toml"
+    exp.write_text(f"""store = "{root / 'store'}"
+results = "{tmp_path / 'r.parquet'}"
+bootstrap_draws = 5
+[datasets]
+id_train = "{root / 'train'}"
+id_test = "{root / 'test'}"
+ood = [{{name = "{root / 'ood'}", label = "ood"}}]
+[[models]]
+name = "test_resnet"
+weights = "{net_sets['opts']['weights']}"
+model_kwargs = {{num_classes = 3, pretrained_cfg_overlay = {{input_size = [3, 48, 48]}}}}
+adascale = true
+iodin = {{noise = 0.5}}
+detectors = ["adascale_a", "iodin"]
+""")
+    summary = run_experiment(load_config(exp), progress=False)
+    rows = load_results(summary.results).set_index("detector")
+    assert summary.ok and rows["status"].eq("ok").all(), summary.errors
+    # ID train got the adascale pass only (what the fit reads); the scored sets are the entries extracted above
+    det = detectors.create("adascale_a").fit(net_sets["train"])
+    want = all_metrics(det.score(net_sets["test"]), det.score(net_sets["ood"]))["auroc"]
+    assert rows.loc["adascale_a", "auroc"] == pytest.approx(want, abs=1e-12)
