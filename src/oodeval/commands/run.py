@@ -210,6 +210,8 @@ def _check(cfg, names_only: bool = False) -> int:
 
 def _weights_text(m) -> str:
     """Where a model's weights come from, as ``run --check`` states it."""
+    if m.ensemble:
+        return f"its members' (a deep ensemble of {', '.join(m.ensemble)}; each member's weights files)"
     if m.weights != (None,):
         return ", ".join(dict.fromkeys(str(w) for w in m.weights))
     if m.pretrained:
