@@ -154,6 +154,8 @@ def test_an_experiment_scores_an_ensemble_of_its_models(tmp_path):
     # a rerun computes nothing
     again = run_experiment(load_config(cfg, base_dir=tmp_path), progress=False)
     assert again.computed == 0 and again.skipped == again.total == 3
+    # without an id_train set (the members' precomputed ones fit them): an ensemble fits on nothing
+    assert load_config({**cfg, "datasets": {"id_test": "test", "ood": ["far"]}}, base_dir=tmp_path).models[2].ensemble == ("tiny s0", "tiny s1")
     with pytest.raises(InputError, match="ensemble member\\(s\\) tiny s9 are not model labels"):
         load_config({**cfg, "models": [*cfg["models"][:2], {"ensemble": ["tiny s0", "tiny s9"]}]}, base_dir=tmp_path)
     with pytest.raises(InputError, match="takes only detectors, ensemble, label, name"):

@@ -631,8 +631,8 @@ def load_config(source: str | Path | dict | ExperimentConfig, base_dir: str | Pa
     dup = sorted({x for x in mlabels if mlabels.count(x) > 1})
     if dup:
         raise _fail("[[models]]", f"model label(s) used twice: {', '.join(dup)}; set `label` to tell them apart")
-    needs_train = [m.label for m in models if m.kind == "supervised"]
-    if needs_train and id_train is None and not all("id_train" in m.features for m in models if m.kind == "supervised"):
+    needs_train = [m.label for m in models if m.kind == "supervised" and not m.ensemble]  # an ensemble's members fit
+    if needs_train and id_train is None and not all("id_train" in m.features for m in models if m.kind == "supervised" and not m.ensemble):
         raise _fail("[datasets]", f"id_train is required to fit the detectors of supervised model(s) {', '.join(needs_train)}")
     allowed_feats = set(_ROLES) | set(labels) | set(csid_labels) | {"validation_id", "validation_ood"}
     for m in models:
