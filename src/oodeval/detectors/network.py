@@ -91,7 +91,7 @@ class ODIN(NetworkMethod):
         self._matching(x, "noise", "noise")
         self.resolved_ = {"temperature": t, "noise": float(self._settings(x)["noise"])}
         comp = Compute("float64")
-        f = x.extras["odin/logits"]
+        f = x.extras[f"{self.pass_kind}/logits"]
         return comp.map_rows(lambda a: comp.max_softmax(a / t), f, f.shape[1])
 
 
@@ -481,28 +481,16 @@ class AdaScaleL(_AdaScale):
 
 
 @register("iodin", tags=("logit", "network", "openood", "since-paper"))
-class IODIN(NetworkMethod):
+class IODIN(ODIN):
     """i-ODIN: s = max_c softmax(f(x~) / T)_c, x~ = x - eps s_j / std_j at the single input value j of
     largest |grad_x CE(f(x) / T, argmax f(x))|, s_j = +1 where that gradient is >= 0 else -1.
 
     arXiv 2411.10794; OpenOOD's ``iodin`` (``openood/postprocessors/iodin_postprocessor.py`` at
     3c35632ee91b54b09d1f085d04f94744cece7d0b; ``configs/postprocessors/iodin.yml``: T = 1000, eps =
     0.0014). f(x~) is the ``iodin`` pass's ``iodin/logits`` (extract with ``--iodin``); ``temperature``
-    and ``noise`` default to the pass's, as ODIN's. The softmax is float64.
+    and ``noise`` default to the pass's, as ODIN's (its hyperparameters and score, on this pass). The softmax is float64.
     """
 
     needs = ("extra:iodin/logits",)
     pass_kind = "iodin"
-    constraints = {"temperature": (POSITIVE, None), "noise": (Interval(Real, 0, None), None)}
-
-    def __init__(self, temperature: float | None = None, noise: float | None = None) -> None:
-        self.temperature = temperature
-        self.noise = noise
-
-    def _score(self, x: FeatureSet) -> np.ndarray:
-        t = self._matching(x, "temperature", "temperature")
-        self.resolved_ = {"temperature": t, "noise": self._matching(x, "noise", "noise")}
-        comp = Compute("float64")
-        f = x.extras["iodin/logits"]
-        return comp.map_rows(lambda a: comp.max_softmax(a / t), f, f.shape[1])
 

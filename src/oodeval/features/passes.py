@@ -230,6 +230,9 @@ class NetPass:
 
 
 class OdinPass(NetPass):
+    #: the input step along the gradient (i-ODIN's pass replaces it)
+    step = staticmethod(perturb)
+
     def resolve(self, ctx: Context) -> None:
         self.resolved = {"std": None if self._std(ctx) is None else list(self._std(ctx))}
 
@@ -241,7 +244,7 @@ class OdinPass(NetPass):
             loss = F.cross_entropy(f / t, f.detach().argmax(dim=1), reduction="sum")  # each image's own gradient
             (grad,) = torch.autograd.grad(loss, xg)
         with torch.no_grad():
-            return {"odin/logits": model_logits(ctx, perturb(x, grad, eps, self._std(ctx)))}
+            return {f"{self.kind}/logits": model_logits(ctx, self.step(x, grad, eps, self._std(ctx)))}
 
 
 class MdsPass(NetPass):
@@ -513,22 +516,11 @@ class AdaScalePass(NetPass):
             return {"adascale/features": _head_input(ctx, adascale_perturb(x, grad, float(self.spec.get("o")), float(self.spec.get("step"))))}
 
 
-class IodinPass(NetPass):
-    """``iodin/logits`` (N, C): f(x~), x~ = :func:`iodin_perturb` of x along the gradient of
+class IodinPass(OdinPass):
+    """``iodin/logits`` (N, C): f(x~), x~ = :func:`iodin_perturb` of x along ODIN's gradient of
     sum_i CE(f(x_i) / T, argmax f(x_i)) (one backward pass)."""
 
-    def resolve(self, ctx: Context) -> None:
-        self.resolved = {"std": None if self._std(ctx) is None else list(self._std(ctx))}
-
-    def __call__(self, ctx: Context, x: Tensor, first_row: int) -> dict[str, Tensor]:
-        t, eps = float(self.spec.get("temperature")), float(self.spec.get("noise"))
-        with torch.enable_grad():
-            xg = x.detach().requires_grad_(True)
-            f = model_logits(ctx, xg)
-            loss = F.cross_entropy(f / t, f.detach().argmax(dim=1), reduction="sum")
-            (grad,) = torch.autograd.grad(loss, xg)
-        with torch.no_grad():
-            return {"iodin/logits": model_logits(ctx, iodin_perturb(x, grad, eps, self._std(ctx)))}
+    step = staticmethod(iodin_perturb)
 
 
 PREFIX.update({"adascale": "adascale/", "iodin": "iodin/"})
