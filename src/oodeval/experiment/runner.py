@@ -347,9 +347,10 @@ def _cell_key(run: _Run, spec: DetectorSpec, dataset: str, split: str, seed: int
 
 def _feature_roles(model: ModelSpec, cfg: ExperimentConfig) -> list[tuple[str, ExperimentDataset]]:
     """(role, dataset) of the FeatureSets a model's cells are computed from: ID train (supervised), ID
-    test, each OOD set, each covariate-shifted ID set (role ``csid:<label>``, full-spectrum OOD)."""
+    test, each OOD set, each covariate-shifted ID set (role ``csid:<label>``, full-spectrum OOD). A deep
+    ensemble fits on nothing: no ID train (its members' would be combined for nothing)."""
     roles: list[tuple[str, ExperimentDataset]] = [("id_test", cfg.id_test)]
-    if model.kind == "supervised" and (cfg.id_train is not None or "id_train" in model.features):
+    if model.kind == "supervised" and not model.ensemble and (cfg.id_train is not None or "id_train" in model.features):
         roles.insert(0, ("id_train", cfg.id_train or ExperimentDataset("id_train", "id_train")))
     return roles + [(d.label, d) for d in cfg.ood] + [(f"csid:{d.label}", d) for d in cfg.csid]
 

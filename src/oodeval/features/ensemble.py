@@ -3,9 +3,10 @@
 The members are models trained on the same data (several seeds of one architecture, or several
 backbones) whose stored FeatureSets of one dataset hold the same rows in the same order. The
 ensemble's FeatureSet keeps each member's logits as the extra ``ensemble/<k>`` (k = 0, 1, ...),
-their mean (in float64, stored in the members' dtype) as its ``logits`` (what OpenOOD's ``ensemble`` postprocessor softmaxes), the members'
-features side by side as its ``features`` (no head: the members' heads are not one linear map of
-them), and the members in ``meta["ensemble"]`` (name, model, weights hash and content hash of each),
+their mean (in float64, stored in the members' dtype) as its ``logits`` (what OpenOOD's ``ensemble`` postprocessor softmaxes),
+the first member's features as its ``features`` (a placeholder, not copied: the ensemble is a
+logit-space object and has no head; a feature-space detector belongs on the members, whose
+features side by side would cost M times their memory per set), and the members in ``meta["ensemble"]`` (name, model, weights hash and content hash of each),
 which the ``deep_ensemble`` detector records in its results.
 """
 
@@ -56,7 +57,7 @@ def ensemble_featureset(members: Sequence[FeatureSet], names: Sequence[str] | No
     for key in ("role", "n_classes", "class_names"):
         if key in first.meta:
             meta[key] = first.meta[key]
-    features = np.concatenate([np.asarray(fs.features) for fs in members], axis=1)
+    features = first.features  # no copy (a memory-mapped set stays so): see the module docstring
     extras = {f"{PREFIX}{k}": f for k, f in enumerate(logits)}
     return FeatureSet(features=features, labels=np.asarray(first.labels), logits=mean, extras=extras, meta=meta)
 
