@@ -423,3 +423,32 @@ detectors = ["adascale_a", "iodin"]
     det = detectors.create("adascale_a").fit(net_sets["train"])
     want = all_metrics(det.score(net_sets["test"]), det.score(net_sets["ood"]))["auroc"]
     assert rows.loc["adascale_a", "auroc"] == pytest.approx(want, abs=1e-12)
+
+
+def test_the_passes_resume_and_key_each_setting(net_sets, tmp_path, monkeypatch):
+    """Interrupted after one shard, a rerun computes only the rest, to the same arrays; a bad setting
+    is refused naming it."""
+    from oodeval.features import store as store_mod
+    from oodeval.features.extract import extract
+    from oodeval.features.pass_options import parse_pass
+
+    opts = {**net_sets["opts"], "batch_size": 4, "shard_size": 4}
+    folder, specs = net_sets["root"] / "test", net_sets["specs"]
+    real, written = store_mod.write_shard, []
+
+    def write_then_stop(path, *a, **k):
+        real(path, *a, **k)
+        written.append(path.name)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(store_mod, "write_shard", write_then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        extract("test_resnet", folder, tmp_path / "store", passes=specs, **opts)
+    monkeypatch.setattr(store_mod, "write_shard", lambda path, *a, **k: (written.append(path.name), real(path, *a, **k)))
+    resumed = FeatureSet.load(extract("test_resnet", folder, tmp_path / "store", passes=specs, **opts))
+    assert written == ["shard-000000.npz", "shard-000001.npz", "shard-000002.npz"]  # 9 rows, 4 per shard: the first kept
+    fresh = FeatureSet.load(extract("test_resnet", folder, tmp_path / "fresh", passes=specs, **opts))
+    for key in ("adascale/features", "iodin/logits"):  # the same batches as one uninterrupted run of this batch size
+        np.testing.assert_array_equal(resumed.extras[key], fresh.extras[key])
+    with pytest.raises(InputError, match=r"adascale: o \(the fraction of input values perturbed\) must be in \(0, 1\], got 0"):
+        parse_pass("adascale", "o=0")
