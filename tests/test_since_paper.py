@@ -139,14 +139,15 @@ def test_multi_mahalanobis_is_mahalanobis_ensemble_without_noise(torch64):
 
 
 @pytest.mark.parametrize(("name", "peer"), [("webo", "pytorch-ood"), ("pnml", "pytorch-ood"), ("mahalanobis_ensemble", "pytorch-ood"),
-                                            ("cfood", "openood"), ("optfs", None), ("kpca", None)])  # fmt: skip
+                                            ("cfood", "openood"), ("optfs", None), ("kpca", None),
+                                            ("cadref", "pytorch-ood"), ("ora", None)])  # fmt: skip
 def test_since_paper_methods_are_listed_with_their_release(name, peer):
     from oodeval.commands.detectors import listing
 
     entries = {e["name"]: e for e in listing(["since-paper"])}
     assert peer is None or peer in entries[name]["tags"]
     if peer == "pytorch-ood":  # its class name is an alias, its source in the listing
-        assert any(src.startswith("pytorch-ood 0.4") for src in entries[name]["aliases"].values())
+        assert any(src.startswith("pytorch-ood") for src in entries[name]["aliases"].values())
     assert not entries[name]["default_selection"]  # opt-in: the default selection stays the paper's 21
 
 
@@ -269,3 +270,112 @@ def test_kpca_is_the_authors_release(problem, kernel):
     same_results(ours, ref, len(test))
     assert 1 < det.n_components_ < det.components_.shape[0]
     assert not close(_kpca_release(train.features, rows, ratio, *draws, wrong_centre=True), ref, 1e-6)
+
+
+def _cadref_release(train, rows, method: str = "energy", paper_split: bool = False) -> np.ndarray:
+    """The CADRef release (LingAndZero/CADRef, ood_methods/CADRef.py and utils/get_stat.py at
+    e299a5878329fc1e7e8413e2c075ce6a8762da4d) re-derived in float64: ID-train rows grouped by the
+    head's predicted class, their means, the mean logit score over all of them, then per row the
+    l1 norms of the clipped parts of (z - mu_y) sign(w_y) over ||z||_1, each divided by its logit
+    score. ``paper_split``: the deliberately wrong formula, Eqs. 7-8 as printed (split on
+    sign(w_i z_i) of the raw feature)."""
+    from scipy.special import logsumexp, softmax
+
+    w, b = np.asarray(train.weight, dtype=np.float64), np.asarray(train.bias, dtype=np.float64)
+
+    def logit_score(f):
+        if method == "energy":
+            return logsumexp(f, axis=1)
+        if method == "maxlogit":
+            return f.max(axis=1)
+        p = softmax(f, axis=1)
+        if method == "msp":
+            return p.max(axis=1)
+        m = max(10, f.shape[1] // 10)
+        top = np.sort(p, axis=1)[:, -m:]
+        return 1 / np.sum(top**0.1 * (1 - top) ** 0.1, axis=1)
+
+    z_train = np.asarray(train.features, dtype=np.float64)
+    f_train = z_train @ w.T + b
+    pred = f_train.argmax(axis=1)
+    means = np.stack([z_train[pred == k].mean(axis=0) for k in range(len(w))])
+    global_score = logit_score(f_train).mean()
+    z = np.asarray(rows.features, dtype=np.float64)
+    f = z @ w.T + b
+    y = f.argmax(axis=1)
+    dist = z - means[y]
+    sg = np.sign(w[y] * z) if paper_split else np.sign(w[y])
+    ep = np.linalg.norm(np.where(dist * sg < 0, 0, dist * sg), ord=1, axis=1) / np.linalg.norm(z, ord=1, axis=1)
+    en = np.linalg.norm(np.where(-dist * sg < 0, 0, -dist * sg), ord=1, axis=1) / np.linalg.norm(z, ord=1, axis=1)
+    return -(ep / logit_score(f) + en / global_score)
+
+
+@pytest.mark.parametrize("method", ["energy", "maxlogit", "msp", "gen"])
+def test_cadref_is_the_authors_release(problem, method):
+    train, test, ood = problem
+    det = detectors.create("cadref", logit_score=method, compute_dtype="float64").fit(train)
+    ours = np.concatenate([det.score(test), det.score(ood)])
+    ref = np.concatenate([_cadref_release(train, s, method) for s in (test, ood)])
+    assert det.unpredicted_classes_ == 0  # every class has its own centroid here, as the release needs
+    assert close(ours, ref, RTOL64)  # the same float64 sums (in another order)
+    same_results(ours, ref, len(test))
+    # the default float32 head product: the logits off by a few float32 ulps of |W||z|, the rest float64
+    fast = detectors.create("cadref", logit_score=method).fit(train)
+    assert close(np.concatenate([fast.score(test), fast.score(ood)]), ref, 1e-5)
+    wrong = np.concatenate([_cadref_release(train, s, method, paper_split=True) for s in (test, ood)])
+    assert not close(wrong, ref, 1e-6)
+
+
+def test_cadref_falls_back_to_the_global_mean_for_an_unpredicted_class(problem):
+    """A class the head never predicts on ID train (the release: a NaN centroid) takes the mean
+    of all ID-train rows, as pytorch-ood's CADRef does."""
+    from oodeval.features import FeatureSet
+
+    train, test, _ = problem
+    bias = np.asarray(train.bias, dtype=np.float64).copy()
+    bias[2] = -1e6  # class 2 is never the argmax
+    fs = lambda s: FeatureSet(s.features, labels=s.labels, weight=s.weight, bias=bias.astype(s.bias.dtype))  # noqa: E731
+    det = detectors.create("cadref", compute_dtype="float64").fit(fs(train))
+    assert det.unpredicted_classes_ == 1
+    np.testing.assert_allclose(det.class_means_[2], np.asarray(train.features, dtype=np.float64).mean(axis=0), rtol=1e-12)
+    assert np.isfinite(det.score(fs(test))).all()
+
+
+def _ora_release(train, rows, reduce=np.max) -> np.ndarray:
+    """The ORA release (berkerdemirel/ORA-OOD-Detection-with-Relative-Angles, util/ood_methods.py
+    ora_score at 4a4b3d63512428285b8e732cdb7167e12c0b2a57) re-derived in float64, class by class
+    as it runs: the boundary point z - (max f - f_c) / ||w_y - w_c||^2 (w_y - w_c), both points
+    centred on the mean of the class means (of ID train here) and normalised (eps 1e-12), the
+    arccos of their cosine / pi, NaN (c = y) set to 0, the max over classes. ``reduce=np.mean``:
+    the deliberately wrong formula (the release's commented-out mean)."""
+    z_train = np.asarray(train.features, dtype=np.float64)
+    labels = np.asarray(train.labels)
+    mu = np.stack([z_train[labels == k].mean(axis=0) for k in np.unique(labels[labels >= 0])]).mean(axis=0)
+    w, b = np.asarray(train.weight, dtype=np.float64), np.asarray(train.bias, dtype=np.float64)
+    z = np.asarray(rows.features, dtype=np.float64)
+    f = z @ w.T + b
+    pred, top = f.argmax(axis=1), f.max(axis=1)
+    unit = lambda a: a / np.maximum(np.linalg.norm(a, axis=1, keepdims=True), 1e-12)  # noqa: E731
+    angles = np.zeros((len(z), len(w)))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        for c in range(len(w)):
+            diff = w[pred] - w[c]
+            db = z - ((top - f[:, c]) / np.linalg.norm(diff, axis=1) ** 2)[:, None] * diff
+            angles[:, c] = np.arccos(np.sum(unit(z - mu) * unit(db - mu), axis=1)) / np.pi
+    angles[np.isnan(angles)] = 0
+    return reduce(angles, axis=1)
+
+
+def test_ora_is_the_authors_release(problem):
+    train, test, ood = problem
+    det = detectors.create("ora", compute_dtype="float64").fit(train)
+    ours = np.concatenate([det.score(test), det.score(ood)])
+    ref = np.concatenate([_ora_release(train, s) for s in (test, ood)])
+    # the cosine formed in closed form vs from the explicit boundary points: a few float64 ulps of
+    # it, which arccos (slope 1 / sin) magnifies at most 1 / sin(pi * min score) times
+    assert close(ours, ref, 1e-12 / np.sin(np.pi * ref.min()))
+    same_results(ours, ref, len(test))
+    fast = detectors.create("ora").fit(train)  # float32 head product: a few float32 ulps of the cosine
+    assert close(np.concatenate([fast.score(test), fast.score(ood)]), ref, 1e-5 / np.sin(np.pi * ref.min()))
+    wrong = np.concatenate([_ora_release(train, s, reduce=np.mean) for s in (test, ood)])
+    assert not close(wrong, ref, 1e-6)
