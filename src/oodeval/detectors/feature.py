@@ -441,17 +441,28 @@ class ORA(PeerMethod):
         w, m = comp.put(x.weight).T, comp.put(m32)
         far = w64 @ (m32 - self.centre_)  # W (m32 - mu): the float64 part of W (z - mu)
         h = w64 @ self.centre_ + as64(x.bias)  # f = W (z - mu) + h
+        inv_sq = 1.0 / np.where(np.eye(c, dtype=bool), np.inf, self.boundary_sq_)  # 0 on the diagonal
         out = np.empty(len(x))
-        rows = np.arange(comp.rows(max(x.features.shape[1], c)))
         for sl in comp.chunks(len(x), max(x.features.shape[1], c)):
-            g = comp.get((comp.put(x.features[sl]) - m) @ w) + far  # W u, u = z - mu
+            g = comp.get((comp.put(x.features[sl]) - m) @ w)
+            g += far  # W u, u = z - mu
             uu = np.square(as64(x.features[sl]) - self.centre_).sum(axis=1)[:, None]
             f = g + h
             y = f.argmax(axis=1)
-            i = rows[: len(y)]
-            q = g[i, y][:, None] - g
-            t = (f[i, y][:, None] - f) / np.where(self.boundary_sq_[y] > 0, self.boundary_sq_[y], np.inf)
-            cos = (uu - t * q) / np.sqrt(uu * np.maximum(uu - 2.0 * t * q + t * t * self.boundary_sq_[y], 0.0))
-            cos[i, y] = np.inf
-            out[sl] = np.arccos(np.clip(cos.min(axis=1), -1.0, 1.0)) / np.pi
+            i = np.arange(len(y))
+            np.subtract(f[i, y][:, None], f, out=f)  # f_y - f_c
+            np.subtract(g[i, y][:, None], g, out=g)  # q_c
+            t = inv_sq[y]
+            t *= f  # t_c
+            g *= t  # t_c q_c
+            t *= f  # t_c^2 ||w_y - w_c||^2 = t_c (f_y - f_c)
+            t -= g
+            t -= g
+            t += uu
+            t *= uu  # |u|^2 (|u|^2 - 2 t q + t^2 ||w_y - w_c||^2) = (|u| |v_c|)^2
+            np.sqrt(np.maximum(t, 0.0, out=t), out=t)
+            np.subtract(uu, g, out=g)  # |u|^2 - t q = <u, v_c>
+            g /= t
+            g[i, y] = np.inf
+            out[sl] = np.arccos(np.clip(g.min(axis=1), -1.0, 1.0)) / np.pi
         return out

@@ -405,16 +405,18 @@ class PNML(PeerMethod):
 REGISTRY.alias("PNML", "pnml", "pytorch-ood 0.4", tags=("pytorch-ood",))
 
 
-#: CADRef's logit-based confidence S(f) per row (float64): the release's ``get_logits_score`` options
-def _cadref_confidence(f: np.ndarray, method: str) -> np.ndarray:
+def _cadref_confidence(comp, f, method: str) -> np.ndarray:
+    """CADRef's logit-based confidence S(f) per row, float64, of a product block ``f`` (which it may
+    overwrite): the release's ``get_logits_score`` options; gen is 1 / sum over the top max(10, C / 10)
+    softmax terms of p^0.1 (1 - p)^0.1 (gamma = 0.1), float64."""
     if method == "energy":
-        return logsumexp(f, axis=1)
+        return comp.get(comp.logsumexp(f, overwrite=True))
     if method == "maxlogit":
-        return f.max(axis=1)
-    p = _softmax64(f)
+        return comp.get(comp.rowmax(f))
     if method == "msp":
-        return p.max(axis=1)
-    m = max(10, f.shape[1] // 10)  # gen: 1 / sum of the top-M terms p^g (1 - p)^g, gamma = 0.1
+        return comp.get(comp.max_softmax(f, overwrite=True))
+    p = _softmax64(comp.get(f))
+    m = max(10, p.shape[1] // 10)
     top = p if m >= p.shape[1] else np.partition(p, p.shape[1] - m, axis=1)[:, -m:]
     return 1.0 / (top**0.1 * (1.0 - top) ** 0.1).sum(axis=1)
 
@@ -452,11 +454,11 @@ class CADRef(PeerMethod):
         self.compute_dtype = compute_dtype
         self.device = device
 
-    def _logits(self, comp, z: np.ndarray, w, b) -> np.ndarray:
-        """f = W z + b for a chunk, the product in ``comp``, as float64."""
+    def _logits(self, comp, z: np.ndarray, w, b):
+        """(f = W z + b in ``comp``, the predicted classes as numpy) for a chunk."""
         f = comp.put(z) @ w
         f += b
-        return comp.get(f)
+        return f, comp.host(comp.argmax(f))
 
     def _fit(self, train: FeatureSet) -> None:
         comp = self._compute()
@@ -464,13 +466,12 @@ class CADRef(PeerMethod):
         c, d = train.weight.shape
         sums, counts, conf = np.zeros((c, d)), np.zeros(c), 0.0
         for sl in comp.chunks(len(train), max(d, c)):
-            f = self._logits(comp, train.features[sl], w, b)
-            y = f.argmax(axis=1)
+            f, y = self._logits(comp, train.features[sl], w, b)
             order = np.argsort(y, kind="stable")
             classes, starts = np.unique(y[order], return_index=True)
             sums[classes] += np.add.reduceat(as64(train.features[sl])[order], starts, axis=0)
             counts += np.bincount(y, minlength=c)
-            conf += _cadref_confidence(f, self.logit_score).sum()
+            conf += _cadref_confidence(comp, f, self.logit_score).sum()
         empty = counts == 0
         self.unpredicted_classes_ = int(empty.sum())
         means = sums / np.maximum(counts, 1)[:, None]
@@ -486,14 +487,14 @@ class CADRef(PeerMethod):
         sign = np.sign(as64(x.weight))
         out = np.empty(len(x))
         for sl in comp.chunks(len(x), max(x.weight.shape)):
+            f, y = self._logits(comp, x.features[sl], w, b)
             z = as64(x.features[sl])
-            f = self._logits(comp, z, w, b)
-            y = f.argmax(axis=1)
-            r = (z - self.class_means_[y]) * sign[y]
+            r = z - self.class_means_[y]
+            r *= sign[y]
             norm = np.maximum(np.abs(z).sum(axis=1), 1e-12)
-            e_p = np.maximum(r, 0.0).sum(axis=1) / norm
-            e_n = np.maximum(-r, 0.0).sum(axis=1) / norm
-            out[sl] = -(e_p / _cadref_confidence(f, self.logit_score) + e_n / self.mean_confidence_)
+            positive = np.maximum(r, 0.0).sum(axis=1)
+            negative = positive - r.sum(axis=1)  # sum max(-r, 0)
+            out[sl] = -(positive / norm / _cadref_confidence(comp, f, self.logit_score) + negative / norm / self.mean_confidence_)
         return out
 
 
