@@ -140,7 +140,7 @@ def test_multi_mahalanobis_is_mahalanobis_ensemble_without_noise(torch64):
 
 @pytest.mark.parametrize(("name", "peer"), [("webo", "pytorch-ood"), ("pnml", "pytorch-ood"), ("mahalanobis_ensemble", "pytorch-ood"),
                                             ("cfood", "openood"), ("optfs", None), ("kpca", None),
-                                            ("cadref", "pytorch-ood"), ("ora", None)])  # fmt: skip
+                                            ("cadref", "pytorch-ood"), ("ora", None), ("weiper", None)])  # fmt: skip
 def test_since_paper_methods_are_listed_with_their_release(name, peer):
     from oodeval.commands.detectors import listing
 
@@ -379,3 +379,84 @@ def test_ora_is_the_authors_release(problem):
     assert close(np.concatenate([fast.score(test), fast.score(ood)]), ref, 1e-5 / np.sin(np.pi * ref.min()))
     wrong = np.concatenate([_ora_release(train, s, reduce=np.mean) for s in (test, ood)])
     assert not close(wrong, ref, 1e-6)
+
+
+def _weiper_release(train, rows, heads, hp, symmetric=True) -> np.ndarray:
+    """The WeiPer release (mgranz/weiper, Weiper/OpenOOD/openood/postprocessors/weiper_kldiv/utils.py
+    at f3cdf25c5c03ce61eb12508733841daace8ba40a) re-derived in float64 on the given perturbed heads:
+    the train value range (exact_minmax), per row the histogram of its values by comparison with
+    linspace(min, max + 1e-8) edges (-inf / inf bins dropped, over the row's value count), the mean
+    train density, the row's density smoothed by torch's Conv1d(padding="same", "replicate") with
+    uniform weights as UniformKernel, kldiv with eps 0.01 / 0.025, the mean max softmax of the
+    perturbed heads, conf = -(KL + l1 KL_w - l2 MSP). ``symmetric=False``: the deliberately wrong
+    formula (KL(p || q) alone, the release's other option)."""
+    n_bins, r = hp["n_bins"], hp["n_repeats"]
+    w, b = np.asarray(train.weight, dtype=np.float64), np.asarray(train.bias, dtype=np.float64)
+    heads, bias = np.asarray(heads, dtype=np.float64), np.tile(b, r)
+
+    def latents(s):
+        z = np.asarray(s.features, dtype=np.float64)
+        return z, z @ heads.T + bias
+
+    def density(v, lo, hi):
+        edges = np.concatenate([[-np.inf], np.linspace(lo, hi + 1e-8, n_bins + 1), [np.inf]])
+        d = np.stack([((v >= edges[k]) & (v < edges[k + 1])).mean(axis=1) for k in range(n_bins + 2)])
+        return d[1:-1] / d.sum(axis=0)  # (bins, rows)
+
+    def smooth(d, size):
+        conv = torch.nn.Conv1d(d.shape[1], d.shape[1], size, padding="same", padding_mode="replicate", bias=False).double()
+        with torch.no_grad():
+            conv.weight.zero_()
+            conv.weight[range(d.shape[1]), range(d.shape[1])] = 1.0 / size
+            return conv(_t(d.T)).T.numpy()
+
+    def kldiv(p, q, eps):
+        q_, p_ = q + eps, p + eps
+        p_, q_ = p_ / p_.sum(axis=0), q_ / q_.sum(axis=0)
+        one = -(p_ * (np.log(q_) - np.log(p_))).sum(axis=0)
+        return one - (q_ * (np.log(p_) - np.log(q_))).sum(axis=0) if symmetric else one
+
+    tz, tf = latents(train)
+    (zlo, zhi), (flo, fhi) = (tz.min(), tz.max()), (tf.min(), tf.max())
+    pz, pf = density(tz, zlo, zhi).mean(axis=1, keepdims=True), density(tf, flo, fhi).mean(axis=1, keepdims=True)
+    z, f = latents(rows)
+    kl = kldiv(pz, smooth(density(z, zlo, zhi), hp["smoothing"]), 0.01)
+    kl_w = kldiv(pf, smooth(density(f, flo, fhi), hp["smoothing_perturbed"]), 0.025)
+    c = len(w)
+    msp = np.mean([torch.softmax(_t(f[:, k * c : (k + 1) * c]), dim=-1).max(dim=-1).values.numpy() for k in range(r)], axis=0)
+    return -(kl + hp["lambda_1"] * kl_w - hp["lambda_2"] * msp)
+
+
+@pytest.mark.parametrize("hp", [{}, {"n_repeats": 20, "n_bins": 30, "smoothing": 4, "smoothing_perturbed": 5, "lambda_2": 1.0}])
+def test_weiper_is_the_authors_release(problem, hp):
+    train, test, ood = problem
+    det = detectors.create("weiper", **hp, compute_dtype="float64").fit(train)
+    full = det.get_params()
+    ours = np.concatenate([det.score(test), det.score(ood)])
+    # the perturbed heads as the release builds them: W + delta ||w_c|| n / ||n||, one per repeat
+    w = np.asarray(train.weight, dtype=np.float64)
+    shift = det.perturbed_weight_.reshape(full["n_repeats"], *w.shape) - w
+    np.testing.assert_allclose(np.linalg.norm(shift, axis=2), np.broadcast_to(full["perturbation_distance"] * np.linalg.norm(w, axis=1), shift.shape[:2]), rtol=1e-12)
+    ref = np.concatenate([_weiper_release(train, s, det.perturbed_weight_, full) for s in (test, ood)])
+    # the same float64 sums in another order; bins by one floor vs two comparisons (equal away from
+    # an edge, which no value here is within 1e-12 of)
+    assert close(ours, ref, 1e-10)
+    same_results(ours, ref, len(test))
+    wrong = np.concatenate([_weiper_release(train, s, det.perturbed_weight_, full, symmetric=False) for s in (test, ood)])
+    assert not close(wrong, ref, 1e-6)
+    # seeded: the same draws again, other draws for another seed
+    np.testing.assert_array_equal(detectors.create("weiper", **hp, compute_dtype="float64").fit(train).perturbed_weight_, det.perturbed_weight_)
+    assert not np.array_equal(detectors.create("weiper", **hp, seed=1, compute_dtype="float64").fit(train).perturbed_weight_, det.perturbed_weight_)
+
+
+def test_uniform_smoothing_is_torchs_replicate_same_convolution():
+    from oodeval.detectors.hybrid import uniform_smooth
+
+    d = np.random.default_rng(0).random((3, 17))
+    for size in (1, 2, 4, 5, 15, 40):
+        conv = torch.nn.Conv1d(3, 3, size, padding="same", padding_mode="replicate", bias=False).double()
+        with torch.no_grad():
+            conv.weight.zero_()
+            conv.weight[range(3), range(3)] = 1.0 / size
+            ref = conv(_t(d)).numpy()
+        np.testing.assert_allclose(uniform_smooth(d, size), ref, rtol=1e-13, atol=1e-15)  # cumulative sums vs direct sums of <= 40 terms in [0, 1]

@@ -22,7 +22,7 @@ from .base import Detector
 from .mahalanobis import WHITENED_ROUNDING_LIMIT
 from .neighbours import _bank_rows
 
-__all__ = ["ViM", "vim_dim", "logit_origin", "Residual", "Relation", "NCI", "GradNorm", "GradUncertainty", "PNML", "CADRef"]
+__all__ = ["ViM", "vim_dim", "logit_origin", "Residual", "Relation", "NCI", "GradNorm", "GradUncertainty", "PNML", "CADRef", "WeiPer"]
 
 #: largest cond(G) = cond(W)^2 for which :func:`logit_origin` solves through the Gram matrix G:
 #: the first solve is off by at most cond(G) eps (1e-4 here) and each refinement step multiplies
@@ -499,3 +499,138 @@ class CADRef(PeerMethod):
 
 
 REGISTRY.alias("CADRef", "cadref", "pytorch-ood development branch (after 0.4)", tags=("pytorch-ood",))
+
+
+#: WeiPer's KL floors added to the smoothed densities (the release's ``calculate_WeiPerKLDiv_score``
+#: ``epsilon`` and ``epsilon_noise``): of the penultimate features and of the perturbed logits
+WEIPER_EPS = (0.01, 0.025)
+#: perturbed logits per block of WeiPer's rows (r C of them per row): 4M, 16 MB of float32 (and
+#: their bin indices, 32 MB); at least 16 rows a block
+WEIPER_BLOCK_VALUES = 1 << 22
+
+
+def uniform_smooth(p: np.ndarray, size: int) -> np.ndarray:
+    """The running mean of ``size`` bins along the last axis, edges replicated and the window's
+    extra bin on the right for an even size (torch's ``Conv1d(padding="same",
+    padding_mode="replicate")`` with uniform weights: (size - 1) // 2 bins on the left)."""
+    left = (size - 1) // 2
+    padded = np.pad(p, [(0, 0)] * (p.ndim - 1) + [(left, size - 1 - left)], mode="edge")
+    c = np.cumsum(padded, axis=-1)
+    c = np.concatenate([np.zeros(p.shape[:-1] + (1,)), c], axis=-1)
+    return (c[..., size:] - c[..., :-size]) / size
+
+
+def symmetric_kl(p: np.ndarray, q: np.ndarray, eps: float) -> np.ndarray:
+    """KL(p' || q') + KL(q' || p') per row of q, p' = (p + eps) / sum, q' = (q + eps) / sum."""
+    p = (p + eps) / (p + eps).sum()
+    q = (q + eps) / (q + eps).sum(axis=1, keepdims=True)
+    return ((p - q) * (np.log(p) - np.log(q))).sum(axis=1)
+
+
+@register("weiper", tags=("hybrid", "since-paper"))
+class WeiPer(PeerMethod):
+    """WeiPer+KLD: s = -(KL_z + lambda_1 KL_w - lambda_2 mean_k MSP(W_k z + b)) (higher = ID).
+
+    Granz, Heurich & Landgraf, "WeiPer: OOD detection using weight perturbations of class
+    projections", NeurIPS 2024 (arXiv 2405.17164); the authors' release (mgranz/weiper, OpenOOD's
+    ``postprocessors/weiper_kldiv/utils.py`` and ``weiper_kldiv_postprocessor.py`` at f3cdf25).
+    W_k = W + delta ||w_c|| n_kc / ||n_kc|| row by row, n_kc ~ N(0, I) (``n_repeats`` r of them,
+    drawn with ``seed``); each row's density is the histogram of its own values (its D features;
+    its r C perturbed logits W_k z + b) in ``n_bins`` equal bins spanning the min to the max over
+    every ID-train value (values outside dropped), divided by the value count; KL_z, KL_w the
+    symmetric KL divergences between the mean ID-train density and the row's density smoothed by
+    a running mean of ``smoothing`` (``smoothing_perturbed``) bins, each with 0.01 (0.025) added
+    before normalising; MSP the max softmax of each perturbed head's logits. Defaults: the
+    release's ImageNet-1k ResNet-50 row (README: r = 100, delta = 2.4, 100 bins, lambda_1 = 2.5,
+    lambda_2 = 0.25, smoothing 40 and 15; its ``weiper_kldiv.yml`` holds the CIFAR-10 ResNet-18
+    row: delta 1.8, lambda_2 0.1, smoothing 4; ViT-B/16: delta 2.0, 80 bins, lambda_2 0.1).
+    Two of the release's steps are taken as the paper states them: its per-row histogram of more
+    than 1000 values averages the histograms of consecutive 1000-value chunks (``batch_histogram``'s
+    ``batch_size``), which weights a short last chunk (48 of ResNet-50's 2048 features) as much as
+    a full one, and its train density is the mean of per-batch means; here every value and every
+    row counts once (the same when the counts divide evenly). The fit reads ID train twice (the
+    range, then the densities), as the release does. ``compute_dtype`` / ``device``: the perturbed
+    heads' products (float32 by default; the bins and softmax are read from them, in float64 sums).
+    Memory: the r C x D perturbed heads (400 MB of float32 for r = 100, C = 1000, D = 1024).
+    """
+
+    label = "WeiPer"
+
+    needs = ("features", "head")
+    fit_needs = ("features", "head")
+
+    constraints = {"n_repeats": Interval(Integral, 1, None), "perturbation_distance": POSITIVE, "n_bins": Interval(Integral, 2, None),
+                   "lambda_1": Interval(Real, 0, None), "lambda_2": Interval(Real, 0, None),
+                   "smoothing": Interval(Integral, 1, None), "smoothing_perturbed": Interval(Integral, 1, None), "seed": SEED,
+                   **COMPUTE}  # fmt: skip
+
+    def __init__(self, n_repeats: int = 100, perturbation_distance: float = 2.4, n_bins: int = 100, lambda_1: float = 2.5,
+                 lambda_2: float = 0.25, smoothing: int = 40, smoothing_perturbed: int = 15, seed: int = 0,
+                 compute_dtype: str = "float32", device: str | None = None) -> None:  # fmt: skip
+        self.n_repeats = n_repeats
+        self.perturbation_distance = perturbation_distance
+        self.n_bins = n_bins
+        self.lambda_1 = lambda_1
+        self.lambda_2 = lambda_2
+        self.smoothing = smoothing
+        self.smoothing_perturbed = smoothing_perturbed
+        self.seed = seed
+        self.compute_dtype = compute_dtype
+        self.device = device
+
+    def _blocks(self, x: FeatureSet):
+        """(slice, features as float64, perturbed logits as host numpy (rows, r C)) per block of rows."""
+        comp = self._compute()
+        w, b = comp.put(self.perturbed_weight_).T, comp.put(np.tile(as64(x.bias), self.n_repeats))
+        step = max(16, WEIPER_BLOCK_VALUES // len(self.perturbed_weight_))
+        for start in range(0, len(x), step):
+            sl = slice(start, min(start + step, len(x)))
+            f = comp.put(x.features[sl]) @ w
+            f += b
+            yield sl, as64(x.features[sl]), comp.host(f)
+
+    def _densities(self, values: np.ndarray, lo: float, hi: float) -> np.ndarray:
+        """Each row's fraction of its values in each of ``n_bins`` bins of [lo, hi + 1e-8) (float64)."""
+        n = int(self.n_bins)
+        idx = np.floor((values - values.dtype.type(lo)) * values.dtype.type(n / (hi + 1e-8 - lo))).astype(np.int64)
+        idx[(idx < 0) | (idx >= n)] = n  # out of range: a bin that is dropped
+        idx += (n + 1) * np.arange(len(values))[:, None]
+        counts = np.bincount(idx.ravel(), minlength=(n + 1) * len(values)).reshape(len(values), n + 1)
+        return counts[:, :n] / values.shape[1]
+
+    def _fit(self, train: FeatureSet) -> None:
+        w = as64(train.weight)
+        c, d = w.shape
+        rng = np.random.default_rng(self.seed)
+        scale = float(self.perturbation_distance) * np.linalg.norm(w, axis=1, keepdims=True)
+        heads = np.empty((int(self.n_repeats) * c, d), dtype=self._compute().dtype if self.device is None else np.float64)
+        for k in range(int(self.n_repeats)):
+            noise = rng.standard_normal((c, d))
+            heads[k * c : (k + 1) * c] = w + scale * noise / np.maximum(np.linalg.norm(noise, axis=1, keepdims=True), 1e-12)
+        self.perturbed_weight_ = heads
+        z_lo, z_hi = float(np.min(train.features)), float(np.max(train.features))
+        f_lo, f_hi = np.inf, -np.inf
+        for _, _, f in self._blocks(train):
+            f_lo, f_hi = min(f_lo, float(f.min())), max(f_hi, float(f.max()))
+        self.ranges_ = ((z_lo, z_hi), (f_lo, f_hi))
+        dens_z, dens_f = np.zeros(int(self.n_bins)), np.zeros(int(self.n_bins))
+        for _, z, f in self._blocks(train):
+            dens_z += self._densities(z, z_lo, z_hi).sum(axis=0)
+            dens_f += self._densities(f, f_lo, f_hi).sum(axis=0)
+        self.train_densities_ = (dens_z / len(train), dens_f / len(train))
+
+    def _score(self, x: FeatureSet) -> np.ndarray:
+        c = x.weight.shape[0]
+        if self.perturbed_weight_.shape != (int(self.n_repeats) * c, x.weight.shape[1]):
+            raise InputError(f"weiper was fitted for a head of {len(self.perturbed_weight_) // int(self.n_repeats)} classes, got {c}")
+        (z_lo, z_hi), (f_lo, f_hi) = self.ranges_
+        eps_z, eps_f = WEIPER_EPS
+        out = np.empty(len(x))
+        for sl, z, f in self._blocks(x):
+            kl_z = symmetric_kl(self.train_densities_[0], uniform_smooth(self._densities(z, z_lo, z_hi), int(self.smoothing)), eps_z)
+            kl_f = symmetric_kl(self.train_densities_[1], uniform_smooth(self._densities(f, f_lo, f_hi), int(self.smoothing_perturbed)), eps_f)
+            g = f.reshape(len(f), int(self.n_repeats), c)
+            g = g - g.max(axis=2, keepdims=True)
+            msp = 1.0 / np.exp(g).sum(axis=2, dtype=np.float64)  # the max's term is exp(0) = 1
+            out[sl] = -(kl_z + float(self.lambda_1) * kl_f - float(self.lambda_2) * msp.mean(axis=1))
+        return out
