@@ -465,11 +465,10 @@ class CADRef(PeerMethod):
         w, b = comp.put(train.weight).T, comp.put(train.bias)
         c, d = train.weight.shape
         sums, counts, conf = np.zeros((c, d)), np.zeros(c), 0.0
+        sums_of = Compute("float64")  # the class sums: one float64 sparse product per chunk
         for sl in comp.chunks(len(train), max(d, c)):
             f, y = self._logits(comp, train.features[sl], w, b)
-            order = np.argsort(y, kind="stable")
-            classes, starts = np.unique(y[order], return_index=True)
-            sums[classes] += np.add.reduceat(as64(train.features[sl])[order], starts, axis=0)
+            sums += sums_of.groupsum(as64(train.features[sl]), y, c)
             counts += np.bincount(y, minlength=c)
             conf += _cadref_confidence(comp, f, self.logit_score).sum()
         empty = counts == 0
@@ -484,16 +483,18 @@ class CADRef(PeerMethod):
             raise InputError(f"cadref was fitted with a {self.class_means_.shape} head, got {x.weight.shape}")
         comp = self._compute()
         w, b = comp.put(x.weight).T, comp.put(x.bias)
-        sign = np.sign(as64(x.weight))
+        sign = np.sign(x.weight).astype(np.int8)
         out = np.empty(len(x))
         for sl in comp.chunks(len(x), max(x.weight.shape)):
             f, y = self._logits(comp, x.features[sl], w, b)
             z = as64(x.features[sl])
-            r = z - self.class_means_[y]
-            r *= sign[y]
             norm = np.maximum(np.abs(z).sum(axis=1), 1e-12)
-            positive = np.maximum(r, 0.0).sum(axis=1)
-            negative = positive - r.sum(axis=1)  # sum max(-r, 0)
+            r = np.take(self.class_means_, y, axis=0)
+            np.subtract(z, r, out=r)
+            r *= np.take(sign, y, axis=0)
+            total = r.sum(axis=1)
+            positive = np.maximum(r, 0.0, out=r).sum(axis=1)
+            negative = positive - total  # sum max(-r, 0)
             out[sl] = -(positive / norm / _cadref_confidence(comp, f, self.logit_score) + negative / norm / self.mean_confidence_)
         return out
 
