@@ -542,9 +542,10 @@ class WeiPer(PeerMethod):
     symmetric KL divergences between the mean ID-train density and the row's density smoothed by
     a running mean of ``smoothing`` (``smoothing_perturbed``) bins, each with 0.01 (0.025) added
     before normalising; MSP the max softmax of each perturbed head's logits. Defaults: the
-    release's ImageNet-1k ResNet-50 row (README: r = 100, delta = 2.4, 100 bins, lambda_1 = 2.5,
-    lambda_2 = 0.25, smoothing 40 and 15; its ``weiper_kldiv.yml`` holds the CIFAR-10 ResNet-18
-    row: delta 1.8, lambda_2 0.1, smoothing 4; ViT-B/16: delta 2.0, 80 bins, lambda_2 0.1).
+    release's configuration, ``configs/postprocessors/weiper_kldiv.yml`` (r = 100, delta = 1.8,
+    100 bins, lambda_1 = 2.5, lambda_2 = 0.1, smoothing 4 and 15: its README's CIFAR-10 ResNet-18
+    row); the README's ImageNet-1k rows: ResNet-50 delta 2.4, lambda_2 0.25, smoothing 40 and 15;
+    ViT-B/16 delta 2.0, 80 bins, lambda_2 0.1, smoothing 40 and 15.
     Two of the release's steps are taken as the paper states them: its per-row histogram of more
     than 1000 values averages the histograms of consecutive 1000-value chunks (``batch_histogram``'s
     ``batch_size``), which weights a short last chunk (48 of ResNet-50's 2048 features) as much as
@@ -565,8 +566,8 @@ class WeiPer(PeerMethod):
                    "smoothing": Interval(Integral, 1, None), "smoothing_perturbed": Interval(Integral, 1, None), "seed": SEED,
                    **COMPUTE}  # fmt: skip
 
-    def __init__(self, n_repeats: int = 100, perturbation_distance: float = 2.4, n_bins: int = 100, lambda_1: float = 2.5,
-                 lambda_2: float = 0.25, smoothing: int = 40, smoothing_perturbed: int = 15, seed: int = 0,
+    def __init__(self, n_repeats: int = 100, perturbation_distance: float = 1.8, n_bins: int = 100, lambda_1: float = 2.5,
+                 lambda_2: float = 0.1, smoothing: int = 4, smoothing_perturbed: int = 15, seed: int = 0,
                  compute_dtype: str = "float32", device: str | None = None) -> None:  # fmt: skip
         self.n_repeats = n_repeats
         self.perturbation_distance = perturbation_distance
