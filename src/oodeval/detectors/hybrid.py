@@ -505,9 +505,9 @@ REGISTRY.alias("CADRef", "cadref", "pytorch-ood development branch (after 0.4)",
 #: WeiPer's KL floors added to the smoothed densities (the release's ``calculate_WeiPerKLDiv_score``
 #: ``epsilon`` and ``epsilon_noise``): of the penultimate features and of the perturbed logits
 WEIPER_EPS = (0.01, 0.025)
-#: perturbed logits per block of WeiPer's rows (r C of them per row): 4M, 16 MB of float32 (and
-#: their bin indices, 32 MB); at least 16 rows a block
-WEIPER_BLOCK_VALUES = 1 << 22
+#: rows per block of WeiPer's products: a block meets one perturbed head (C x D) at a time, its
+#: logits (1024 x 1000 floats: 4 MB) binned and read by the softmax while in cache
+WEIPER_BLOCK_ROWS = 1024
 
 
 def uniform_smooth(p: np.ndarray, size: int) -> np.ndarray:
@@ -580,25 +580,44 @@ class WeiPer(PeerMethod):
         self.compute_dtype = compute_dtype
         self.device = device
 
-    def _blocks(self, x: FeatureSet):
-        """(slice, features as float64, perturbed logits as host numpy (rows, r C)) per block of rows."""
+    def _heads(self, x: FeatureSet):
+        """Per block of rows (``sl``, its features in ``comp``) and per perturbed head k, f = W_k z + b
+        as host numpy in the product dtype: a block of rows (:data:`WEIPER_BLOCK_ROWS`) meets one
+        head (C x D, in cache) at a time."""
         comp = self._compute()
-        w, b = comp.put(self.perturbed_weight_).T, comp.put(np.tile(as64(x.bias), self.n_repeats))
-        step = max(16, WEIPER_BLOCK_VALUES // len(self.perturbed_weight_))
-        for start in range(0, len(x), step):
-            sl = slice(start, min(start + step, len(x)))
-            f = comp.put(x.features[sl]) @ w
-            f += b
-            yield sl, as64(x.features[sl]), comp.host(f)
+        c = x.weight.shape[0]
+        heads, b = comp.put(self.perturbed_weight_), comp.put(x.bias)
+        for start in range(0, len(x), WEIPER_BLOCK_ROWS):
+            sl = slice(start, min(start + WEIPER_BLOCK_ROWS, len(x)))
+            zb = comp.put(x.features[sl])
+            for k in range(int(self.n_repeats)):
+                f = zb @ heads[k * c : (k + 1) * c].T
+                f += b
+                yield sl, k, comp.host(f)
 
-    def _densities(self, values: np.ndarray, lo: float, hi: float) -> np.ndarray:
-        """Each row's fraction of its values in each of ``n_bins`` bins of [lo, hi + 1e-8) (float64)."""
+    def _densities(self, t: np.ndarray, lo: float, hi: float) -> np.ndarray:
+        """Each row's count of its values in each of ``n_bins`` bins of [lo, hi + 1e-8), values
+        outside in two more (first and last, dropped by the caller): t = (v - lo) n / (hi + 1e-8 -
+        lo) + 1, clipped to [0, n + 1], truncated. ``t`` (the values, a scratch array) is overwritten."""
         n = int(self.n_bins)
-        idx = np.floor((values - values.dtype.type(lo)) * values.dtype.type(n / (hi + 1e-8 - lo))).astype(np.int64)
-        idx[(idx < 0) | (idx >= n)] = n  # out of range: a bin that is dropped
-        idx += (n + 1) * np.arange(len(values))[:, None]
-        counts = np.bincount(idx.ravel(), minlength=(n + 1) * len(values)).reshape(len(values), n + 1)
-        return counts[:, :n] / values.shape[1]
+        scale = n / (hi + 1e-8 - lo)
+        t *= t.dtype.type(scale)
+        t += t.dtype.type(1.0 - lo * scale)
+        np.clip(t, 0, n + 1, out=t)
+        idx = t.astype(np.int32)
+        idx += ((n + 2) * np.arange(len(t), dtype=np.int32))[:, None]
+        return np.bincount(idx.ravel(), minlength=(n + 2) * len(t)).reshape(len(t), n + 2)
+
+    def _perturbed(self, x: FeatureSet, lo: float, hi: float, with_msp: bool):
+        """(counts (N, n_bins + 2) of every row's r C perturbed logits, mean MSP of the heads or None)."""
+        counts = np.zeros((len(x), int(self.n_bins) + 2))
+        msp = np.zeros(len(x)) if with_msp else None
+        for sl, _, f in self._heads(x):
+            if with_msp:  # the max softmax of this head: its max's term is exp(0) = 1
+                g = f - f.max(axis=1, keepdims=True)
+                msp[sl] += 1.0 / np.exp(g, out=g).sum(axis=1, dtype=np.float64)
+            counts[sl] += self._densities(f, lo, hi)
+        return counts, None if msp is None else msp / int(self.n_repeats)
 
     def _fit(self, train: FeatureSet) -> None:
         w = as64(train.weight)
@@ -612,14 +631,13 @@ class WeiPer(PeerMethod):
         self.perturbed_weight_ = heads
         z_lo, z_hi = float(np.min(train.features)), float(np.max(train.features))
         f_lo, f_hi = np.inf, -np.inf
-        for _, _, f in self._blocks(train):
+        for _, _, f in self._heads(train):
             f_lo, f_hi = min(f_lo, float(f.min())), max(f_hi, float(f.max()))
         self.ranges_ = ((z_lo, z_hi), (f_lo, f_hi))
-        dens_z, dens_f = np.zeros(int(self.n_bins)), np.zeros(int(self.n_bins))
-        for _, z, f in self._blocks(train):
-            dens_z += self._densities(z, z_lo, z_hi).sum(axis=0)
-            dens_f += self._densities(f, f_lo, f_hi).sum(axis=0)
-        self.train_densities_ = (dens_z / len(train), dens_f / len(train))
+        n = int(self.n_bins)
+        dens_z = sum(self._densities(np.array(train.features[sl], dtype=np.float64), z_lo, z_hi)[:, 1 : n + 1].sum(axis=0) for sl in chunks(len(train), d))
+        dens_f = self._perturbed(train, f_lo, f_hi, with_msp=False)[0][:, 1 : n + 1].sum(axis=0)
+        self.train_densities_ = (dens_z / (d * len(train)), dens_f / (len(heads) * len(train)))
 
     def _score(self, x: FeatureSet) -> np.ndarray:
         c = x.weight.shape[0]
@@ -627,12 +645,11 @@ class WeiPer(PeerMethod):
             raise InputError(f"weiper was fitted for a head of {len(self.perturbed_weight_) // int(self.n_repeats)} classes, got {c}")
         (z_lo, z_hi), (f_lo, f_hi) = self.ranges_
         eps_z, eps_f = WEIPER_EPS
-        out = np.empty(len(x))
-        for sl, z, f in self._blocks(x):
-            kl_z = symmetric_kl(self.train_densities_[0], uniform_smooth(self._densities(z, z_lo, z_hi), int(self.smoothing)), eps_z)
-            kl_f = symmetric_kl(self.train_densities_[1], uniform_smooth(self._densities(f, f_lo, f_hi), int(self.smoothing_perturbed)), eps_f)
-            g = f.reshape(len(f), int(self.n_repeats), c)
-            g = g - g.max(axis=2, keepdims=True)
-            msp = 1.0 / np.exp(g).sum(axis=2, dtype=np.float64)  # the max's term is exp(0) = 1
-            out[sl] = -(kl_z + float(self.lambda_1) * kl_f - float(self.lambda_2) * msp.mean(axis=1))
-        return out
+        n, d = int(self.n_bins), x.weight.shape[1]
+        counts_f, msp = self._perturbed(x, f_lo, f_hi, with_msp=True)
+        kl_f = symmetric_kl(self.train_densities_[1], uniform_smooth(counts_f[:, 1 : n + 1] / len(self.perturbed_weight_), int(self.smoothing_perturbed)), eps_f)
+        kl_z = np.empty(len(x))
+        for sl in chunks(len(x), d):
+            dens = self._densities(np.array(x.features[sl], dtype=np.float64), z_lo, z_hi)[:, 1 : n + 1] / d
+            kl_z[sl] = symmetric_kl(self.train_densities_[0], uniform_smooth(dens, int(self.smoothing)), eps_z)
+        return -(kl_z + float(self.lambda_1) * kl_f - float(self.lambda_2) * msp)
