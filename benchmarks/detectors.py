@@ -175,8 +175,9 @@ def reads(name: str) -> list[tuple[str, str]]:
 
 def argmax_passes(name: str) -> list[str]:
     """The sets whose predicted classes (an argmax of each logit row) a formula reads with no
-    softmax: SHE's patterns (train) and the pattern each row is read against, NCI's head row."""
-    return {"she": ["train", "score"], "nci": ["score"]}.get(name, [])
+    softmax: SHE's patterns (train) and the pattern each row is read against, NCI's head row; ORA's
+    boundaries are those of each row's predicted class."""
+    return {"she": ["train", "score"], "nci": ["score"], "ora": ["score"]}.get(name, [])
 
 
 def selections(name: str, d: int, c: int) -> list[tuple[str, str, int]]:
