@@ -175,8 +175,9 @@ def reads(name: str) -> list[tuple[str, str]]:
 
 def argmax_passes(name: str) -> list[str]:
     """The sets whose predicted classes (an argmax of each logit row) a formula reads with no
-    softmax: SHE's patterns (train) and the pattern each row is read against, NCI's head row."""
-    return {"she": ["train", "score"], "nci": ["score"]}.get(name, [])
+    softmax: SHE's patterns (train) and the pattern each row is read against, NCI's head row; ORA's
+    boundaries are those of each row's predicted class."""
+    return {"she": ["train", "score"], "nci": ["score"], "ora": ["score"]}.get(name, [])
 
 
 def selections(name: str, d: int, c: int) -> list[tuple[str, str, int]]:
@@ -582,16 +583,26 @@ NOT_HERE = {"nac": "per-layer states (benchmarks/nac_taps.py)",
 # and, for webo and pnml, pytorch-ood 0.4.0's class on the same arrays; they are not among SHARED
 # (the 21's totals). cfood's floor is its two distance products (not its per-row radii selection),
 # kpca's its random-feature and scatter products (not the 4096-d eigendecomposition nor the
-# projection on its q components): both floors are low, so their ratios read high.
+# projection on its q components): both floors are low, so their ratios read high. So is ora's: its
+# floor is the head's product, not the per-class closed-form cosine over the (rows, C) logits that
+# follows it (a dozen float64 passes over them). weiper's floor is its products and the max softmax
+# of its perturbed logits, not their binning (a floor, an index and a count per value). cadref has no
+# peer timing: pytorch-ood 0.4.0 lacks it; weiper and ora are in neither peer.
 
 #: the methods pytorch-ood has, timed against its class
 SINCE_PAPER_POOD = ("webo", "pnml")
 PEERS.update({n: "pytorch-ood" for n in SINCE_PAPER_POOD})
-#: a softmax readout over the scored logits: WEBO's weighted logsumexp, pNML's log p
-SINCE_PAPER_SOFTMAX = {"webo": ["score"], "pnml": ["score"]}
+#: a softmax readout over the scored logits: WEBO's weighted logsumexp, pNML's log p; CADRef's energy
+#: of every ID-train row (its mean confidence) and of every scored row; WeiPer's max softmax of each of
+#: its 100 perturbed heads over the scored rows (100 passes the size of the scored logits)
+SINCE_PAPER_SOFTMAX = {"webo": ["score"], "pnml": ["score"], "cadref": ["train", "score"], "weiper": ["score"] * 100}
 #: pNML normalises every ID-train row (its X'X) and every scored row
 SINCE_PAPER_READS = {"pnml": [("train", "rows"), ("score", "rows")], "cfood": [("train", "rows"), ("score", "rows")],
-                     "optfs": [("train", "columns")], "kpca": [("train", "rows"), ("score", "rows")]}
+                     "optfs": [("train", "columns")], "kpca": [("train", "rows"), ("score", "rows")],
+                     # CADRef: its predicted-class means, each scored row's l1 norm and split error;
+                     # ORA: the class means, each scored row's ||z - mu||
+                     "cadref": [("train", "columns"), ("score", "rows")], "ora": [("train", "columns"), ("score", "rows")],
+                     "weiper": [("train", "rows"), ("score", "rows")]}  # fmt: skip
 #: pNML's pseudo-inverse of X'X
 SINCE_PAPER_FACTORISATIONS = {"pnml": 1}
 
@@ -599,11 +610,17 @@ SINCE_PAPER_FACTORISATIONS = {"pnml": 1}
 def since_paper_products(n_train: int, n_score: int, d: int, c: int) -> dict[str, list[tuple[int, int, int]]]:
     """pNML: X'X over ID train, x V and W x over the scored rows; CFOOD: the reference rows' (10% of
     ID train) distances to each other and to the scored rows; kernel PCA: the 4096 random features
-    of ID train and of the scored rows, and their scatter."""
+    of ID train and of the scored rows, and their scatter; CADRef: the head over ID train (its
+    predicted classes) and the scored rows; ORA: the head's Gram matrix and the head over the
+    scored rows."""
     ref, m = int(0.1 * n_train), 4096
     return {"pnml": [(n_train, d, d), (n_score, d, d), (n_score, d, c)],
             "cfood": [(ref, d, ref), (n_score, d, ref)],
-            "kpca": [(n_train, d, m), (n_train, m, m), (n_score, d, m)]}  # fmt: skip
+            "kpca": [(n_train, d, m), (n_train, m, m), (n_score, d, m)],
+            "cadref": [(n_train, d, c), (n_score, d, c)], "ora": [(c, d, c), (n_score, d, c)],
+            # WeiPer: its 100 perturbed heads over ID train twice (the value range, then the densities)
+            # and over the scored rows
+            "weiper": [(n_train, d, 100 * c), (n_train, d, 100 * c), (n_score, d, 100 * c)]}  # fmt: skip
 
 
 def since_paper_hyperparameters(c: int) -> dict[str, dict]:

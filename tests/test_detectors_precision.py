@@ -18,7 +18,8 @@ pytestmark = pytest.mark.numerics  # run again under other CPU kernels (docs/con
 PRECISION = [n for n in detectors.names() if n not in ("nac", "maxlogit", "cnc") and "compute_dtype" in detectors.create(n).get_params()]
 #: every one of them takes a device too (docs/conventions.md)
 TORCH = PRECISION
-HP = {"knn": {"k": 20}}
+#: smaller settings where a default costs only time: WeiPer's 100 perturbed heads (10 here)
+HP = {"knn": {"k": 20}, "weiper": {"n_repeats": 10}}
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +56,7 @@ def test_float32_agrees_with_float64_on_real_conditioning(conditioned, name):
     points (2 of the 2000 OOD rows). The expanded quadratic form z'Pz + mu'P mu - 2 z'P mu the
     Mahalanobis family used before fails this by up to 100 FPR@95 points (docs/performance.md)."""
     kind, (train, test, ood) = conditioned
-    hp = {"knn": {"k": 20}, "nnguide": {"bank_fraction": 0.1}}.get(name, {})
+    hp = {"knn": {"k": 20}, "nnguide": {"bank_fraction": 0.1}, "weiper": {"n_repeats": 10}}.get(name, {})
     got = {}
     for dtype in ("float32", "float64"):
         det = detectors.create(name, **hp, compute_dtype=dtype).fit(train)

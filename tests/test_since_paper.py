@@ -139,14 +139,15 @@ def test_multi_mahalanobis_is_mahalanobis_ensemble_without_noise(torch64):
 
 
 @pytest.mark.parametrize(("name", "peer"), [("webo", "pytorch-ood"), ("pnml", "pytorch-ood"), ("mahalanobis_ensemble", "pytorch-ood"),
-                                            ("cfood", "openood"), ("optfs", None), ("kpca", None)])  # fmt: skip
+                                            ("cfood", "openood"), ("optfs", None), ("kpca", None),
+                                            ("cadref", "pytorch-ood"), ("ora", None), ("weiper", None)])  # fmt: skip
 def test_since_paper_methods_are_listed_with_their_release(name, peer):
     from oodeval.commands.detectors import listing
 
     entries = {e["name"]: e for e in listing(["since-paper"])}
     assert peer is None or peer in entries[name]["tags"]
     if peer == "pytorch-ood":  # its class name is an alias, its source in the listing
-        assert any(src.startswith("pytorch-ood 0.4") for src in entries[name]["aliases"].values())
+        assert any(src.startswith("pytorch-ood") for src in entries[name]["aliases"].values())
     assert not entries[name]["default_selection"]  # opt-in: the default selection stays the paper's 21
 
 
@@ -269,3 +270,193 @@ def test_kpca_is_the_authors_release(problem, kernel):
     same_results(ours, ref, len(test))
     assert 1 < det.n_components_ < det.components_.shape[0]
     assert not close(_kpca_release(train.features, rows, ratio, *draws, wrong_centre=True), ref, 1e-6)
+
+
+def _cadref_release(train, rows, method: str = "energy", paper_split: bool = False) -> np.ndarray:
+    """The CADRef release (LingAndZero/CADRef, ood_methods/CADRef.py and utils/get_stat.py at
+    e299a5878329fc1e7e8413e2c075ce6a8762da4d) re-derived in float64: ID-train rows grouped by the
+    head's predicted class, their means, the mean logit score over all of them, then per row the
+    l1 norms of the clipped parts of (z - mu_y) sign(w_y) over ||z||_1, each divided by its logit
+    score. ``paper_split``: the deliberately wrong formula, Eqs. 7-8 as printed (split on
+    sign(w_i z_i) of the raw feature)."""
+    from scipy.special import logsumexp, softmax
+
+    w, b = np.asarray(train.weight, dtype=np.float64), np.asarray(train.bias, dtype=np.float64)
+
+    def logit_score(f):
+        if method == "energy":
+            return logsumexp(f, axis=1)
+        if method == "maxlogit":
+            return f.max(axis=1)
+        p = softmax(f, axis=1)
+        if method == "msp":
+            return p.max(axis=1)
+        m = max(10, f.shape[1] // 10)
+        top = np.sort(p, axis=1)[:, -m:]
+        return 1 / np.sum(top**0.1 * (1 - top) ** 0.1, axis=1)
+
+    z_train = np.asarray(train.features, dtype=np.float64)
+    f_train = z_train @ w.T + b
+    pred = f_train.argmax(axis=1)
+    means = np.stack([z_train[pred == k].mean(axis=0) for k in range(len(w))])
+    global_score = logit_score(f_train).mean()
+    z = np.asarray(rows.features, dtype=np.float64)
+    f = z @ w.T + b
+    y = f.argmax(axis=1)
+    dist = z - means[y]
+    sg = np.sign(w[y] * z) if paper_split else np.sign(w[y])
+    ep = np.linalg.norm(np.where(dist * sg < 0, 0, dist * sg), ord=1, axis=1) / np.linalg.norm(z, ord=1, axis=1)
+    en = np.linalg.norm(np.where(-dist * sg < 0, 0, -dist * sg), ord=1, axis=1) / np.linalg.norm(z, ord=1, axis=1)
+    return -(ep / logit_score(f) + en / global_score)
+
+
+@pytest.mark.parametrize("method", ["energy", "maxlogit", "msp", "gen"])
+def test_cadref_is_the_authors_release(problem, method):
+    train, test, ood = problem
+    det = detectors.create("cadref", logit_score=method, compute_dtype="float64").fit(train)
+    ours = np.concatenate([det.score(test), det.score(ood)])
+    ref = np.concatenate([_cadref_release(train, s, method) for s in (test, ood)])
+    assert det.unpredicted_classes_ == 0  # every class has its own centroid here, as the release needs
+    assert close(ours, ref, RTOL64)  # the same float64 sums (in another order)
+    same_results(ours, ref, len(test))
+    # the default float32 head product: the logits off by a few float32 ulps of |W||z|, the rest float64
+    fast = detectors.create("cadref", logit_score=method).fit(train)
+    assert close(np.concatenate([fast.score(test), fast.score(ood)]), ref, 1e-5)
+    wrong = np.concatenate([_cadref_release(train, s, method, paper_split=True) for s in (test, ood)])
+    assert not close(wrong, ref, 1e-6)
+
+
+def test_cadref_falls_back_to_the_global_mean_for_an_unpredicted_class(problem):
+    """A class the head never predicts on ID train (the release: a NaN centroid) takes the mean
+    of all ID-train rows, as pytorch-ood's CADRef does."""
+    from oodeval.features import FeatureSet
+
+    train, test, _ = problem
+    bias = np.asarray(train.bias, dtype=np.float64).copy()
+    bias[2] = -1e6  # class 2 is never the argmax
+    fs = lambda s: FeatureSet(s.features, labels=s.labels, weight=s.weight, bias=bias.astype(s.bias.dtype))  # noqa: E731
+    det = detectors.create("cadref", compute_dtype="float64").fit(fs(train))
+    assert det.unpredicted_classes_ == 1
+    np.testing.assert_allclose(det.class_means_[2], np.asarray(train.features, dtype=np.float64).mean(axis=0), rtol=1e-12)
+    assert np.isfinite(det.score(fs(test))).all()
+
+
+def _ora_release(train, rows, reduce=np.max) -> np.ndarray:
+    """The ORA release (berkerdemirel/ORA-OOD-Detection-with-Relative-Angles, util/ood_methods.py
+    ora_score at 4a4b3d63512428285b8e732cdb7167e12c0b2a57) re-derived in float64, class by class
+    as it runs: the boundary point z - (max f - f_c) / ||w_y - w_c||^2 (w_y - w_c), both points
+    centred on the mean of the class means (of ID train here) and normalised (eps 1e-12), the
+    arccos of their cosine / pi, NaN (c = y) set to 0, the max over classes. ``reduce=np.mean``:
+    the deliberately wrong formula (the release's commented-out mean)."""
+    z_train = np.asarray(train.features, dtype=np.float64)
+    labels = np.asarray(train.labels)
+    mu = np.stack([z_train[labels == k].mean(axis=0) for k in np.unique(labels[labels >= 0])]).mean(axis=0)
+    w, b = np.asarray(train.weight, dtype=np.float64), np.asarray(train.bias, dtype=np.float64)
+    z = np.asarray(rows.features, dtype=np.float64)
+    f = z @ w.T + b
+    pred, top = f.argmax(axis=1), f.max(axis=1)
+    unit = lambda a: a / np.maximum(np.linalg.norm(a, axis=1, keepdims=True), 1e-12)  # noqa: E731
+    angles = np.zeros((len(z), len(w)))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        for c in range(len(w)):
+            diff = w[pred] - w[c]
+            db = z - ((top - f[:, c]) / np.linalg.norm(diff, axis=1) ** 2)[:, None] * diff
+            angles[:, c] = np.arccos(np.sum(unit(z - mu) * unit(db - mu), axis=1)) / np.pi
+    angles[np.isnan(angles)] = 0
+    return reduce(angles, axis=1)
+
+
+def test_ora_is_the_authors_release(problem):
+    train, test, ood = problem
+    det = detectors.create("ora", compute_dtype="float64").fit(train)
+    ours = np.concatenate([det.score(test), det.score(ood)])
+    ref = np.concatenate([_ora_release(train, s) for s in (test, ood)])
+    # the cosine formed in closed form vs from the explicit boundary points: a few float64 ulps of
+    # it, which arccos (slope 1 / sin) magnifies at most 1 / sin(pi * min score) times
+    assert close(ours, ref, 1e-12 / np.sin(np.pi * ref.min()))
+    same_results(ours, ref, len(test))
+    fast = detectors.create("ora").fit(train)  # float32 head product: a few float32 ulps of the cosine
+    assert close(np.concatenate([fast.score(test), fast.score(ood)]), ref, 1e-5 / np.sin(np.pi * ref.min()))
+    wrong = np.concatenate([_ora_release(train, s, reduce=np.mean) for s in (test, ood)])
+    assert not close(wrong, ref, 1e-6)
+
+
+def _weiper_release(train, rows, heads, hp, symmetric=True) -> np.ndarray:
+    """The WeiPer release (mgranz/weiper, Weiper/OpenOOD/openood/postprocessors/weiper_kldiv/utils.py
+    at f3cdf25c5c03ce61eb12508733841daace8ba40a) re-derived in float64 on the given perturbed heads:
+    the train value range (exact_minmax), per row the histogram of its values by comparison with
+    linspace(min, max + 1e-8) edges (-inf / inf bins dropped, over the row's value count), the mean
+    train density, the row's density smoothed by torch's Conv1d(padding="same", "replicate") with
+    uniform weights as UniformKernel, kldiv with eps 0.01 / 0.025, the mean max softmax of the
+    perturbed heads, conf = -(KL + l1 KL_w - l2 MSP). ``symmetric=False``: the deliberately wrong
+    formula (KL(p || q) alone, the release's other option)."""
+    n_bins, r = hp["n_bins"], hp["n_repeats"]
+    w, b = np.asarray(train.weight, dtype=np.float64), np.asarray(train.bias, dtype=np.float64)
+    heads, bias = np.asarray(heads, dtype=np.float64), np.tile(b, r)
+
+    def latents(s):
+        z = np.asarray(s.features, dtype=np.float64)
+        return z, z @ heads.T + bias
+
+    def density(v, lo, hi):
+        edges = np.concatenate([[-np.inf], np.linspace(lo, hi + 1e-8, n_bins + 1), [np.inf]])
+        d = np.stack([((v >= edges[k]) & (v < edges[k + 1])).mean(axis=1) for k in range(n_bins + 2)])
+        return d[1:-1] / d.sum(axis=0)  # (bins, rows)
+
+    def smooth(d, size):
+        conv = torch.nn.Conv1d(d.shape[1], d.shape[1], size, padding="same", padding_mode="replicate", bias=False).double()
+        with torch.no_grad():
+            conv.weight.zero_()
+            conv.weight[range(d.shape[1]), range(d.shape[1])] = 1.0 / size
+            return conv(_t(d.T)).T.numpy()
+
+    def kldiv(p, q, eps):
+        q_, p_ = q + eps, p + eps
+        p_, q_ = p_ / p_.sum(axis=0), q_ / q_.sum(axis=0)
+        one = -(p_ * (np.log(q_) - np.log(p_))).sum(axis=0)
+        return one - (q_ * (np.log(p_) - np.log(q_))).sum(axis=0) if symmetric else one
+
+    tz, tf = latents(train)
+    (zlo, zhi), (flo, fhi) = (tz.min(), tz.max()), (tf.min(), tf.max())
+    pz, pf = density(tz, zlo, zhi).mean(axis=1, keepdims=True), density(tf, flo, fhi).mean(axis=1, keepdims=True)
+    z, f = latents(rows)
+    kl = kldiv(pz, smooth(density(z, zlo, zhi), hp["smoothing"]), 0.01)
+    kl_w = kldiv(pf, smooth(density(f, flo, fhi), hp["smoothing_perturbed"]), 0.025)
+    c = len(w)
+    msp = np.mean([torch.softmax(_t(f[:, k * c : (k + 1) * c]), dim=-1).max(dim=-1).values.numpy() for k in range(r)], axis=0)
+    return -(kl + hp["lambda_1"] * kl_w - hp["lambda_2"] * msp)
+
+
+@pytest.mark.parametrize("hp", [{}, {"n_repeats": 20, "n_bins": 30, "smoothing": 4, "smoothing_perturbed": 5, "lambda_2": 1.0}])
+def test_weiper_is_the_authors_release(problem, hp):
+    train, test, ood = problem
+    det = detectors.create("weiper", **hp, compute_dtype="float64").fit(train)
+    full = det.get_params()
+    ours = np.concatenate([det.score(test), det.score(ood)])
+    # the perturbed heads as the release builds them: W + delta ||w_c|| n / ||n||, one per repeat
+    w = np.asarray(train.weight, dtype=np.float64)
+    shift = det.perturbed_weight_.reshape(full["n_repeats"], *w.shape) - w
+    np.testing.assert_allclose(np.linalg.norm(shift, axis=2), np.broadcast_to(full["perturbation_distance"] * np.linalg.norm(w, axis=1), shift.shape[:2]), rtol=1e-12)
+    ref = np.concatenate([_weiper_release(train, s, det.perturbed_weight_, full) for s in (test, ood)])
+    # the same float64 sums in another order; bins by one floor vs two comparisons (equal away from
+    # an edge, which no value here is within 1e-12 of)
+    assert close(ours, ref, 1e-10)
+    same_results(ours, ref, len(test))
+    wrong = np.concatenate([_weiper_release(train, s, det.perturbed_weight_, full, symmetric=False) for s in (test, ood)])
+    assert not close(wrong, ref, 1e-6)
+    # seeded: the same draws again, other draws for another seed
+    np.testing.assert_array_equal(detectors.create("weiper", **hp, compute_dtype="float64").fit(train).perturbed_weight_, det.perturbed_weight_)
+    assert not np.array_equal(detectors.create("weiper", **hp, seed=1, compute_dtype="float64").fit(train).perturbed_weight_, det.perturbed_weight_)
+
+
+def test_uniform_smoothing_is_torchs_replicate_same_convolution():
+    from oodeval.detectors.hybrid import uniform_smooth
+
+    d = np.random.default_rng(0).random((3, 17))
+    for size in (1, 2, 4, 5, 15, 40):
+        conv = torch.nn.Conv1d(3, 3, size, padding="same", padding_mode="replicate", bias=False).double()
+        with torch.no_grad():
+            conv.weight.zero_()
+            conv.weight[range(3), range(3)] = 1.0 / size
+            ref = conv(_t(d)).numpy()
+        np.testing.assert_allclose(uniform_smooth(d, size), ref, rtol=1e-13, atol=1e-15)  # cumulative sums vs direct sums of <= 40 terms in [0, 1]

@@ -25,7 +25,7 @@ from ._common import as64, centre_parts, chunks, class_means, float32_centre, l2
 from ._peers import PeerMethod
 from .base import BackboneInfo, Default, Detector
 
-__all__ = ["Cosine", "MCM", "FDBD", "NECO", "SHE", "KernelPCA"]
+__all__ = ["Cosine", "MCM", "FDBD", "NECO", "SHE", "KernelPCA", "ORA"]
 
 
 class _CentroidBase(Detector):
@@ -384,4 +384,85 @@ class KernelPCA(PeerMethod):
             r = self._map(x.features[sl]) - self.mean_
             p = r @ self.components_
             out[sl] = -np.sqrt(np.maximum(np.einsum("ij,ij->i", r, r) - np.einsum("ij,ij->i", p, p), 0.0))
+        return out
+
+
+@register("ora", tags=("feature", "since-paper"))
+class ORA(PeerMethod):
+    """ORA: s = max_{c != y} angle(x - mu, x_c - mu) / pi, x_c x's projection on the y|c boundary.
+
+    Demirel, Fumero & Locatello, "Out-of-distribution detection with relative angles", NeurIPS
+    2025 (arXiv 2410.04525); the authors' release (berkerdemirel/ORA-OOD-Detection-with-Relative-
+    Angles, ``util/ood_methods.py::ora_score`` at 4a4b3d6). f = W z + b, y = argmax f; for each
+    other class c, x_c = z - (f_y - f_c) / ||w_y - w_c||^2 (w_y - w_c) (z moved onto the decision
+    boundary between y and c); mu = the mean of the class means (the release's ``torch.mean(
+    class_means, 0)``; its ImageNet and CIFAR scripts take the class means of the labelled ID
+    *test* split, here of ID train, as fDBD's mean is). The angle at mu, arccos of the cosine,
+    is the largest where the cosine is the least, so the cosine is formed per class in closed
+    form (u = z - mu, q_c = <u, w_y - w_c>, t_c = (f_y - f_c) / ||w_y - w_c||^2:
+    cos = (|u|^2 - t_c q_c) / (|u| sqrt(|u|^2 - 2 t_c q_c + t_c^2 ||w_y - w_c||^2))) and one
+    arccos taken per row. The release's own class (c = y) is 0/0, which it sets to 0; here it is
+    left out (the max is over angles >= 0, so the same). No hyperparameters. ``compute_dtype`` /
+    ``device``: the head's product W (z - m), m the mean rounded to float32 (so the difference is
+    rounded relative to itself) and where it runs; the rest is float64 numpy.
+    """
+
+    label = "ORA"
+
+    needs = ("features", "head")
+    fit_needs = ("features", "head", "labels")
+
+    constraints = COMPUTE
+
+    def __init__(self, compute_dtype: str = "float32", device: str | None = None) -> None:
+        self.compute_dtype = compute_dtype
+        self.device = device
+
+    def _fit(self, train: FeatureSet) -> None:
+        _, classes = labelled(train.labels, "ora")
+        means, _ = class_means(train.features, train.labels, classes)
+        self.centre_ = means.mean(axis=0)
+        w = as64(train.weight)
+        sq = np.einsum("cd,cd->c", w, w)
+        with one_blas_thread():  # small: no idle BLAS threads under the scoring
+            gram = w @ w.T
+        self.boundary_sq_ = np.maximum(sq[:, None] + sq[None, :] - 2.0 * gram, 0.0)
+        off = ~np.eye(len(w), dtype=bool)
+        if not (self.boundary_sq_[off] > 0).all():
+            raise InputError("ora: two classes of the head have identical weight vectors")
+
+    def _score(self, x: FeatureSet) -> np.ndarray:
+        c = x.weight.shape[0]
+        if self.boundary_sq_.shape != (c, c):
+            raise InputError(f"ora was fitted with {len(self.boundary_sq_)} classes, got {c}")
+        comp = self._compute()
+        w64 = as64(x.weight)
+        m32 = float32_centre(self.centre_)
+        w, m = comp.put(x.weight).T, comp.put(m32)
+        far = w64 @ (m32 - self.centre_)  # W (m32 - mu): the float64 part of W (z - mu)
+        h = w64 @ self.centre_ + as64(x.bias)  # f = W (z - mu) + h
+        inv_sq = 1.0 / np.where(np.eye(c, dtype=bool), np.inf, self.boundary_sq_)  # 0 on the diagonal
+        out = np.empty(len(x))
+        for sl in comp.chunks(len(x), max(x.features.shape[1], c)):
+            g = comp.get((comp.put(x.features[sl]) - m) @ w)
+            g += far  # W u, u = z - mu
+            uu = np.square(as64(x.features[sl]) - self.centre_).sum(axis=1)[:, None]
+            f = g + h
+            y = f.argmax(axis=1)
+            i = np.arange(len(y))
+            np.subtract(f[i, y][:, None], f, out=f)  # f_y - f_c
+            np.subtract(g[i, y][:, None], g, out=g)  # q_c
+            t = inv_sq[y]
+            t *= f  # t_c
+            g *= t  # t_c q_c
+            t *= f  # t_c^2 ||w_y - w_c||^2 = t_c (f_y - f_c)
+            t -= g
+            t -= g
+            t += uu
+            t *= uu  # |u|^2 (|u|^2 - 2 t q + t^2 ||w_y - w_c||^2) = (|u| |v_c|)^2
+            np.sqrt(np.maximum(t, 0.0, out=t), out=t)
+            np.subtract(uu, g, out=g)  # |u|^2 - t q = <u, v_c>
+            g /= t
+            g[i, y] = np.inf
+            out[sl] = np.arccos(np.clip(g.min(axis=1), -1.0, 1.0)) / np.pi
         return out

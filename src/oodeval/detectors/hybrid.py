@@ -13,7 +13,7 @@ from scipy.special import logsumexp
 
 from ..errors import InputError
 from ..features import FeatureSet
-from ..params import COMPUTE, POSITIVE, SEED, Integral, Interval, Real
+from ..params import COMPUTE, POSITIVE, SEED, Integral, Interval, Options, Real
 from . import REGISTRY, register
 from ._backend import Compute, _torch, one_blas_thread
 from ._common import as64, chunks, eigh_one_thread, float32_centre, labelled, mean_rows, scatter, whitening
@@ -22,7 +22,7 @@ from .base import Detector
 from .mahalanobis import WHITENED_ROUNDING_LIMIT
 from .neighbours import _bank_rows
 
-__all__ = ["ViM", "vim_dim", "logit_origin", "Residual", "Relation", "NCI", "GradNorm", "GradUncertainty", "PNML"]
+__all__ = ["ViM", "vim_dim", "logit_origin", "Residual", "Relation", "NCI", "GradNorm", "GradUncertainty", "PNML", "CADRef", "WeiPer"]
 
 #: largest cond(G) = cond(W)^2 for which :func:`logit_origin` solves through the Gram matrix G:
 #: the first solve is off by at most cond(G) eps (1e-4 here) and each refinement step multiplies
@@ -403,3 +403,253 @@ class PNML(PeerMethod):
 
 
 REGISTRY.alias("PNML", "pnml", "pytorch-ood 0.4", tags=("pytorch-ood",))
+
+
+def _cadref_confidence(comp, f, method: str) -> np.ndarray:
+    """CADRef's logit-based confidence S(f) per row, float64, of a product block ``f`` (which it may
+    overwrite): the release's ``get_logits_score`` options; gen is 1 / sum over the top max(10, C / 10)
+    softmax terms of p^0.1 (1 - p)^0.1 (gamma = 0.1), float64."""
+    if method == "energy":
+        return comp.get(comp.logsumexp(f, overwrite=True))
+    if method == "maxlogit":
+        return comp.get(comp.rowmax(f))
+    if method == "msp":
+        return comp.get(comp.max_softmax(f, overwrite=True))
+    p = _softmax64(comp.get(f))
+    m = max(10, p.shape[1] // 10)
+    top = p if m >= p.shape[1] else np.partition(p, p.shape[1] - m, axis=1)[:, -m:]
+    return 1.0 / (top**0.1 * (1.0 - top) ** 0.1).sum(axis=1)
+
+
+@register("cadref", tags=("hybrid", "since-paper"))
+class CADRef(PeerMethod):
+    """CADRef: s = -(E_p(x) / S(f) + E_n(x) / mean_train S), the errors split by the head's signs.
+
+    Ling et al., "CADRef: Robust out-of-distribution detection via class-aware decoupled relative
+    feature leveraging", CVPR 2025 (arXiv 2503.00325); the authors' release
+    (LingAndZero/CADRef, ``ood_methods/CADRef.py`` and ``utils/get_stat.py`` at e299a58), which
+    pytorch-ood's development branch (``detector/cadref.py``, a94fab9) follows. f = W z + b,
+    y = argmax f, r = (z - mu_y) * sign(w_y), mu_y the mean ID-train feature of the rows the
+    head *predicts* as y (not their labels, as the release); E_p = sum_i max(r_i, 0) / ||z||_1,
+    E_n = sum_i max(-r_i, 0) / ||z||_1; S the ``logit_score`` (default "energy" = logsumexp f,
+    the release's default; "maxlogit", "msp", "gen": its other options, gen as the release's
+    1 / sum over the top max(10, C / 10) softmax terms of p^0.1 (1 - p)^0.1). The paper's Eqs. 7-8
+    split on sign(w_i z_i); the release splits the relative feature as here (pytorch-ood explains
+    why the paper's text agrees with the release). Where the release leaves a class never
+    predicted on ID train with a NaN centroid, its centroid is the mean of all ID-train rows
+    (pytorch-ood's choice; ``unpredicted_classes_`` counts them), and ||z||_1 is clamped at 1e-12
+    (pytorch-ood's). ``compute_dtype`` / ``device``: the head's product W z (float32 sgemm by
+    default, or float64) and where it runs; everything after it is float64 numpy.
+    """
+
+    label = "CADRef"
+
+    needs = ("features", "head")
+    fit_needs = ("features", "head")
+
+    constraints = {"logit_score": Options("energy", "maxlogit", "msp", "gen"), **COMPUTE}
+
+    def __init__(self, logit_score: str = "energy", compute_dtype: str = "float32", device: str | None = None) -> None:
+        self.logit_score = logit_score
+        self.compute_dtype = compute_dtype
+        self.device = device
+
+    def _logits(self, comp, z: np.ndarray, w, b):
+        """(f = W z + b in ``comp``, the predicted classes as numpy) for a chunk."""
+        f = comp.put(z) @ w
+        f += b
+        return f, comp.host(comp.argmax(f))
+
+    def _fit(self, train: FeatureSet) -> None:
+        comp = self._compute()
+        w, b = comp.put(train.weight).T, comp.put(train.bias)
+        c, d = train.weight.shape
+        sums, counts, conf = np.zeros((c, d)), np.zeros(c), 0.0
+        sums_of = Compute("float64")  # the class sums: one float64 sparse product per chunk
+        for sl in comp.chunks(len(train), max(d, c)):
+            f, y = self._logits(comp, train.features[sl], w, b)
+            sums += sums_of.groupsum(as64(train.features[sl]), y, c)
+            counts += np.bincount(y, minlength=c)
+            conf += _cadref_confidence(comp, f, self.logit_score).sum()
+        empty = counts == 0
+        self.unpredicted_classes_ = int(empty.sum())
+        means = sums / np.maximum(counts, 1)[:, None]
+        means[empty] = sums.sum(axis=0) / counts.sum()
+        self.class_means_ = means
+        self.mean_confidence_ = conf / len(train)
+
+    def _score(self, x: FeatureSet) -> np.ndarray:
+        if self.class_means_.shape != x.weight.shape:
+            raise InputError(f"cadref was fitted with a {self.class_means_.shape} head, got {x.weight.shape}")
+        comp = self._compute()
+        w, b = comp.put(x.weight).T, comp.put(x.bias)
+        sign = np.sign(x.weight).astype(np.int8)
+        out = np.empty(len(x))
+        for sl in comp.chunks(len(x), max(x.weight.shape)):
+            f, y = self._logits(comp, x.features[sl], w, b)
+            z = as64(x.features[sl])
+            norm = np.maximum(np.abs(z).sum(axis=1), 1e-12)
+            r = np.take(self.class_means_, y, axis=0)
+            np.subtract(z, r, out=r)
+            r *= np.take(sign, y, axis=0)
+            total = r.sum(axis=1)
+            positive = np.maximum(r, 0.0, out=r).sum(axis=1)
+            negative = positive - total  # sum max(-r, 0)
+            out[sl] = -(positive / norm / _cadref_confidence(comp, f, self.logit_score) + negative / norm / self.mean_confidence_)
+        return out
+
+
+REGISTRY.alias("CADRef", "cadref", "pytorch-ood development branch (after 0.4)", tags=("pytorch-ood",))
+
+
+#: WeiPer's KL floors added to the smoothed densities (the release's ``calculate_WeiPerKLDiv_score``
+#: ``epsilon`` and ``epsilon_noise``): of the penultimate features and of the perturbed logits
+WEIPER_EPS = (0.01, 0.025)
+#: rows per block of WeiPer's products: a block meets one perturbed head (C x D) at a time, its
+#: logits (1024 x 1000 floats: 4 MB) binned and read by the softmax while in cache
+WEIPER_BLOCK_ROWS = 1024
+
+
+def uniform_smooth(p: np.ndarray, size: int) -> np.ndarray:
+    """The running mean of ``size`` bins along the last axis, edges replicated and the window's
+    extra bin on the right for an even size (torch's ``Conv1d(padding="same",
+    padding_mode="replicate")`` with uniform weights: (size - 1) // 2 bins on the left)."""
+    left = (size - 1) // 2
+    padded = np.pad(p, [(0, 0)] * (p.ndim - 1) + [(left, size - 1 - left)], mode="edge")
+    c = np.cumsum(padded, axis=-1)
+    c = np.concatenate([np.zeros(p.shape[:-1] + (1,)), c], axis=-1)
+    return (c[..., size:] - c[..., :-size]) / size
+
+
+def symmetric_kl(p: np.ndarray, q: np.ndarray, eps: float) -> np.ndarray:
+    """KL(p' || q') + KL(q' || p') per row of q, p' = (p + eps) / sum, q' = (q + eps) / sum."""
+    p = (p + eps) / (p + eps).sum()
+    q = (q + eps) / (q + eps).sum(axis=1, keepdims=True)
+    return ((p - q) * (np.log(p) - np.log(q))).sum(axis=1)
+
+
+@register("weiper", tags=("hybrid", "since-paper"))
+class WeiPer(PeerMethod):
+    """WeiPer+KLD: s = -(KL_z + lambda_1 KL_w - lambda_2 mean_k MSP(W_k z + b)) (higher = ID).
+
+    Granz, Heurich & Landgraf, "WeiPer: OOD detection using weight perturbations of class
+    projections", NeurIPS 2024 (arXiv 2405.17164); the authors' release (mgranz/weiper, OpenOOD's
+    ``postprocessors/weiper_kldiv/utils.py`` and ``weiper_kldiv_postprocessor.py`` at f3cdf25).
+    W_k = W + delta ||w_c|| n_kc / ||n_kc|| row by row, n_kc ~ N(0, I) (``n_repeats`` r of them,
+    drawn with ``seed``); each row's density is the histogram of its own values (its D features;
+    its r C perturbed logits W_k z + b) in ``n_bins`` equal bins spanning the min to the max over
+    every ID-train value (values outside dropped), divided by the value count; KL_z, KL_w the
+    symmetric KL divergences between the mean ID-train density and the row's density smoothed by
+    a running mean of ``smoothing`` (``smoothing_perturbed``) bins, each with 0.01 (0.025) added
+    before normalising; MSP the max softmax of each perturbed head's logits. Defaults: the
+    release's configuration, ``configs/postprocessors/weiper_kldiv.yml`` (r = 100, delta = 1.8,
+    100 bins, lambda_1 = 2.5, lambda_2 = 0.1, smoothing 4 and 15: its README's CIFAR-10 ResNet-18
+    row); the README's ImageNet-1k rows: ResNet-50 delta 2.4, lambda_2 0.25, smoothing 40 and 15;
+    ViT-B/16 delta 2.0, 80 bins, lambda_2 0.1, smoothing 40 and 15.
+    Two of the release's steps are taken as the paper states them: its per-row histogram of more
+    than 1000 values averages the histograms of consecutive 1000-value chunks (``batch_histogram``'s
+    ``batch_size``), which weights a short last chunk (48 of ResNet-50's 2048 features) as much as
+    a full one, and its train density is the mean of per-batch means; here every value and every
+    row counts once (the same when the counts divide evenly). The fit reads ID train twice (the
+    range, then the densities), as the release does. ``compute_dtype`` / ``device``: the perturbed
+    heads' products (float32 by default; the bins and softmax are read from them, in float64 sums).
+    Memory: the r C x D perturbed heads (400 MB of float32 for r = 100, C = 1000, D = 1024).
+    """
+
+    label = "WeiPer"
+
+    needs = ("features", "head")
+    fit_needs = ("features", "head")
+
+    constraints = {"n_repeats": Interval(Integral, 1, None), "perturbation_distance": POSITIVE, "n_bins": Interval(Integral, 2, None),
+                   "lambda_1": Interval(Real, 0, None), "lambda_2": Interval(Real, 0, None),
+                   "smoothing": Interval(Integral, 1, None), "smoothing_perturbed": Interval(Integral, 1, None), "seed": SEED,
+                   **COMPUTE}  # fmt: skip
+
+    def __init__(self, n_repeats: int = 100, perturbation_distance: float = 1.8, n_bins: int = 100, lambda_1: float = 2.5,
+                 lambda_2: float = 0.1, smoothing: int = 4, smoothing_perturbed: int = 15, seed: int = 0,
+                 compute_dtype: str = "float32", device: str | None = None) -> None:  # fmt: skip
+        self.n_repeats = n_repeats
+        self.perturbation_distance = perturbation_distance
+        self.n_bins = n_bins
+        self.lambda_1 = lambda_1
+        self.lambda_2 = lambda_2
+        self.smoothing = smoothing
+        self.smoothing_perturbed = smoothing_perturbed
+        self.seed = seed
+        self.compute_dtype = compute_dtype
+        self.device = device
+
+    def _heads(self, x: FeatureSet):
+        """Per block of rows (``sl``, its features in ``comp``) and per perturbed head k, f = W_k z + b
+        as host numpy in the product dtype: a block of rows (:data:`WEIPER_BLOCK_ROWS`) meets one
+        head (C x D, in cache) at a time."""
+        comp = self._compute()
+        c = x.weight.shape[0]
+        heads, b = comp.put(self.perturbed_weight_), comp.put(x.bias)
+        for start in range(0, len(x), WEIPER_BLOCK_ROWS):
+            sl = slice(start, min(start + WEIPER_BLOCK_ROWS, len(x)))
+            zb = comp.put(x.features[sl])
+            for k in range(int(self.n_repeats)):
+                f = zb @ heads[k * c : (k + 1) * c].T
+                f += b
+                yield sl, k, comp.host(f)
+
+    def _densities(self, t: np.ndarray, lo: float, hi: float) -> np.ndarray:
+        """Each row's count of its values in each of ``n_bins`` bins of [lo, hi + 1e-8), values
+        outside in two more (first and last, dropped by the caller): t = (v - lo) n / (hi + 1e-8 -
+        lo) + 1, clipped to [0, n + 1], truncated. ``t`` (the values, a scratch array) is overwritten."""
+        n = int(self.n_bins)
+        scale = n / (hi + 1e-8 - lo)
+        t *= t.dtype.type(scale)
+        t += t.dtype.type(1.0 - lo * scale)
+        np.clip(t, 0, n + 1, out=t)
+        idx = t.astype(np.int32)
+        idx += ((n + 2) * np.arange(len(t), dtype=np.int32))[:, None]
+        return np.bincount(idx.ravel(), minlength=(n + 2) * len(t)).reshape(len(t), n + 2)
+
+    def _perturbed(self, x: FeatureSet, lo: float, hi: float, with_msp: bool):
+        """(counts (N, n_bins + 2) of every row's r C perturbed logits, mean MSP of the heads or None)."""
+        counts = np.zeros((len(x), int(self.n_bins) + 2))
+        msp = np.zeros(len(x)) if with_msp else None
+        for sl, _, f in self._heads(x):
+            if with_msp:  # the max softmax of this head: its max's term is exp(0) = 1
+                g = f - f.max(axis=1, keepdims=True)
+                msp[sl] += 1.0 / np.exp(g, out=g).sum(axis=1, dtype=np.float64)
+            counts[sl] += self._densities(f, lo, hi)
+        return counts, None if msp is None else msp / int(self.n_repeats)
+
+    def _fit(self, train: FeatureSet) -> None:
+        w = as64(train.weight)
+        c, d = w.shape
+        rng = np.random.default_rng(self.seed)
+        scale = float(self.perturbation_distance) * np.linalg.norm(w, axis=1, keepdims=True)
+        heads = np.empty((int(self.n_repeats) * c, d), dtype=self._compute().dtype if self.device is None else np.float64)
+        for k in range(int(self.n_repeats)):
+            noise = rng.standard_normal((c, d))
+            heads[k * c : (k + 1) * c] = w + scale * noise / np.maximum(np.linalg.norm(noise, axis=1, keepdims=True), 1e-12)
+        self.perturbed_weight_ = heads
+        z_lo, z_hi = float(np.min(train.features)), float(np.max(train.features))
+        f_lo, f_hi = np.inf, -np.inf
+        for _, _, f in self._heads(train):
+            f_lo, f_hi = min(f_lo, float(f.min())), max(f_hi, float(f.max()))
+        self.ranges_ = ((z_lo, z_hi), (f_lo, f_hi))
+        n = int(self.n_bins)
+        dens_z = sum(self._densities(np.array(train.features[sl], dtype=np.float64), z_lo, z_hi)[:, 1 : n + 1].sum(axis=0) for sl in chunks(len(train), d))
+        dens_f = self._perturbed(train, f_lo, f_hi, with_msp=False)[0][:, 1 : n + 1].sum(axis=0)
+        self.train_densities_ = (dens_z / (d * len(train)), dens_f / (len(heads) * len(train)))
+
+    def _score(self, x: FeatureSet) -> np.ndarray:
+        c = x.weight.shape[0]
+        if self.perturbed_weight_.shape != (int(self.n_repeats) * c, x.weight.shape[1]):
+            raise InputError(f"weiper was fitted for a head of {len(self.perturbed_weight_) // int(self.n_repeats)} classes, got {c}")
+        (z_lo, z_hi), (f_lo, f_hi) = self.ranges_
+        eps_z, eps_f = WEIPER_EPS
+        n, d = int(self.n_bins), x.weight.shape[1]
+        counts_f, msp = self._perturbed(x, f_lo, f_hi, with_msp=True)
+        kl_f = symmetric_kl(self.train_densities_[1], uniform_smooth(counts_f[:, 1 : n + 1] / len(self.perturbed_weight_), int(self.smoothing_perturbed)), eps_f)
+        kl_z = np.empty(len(x))
+        for sl in chunks(len(x), d):
+            dens = self._densities(np.array(x.features[sl], dtype=np.float64), z_lo, z_hi)[:, 1 : n + 1] / d
+            kl_z[sl] = symmetric_kl(self.train_densities_[0], uniform_smooth(dens, int(self.smoothing)), eps_z)
+        return -(kl_z + float(self.lambda_1) * kl_f - float(self.lambda_2) * msp)
