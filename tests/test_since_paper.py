@@ -140,7 +140,7 @@ def test_multi_mahalanobis_is_mahalanobis_ensemble_without_noise(torch64):
 
 @pytest.mark.parametrize(("name", "peer"), [("webo", "pytorch-ood"), ("pnml", "pytorch-ood"), ("mahalanobis_ensemble", "pytorch-ood"),
                                             ("cfood", "openood"), ("optfs", None), ("kpca", None),
-                                            ("cadref", "pytorch-ood"), ("ora", None), ("weiper", None)])  # fmt: skip
+                                            ("cadref", "pytorch-ood"), ("ora", None), ("weiper", None), ("grood", "openood")])  # fmt: skip
 def test_since_paper_methods_are_listed_with_their_release(name, peer):
     from oodeval.commands.detectors import listing
 
@@ -460,3 +460,94 @@ def test_uniform_smoothing_is_torchs_replicate_same_convolution():
             conv.weight[range(3), range(3)] = 1.0 / size
             ref = conv(_t(d)).numpy()
         np.testing.assert_allclose(uniform_smooth(d, size), ref, rtol=1e-13, atol=1e-15)  # cumulative sums vs direct sums of <= 40 terms in [0, 1]
+
+
+def _grood_release(train, rows, ood_rows=None, n_noise=100, softmax_factor=True) -> np.ndarray:
+    """OpenOOD's GrOODPostprocessor (openood/postprocessors/grood.py and configs/postprocessors/
+    grood.yaml at 3c35632ee91b54b09d1f085d04f94744cece7d0b) re-derived in float64 as it runs by
+    default (use_direct_grad False): prototypes the label means, the OOD prototype the mean of the
+    first ``n_noise`` OOD rows (use_val_ood; None: the mean of the prototypes, use_proto_mean),
+    ncc = -||z - p_k|| over the C + 1, CE(ncc, argmax f) per row and its autograd gradient with
+    respect to the OOD prototype, the ID-train rows whose label is argmax f indexed, and the score
+    -(squared L2 distance to the nearest indexed gradient), by brute force (the release's IVF
+    search approximates this 1-NN). ``softmax_factor=False``: the deliberately wrong formula (the
+    unit vectors (z - p_K) / ||z - p_K|| without softmax(ncc)_K)."""
+    z_train = np.asarray(train.features, dtype=np.float64)
+    labels = np.asarray(train.labels)
+    c = train.logits.shape[1]
+    protos = torch.from_numpy(np.stack([z_train[labels == k].mean(axis=0) for k in range(c)]))
+    noise = protos.mean(dim=0) if ood_rows is None else _t(ood_rows[:n_noise]).mean(dim=0)
+
+    def gradients(z: np.ndarray, logits: np.ndarray) -> np.ndarray:
+        p_k = noise.clone().requires_grad_(True)
+        ncc = -torch.norm(_t(z)[:, None, :] - torch.cat([protos, p_k[None]]), dim=2)
+        loss = torch.nn.functional.cross_entropy(ncc, torch.from_numpy(np.asarray(logits).argmax(axis=1)), reduction="none")
+        grads = np.stack([torch.autograd.grad(loss[i], p_k, retain_graph=True)[0].numpy() for i in range(len(z))])
+        # the closed form (the release's use_direct_grad): softmax(ncc)_K (z - p_K) / ||z - p_K||
+        unit = (z - noise.numpy()) / np.linalg.norm(z - noise.numpy(), axis=1, keepdims=True)
+        closed = torch.softmax(ncc.detach(), dim=1)[:, -1].numpy()[:, None] * unit
+        np.testing.assert_allclose(grads, closed, rtol=1e-12, atol=1e-15)  # the same float64 terms in another order
+        return grads if softmax_factor else unit
+
+    keep = labels == np.asarray(train.logits).argmax(axis=1)
+    bank = gradients(z_train[keep], np.asarray(train.logits)[keep])
+    g = gradients(np.asarray(rows.features, dtype=np.float64), rows.logits)
+    return -(((g[:, None, :] - bank[None, :, :]) ** 2).sum(axis=2)).min(axis=1)
+
+
+@pytest.fixture(scope="module")
+def misread():
+    """small_problem with 30 ID-train rows relabelled, so that the release's filter (label = argmax f) drops rows."""
+    from oodeval.features import FeatureSet
+
+    train, test, ood = small_problem(seed=4)
+    labels = np.asarray(train.labels).copy()
+    labels[::7][:30] = (labels[::7][:30] + 1) % train.logits.shape[1]
+    return FeatureSet(train.features, labels=labels, logits=train.logits, weight=train.weight, bias=train.bias), test, ood
+
+
+def test_grood_is_openoods_grood(misread):
+    train, test, ood = misread
+    det = detectors.create("grood", compute_dtype="float64").fit(train)
+    assert 0 < len(det.bank_) < len(train)  # the filter drops the relabelled rows
+    ours = np.concatenate([det.score(test), det.score(ood)])
+    ref = np.concatenate([_grood_release(train, s) for s in (test, ood)])
+    # expanded squared distances (||g||^2 + ||h||^2 - 2 g h, as faiss forms them) vs direct ones: a
+    # few float64 ulps of the largest squared gradient norm (<= 1), and the gradients' own rounding
+    assert np.allclose(ours, ref, rtol=1e-12, atol=1e-13)
+    same_results(ours, ref, len(test))
+    # float32 products (float64 softmax): the expansion's float32 rounding, a few ulps (2^-24) of
+    # ||g||^2 + ||h||^2 <= 2 per product of 16 terms, on numpy and on torch
+    for device in (None, "cpu"):
+        fast = detectors.create("grood", device=device).fit(train)
+        assert np.allclose(np.concatenate([fast.score(test), fast.score(ood)]), ref, rtol=0, atol=64 * 2.0**-24)
+    wrong = np.concatenate([_grood_release(train, s, softmax_factor=False) for s in (test, ood)])
+    assert not np.allclose(wrong, ref, rtol=1e-6, atol=1e-6)
+    assert spearmanr(wrong, ref).statistic < 0.999
+
+
+def test_grood_takes_the_releases_ood_validation_prototype(misread, tmp_path):
+    """The release's default prototype (use_val_ood): the mean of the first n_noise_samples rows of
+    an OOD-validation FeatureSet folder, or that mean given as D numbers."""
+    train, test, ood = misread
+    folder = ood.save(tmp_path / "ood-val")
+    det = detectors.create("grood", ood_prototype=str(folder), n_noise_samples=25, compute_dtype="float64").fit(train)
+    ours = np.concatenate([det.score(test), det.score(ood)])
+    ood_rows = np.asarray(ood.features, dtype=np.float64)
+    ref = np.concatenate([_grood_release(train, s, ood_rows=ood_rows, n_noise=25) for s in (test, ood)])
+    assert np.allclose(ours, ref, rtol=1e-12, atol=1e-13)
+    same_results(ours, ref, len(test))
+    given = detectors.create("grood", ood_prototype=ood_rows[:25].mean(axis=0).tolist(), compute_dtype="float64").fit(train)
+    np.testing.assert_allclose(np.concatenate([given.score(test), given.score(ood)]), ours, rtol=1e-12, atol=1e-13)
+    # and it is not the class-mean prototype's score
+    assert not np.allclose(detectors.create("grood", compute_dtype="float64").fit(train).score(test), det.score(test), rtol=1e-6)
+
+
+def test_grood_refuses_a_prototype_that_does_not_fit(misread, tmp_path):
+    train, _, _ = misread
+    with pytest.raises(InputError, match=r"ood_prototype must be 16 finite numbers \(one per feature\), got 3"):
+        detectors.create("grood", ood_prototype=[1.0, 2.0, 3.0]).fit(train)
+    with pytest.raises(InputError, match="neither 'class_mean' nor a FeatureSet folder"):
+        detectors.create("grood", ood_prototype=str(tmp_path / "nowhere")).fit(train)
+    with pytest.raises(InputError, match="ood_prototype"):
+        detectors.create("grood", ood_prototype=3.0)

@@ -20,14 +20,14 @@ import numpy as np
 
 from ..errors import InputError
 from ..features import FeatureSet
-from ..params import COMPUTE, SEED, Integral, Interval, Options, Real
+from ..params import COMPUTE, SEED, Instance, Integral, Interval, Options, Real
 from . import register
 from ._backend import Compute
-from ._common import chunks, energy, float32_centre, mean_rows
+from ._common import chunks, class_means, energy, float32_centre, labelled, mean_rows
 from ._peers import PeerMethod
 from .base import Detector
 
-__all__ = ["KNN", "NNGuide", "CFOOD", "cfood_levels", "top_similarities", "bank_offsets"]
+__all__ = ["KNN", "NNGuide", "CFOOD", "GROOD", "cfood_levels", "top_similarities", "bank_offsets", "nearest_sq_distances"]
 
 #: bank rows per block of the search (numpy, torch)
 BLOCK_ROWS = {False: 16384, True: 131072}
@@ -303,3 +303,146 @@ class CFOOD(PeerMethod):
             out[sl] = -kappa[first]
         return out
 
+
+
+def nearest_sq_distances(comp: Compute, bank: np.ndarray, bank_sq: np.ndarray, q) -> np.ndarray:
+    """min_j ||q_i - b_j||^2 per row of the backend array q, float64: ||q||^2 + min_j (||b_j||^2 -
+    2 q b_j), the products blocked over the bank as :func:`top_similarities` blocks them (exact
+    1-NN; faiss's ``IndexFlatL2`` forms the same expansion). ``bank`` is already on the backend,
+    ``bank_sq`` its rows' squared norms there; clipped at 0."""
+    block = min(len(bank), BLOCK_ROWS[comp.device is not None])
+    best = None
+    for start in range(0, len(bank), block):
+        d = q @ bank[start : start + block].T
+        d *= -2.0
+        d += bank_sq[start : start + block]
+        low = comp.rowmin(d)
+        best = low if best is None else comp.rowmin(comp.concat([best[:, None], low[:, None]]))
+    return np.maximum(comp.get(best) + comp.get(comp.rowdot(q, q)), 0.0)
+
+
+#: ``ood_prototype``: the mean of the class prototypes (the release's ``use_proto_mean``)
+CLASS_MEAN = "class_mean"
+
+
+@register("grood", tags=("hybrid", "openood", "since-paper"))
+class GROOD(PeerMethod):
+    """GROOD: s = -min_j ||g(z) - h_j||^2, the squared distance of z's gradient towards the OOD
+    prototype to the nearest ID-train gradient (higher = ID).
+
+    ElAraby, Sahoo, Pequignot, Novello & Paull, "GROOD: Gradient-aware out-of-distribution
+    detection", arXiv 2312.14427; OpenOOD's ``grood`` (``openood/postprocessors/grood.py`` and
+    ``configs/postprocessors/grood.yaml`` at 3c35632ee91b54b09d1f085d04f94744cece7d0b). Class
+    prototypes p_k, k < C: the ID-train means by label; an OOD prototype p_K; ncc_k = -||z - p_k||
+    over the C + 1; the loss CE(ncc, y^), y^ = argmax f, whose gradient with respect to p_K is
+    g(z) = softmax(ncc)_K (z - p_K) / ||z - p_K|| in closed form (the release's
+    ``use_direct_grad``; its default autograd computes the same; y^ < C drops out). Indexed: g of
+    the ID-train rows whose label is y^. The release searches a faiss IVF index (nprobe 4, an
+    approximation of the 1-NN); here the 1-NN is exact, by blocked products (:func:`nearest_sq_distances`).
+    ``ood_prototype``: "class_mean" (default; the mean of the class prototypes, the release's
+    ``use_proto_mean``) or the release's default, the mean feature of OOD validation rows: a
+    FeatureSet folder (the mean of its first ``n_noise_samples`` rows, default 100 as
+    ``n_noise_samples`` in ``grood.yaml``; the release takes whole batches until it has at least
+    that many) or the prototype itself (D numbers). The default differs from the release's
+    (``use_val_ood``), which needs OOD validation images a cached ID-train set lacks. Also left
+    out: the release loses the gradients of one train batch (the one at which it trains its
+    IVF index). ``compute_dtype`` / ``device``: the products with the prototypes (about their
+    mean rounded to float32) and with the indexed gradients, and where they run; softmax in float64.
+    """
+
+    label = "GROOD"
+
+    needs = ("features",)
+    fit_needs = ("features", "logits", "labels")
+
+    constraints = {"ood_prototype": Instance(str, list, tuple), "n_noise_samples": Interval(Integral, 1, None), **COMPUTE}
+
+    def __init__(self, ood_prototype: str | list[float] | tuple[float, ...] = CLASS_MEAN, n_noise_samples: int = 100,
+                 compute_dtype: str = "float32", device: str | None = None) -> None:  # fmt: skip
+        self.ood_prototype = ood_prototype
+        self.n_noise_samples = n_noise_samples
+        self.compute_dtype = compute_dtype
+        self.device = device
+
+    def _ood_prototype(self, prototypes: np.ndarray) -> np.ndarray:
+        """p_K as float64 (D,)."""
+        d, value = prototypes.shape[1], self.ood_prototype
+        if isinstance(value, str) and value == CLASS_MEAN:
+            return prototypes.mean(axis=0)
+        if isinstance(value, str):
+            from pathlib import Path
+
+            if not Path(value).is_dir():
+                raise InputError(f"detector 'grood': ood_prototype={value!r} is neither {CLASS_MEAN!r} nor a FeatureSet folder")
+            fs = FeatureSet.load(value)
+            z = fs.features[: int(self.n_noise_samples)]
+            if z.ndim != 2 or z.shape[1] != d:
+                raise InputError(f"detector 'grood': the OOD prototype's FeatureSet {value!r} has {z.shape[-1]}-d features, the ID-train set {d}-d")
+            p = np.asarray(z, dtype=np.float64).mean(axis=0)
+        else:
+            p = np.asarray(value, dtype=np.float64).reshape(-1)
+        if p.shape != (d,) or not np.isfinite(p).all():
+            raise InputError(f"detector 'grood': ood_prototype must be {d} finite numbers (one per feature), got {p.size}"
+                             + ("" if np.isfinite(p).all() else " with a non-finite one"))  # fmt: skip
+        return p
+
+    def _fit(self, train: FeatureSet) -> None:
+        c = train.logits.shape[1]
+        _, classes = labelled(train.labels, "grood")
+        if not np.array_equal(classes, np.arange(c)):
+            missing = np.setdiff1d(np.arange(c), classes)
+            raise InputError(f"detector 'grood' needs ID-train rows of each of the {c} classes (their prototypes); "
+                             f"{missing.size} have none, e.g. class {missing[:1].tolist()}")  # fmt: skip
+        means, _ = class_means(train.features, train.labels, classes)
+        protos = np.vstack([means, self._ood_prototype(means)])  # (C + 1, D), p_K last
+        self.prototypes_ = protos
+        self.centre_ = float32_centre(protos.mean(axis=0))
+        comp = self._compute()
+        labels = np.asarray(train.labels)
+        pred = np.concatenate([np.asarray(train.logits[sl]).argmax(axis=1) for sl in chunks(len(labels), c)])
+        self.bank_index_ = np.flatnonzero(labels == pred)
+        if self.bank_index_.size == 0:
+            raise InputError("detector 'grood': no ID-train row is classified as its label, so no gradient to index")
+        self.bank_ = np.empty((self.bank_index_.size, protos.shape[1]), dtype=Compute(comp.precision).dtype)
+        state = self._state(comp)
+
+        def fill(rows, out) -> None:
+            out[...] = comp.host(self._gradients(comp, state, comp.put(train.features[rows])))
+
+        for sl in comp.chunks(len(self.bank_), protos.shape[1]):
+            comp.by_rows(fill, self.bank_index_[sl], self.bank_[sl])
+        self.bank_sq_ = np.einsum("ij,ij->i", self.bank_, self.bank_, dtype=np.float64)
+
+    def _state(self, comp: Compute) -> tuple:
+        """The prototypes about the centre m, on the backend: (m, Q', ||q_k||^2 float64, q_K)."""
+        q = self.prototypes_ - self.centre_
+        qb = comp.put(q)
+        return comp.put(self.centre_), qb.T, comp.get(comp.rowdot(qb, qb)), qb[-1]
+
+    @staticmethod
+    def _gradients(comp: Compute, state: tuple, z):
+        """softmax(-||z - p_k||)_K (z - p_K) / ||z - p_K|| per row of the backend array z."""
+        m, qt, qq, q_last = state
+        u = z - m
+        d2 = comp.get(u @ qt)
+        d2 *= -2.0
+        d2 += qq
+        d2 += comp.get(comp.rowdot(u, u))[:, None]
+        ncc = -np.sqrt(np.maximum(d2, 0.0))
+        top = ncc.max(axis=1)
+        p_last = np.exp(ncc[:, -1] - top) / np.exp(ncc - top[:, None]).sum(axis=1)
+        v = u - q_last
+        return comp.scale_rows(v, comp.put(p_last, "float64") * comp.inverse_norm(v))
+
+    def _score(self, x: FeatureSet) -> np.ndarray:
+        if x.features.shape[1] != self.prototypes_.shape[1]:
+            raise InputError(f"grood was fitted on {self.prototypes_.shape[1]}-d features, got {x.features.shape[1]}")
+        comp = self._compute()
+        state = self._state(comp)
+        bank, bank_sq = comp.put(self.bank_), comp.put(self.bank_sq_)
+        block = min(len(self.bank_), BLOCK_ROWS[comp.device is not None])
+
+        def search(z):
+            return comp.put(-nearest_sq_distances(comp, bank, bank_sq, self._gradients(comp, state, z)), "float64")
+
+        return comp.map_rows(search, x.features, max(block, len(self.prototypes_)))
