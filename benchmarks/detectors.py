@@ -123,7 +123,7 @@ def products(name: str, n_train: int, n_score: int, d: int, c: int, hp: dict) ->
         # per class: its scatter, then a triangular solve of every scored row (a D x D product's work)
         "class_gmm": [(n_train, d, d), (n_score * c, d, d)],
     }  # fmt: skip
-    table.update(since_paper_products(n_train, n_score, d, c))
+    table.update(since_paper_products(n_train, n_score, d, c, hp))
     return table.get(name, [])
 
 
@@ -176,8 +176,9 @@ def reads(name: str) -> list[tuple[str, str]]:
 def argmax_passes(name: str) -> list[str]:
     """The sets whose predicted classes (an argmax of each logit row) a formula reads with no
     softmax: SHE's patterns (train) and the pattern each row is read against, NCI's head row; ORA's
-    boundaries are those of each row's predicted class."""
-    return {"she": ["train", "score"], "nci": ["score"], "ora": ["score"]}.get(name, [])
+    boundaries are those of each row's predicted class; GROOD indexes the ID-train rows whose
+    label is their predicted class."""
+    return {"she": ["train", "score"], "nci": ["score"], "ora": ["score"], "grood": ["train"]}.get(name, [])
 
 
 def selections(name: str, d: int, c: int) -> list[tuple[str, str, int]]:
@@ -587,7 +588,10 @@ NOT_HERE = {"nac": "per-layer states (benchmarks/nac_taps.py)",
 # floor is the head's product, not the per-class closed-form cosine over the (rows, C) logits that
 # follows it (a dozen float64 passes over them). weiper's floor is its products and the max softmax
 # of its perturbed logits, not their binning (a floor, an index and a count per value). cadref has no
-# peer timing: pytorch-ood 0.4.0 lacks it; weiper and ora are in neither peer.
+# peer timing: pytorch-ood 0.4.0 lacks it; weiper and ora are in neither peer. grood's floor is its
+# three products (prototype distances of ID train and of the scored rows, the scored gradients against
+# the indexed ones) and its reads; OpenOOD's grood runs the network and a faiss IVF index (an
+# approximate 1-NN; faiss is not installed here), so it has no peer timing.
 
 #: the methods pytorch-ood has, timed against its class
 SINCE_PAPER_POOD = ("webo", "pnml")
@@ -595,24 +599,28 @@ PEERS.update({n: "pytorch-ood" for n in SINCE_PAPER_POOD})
 #: a softmax readout over the scored logits: WEBO's weighted logsumexp, pNML's log p; CADRef's energy
 #: of every ID-train row (its mean confidence) and of every scored row; WeiPer's max softmax of each of
 #: its 100 perturbed heads over the scored rows (100 passes the size of the scored logits)
-SINCE_PAPER_SOFTMAX = {"webo": ["score"], "pnml": ["score"], "cadref": ["train", "score"], "weiper": ["score"] * 100}
+SINCE_PAPER_SOFTMAX = {"webo": ["score"], "pnml": ["score"], "cadref": ["train", "score"], "weiper": ["score"] * 100,
+                       "grood": ["train", "score"]}  # GROOD: softmax_K of its C + 1 prototype distances
 #: pNML normalises every ID-train row (its X'X) and every scored row
 SINCE_PAPER_READS = {"pnml": [("train", "rows"), ("score", "rows")], "cfood": [("train", "rows"), ("score", "rows")],
                      "optfs": [("train", "columns")], "kpca": [("train", "rows"), ("score", "rows")],
                      # CADRef: its predicted-class means, each scored row's l1 norm and split error;
                      # ORA: the class means, each scored row's ||z - mu||
                      "cadref": [("train", "columns"), ("score", "rows")], "ora": [("train", "columns"), ("score", "rows")],
-                     "weiper": [("train", "rows"), ("score", "rows")]}  # fmt: skip
+                     "weiper": [("train", "rows"), ("score", "rows")],
+                     # GROOD: the class prototypes (label means), the norms of the indexed and scored gradients
+                     "grood": [("train", "columns"), ("train", "rows"), ("score", "rows")]}  # fmt: skip
 #: pNML's pseudo-inverse of X'X
 SINCE_PAPER_FACTORISATIONS = {"pnml": 1}
 
 
-def since_paper_products(n_train: int, n_score: int, d: int, c: int) -> dict[str, list[tuple[int, int, int]]]:
+def since_paper_products(n_train: int, n_score: int, d: int, c: int, hp: dict) -> dict[str, list[tuple[int, int, int]]]:
     """pNML: X'X over ID train, x V and W x over the scored rows; CFOOD: the reference rows' (10% of
     ID train) distances to each other and to the scored rows; kernel PCA: the 4096 random features
     of ID train and of the scored rows, and their scatter; CADRef: the head over ID train (its
     predicted classes) and the scored rows; ORA: the head's Gram matrix and the head over the
-    scored rows."""
+    scored rows; GROOD: the distances of the ID-train and the scored rows to the C + 1 prototypes,
+    and of the scored rows' gradients to the indexed ones (``bank``: the fitted count)."""
     ref, m = int(0.1 * n_train), 4096
     return {"pnml": [(n_train, d, d), (n_score, d, d), (n_score, d, c)],
             "cfood": [(ref, d, ref), (n_score, d, ref)],
@@ -620,7 +628,8 @@ def since_paper_products(n_train: int, n_score: int, d: int, c: int) -> dict[str
             "cadref": [(n_train, d, c), (n_score, d, c)], "ora": [(c, d, c), (n_score, d, c)],
             # WeiPer: its 100 perturbed heads over ID train twice (the value range, then the densities)
             # and over the scored rows
-            "weiper": [(n_train, d, 100 * c), (n_train, d, 100 * c), (n_score, d, 100 * c)]}  # fmt: skip
+            "weiper": [(n_train, d, 100 * c), (n_train, d, 100 * c), (n_score, d, 100 * c)],
+            "grood": [(n_train, d, c + 1), (n_score, d, c + 1), (n_score, d, hp.get("bank", n_train))]}  # fmt: skip
 
 
 def since_paper_hyperparameters(c: int) -> dict[str, dict]:
@@ -720,6 +729,8 @@ def main() -> None:
             fitted = {"dim_": det.resolved_params()["dim"], "n_iter_": det.n_iter_, "n_components": det.n_components}
         if name == "relation":
             fitted = {"bank": len(det.bank_features_)}
+        if name == "grood":
+            fitted = {"bank": len(det.bank_)}
         shapes = products(name, n_train, n_score, args.dim, args.classes, {**hp, **fitted})
         line = f"{name:<24}{secs:>8.2f}{cpu:>8.2f}{peak:>8.0f}"
         ref, ref_cpu = (0.0, 0.0) if name in NO_FLOOR else floor_seconds(name, shapes, train, [test, ood], cache, args.device)

@@ -26,7 +26,7 @@ PEERS = [
     "entropy", "temperature_scaling", "openmax",
 ]  # fmt: skip
 #: the methods since the paper (issue 42), each at the end of its family's module
-SINCE_PAPER = ["optfs", "webo", "pnml", "cfood", "kpca", "cadref", "ora", "weiper"]
+SINCE_PAPER = ["optfs", "webo", "pnml", "cfood", "kpca", "cadref", "ora", "weiper", "grood"]
 
 
 def test_names_come_from_tags_and_order():
