@@ -479,10 +479,12 @@ def _grood_release(train, rows, ood_rows=None, n_noise=100, softmax_factor=True)
     noise = protos.mean(dim=0) if ood_rows is None else _t(ood_rows[:n_noise]).mean(dim=0)
 
     def gradients(z: np.ndarray, logits: np.ndarray) -> np.ndarray:
-        p_k = noise.clone().requires_grad_(True)
-        ncc = -torch.norm(_t(z)[:, None, :] - torch.cat([protos, p_k[None]]), dim=2)
-        loss = torch.nn.functional.cross_entropy(ncc, torch.from_numpy(np.asarray(logits).argmax(axis=1)), reduction="none")
-        grads = np.stack([torch.autograd.grad(loss[i], p_k, retain_graph=True)[0].numpy() for i in range(len(z))])
+        target = torch.from_numpy(np.asarray(logits).argmax(axis=1))
+        # one copy of p_K per row, so that the gradient of the summed losses holds each row's own
+        p_k = noise.expand(len(z), -1).clone().requires_grad_(True)
+        ncc = -torch.norm(_t(z)[:, None, :] - torch.cat([protos.expand(len(z), -1, -1), p_k[:, None]], dim=1), dim=2)
+        torch.nn.functional.cross_entropy(ncc, target, reduction="none").sum().backward()
+        grads = p_k.grad.numpy()
         # the closed form (the release's use_direct_grad): softmax(ncc)_K (z - p_K) / ||z - p_K||
         unit = (z - noise.numpy()) / np.linalg.norm(z - noise.numpy(), axis=1, keepdims=True)
         closed = torch.softmax(ncc.detach(), dim=1)[:, -1].numpy()[:, None] * unit
