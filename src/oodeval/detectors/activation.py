@@ -311,7 +311,7 @@ def _column_percentiles(z: np.ndarray, qs: tuple[float, ...], block: int = 16) -
     strided transpose of the rows), one partition of them in z's own dtype at every order
     statistic the qs need, then numpy's interpolation in float64."""
     n = len(z)
-    ranks = [(n - 1) * q / 100.0 for q in qs]
+    ranks = [(n - 1) * (q / 100.0) for q in qs]  # numpy's virtual index
     kth = sorted({int(np.floor(r)) for r in ranks} | {int(np.ceil(r)) for r in ranks})
     at = {k: i for i, k in enumerate(kth)}
     picked = np.empty((len(kth), z.shape[1]))
@@ -413,8 +413,9 @@ class LTS(PeerMethod):
             relu = np.maximum(z, 0) if isinstance(z, np.ndarray) else z.clamp(min=0)
             s1, top = comp.rowsum(relu), comp.topk(z, k)
             s2 = comp.rowsum(top * (top > 0))
-            ratio = s1 / s2
-            ratio[s2 <= 0] = 1.0
+            empty = s2 <= 0
+            ratio = s1 / (s2 + empty)  # a row with nothing above 0 is not rescaled
+            ratio[empty] = 1.0
             return _logsumexp_own_max(comp, comp.scale_rows(f, ratio * ratio))
 
         return over_rows(comp, block, x.features, x.logits)
