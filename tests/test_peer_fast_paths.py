@@ -73,3 +73,14 @@ def test_lts_reads_relu_of_the_top_k():
     # float32: each scaled logit rounded once (a float32 ulp of S f), the exp and sum to a few more
     got = detectors.create("lts").fit().score(x)
     assert (np.abs(got - ref) <= 8 * np.finfo(np.float32).eps * np.abs(scaled).max(1)).all()
+
+
+@pytest.mark.parametrize("q", [0.0, 0.1, 10.0, 50.0, 99.9, 100.0])
+def test_chunked_percentile_with_a_large_share_of_ties(q):
+    """ReLU-like values (about half exactly 0) and a few levels: the values at an end of the sampled
+    range are counted, not kept, and the order statistics stay numpy's."""
+    from oodeval.detectors._common import chunked_percentile
+
+    rng = np.random.default_rng(4)
+    for a in (np.maximum(rng.normal(size=(3000, 64)), 0).astype(np.float32), rng.integers(0, 3, (2000, 50)).astype(np.float32)):
+        assert chunked_percentile(a, q) == pytest.approx(np.percentile(a.astype(np.float64).ravel(), q), rel=1e-12, abs=1e-300)

@@ -256,17 +256,27 @@ def _bracketed(rows: np.ndarray, width: int, dtype, k0: int, k1: int, sample_row
     i0, i1 = int(np.floor(k0 / n * m - spread)), int(np.ceil(k1 / n * m + spread))
     lo = sample[i0] if i0 > 0 else -np.inf
     hi = sample[i1] if i1 < m - 1 else np.inf
-    below, kept = 0, []
+    # the values equal to an end of the range are counted, not kept (ReLU features put a large share
+    # of every value at 0, an end of a low percentile's range), so memory stays the values inside it
+    below, at_lo, at_hi, kept = 0, 0, 0, []
     for sl in chunks(len(rows), width):
         c = np.asarray(rows[sl], dtype=dtype).ravel()
         if not np.isfinite(c.sum()) and not np.isfinite(c).all():  # NaN/inf propagate through the sum
             raise InputError("cannot take a percentile of non-finite values")
         below += int(np.count_nonzero(c < lo))
-        kept.append(c[(c >= lo) & (c <= hi)])
+        at_lo += int(np.count_nonzero(c == lo))
+        at_hi += int(np.count_nonzero(c == hi)) if hi != lo else 0
+        kept.append(c[(c > lo) & (c < hi)])
     sel = np.sort(np.concatenate(kept).astype(np.float64))
-    if not (below <= k0 and k1 - below < sel.size):
+    if not (below <= k0 and k1 - below < at_lo + sel.size + at_hi):
         return None
-    return sel[k0 - below], sel[k1 - below]
+
+    def value(i: int) -> float:  # the i-th of the sorted values in [lo, hi]
+        if i < at_lo:
+            return float(lo)
+        return float(sel[i - at_lo]) if i - at_lo < sel.size else float(hi)
+
+    return value(k0 - below), value(k1 - below)
 
 
 def _histogram(rows: np.ndarray, width: int, dtype, k0: int, k1: int, bins: int) -> tuple[float, float]:
