@@ -448,20 +448,22 @@ class OptFS(PeerMethod):
         self.readout = readout
 
     def _bins(self, z: np.ndarray) -> np.ndarray:
-        """1 + the interval index of every entry of float64 ``z``, 0 outside every interval: as
-        a search of the edges, k = the largest k with left_k <= z, inside when z < left_k +
-        width. The edges are arange's lo + k width, so k = floor((z - lo) / width) wherever that
-        quotient lies further than its rounding (and the edges') from a whole number; the few
-        entries that close to an edge take the search itself."""
+        """1 + the interval index of every entry of float64 ``z``, 0 or K + 1 (K intervals) outside
+        every interval: as a search of the edges, k = the largest k with left_k <= z, inside when
+        z < left_k + width. The edges are arange's lo + k width, so k = floor((z - lo) / width)
+        wherever that quotient lies further than its rounding (and the edges') from a whole
+        number, and z = lo exactly (ReLU features' zeros when lo = 0) is in the first; the few
+        other entries that close to an edge take the search itself."""
         left, right = self.left_edges_, self.right_edges_
-        lo, width = float(left[0]), float(self.width_)
+        lo, tol = float(left[0]), self.edge_tolerance_
         q = z - lo
-        q *= 1.0 / width
+        q *= 1.0 / float(self.width_)
         k = np.floor(q)
-        frac = q - k
-        near = (frac < self.edge_tolerance_) | (frac > 1.0 - self.edge_tolerance_)
+        q -= k  # the quotient's fraction
+        near = (q < tol) | (q > 1.0 - tol)
+        near &= z != lo
         k += 1.0
-        k *= (k >= 1.0) & (k <= left.size)
+        np.clip(k, 0.0, left.size + 1.0, out=k)
         index = k.astype(np.intp)
         if near.any():
             zn = z[near]
@@ -486,13 +488,13 @@ class OptFS(PeerMethod):
         eps = np.finfo(np.float64).eps
         self.edge_tolerance_ = max(1e-9, 64 * eps * (abs(lo) + abs(hi) + self.width_) / self.width_)
         w = as64(train.weight)
-        size = self.left_edges_.size + 1
+        size = self.left_edges_.size + 2  # index 0 and K + 1: outside every interval
 
         def part(z, f):  # one block's per-interval sums, kept apart and added in block order
             y = np.asarray(f).argmax(axis=1)
             return np.bincount(self._shape_index(z).ravel(), weights=(w[y] * z).ravel(), minlength=size)[None]
 
-        contribution = over_rows(Compute("float64"), part, z_all, train.logits).sum(axis=0)[1:] / len(train)
+        contribution = over_rows(Compute("float64"), part, z_all, train.logits).sum(axis=0)[1:-1] / len(train)
         norm = np.linalg.norm(contribution)
         if norm == 0:
             raise InputError("detector 'optfs': every interval's logit contribution over ID train is 0")
@@ -500,7 +502,7 @@ class OptFS(PeerMethod):
 
     def _score(self, x: FeatureSet) -> np.ndarray:
         w, b = as64(x.weight), as64(x.bias)
-        theta = np.append(0.0, self.theta_)  # index 0: outside every interval
+        theta = np.concatenate([[0.0], self.theta_, [0.0]])  # index 0 and K + 1: outside every interval
         host = Compute("float64")
 
         def block(z, f):
