@@ -327,8 +327,8 @@ class GradNorm(PeerMethod):
         t = float(self.temperature)
 
         def block(z, f):
-            _, e, total = comp.shifted_exp(f if t == 1 else f / t)
-            p = comp.scale_rows(e, 1.0 / total)
+            _, p, total = comp.shifted_exp(f if t == 1 else f / t)
+            p *= comp.put(1.0 / total)[:, None]  # p = e / total, in place
             p -= 1.0 / p.shape[1]
             return comp.rowsum(abs(p)) * comp.rowsum(abs(z)) / t
 
