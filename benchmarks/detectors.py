@@ -170,15 +170,19 @@ def reads(name: str) -> list[tuple[str, str]]:
     train += [("train", "rows")] if name in pp else []
     score = [("score", "rows")] if name in ("cosine", "mcm", "fdbd", "knn", "nnguide", "she", "nci", "gradnorm",
                                             "grad_uncertainty", "relation", *pp) else []  # fmt: skip
+    # NCI reduces each scored row three times (its dot with w_y, ||z - mu||, ||z||_1); LTS sums
+    # relu(z) over each scored row besides its top-k partition
+    score += {"nci": [("score", "rows")] * 2, "lts": [("score", "rows")]}.get(name, [])
     return train + score + SINCE_PAPER_READS.get(name, [])
 
 
 def argmax_passes(name: str) -> list[str]:
     """The sets whose predicted classes (an argmax of each logit row) a formula reads with no
-    softmax: SHE's patterns (train) and the pattern each row is read against, NCI's head row; ORA's
-    boundaries are those of each row's predicted class; GROOD indexes the ID-train rows whose
-    label is their predicted class."""
-    return {"she": ["train", "score"], "nci": ["score"], "ora": ["score"], "grood": ["train"]}.get(name, [])
+    softmax: SHE's patterns (train) and the pattern each row is read against, NCI's head row,
+    OptFS's head row (train: its theta; scored rows: its readout); ORA's boundaries are those of each
+    row's predicted class; GROOD indexes the ID-train rows whose label is their predicted class."""
+    return {"she": ["train", "score"], "nci": ["score"], "optfs": ["train", "score"], "ora": ["score"],
+            "grood": ["train"]}.get(name, [])
 
 
 def selections(name: str, d: int, c: int) -> list[tuple[str, str, int]]:
@@ -199,6 +203,18 @@ def percentiles(name: str, n_train: int, d: int) -> list[tuple[int, int]]:
     if name == "optfs":  # OptFS's 0.1% and 99.9% quantiles of every ID-train value (issue 42's block)
         return [(n_train * d, int(0.001 * n_train * d)), (n_train * d, int(0.999 * n_train * d))]
     return [(n_train * d, int(0.9 * n_train * d))] if name == "react" else []
+
+
+def passes_over(name: str) -> list[tuple[str, str, str]]:
+    """(set, array, op): the further passes over a set's own arrays that a formula needs beyond
+    its products, softmax sum, reads and selections: "dot", a second row reduction over the
+    softmax terms once their sum is known (entropy's sum p log p, GradNorm's sum |p - 1/C|),
+    accumulated in float64 as every reduction that becomes a score; "scale", an elementwise pass
+    writing a new value of each entry (LTS's S f before the exp; OptFS's interval of every
+    ID-train and scored value)."""
+    return {"entropy": [("score", "logits", "dot")], "gradnorm": [("score", "logits", "dot")],
+            "lts": [("score", "logits", "scale")],
+            "optfs": [("train", "features", "scale"), ("score", "features", "scale")]}.get(name, [])  # fmt: skip
 
 
 def factorisations(name: str) -> int:
@@ -363,7 +379,36 @@ def floor_seconds(name: str, shapes: list[tuple[int, int, int]], train: FeatureS
         pos = int(k * width / n)
         flat = lambda a: np.partition(a, pos) if device is None else a.kthvalue(pos + 1)  # noqa: E731
         add(("percentile", n, k), lambda: scaled(lambda r: rand(r), flat, width, n))
+    for role, array, op in passes_over(name):  # the further elementwise passes a formula needs (host)
+        fn = {"dot": lambda a: np.einsum("ij,ij->i", a, a, dtype=np.float64),
+              "scale": lambda a: np.multiply(a, a.dtype.type(1.5), out=_buffer(a.shape))}[op]  # fmt: skip
+        add(("pass", role, array, op), lambda: _on_all_cores(fn, [np.asarray(getattr(fs, array)) for fs in sets[role]]))
+    for key, (rows, cols, op, m) in generated_passes(name, len(train), sum(len(fs) for fs in score_sets)).items():
+        add(("generated", name, key), lambda: _generated(rows, cols, op, m))
+    for size in large_factorisations(name):
+        add(("eigh", size), lambda: _one_eigh(size))
     return wall, cpu
+
+
+def _one_eigh(d: int) -> tuple[float, float]:
+    """(wall, CPU) of one float64 eigendecomposition of a d x d SPD matrix on one BLAS thread (a
+    large one: timed once, its CPU time far above the machine's noise)."""
+    from threadpoolctl import threadpool_limits
+
+    a = np.random.default_rng(0).standard_normal((d, d))
+    spd = a @ a.T / d
+    with threadpool_limits(1, user_api="blas"):
+        c0, t0 = time.process_time(), time.perf_counter()
+        np.linalg.eigh(spd)
+        return time.perf_counter() - t0, time.process_time() - c0
+
+
+def _generated(rows: int, cols: int, op, m: int) -> tuple[float, float]:
+    """(wall, CPU) of ``op`` over an (m, cols) float32 matrix that a detector forms itself (no set
+    holds it), timed on ``rows`` of its rows at a time on every core and scaled to m rows."""
+    a = np.random.default_rng(0).standard_normal((min(rows, m), cols), dtype=np.float32)
+    w, c = _on_all_cores(op, [a])
+    return w * m / len(a), c * m / len(a)
 
 
 def warm_up(sets: list[FeatureSet]) -> float:
@@ -582,16 +627,17 @@ NOT_HERE = {"nac": "per-layer states (benchmarks/nac_taps.py)",
 # ---- issue 42: the peers' methods since the paper, measured as the 21 are -----------------------
 # Their floors in the terms above (products, softmax passes, reads, percentiles, eigendecompositions)
 # and, for webo and pnml, pytorch-ood 0.4.0's class on the same arrays; they are not among SHARED
-# (the 21's totals). cfood's floor is its two distance products (not its per-row radii selection),
-# kpca's its random-feature and scatter products (not the 4096-d eigendecomposition nor the
-# projection on its q components): both floors are low, so their ratios read high. So is ora's: its
-# floor is the head's product, not the per-class closed-form cosine over the (rows, C) logits that
-# follows it (a dozen float64 passes over them). weiper's floor is its products and the max softmax
-# of its perturbed logits, not their binning (a floor, an index and a count per value). cadref has no
-# peer timing: pytorch-ood 0.4.0 lacks it; weiper and ora are in neither peer. grood's floor is its
-# three products (prototype distances of ID train and of the scored rows, the scored gradients against
-# the indexed ones) and its reads; OpenOOD's grood runs the network and a faiss IVF index (an
-# approximate 1-NN; faiss is not installed here), so it has no peer timing.
+# (the 21's totals). cfood's floor is its two distance products, its radii's partitions and one
+# comparison per (scored row, reference row); kpca's its random-feature and scatter products, the
+# cos of every random feature and the 4096 x 4096 eigendecomposition (not the projection on its q
+# components, which depends on the data). ora's floor is the head's product, not the per-class
+# closed-form cosine over the (rows, C) logits that follows it (a dozen float64 passes over them):
+# it reads high. weiper's floor is its products and the max softmax of its perturbed logits, not
+# their binning (a floor, an index and a count per value). cadref has no peer timing: pytorch-ood
+# 0.4.0 lacks it; weiper and ora are in neither peer. grood's floor is its three products (prototype
+# distances of ID train and of the scored rows, the scored gradients against the indexed ones) and
+# its reads; OpenOOD's grood runs the network and a faiss IVF index (an approximate 1-NN; faiss is
+# not installed here), so it has no peer timing.
 
 #: the methods pytorch-ood has, timed against its class
 SINCE_PAPER_POOD = ("webo", "pnml")
@@ -603,7 +649,7 @@ SINCE_PAPER_SOFTMAX = {"webo": ["score"], "pnml": ["score"], "cadref": ["train",
                        "grood": ["train", "score"]}  # GROOD: softmax_K of its C + 1 prototype distances
 #: pNML normalises every ID-train row (its X'X) and every scored row
 SINCE_PAPER_READS = {"pnml": [("train", "rows"), ("score", "rows")], "cfood": [("train", "rows"), ("score", "rows")],
-                     "optfs": [("train", "columns")], "kpca": [("train", "rows"), ("score", "rows")],
+                     "optfs": [("train", "columns"), ("score", "rows")], "kpca": [("train", "rows"), ("score", "rows")],
                      # CADRef: its predicted-class means, each scored row's l1 norm and split error;
                      # ORA: the class means, each scored row's ||z - mu||
                      "cadref": [("train", "columns"), ("score", "rows")], "ora": [("train", "columns"), ("score", "rows")],
@@ -648,6 +694,30 @@ def since_paper_pood(name: str, z, y, lin) -> tuple[object, str]:
         return (lambda f: pood.WeightedEBO.score(f, w)), "logits"
     det = pood.PNML(None, lin).fit_features(z, y)
     return det.predict_features, "features"
+
+
+def generated_passes(name: str, n_train: int, n_score: int) -> dict[str, tuple[int, int, object, int]]:
+    """{what: (rows per timed block, columns, op, rows in all)}: the passes over matrices a
+    since-paper formula forms itself. CFOOD: each reference row's radii, one partition of its
+    distances to the other reference rows at every grid position (:func:`cfood_levels`), and
+    one comparison of every scored row's distance to each reference row with a radius; kernel
+    PCA: the cos of every random feature of ID train and the scored rows (float32)."""
+    from oodeval.detectors.neighbours import cfood_levels
+
+    ref, m = int(0.1 * n_train), 4096
+    if name == "cfood" and ref >= 2:
+        pos = cfood_levels(ref)[1] + 1
+        return {"radii": (256, ref, lambda a: np.partition(a, pos, axis=1), ref),
+                "compare": (256, ref, lambda a: np.count_nonzero(a >= 0, axis=1), n_score)}
+    if name == "kpca":
+        return {"cos": (1024, m, lambda a: np.cos(a, out=_buffer(a.shape)), n_train + n_score)}
+    return {}
+
+
+def large_factorisations(name: str) -> list[int]:
+    """Sizes of the symmetric eigendecompositions (float64) a formula needs beyond the D x D ones
+    of :func:`factorisations`: kernel PCA's principal space of its 4096 x 4096 scatter."""
+    return [4096] if name == "kpca" else []
 
 
 # ---- end of issue 42's block ---------------------------------------------------------------------

@@ -15,7 +15,7 @@ from ._backend import Compute, one_blas_thread
 
 __all__ = [
     "chunk_rows", "chunks", "as64", "l2_normalise", "energy", "logsumexp_rows",
-    "class_means", "scatter", "mean_rows", "pinv_sym", "eigh_one_thread", "float32_centre", "centre_parts", "whitening", "chunked_percentile", "labelled",
+    "class_means", "scatter", "mean_rows", "pinv_sym", "eigh_one_thread", "float32_centre", "centre_parts", "whitening", "chunked_percentile", "labelled", "over_rows",
 ]  # fmt: skip
 
 
@@ -42,6 +42,19 @@ def energy(logits: np.ndarray, t: float = 1.0) -> np.ndarray:
     """Negative free energy T logsumexp(f / T) per row (Liu et al. 2020), float64."""
     f = as64(logits)
     return logsumexp_rows(f) if t == 1 else t * logsumexp_rows(f / t)
+
+
+def over_rows(comp: Compute, fn, *arrays: np.ndarray) -> np.ndarray:
+    """fn over the rows of several host arrays with one row count (features and logits, say), as
+    float64 numpy, each block of rows put in ``comp``'s dtype first (a float32 array is not copied
+    for a float32 ``comp``): with numpy one :meth:`Compute.by_rows` over the whole arrays (each
+    block converted on its own thread, so memory stays a block per core and the threads start
+    once per call), on a torch device chunk by chunk of :meth:`Compute.chunks`."""
+    if comp.device is None:
+        return comp.get(comp.by_rows(lambda *blocks: fn(*map(comp.put, blocks)), *arrays))
+    width = sum(a.shape[1] for a in arrays)
+    parts = [comp.get(comp.by_rows(fn, *(comp.put(a[sl]) for a in arrays))) for sl in comp.chunks(len(arrays[0]), width)]
+    return np.concatenate(parts)
 
 
 def labelled(labels: np.ndarray, who: str) -> tuple[np.ndarray, np.ndarray]:
@@ -243,17 +256,27 @@ def _bracketed(rows: np.ndarray, width: int, dtype, k0: int, k1: int, sample_row
     i0, i1 = int(np.floor(k0 / n * m - spread)), int(np.ceil(k1 / n * m + spread))
     lo = sample[i0] if i0 > 0 else -np.inf
     hi = sample[i1] if i1 < m - 1 else np.inf
-    below, kept = 0, []
+    # the values equal to an end of the range are counted, not kept (ReLU features put a large share
+    # of every value at 0, an end of a low percentile's range), so memory stays the values inside it
+    below, at_lo, at_hi, kept = 0, 0, 0, []
     for sl in chunks(len(rows), width):
         c = np.asarray(rows[sl], dtype=dtype).ravel()
         if not np.isfinite(c.sum()) and not np.isfinite(c).all():  # NaN/inf propagate through the sum
             raise InputError("cannot take a percentile of non-finite values")
         below += int(np.count_nonzero(c < lo))
-        kept.append(c[(c >= lo) & (c <= hi)])
+        at_lo += int(np.count_nonzero(c == lo))
+        at_hi += int(np.count_nonzero(c == hi)) if hi != lo else 0
+        kept.append(c[(c > lo) & (c < hi)])
     sel = np.sort(np.concatenate(kept).astype(np.float64))
-    if not (below <= k0 and k1 - below < sel.size):
+    if not (below <= k0 and k1 - below < at_lo + sel.size + at_hi):
         return None
-    return sel[k0 - below], sel[k1 - below]
+
+    def value(i: int) -> float:  # the i-th of the sorted values in [lo, hi]
+        if i < at_lo:
+            return float(lo)
+        return float(sel[i - at_lo]) if i - at_lo < sel.size else float(hi)
+
+    return value(k0 - below), value(k1 - below)
 
 
 def _histogram(rows: np.ndarray, width: int, dtype, k0: int, k1: int, bins: int) -> tuple[float, float]:

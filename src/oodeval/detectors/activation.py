@@ -23,7 +23,7 @@ from ..features import FeatureSet
 from ..params import BOOLEAN, COMPUTE, Interval, Options, Real
 from . import register
 from ._backend import Compute
-from ._common import as64, chunked_percentile, chunks, logsumexp_rows, mean_rows
+from ._common import as64, chunked_percentile, chunks, logsumexp_rows, mean_rows, over_rows
 from ._peers import PeerMethod
 from .base import BackboneInfo, Default, Detector
 
@@ -242,13 +242,21 @@ def ash_p_features(z: np.ndarray, percentile: float) -> np.ndarray:
 
 
 def ash_b_features(z: np.ndarray, percentile: float) -> np.ndarray:
-    """ASH-B: the top k entries of each row set to s1 / k (s1 = the row's sum), the rest to 0."""
+    """ASH-B: the top k entries of each row set to s1 / k (s1 = the row's sum), the rest to 0:
+    the entries >= the row's k-th largest value t (one partition and one comparison); a row with
+    more than k of them (ties at t, zeros included) fills exactly k (argpartition)."""
     d = z.shape[1]
     k = _keep(d, percentile)
-    top = np.argpartition(z, d - k, axis=1)[:, d - k :]
-    out = np.zeros_like(z)
+    t = np.partition(z, d - k, axis=1)[:, d - k, None]
+    above = z >= t
     fill = (_sum64(z) / k).astype(z.dtype)
-    np.put_along_axis(out, top, np.broadcast_to(fill[:, None], top.shape), axis=1)
+    out = np.where(above, fill[:, None], z.dtype.type(0))
+    ties = np.flatnonzero(np.count_nonzero(above, axis=1) > k)
+    if ties.size:
+        top = np.argpartition(z[ties], d - k, axis=1)[:, d - k :]
+        exact = np.zeros((ties.size, d), dtype=z.dtype)
+        np.put_along_axis(exact, top, np.broadcast_to(fill[ties, None], top.shape), axis=1)
+        out[ties] = exact
     return out
 
 
@@ -297,9 +305,24 @@ class ASHP(PeerMethod):
         return _energy_of(self._compute(), x, lambda z: ash_p_features(z, self.percentile), x.weight, x.bias)
 
 
-def _column_percentiles(z: np.ndarray, q: float, block: int = 64) -> np.ndarray:
-    """np.percentile(z, q, axis=0) (linear interpolation), float64, a block of columns at a time."""
-    return np.concatenate([np.percentile(as64(z[:, c : c + block]), q, axis=0) for c in range(0, z.shape[1], block)])
+def _column_percentiles(z: np.ndarray, qs: tuple[float, ...], block: int = 16) -> list[np.ndarray]:
+    """[np.percentile(z, q, axis=0) for q in qs] (linear interpolation, float64): the columns of
+    each block of ``block`` copied out contiguously and transposed (two copies: 3x faster than one
+    strided transpose of the rows), one partition of them in z's own dtype at every order
+    statistic the qs need, then numpy's interpolation in float64."""
+    n = len(z)
+    ranks = [(n - 1) * (q / 100.0) for q in qs]  # numpy's virtual index
+    kth = sorted({int(np.floor(r)) for r in ranks} | {int(np.ceil(r)) for r in ranks})
+    at = {k: i for i, k in enumerate(kth)}
+    picked = np.empty((len(kth), z.shape[1]))
+    for c in range(0, z.shape[1], block):
+        cols = np.ascontiguousarray(np.ascontiguousarray(z[:, c : c + block]).T)
+        picked[:, c : c + block] = np.partition(cols, kth, axis=1)[:, kth].T
+    out = []
+    for r in ranks:
+        a, b, t = picked[at[int(np.floor(r))]], picked[at[int(np.ceil(r))]], r - np.floor(r)
+        out.append(b - (b - a) * (1 - t) if t >= 0.5 else a + (b - a) * t)  # numpy's _lerp
+    return out
 
 
 @register("vra", tags=("activation",))
@@ -329,7 +352,7 @@ class VRA(PeerMethod):
             raise InputError(f"detector 'vra': low={self.low} must not exceed high={self.high}")
         z = train.features
         if self.per_dim:
-            self.lower_, self.upper_ = _column_percentiles(z, self.low), _column_percentiles(z, self.high)
+            self.lower_, self.upper_ = _column_percentiles(z, (self.low, self.high))
         else:
             self.lower_, self.upper_ = chunked_percentile(z, self.low), chunked_percentile(z, self.high)
 
@@ -341,32 +364,61 @@ class VRA(PeerMethod):
         return _energy_of(self._compute(), x, clip, x.weight, x.bias)
 
 
+#: float32 exp's least argument with a normal result (exp(-87.3) is float32's least normal value)
+EXP_NORMAL_FLOOR = -87.0
+
+
+def _logsumexp_own_max(comp: Compute, a):
+    """logsumexp of each row of ``a`` (an array of the caller's, overwritten), shifted by its own
+    max and the shifted values raised to :data:`EXP_NORMAL_FLOOR` before the exp: a term below
+    exp(-87) adds at most C 2e-38 to a sum of at least 1 (nothing in float64), while float32 exp
+    takes ~10x longer where its results are subnormal (LTS's scales spread a row's logits that far)."""
+    m = comp.rowmax(a)
+    a -= m[:, None]
+    if isinstance(a, np.ndarray):
+        np.maximum(a, EXP_NORMAL_FLOOR, out=a)
+    else:
+        a.clamp_(min=EXP_NORMAL_FLOOR)
+    return m + comp.log(comp.rowsum(comp.exp(a)))
+
+
 @register("lts", tags=("activation",))
 class LTS(PeerMethod):
     """Logit scaling: s = logsumexp(S f), S = (sum relu(z) / sum of the top k of relu(z))^2.
 
     Djurisic et al., "Logit scaling for out-of-distribution detection" (pytorch-ood's ``LTS``);
     k = max(1, D - round(D (1 - p))), default p = 0.05 (the top 5%), as that release; f the
-    cached logits. A row whose top-k sum is 0 is not rescaled (S = 1).
+    cached logits. A row whose top-k sum is 0 is not rescaled (S = 1). The top k of relu(z) are
+    relu of the top k of z (relu is monotone), so one partition of z finds them.
+    ``compute_dtype="float32"`` (default): the sums of float32 values accumulate in float64, S f
+    is rounded to float32 (a float32 ulp of each scaled logit) and read out as energy's
+    log-sum-exp; "float64": everything in float64. ``device``: None = numpy, or a torch device.
     """
 
     needs = ("features", "logits")
 
-    constraints = {"p": Interval(Real, 0, 1, closed="right")}
+    constraints = {"p": Interval(Real, 0, 1, closed="right"), **COMPUTE}
 
-    def __init__(self, p: float = 0.05) -> None:
+    def __init__(self, p: float = 0.05, compute_dtype: str = "float32", device: str | None = None) -> None:
         self.p = p
+        self.compute_dtype = compute_dtype
+        self.device = device
 
     def _score(self, x: FeatureSet) -> np.ndarray:
-        out = np.empty(len(x))
-        for sl in chunks(len(x), x.features.shape[1]):
-            z = np.maximum(as64(x.features[sl]), 0.0)
-            d = z.shape[1]
-            k = max(1, d - int(round(d * (1 - self.p))))
-            s2 = np.partition(z, d - k, axis=1)[:, d - k :].sum(1)
-            s = np.square(np.divide(z.sum(1), s2, out=np.ones(len(z)), where=s2 > 0))
-            out[sl] = logsumexp_rows(as64(x.logits[sl]) * s[:, None])
-        return out
+        comp = self._compute()
+        d = x.features.shape[1]
+        k = max(1, d - int(round(d * (1 - self.p))))
+
+        def block(z, f):
+            relu = np.maximum(z, 0) if isinstance(z, np.ndarray) else z.clamp(min=0)
+            s1, top = comp.rowsum(relu), comp.topk(z, k)
+            s2 = comp.rowsum(top * (top > 0))
+            empty = s2 <= 0
+            ratio = s1 / (s2 + empty)  # a row with nothing above 0 is not rescaled
+            ratio[empty] = 1.0
+            return _logsumexp_own_max(comp, comp.scale_rows(f, ratio * ratio))
+
+        return over_rows(comp, block, x.features, x.logits)
 
 
 @register("optfs", tags=("activation", "since-paper"))
@@ -396,10 +448,32 @@ class OptFS(PeerMethod):
         self.readout = readout
 
     def _bins(self, z: np.ndarray) -> np.ndarray:
-        """Interval index of every entry of float64 ``z``, -1 outside every interval."""
-        k = np.searchsorted(self.left_edges_, z, side="right") - 1
-        inside = (k >= 0) & (z < self.left_edges_[np.maximum(k, 0)] + self.width_)
-        return np.where(inside, k, -1)
+        """1 + the interval index of every entry of float64 ``z``, 0 or K + 1 (K intervals) outside
+        every interval: as a search of the edges, k = the largest k with left_k <= z, inside when
+        z < left_k + width. The edges are arange's lo + k width, so k = floor((z - lo) / width)
+        wherever that quotient lies further than its rounding (and the edges') from a whole
+        number, and z = lo exactly (ReLU features' zeros when lo = 0) is in the first; the few
+        other entries that close to an edge take the search itself."""
+        left, right = self.left_edges_, self.right_edges_
+        lo, tol = float(left[0]), self.edge_tolerance_
+        q = z - lo
+        q *= 1.0 / float(self.width_)
+        k = np.floor(q)
+        q -= k  # the quotient's fraction
+        near = (q < tol) | (q > 1.0 - tol)
+        near &= z != lo
+        k += 1.0
+        np.clip(k, 0.0, left.size + 1.0, out=k)
+        index = k.astype(np.intp)
+        if near.any():
+            zn = z[near]
+            kn = np.searchsorted(left, zn, side="right") - 1
+            index[near] = np.where((kn >= 0) & (zn < right[np.maximum(kn, 0)]), kn + 1, 0)
+        return index
+
+    def _shape_index(self, z: np.ndarray, rows: int = 64) -> np.ndarray:
+        """:meth:`_bins` of a block, ``rows`` rows at a time (its temporaries stay in a core's cache)."""
+        return np.concatenate([self._bins(z[s : s + rows]) for s in range(0, len(z), rows)])
 
     def _fit(self, train: FeatureSet) -> None:
         z_all = train.features
@@ -408,13 +482,19 @@ class OptFS(PeerMethod):
             raise InputError(f"detector 'optfs': the 0.1% and 99.9% quantiles of the ID-train features are equal ({lo}); no intervals to shape")
         self.width_ = (hi - lo) / 100.0
         self.left_edges_ = np.arange(lo, hi, self.width_)
+        self.right_edges_ = self.left_edges_ + self.width_
+        # how far from a whole number (z - lo) / width may be and still be that search's answer:
+        # the quotient's float64 rounding and the edges' own, in units of the width, with room
+        eps = np.finfo(np.float64).eps
+        self.edge_tolerance_ = max(1e-9, 64 * eps * (abs(lo) + abs(hi) + self.width_) / self.width_)
         w = as64(train.weight)
-        totals = np.zeros(self.left_edges_.size + 1)
-        for sl in chunks(len(train), z_all.shape[1]):
-            z = as64(z_all[sl])
-            y = as64(train.logits[sl]).argmax(axis=1)
-            totals += np.bincount((self._bins(z) + 1).ravel(), weights=(w[y] * z).ravel(), minlength=totals.size)
-        contribution = totals[1:] / len(train)
+        size = self.left_edges_.size + 2  # index 0 and K + 1: outside every interval
+
+        def part(z, f):  # one block's per-interval sums, kept apart and added in block order
+            y = np.asarray(f).argmax(axis=1)
+            return np.bincount(self._shape_index(z).ravel(), weights=(w[y] * z).ravel(), minlength=size)[None]
+
+        contribution = over_rows(Compute("float64"), part, z_all, train.logits).sum(axis=0)[1:-1] / len(train)
         norm = np.linalg.norm(contribution)
         if norm == 0:
             raise InputError("detector 'optfs': every interval's logit contribution over ID train is 0")
@@ -422,14 +502,13 @@ class OptFS(PeerMethod):
 
     def _score(self, x: FeatureSet) -> np.ndarray:
         w, b = as64(x.weight), as64(x.bias)
-        theta = np.append(0.0, self.theta_)  # index 0: outside every interval
-        out = np.empty(len(x))
-        for sl in chunks(len(x), max(x.features.shape[1], w.shape[0])):
-            z = as64(x.features[sl])
-            shaped = z * theta[self._bins(z) + 1]
+        theta = np.concatenate([[0.0], self.theta_, [0.0]])  # index 0 and K + 1: outside every interval
+        host = Compute("float64")
+
+        def block(z, f):
+            shaped = z * theta[self._shape_index(z)]
             if self.readout == "vanilla":
-                y = as64(x.logits[sl]).argmax(axis=1)
-                out[sl] = np.einsum("nd,nd->n", w[y], shaped)
-            else:
-                out[sl] = logsumexp_rows(shaped @ w.T + b)
-        return out
+                return host.rowdot(w[np.asarray(f).argmax(axis=1)], shaped)
+            return logsumexp_rows(shaped @ w.T + b)
+
+        return over_rows(host, block, x.features, x.logits)

@@ -21,7 +21,7 @@ from ..features import FeatureSet
 from ..params import BOOLEAN, COMPUTE, POSITIVE, SEED, Integral, Interval, Options, Real
 from . import register
 from ._backend import one_blas_thread
-from ._common import as64, centre_parts, chunks, class_means, float32_centre, l2_normalise, labelled, mean_rows, scatter
+from ._common import as64, centre_parts, chunks, class_means, float32_centre, l2_normalise, labelled, mean_rows, over_rows, scatter
 from ._peers import PeerMethod
 from .base import BackboneInfo, Default, Detector
 
@@ -267,43 +267,66 @@ class SHE(PeerMethod):
     ``metric`` "inner_product" (default: OpenOOD's ``she.yml``, pytorch-ood 0.4's only one), or OpenOOD's alternatives "euclidean"
     (-||z - S_y||) and "cosine". A class without a correctly classified ID-train row takes the
     mean of its labelled rows as its pattern (OpenOOD's mean is then NaN, pytorch-ood refuses).
-    float64 throughout.
+    ``compute_dtype="float32"`` (default): the class sums are float32 sparse products added in
+    float64 (as every class mean here); <z, S_y> is a row dot of float32 values accumulated in
+    float64 (each product exact) plus, per class, <m, S_y - S32_y> in float64 (S32 the pattern
+    rounded to float32, m the patterns' mean), so the patterns' rounding enters only through
+    z - m (an offset the features share does not grow the error); z - S_y is formed as
+    (z - S32_y) - (S_y - S32_y). "float64": everything in float64. ``device``: None = numpy, or a
+    torch device.
     """
 
     needs = ("features", "logits")
     fit_needs = ("features", "logits", "labels")
 
-    constraints = {"metric": Options(*_SHE_METRICS)}
+    constraints = {"metric": Options(*_SHE_METRICS), **COMPUTE}
 
-    def __init__(self, metric: str = "inner_product") -> None:
+    def __init__(self, metric: str = "inner_product", compute_dtype: str = "float32", device: str | None = None) -> None:
         self.metric = metric
+        self.compute_dtype = compute_dtype
+        self.device = device
 
     def _fit(self, train: FeatureSet) -> None:
+        comp = self._compute()
         y = np.asarray(train.labels)
         _, classes = labelled(y, "she")
-        pred = np.concatenate([np.asarray(train.logits[sl]).argmax(1) for sl in chunks(len(y), train.logits.shape[1])])
+        pred = over_rows(comp, comp.argmax, train.logits).astype(np.int64)
         correct = np.where(pred == y, y, -1)
         patterns = np.zeros((train.logits.shape[1], train.features.shape[1]))
         have = np.unique(correct[correct >= 0])
         if have.size:
-            patterns[have] = class_means(train.features, correct, have)[0]
+            patterns[have] = class_means(train.features, correct, have, comp=comp)[0]
         rest = np.setdiff1d(classes, have)
         if rest.size:
-            patterns[rest] = class_means(train.features, np.where(np.isin(y, rest), y, -1), rest)[0]
+            patterns[rest] = class_means(train.features, np.where(np.isin(y, rest), y, -1), rest, comp=comp)[0]
         self.patterns_ = patterns
+        # the patterns in the product dtype, what that rounding drops, and its dot with the patterns' mean
+        self.rounded_ = np.asarray(patterns, dtype=comp.precision)
+        self.dropped_ = patterns - self.rounded_
+        self.offsets_ = self.dropped_ @ patterns.mean(axis=0)
 
     def _score(self, x: FeatureSet) -> np.ndarray:
-        out = np.empty(len(x))
-        for sl in chunks(len(x), x.features.shape[1]):
-            z = as64(x.features[sl])
-            s = self.patterns_[np.asarray(x.logits[sl]).argmax(1)]
-            if self.metric == "inner_product":
-                out[sl] = np.einsum("ij,ij->i", z, s)
-            elif self.metric == "euclidean":
-                out[sl] = -np.linalg.norm(z - s, axis=1)
-            else:
-                out[sl] = np.einsum("ij,ij->i", l2_normalise(z), l2_normalise(s))
-        return out
+        comp = self._compute()
+        patterns = comp.put(self.rounded_)
+        if self.metric == "inner_product":
+            offset = comp.put(self.offsets_, "float64")
+
+            def block(z, f):
+                y = comp.argmax(f)
+                return comp.rowdot(z, patterns[y]) + offset[y]
+        else:
+            lows = comp.put(self.dropped_)
+
+            def block(z, f):
+                y = comp.argmax(f)
+                if self.metric == "euclidean":
+                    diff = z - patterns[y]
+                    diff -= lows[y]
+                    return -comp.rownorm(diff)
+                s = patterns[y]
+                return comp.rowdot(z, s) * comp.inverse_norm(z) * comp.inverse_norm(s)
+
+        return over_rows(comp, block, x.features, x.logits)
 
 
 #: the kernel PCA release's explained-variance ratio per kernel (run_detection.sh, ImageNet ResNet-50,

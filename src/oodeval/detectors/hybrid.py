@@ -16,7 +16,7 @@ from ..features import FeatureSet
 from ..params import COMPUTE, POSITIVE, SEED, Integral, Interval, Options, Real
 from . import REGISTRY, register
 from ._backend import Compute, _torch, one_blas_thread
-from ._common import as64, chunks, eigh_one_thread, float32_centre, labelled, mean_rows, scatter, whitening
+from ._common import as64, centre_parts, chunks, eigh_one_thread, float32_centre, labelled, mean_rows, over_rows, scatter, whitening
 from ._peers import PeerMethod
 from .base import Detector
 from .mahalanobis import WHITENED_ROUNDING_LIMIT
@@ -256,28 +256,40 @@ class NCI(PeerMethod):
     Liu & Qin, "Detecting out-of-distribution through the lens of neural collapse", CVPR 2025.
     mu = the mean ID-train feature, w_y the head's row of the predicted class. ``alpha`` =
     1e-4 is OpenOOD's default (``nci.yml``; pytorch-ood's is 0, which drops the norm term).
+    ``compute_dtype="float32"`` (default): z - mu is formed as (z - m32) - rest (m32 = mu rounded
+    to float32, rest = mu - m32; :func:`~oodeval.detectors._common.centre_parts`), so it is
+    rounded relative to itself, not to an offset the features share; the row dots and norms of
+    float32 values accumulate in float64 (each product exact), so the cosine term is off by a few
+    float32 ulps of |z - mu| relative to itself. "float64": everything in float64. ``device``:
+    None = numpy, or a torch device.
     """
 
     needs = ("features", "logits", "head")
     fit_needs = ("features",)
 
-    constraints = {"alpha": Interval(Real, None, None)}
+    constraints = {"alpha": Interval(Real, None, None), **COMPUTE}
 
-    def __init__(self, alpha: float = 1e-4) -> None:
+    def __init__(self, alpha: float = 1e-4, compute_dtype: str = "float32", device: str | None = None) -> None:
         self.alpha = alpha
+        self.compute_dtype = compute_dtype
+        self.device = device
 
     def _fit(self, train: FeatureSet) -> None:
-        self.train_mean_ = mean_rows(train.features)
+        self.train_mean_ = mean_rows(train.features, comp=self._compute())
 
     def _score(self, x: FeatureSet) -> np.ndarray:
-        w = as64(x.weight)
-        out = np.empty(len(x))
-        for sl in chunks(len(x), x.features.shape[1]):
-            z = as64(x.features[sl])
-            c = z - self.train_mean_
-            wy = w[np.asarray(x.logits[sl]).argmax(1)]
-            out[sl] = np.einsum("ij,ij->i", wy, c) / np.linalg.norm(c, axis=1) + self.alpha * np.abs(z).sum(1)
-        return out
+        comp = self._compute()
+        m32, rest = centre_parts(self.train_mean_)
+        w, m32, rest = comp.put(x.weight), comp.put(m32), comp.put(rest)
+        alpha = float(self.alpha)
+
+        def block(z, f):
+            c = comp.centred(z, m32)
+            c -= rest
+            cosine = comp.rowdot(w[comp.argmax(f)], c) / comp.rownorm(c)
+            return cosine if alpha == 0 else cosine + alpha * comp.rowsum(abs(z))
+
+        return over_rows(comp, block, x.features, x.logits)
 
 
 def _softmax64(f: np.ndarray, t: float = 1.0) -> np.ndarray:
@@ -296,22 +308,31 @@ class GradNorm(PeerMethod):
     dL/dW = (dL/df) z^T, whose entrywise l1 norm factors. The releases (the paper's, OpenOOD's)
     read only the last layer's weight, so this is exact on cached features; T = 1 as they do.
     Their loss sums over classes (targets all ones), C times this one: the same ranking.
+    ``compute_dtype="float32"`` (default): p and |p - 1/C| in float32 (each term off by a float32
+    ulp of p + 1/C, so the l1 norm by at most 2 eps absolutely), both l1 sums accumulated in
+    float64; "float64": everything in float64. ``device``: None = numpy, or a torch device.
     """
 
     needs = ("features", "logits")
 
-    constraints = {"temperature": POSITIVE}
+    constraints = {"temperature": POSITIVE, **COMPUTE}
 
-    def __init__(self, temperature: float = 1.0) -> None:
+    def __init__(self, temperature: float = 1.0, compute_dtype: str = "float32", device: str | None = None) -> None:
         self.temperature = temperature
+        self.compute_dtype = compute_dtype
+        self.device = device
 
     def _score(self, x: FeatureSet) -> np.ndarray:
+        comp = self._compute()
         t = float(self.temperature)
-        out = np.empty(len(x))
-        for sl in chunks(len(x), max(x.features.shape[1], x.logits.shape[1])):
-            p = _softmax64(x.logits[sl], t)
-            out[sl] = np.abs(p - 1.0 / p.shape[1]).sum(1) * np.abs(as64(x.features[sl])).sum(1) / t
-        return out
+
+        def block(z, f):
+            _, p, total = comp.shifted_exp(f if t == 1 else f / t)
+            p *= comp.put(1.0 / total)[:, None]  # p = e / total, in place
+            p -= 1.0 / p.shape[1]
+            return comp.rowsum(abs(p)) * comp.rowsum(abs(z)) / t
+
+        return over_rows(comp, block, x.features, x.logits)
 
 
 @register("grad_uncertainty", tags=("hybrid",))

@@ -217,7 +217,7 @@ WEIBULL_TRANSLATION = 10_000.0
 def neg_entropy(comp: Compute, f) -> np.ndarray:
     """sum_c p_c log p_c of softmax(f) per row, float64: with e = exp(f - max f) and S = sum e,
     it is (e . (f - max f)) / S - log S, so p and log p are never formed (no log 0)."""
-    shifted = f - comp.rowmax(f)[:, None]
+    shifted = comp.centred(f, comp.rowmax(f)[:, None])  # a scratch buffer inside Compute.by_rows
     e = comp.exp(shifted)
     total = comp.rowsum(e)
     log_total = comp.log(total)

@@ -23,7 +23,7 @@ from ..features import FeatureSet
 from ..params import COMPUTE, SEED, Instance, Integral, Interval, Options, Real
 from . import register
 from ._backend import Compute
-from ._common import chunks, class_means, energy, float32_centre, labelled, mean_rows
+from ._common import chunks, class_means, energy, float32_centre, labelled, mean_rows, over_rows
 from ._peers import PeerMethod
 from .base import Detector
 
@@ -237,10 +237,11 @@ class CFOOD(PeerMethod):
     row. Score: with d_r = ||x - r||^2, c_j = #{r : rho_j(r) >= d_r} / n; kappa = kappa_j at the
     first j with c_j >= ``k``, 1 when none. Defaults alpha = 0.1, k = 0.01 (``cfood.yml``); the
     release draws the subset with an unseeded ``torch.randperm``, here ``seed`` (0). Found per row
-    without the release's (n x levels) comparison: each reference row's first level j_r with
-    rho_j(r) >= d_r (a binary search over its sorted radii), then kappa's index is the m-th
-    smallest j_r, m the least count with m / n >= k. float64 throughout (the scores are grid
-    values: a rounding that flips one comparison moves a score by a whole step).
+    without the release's (n x levels) comparison: c_j grows with j (each reference row's radii
+    grow with the level), so the first j with c_j >= m (m the least count with m / n >= k) is a
+    binary search over the levels, each step one count over the reference rows. float64
+    throughout (the scores are grid values: a rounding that flips one comparison moves a score
+    by a whole step); the scored rows' blocks run on every core.
     """
 
     label = "CFOOD"
@@ -285,24 +286,22 @@ class CFOOD(PeerMethod):
     def _score(self, x: FeatureSet) -> np.ndarray:
         n, levels = len(self.reference_), self.levels_.size
         kappa = np.append(self.levels_, 1.0)  # index `levels`: no level holds x often enough
-        cols = np.arange(n)
-        out = np.empty(len(x))
-        for sl in chunks(len(x), n * 4):
-            d = _sq_distances(self._unit(x.features[sl]), self.reference_, self.reference_sq_)
-            lo, hi = np.zeros(d.shape, dtype=np.int64), np.full(d.shape, levels, dtype=np.int64)
-            for _ in range(int(np.ceil(np.log2(levels + 1)))):  # j_r: the first level with rho >= d
-                mid = (lo + hi) // 2
-                below = self.radii_[cols, np.minimum(mid, levels - 1)] < d
-                open_ = lo < hi
-                lo = np.where(open_ & below, mid + 1, lo)
-                hi = np.where(open_ & ~below, mid, hi)
-            if self.min_count_ > n:
-                out[sl] = -1.0
-                continue
-            first = np.partition(lo, self.min_count_ - 1, axis=1)[:, self.min_count_ - 1]
-            out[sl] = -kappa[first]
-        return out
+        radii = np.ascontiguousarray(self.radii_.T)  # (levels, n): level j's radius of every reference row
+        m = self.min_count_
 
+        def block(z):
+            d = _sq_distances(self._unit(z), self.reference_, self.reference_sq_)
+            lo, hi = np.zeros(len(d), dtype=np.int64), np.full(len(d), levels, dtype=np.int64)
+            if m <= n:
+                for _ in range(int(np.ceil(np.log2(levels + 1)))):  # the first level j with c_j >= m
+                    mid = (lo + hi) // 2
+                    held = np.count_nonzero(radii[np.minimum(mid, levels - 1)] >= d, axis=1) >= m
+                    open_ = lo < hi
+                    hi = np.where(open_ & held, mid, hi)
+                    lo = np.where(open_ & ~held, mid + 1, lo)
+            return -kappa[lo]
+
+        return over_rows(Compute("float64"), block, x.features)
 
 
 def nearest_sq_distances(comp: Compute, bank: np.ndarray, bank_sq: np.ndarray, q) -> np.ndarray:
