@@ -23,6 +23,12 @@ def conditioned(request):
     return request.param, conditioned_problem(request.param)
 
 
+@pytest.fixture
+def any_size(monkeypatch):
+    """The float32 scatter tried on these small fits too (one chunk of rows, not the 4 it needs)."""
+    monkeypatch.setattr(mahalanobis, "SCATTER_MIN_CHUNKS", 0)
+
+
 def _pair(name, train, monkeypatch):
     """(the default fit, the same fit with its scatter forced to float64)."""
     fast = detectors.create(name).fit(train)
@@ -58,7 +64,7 @@ def _distances(det, z):
 
 
 @pytest.mark.parametrize("name", FAMILY)
-def test_float32_scatter_equals_the_float64_one_where_kept(conditioned, name, monkeypatch):
+def test_float32_scatter_equals_the_float64_one_where_kept(conditioned, name, monkeypatch, any_size):
     """Where the fit keeps its float32 scatter (offset, head), the covariance read through the
     float64 whitening moves by less than the documented estimate (scatter_rounding_, 2e-3 at
     most), so does every distance, relatively (a whitened error e moves x'S^+x by at most a
@@ -90,12 +96,14 @@ def test_float32_scatter_equals_the_float64_one_where_kept(conditioned, name, mo
     assert abs(a["auroc"] - b["auroc"]) <= 0.001
 
 
-def test_float64_compute_dtype_forms_the_float64_scatter():
-    train = conditioned_problem("head")[0]
+def test_float64_compute_dtype_and_small_fits_form_the_float64_scatter():
+    train = conditioned_problem("head")[0]  # 3000 rows of 256: one chunk
     assert detectors.create("mahalanobis", compute_dtype="float64").fit(train).scatter_dtype_ == "float64"
+    small = detectors.create("mahalanobis").fit(train)
+    assert small.scatter_dtype_ == "float64" and small.scatter_rounding_ is None
 
 
-def test_well_conditioned_features_keep_the_float32_scatter():
+def test_well_conditioned_features_keep_the_float32_scatter(any_size):
     """Post-ReLU class-Gaussian features (benchmarks/detectors.py's problem, small): the fast path
     runs, so the tests above exercise the code that the benchmark times."""
     train = synthetic_problem(n_classes=20, dim=192, n_train=2000, n_test=10, n_ood=10, seed=3, nac=False)[0]
