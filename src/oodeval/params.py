@@ -185,17 +185,24 @@ def violations(cls: type, values: Mapping[str, object]) -> list[str]:
             for key, value in values.items() if key in declared and not accepts(declared[key], value)]  # fmt: skip
 
 
+@functools.cache
+def _parameters(cls: type) -> tuple[inspect.Parameter, ...]:
+    """The constructor's parameters, looked up once per class: ``inspect.signature`` of a class
+    without its own ``__init__`` parses object's text signature and copies ``sys.modules`` each
+    time (about 1 ms with torch loaded: a light detector's whole score)."""
+    return tuple(inspect.signature(cls).parameters.values())
+
+
 def param_names(cls: type) -> list[str]:
     """The constructor's hyperparameter names (as ``get_params`` lists them)."""
-    return sorted(p.name for p in inspect.signature(cls).parameters.values() if p.name != "self" and p.kind is p.POSITIONAL_OR_KEYWORD)
+    return sorted(p.name for p in _parameters(cls) if p.name != "self" and p.kind is p.POSITIONAL_OR_KEYWORD)
 
 
 def unknown_names(cls: type, names: Iterable[str]) -> list[str]:
     """Sentences about the names the constructor of ``cls`` does not take, each starting with the
     class: one for every renamed name (:data:`RENAMED`) with its new name, one listing the others
     with the closest known names (difflib) and every name it takes."""
-    params = inspect.signature(cls).parameters
-    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+    if any(p.kind is p.VAR_KEYWORD for p in _parameters(cls)):
         return []
     who, known = _owner(cls), param_names(cls)
     unknown = sorted(set(names) - set(known))

@@ -136,11 +136,11 @@ class Registry(Mapping[str, type]):
         closest known ones, or the new name of a renamed one) and values the class's declared
         ``constraints`` refuse (:mod:`oodeval.params`) are one InputError naming all of them."""
         cls = self[name]
-        params = inspect.signature(cls).parameters
         refuse(check_hyperparameters(cls, hyperparameters))
         declared = getattr(cls, "constraints", {})
         for key, value in hyperparameters.items():
             if key not in declared:
+                params = inspect.signature(cls).parameters
                 default = params[key].default if key in params else inspect.Parameter.empty
                 _check_type(f"{self.kind} {name!r}", key, value, default)
         return cls(**hyperparameters)

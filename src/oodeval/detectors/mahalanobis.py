@@ -1,9 +1,14 @@
 """The Mahalanobis family: Mahalanobis, relative Mahalanobis, and their ++ (l2-normalised) forms.
 
 Class-conditional Gaussians with one shared covariance S fitted on ID-train features with their
-true labels (rows labelled -1 are ignored). The fit is float64 throughout (means, then the
-scatter of the class-centred rows, then eigh): a float32 scatter cannot resolve covariance
-eigenvalues below ~1e-6 of the largest, and the inverse reads exactly those. S^+ = W W^T with
+true labels (rows labelled -1 are ignored). The class means and eigh are float64. The scatter of
+the class-centred rows is, on the float32 path, float32 products of centred blocks added into
+float64, on fits of at least :data:`SCATTER_MIN_CHUNKS` row chunks: kept only where its
+expected rounding read through the whitening
+(:func:`~._common.scatter_rounding`) is at most :data:`SCATTER_ROUNDING_LIMIT`; else (a
+covariance conditioned beyond ~1e5, a rank-deficient one: the inverse reads eigenvalues a float32
+sum cannot resolve) it is formed again in float64 (``scatter_dtype_`` says which), as it always is
+on the float64 path. S^+ = W W^T with
 W = V_k L_k^-1/2 over the eigenvalues above numpy's pseudo-inverse cutoff (max(D) eps of the
 largest), so every distance is a squared norm in whitened, centred coordinates:
 
@@ -40,7 +45,7 @@ from ..features import FeatureSet
 from ..params import COMPUTE, POSITIVE, SEED, Integral, Interval, Real
 from . import register
 from ._backend import Compute
-from ._common import as64, chunks, class_means, float32_centre, labelled, mean_rows, scatter, whitening
+from ._common import as64, chunks, class_means, float32_centre, labelled, mean_rows, scatter, scatter_rounding, whitening
 from ._peers import PeerMethod
 from .base import Detector
 
@@ -50,6 +55,17 @@ from .base import Detector
 #: conditioned problems of tests/test_detectors_precision.py reach 6e-4 at condition number 1e8,
 #: Spearman 1.000000); above it the detector computes in float64 and records that in ``resolved_``
 WHITENED_ROUNDING_LIMIT = 2e-3
+#: largest expected norm of what the float32 scatter's rounding adds to the whitened covariance
+#: (:func:`~oodeval.detectors._common.scatter_rounding`, an estimate 60-1000 times above what
+#: the conditioned problems showed) for which the float32 path keeps its float32 scatter; above
+#: it (a covariance conditioned beyond ~1e5, a rank-deficient one) the fit forms the scatter
+#: again in float64 (``scatter_dtype_`` says which it kept)
+SCATTER_ROUNDING_LIMIT = 2e-3
+#: the float32 scatter runs only on at least this many row chunks (16384 rows at D = 1024): its
+#: running sums' errors average over independent chunks, and on one chunk they did not enough (the
+#: quick demo's 1200 x 96 real features: scores moved by 1.4e-5 of their scale, 3x the goldens'
+#: tolerance, tests/test_golden.py); a fit that small keeps the float64 scatter
+SCATTER_MIN_CHUNKS = 4
 
 __all__ = ["Mahalanobis", "RelativeMahalanobis", "MahalanobisPP", "RelativeMahalanobisPP", "GMM", "ClassGMM", "tied_mixture"]
 
@@ -68,31 +84,56 @@ class _MahalanobisBase(Detector):
 
     def _fit(self, train: FeatureSet) -> None:
         who = type(self).__name__
-        stats = Compute("float64", self._compute().device)
+        device = self._compute().device
+        stats = Compute("float64", device)
         _, classes = labelled(train.labels, who)
         self.classes_ = classes
         self.means_, self.counts_ = class_means(train.features, train.labels, classes, self.normalise, stats)
-        s, n = scatter(train.features, self.means_, train.labels, classes, self.normalise, stats)  # float64
-        self.covariance_ = s / n
-        self.whitening_ = whitening(self.covariance_)
+        n = self.counts_.sum()
+        mean = self.counts_ @ self.means_ / n
         # the ID-train mean (count-weighted class means) rounded to float32: the centre of every
         # whitened coordinate
-        mean = self.counts_ @ self.means_ / n
         self.center_ = float32_centre(mean)
+        comp = Compute(self.compute_dtype, device)
+        chunk = comp.rows(train.features.shape[1])
+        fast = self.compute_dtype == "float32" and n >= SCATTER_MIN_CHUNKS * chunk
+        comp = comp if fast else stats
+        s, _ = scatter(train.features, self.means_, train.labels, classes, self.normalise, comp)
+        self._whiten(s, mean)
+        self.scatter_rounding_ = None  # the float32 scatter's estimate, where one was formed
+        if fast:
+            self.scatter_rounding_ = scatter_rounding(self.covariance_, self.means_, self.counts_, self._whitenings(), chunk, self.normalise)
+            if self.scatter_rounding_ > SCATTER_ROUNDING_LIMIT or self._whitened_rounding() > WHITENED_ROUNDING_LIMIT:
+                s, _ = scatter(train.features, self.means_, train.labels, classes, self.normalise, stats)
+                self._whiten(s, mean)
+                fast = False
+        self.scatter_dtype_ = "float32" if fast else "float64"
         self.whitened_means_ = (self.means_ - self.center_) @ self.whitening_
         self.whitened_mean_norms_ = np.einsum("ck,ck->c", self.whitened_means_, self.whitened_means_)
         if self.relative:
-            # one Gaussian on all labelled rows, centred at their mean: scatter = within-class
-            # scatter + between-class scatter (exact identity, no third pass); its whitened
-            # coordinates are (z - center_) W_0 - background_offset_
+            self.background_offset_ = (mean - self.center_) @ self.background_whitening_
+        self.whitened_rounding_ = self._whitened_rounding()
+        if self.compute_dtype == "float32" and self.whitened_rounding_ > WHITENED_ROUNDING_LIMIT:
+            self.resolved_ = {"compute_dtype": "float64"}
+
+    def _whitened_rounding(self) -> float:
+        return _whitened_rounding(self.covariance_, self.means_ - self.center_, self.counts_, self._whitenings())
+
+    def _whiten(self, s: np.ndarray, mean: np.ndarray) -> None:
+        """The covariance and its whitening from the within-class scatter ``s``; the relative forms
+        also the background Gaussian's, on all labelled rows centred at their mean ``mean``:
+        scatter = within-class scatter + between-class scatter (an exact identity, no third
+        pass); its whitened coordinates are (z - center_) W_0 - background_offset_."""
+        n = self.counts_.sum()
+        self.covariance_ = s / n
+        self.whitening_ = whitening(self.covariance_)
+        if self.relative:
             between = (self.means_ - mean) * np.sqrt(self.counts_)[:, None]
             self.background_covariance_ = (s + between.T @ between) / n
             self.background_whitening_ = whitening(self.background_covariance_)
-            self.background_offset_ = (mean - self.center_) @ self.background_whitening_
-        widths = [self.whitening_] + ([self.background_whitening_] if self.relative else [])
-        self.whitened_rounding_ = _whitened_rounding(self.covariance_, self.means_ - self.center_, self.counts_, widths)
-        if self.compute_dtype == "float32" and self.whitened_rounding_ > WHITENED_ROUNDING_LIMIT:
-            self.resolved_ = {"compute_dtype": "float64"}
+
+    def _whitenings(self) -> list:
+        return [self.whitening_] + ([self.background_whitening_] if self.relative else [])
 
     def _score(self, x: FeatureSet) -> np.ndarray:
         """-min_c ||u - nu_c||^2 = -(||u||^2 + min_c (||nu_c||^2 - 2 u nu_c)), u = (z - m) W; the
