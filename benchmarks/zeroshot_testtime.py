@@ -5,7 +5,8 @@ which ``--id-share`` lie near an ID label (cosine ~0.3 to it, as CLIP images to 
 and the rest near a negative label; the images are streamed in one seeded order. Both scorers run
 with their defaults (NegLabel: 100 groups; AdaNeg: the ImageNet script's, batch 256) on the same
 arrays; printed: CPU seconds (``time.process_time``, all threads) and wall seconds of each, their
-ratio, AdaNeg's memory-bank fill (images held, of at most K (memory_size - 1)) and the peak Python
+ratio (NegLabel is timed before and after AdaNeg, against load drift on a shared machine;
+the ratio uses the mean of the two), AdaNeg's memory-bank fill (images held, of at most K (memory_size - 1)) and the peak Python
 heap of each (``tracemalloc``, which numpy reports its buffers to).
 
     OMP_NUM_THREADS=2 .venv/bin/python benchmarks/zeroshot_testtime.py --n 50000 --classes 1000 --negatives 10000
@@ -14,6 +15,7 @@ heap of each (``tracemalloc``, which numpy reports its buffers to).
 from __future__ import annotations
 
 import argparse
+import os
 import time
 import tracemalloc
 
@@ -67,14 +69,16 @@ def main() -> None:
         return original(self, *a, **k)
 
     MemoryBank.proxy_cosines = spy
-    for name in ("neglabel", "adaneg"):
+    print(f"load average at start: {os.getloadavg()[0]:.1f}")
+    for name, run in (("neglabel", "neglabel"), ("adaneg", "adaneg"), ("neglabel", "neglabel again")):
         det = create_scorer(name)
         _, cpu, wall, peak = timed(lambda: det.score(x, id_text, neg))  # noqa: B023 - called at once
-        rows[name] = (cpu, wall, peak)
-        print(f"{name:<9} cpu {cpu:8.1f} s   wall {wall:8.1f} s   peak heap {peak / 2**20:8.0f} MiB")
+        rows[run] = (cpu, wall, peak)
+        print(f"{run:<15} cpu {cpu:8.1f} s   wall {wall:8.1f} s   peak heap {peak / 2**20:8.0f} MiB   load {os.getloadavg()[0]:.1f}")
     MemoryBank.proxy_cosines = original
-    ratio = rows["adaneg"][0] / rows["neglabel"][0]
-    print(f"AdaNeg / NegLabel CPU time: {ratio:.2f}x (wall {rows['adaneg'][1] / rows['neglabel'][1]:.2f}x); "
+    base = [(rows["neglabel"][i] + rows["neglabel again"][i]) / 2 for i in (0, 1)]
+    print(f"AdaNeg / NegLabel CPU time: {rows['adaneg'][0] / base[0]:.2f}x (wall {rows['adaneg'][1] / base[1]:.2f}x; "
+          f"NegLabel timed before and after AdaNeg, mean of the two); "
           f"memory bank {fill.get('used', 0)} of at most {fill.get('cap', 0)} images")
 
 
