@@ -57,8 +57,8 @@ from .scorers import ZeroShotScorer, _check_unit, _prepare, negative_groups, reg
 
 __all__ = ["AdaNeg", "MemoryBank"]
 
-#: float64 values per work array in the proxies' loop (~0.5 MB: a few of them stay in a core's cache)
-_CACHE_ELEMENTS = 262144
+#: float64 values per work array in the proxies' loop (8 MB, whatever the memory's size)
+_CACHE_ELEMENTS = 1048576
 
 
 def _entropy(logits: np.ndarray) -> np.ndarray:
@@ -209,7 +209,7 @@ class MemoryBank:
         done = 0
         for slots, images in groups:
             n, e = images.shape[1:]
-            step = max(1, _CACHE_ELEMENTS // (n * rows))  # slots at a time: the work arrays stay in cache
+            step = max(1, _CACHE_ELEMENTS // (n * rows))  # slots at a time: bounded work arrays
             for a in range(0, len(slots), step):
                 sl = slots[a : a + step]
                 at = slice(done + a, done + a + len(sl))
