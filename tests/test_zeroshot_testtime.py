@@ -101,6 +101,24 @@ def test_adaneg_matches_the_release_rederived(stream, samada):
     assert np.abs(got - 1.1 * static).max() > 1e-3  # the memory changed the scores
 
 
+@pytest.mark.parametrize("samada", [True, False])
+def test_adaneg_batched_memory_matches_the_release_rederived(stream, samada, monkeypatch):
+    """The fast path's arrangement: a batch of 40 gives a label several images per batch (stored in
+    rounds, filling and replacing within the batch), and one slot per work chunk of the proxies."""
+    from oodeval.zeroshot import adaneg
+
+    monkeypatch.setattr(adaneg, "_CACHE_ELEMENTS", 1)
+    x, id_text, neg = stream
+    ref, indice = adaneg_reference(x, id_text, neg, batch=40, tau=0.05, memleng=3, groups=3, samada=samada)
+    assert (indice == 3).sum() >= 3
+    got = create_scorer("adaneg", tau=0.05, memory_size=3, n_groups=3, batch_size=40, sample_adaptive=samada).score(x, id_text, neg)
+    # float64 throughout, sums of <= 3 terms of cosines <= 1 in another order: ~1e-15 on cosines, times 1/tau = 20
+    # in the exponent, on scores <= 1.1; 1e-9 as in the test above
+    np.testing.assert_allclose(got, ref, rtol=0, atol=1e-9)
+    rounds = adaneg._occurrence(np.array([4, 1, 4, 4, 1, 0]))
+    assert rounds.tolist() == [0, 0, 1, 2, 1, 0]
+
+
 def test_adaneg_defaults_are_the_imagenet_script():
     assert create_scorer("adaneg").get_params() == {
         "tau": 0.01, "n_groups": 5, "seed": 0, "memory_size": 10, "thres": 0.5, "gap": 0.5, "beta": 5.5, "lam": 0.1,
@@ -117,9 +135,10 @@ def test_memory_bank_is_bounded_and_keeps_the_lowest_entropies():
         bank.add(1, x, h)
     assert bank.count.tolist() == [0, 3, 0] and bank.used == 3  # pool never grows past K * capacity
     assert sorted(bank.entropy[1]) == [0.1, 0.2, 0.5]
-    stored = bank.pool[bank.rows[1]]
+    stored = bank.images(1)
+    np.testing.assert_array_equal(stored[np.argsort(bank.entropy[1])], xs[[5, 3, 1]])  # the images of the 3 lowest
     np.testing.assert_allclose(bank.gram[1], stored @ stored.T, atol=1e-12)  # Gram kept in step with replacements
-    np.testing.assert_allclose(bank.gram_text[bank.rows[1]], stored @ text[1], atol=1e-12)
+    np.testing.assert_allclose(bank.gram_text[1], stored @ text[1], atol=1e-12)
 
 
 def test_scores_do_not_depend_on_the_labels(stream):

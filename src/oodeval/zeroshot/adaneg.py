@@ -30,10 +30,16 @@ permutation; here, as in :class:`~oodeval.zeroshot.scorers.NegLabel`, ``numpy.ra
 
 The evaluator of the release (openood/evaluators/fsood_evaluator_clip.py) resets the memory for
 each OOD set and streams all ID test images together with that OOD set in one shuffled order;
-:mod:`oodeval.zeroshot.testtime` states that protocol and varies it. The memory holds at most
-K (memory_size - 1) image embeddings (a float64 pool grown on demand) plus a K x (L-1) x (L-1) Gram
-matrix, so the proxies are never materialised per image: x'p_k and |p_k| come from dot products
-with the stored images only (empty rows cost nothing).
+:mod:`oodeval.zeroshot.testtime` states that protocol and varies it.
+
+Computation (the same float64 maths, arranged for speed): the memory holds at most K (memory_size - 1)
+image embeddings plus, per label, the Gram matrix of its images and their dot products with t_k, kept
+up to date as images arrive, so the proxies are never materialised per image: x'p_k and |p_k| come from
+the dot products of x with the label's stored images only (labels with an empty slot keep s0's
+logit). Full slots live in one contiguous (slots, memory_size - 1, E) block, the others in a compact
+pool; the memory is updated for a batch in rounds (the r-th candidate of every label at once, in batch
+order within a label, labels being independent). The negatives are laid out once in group order,
+so neither grouped score gathers columns; s0's logits are reused by s1 for the labels without images.
 """
 
 from __future__ import annotations
@@ -47,9 +53,12 @@ from ..errors import InputError
 from ..features import FeatureSet
 from ..features.stream import iter_chunks
 from ..params import BOOLEAN, POSITIVE, SEED, Integral, Interval, Real
-from .scorers import ZeroShotScorer, _check_unit, _prepare, grouped_share, register
+from .scorers import ZeroShotScorer, _check_unit, _prepare, negative_groups, register, share_of_groups
 
 __all__ = ["AdaNeg", "MemoryBank"]
+
+#: float64 values per work array in the proxies' loop (8 MB, whatever the memory's size)
+_CACHE_ELEMENTS = 1048576
 
 
 def _entropy(logits: np.ndarray) -> np.ndarray:
@@ -58,99 +67,180 @@ def _entropy(logits: np.ndarray) -> np.ndarray:
     return -(p * np.log(p + 1e-8)).sum(axis=-1)
 
 
+def _occurrence(keys: np.ndarray) -> np.ndarray:
+    """For each element, how many earlier elements have the same key (0 for the first)."""
+    order = np.argsort(keys, kind="stable")
+    ranked = keys[order]
+    pos = np.arange(len(keys))
+    first = np.maximum.accumulate(np.where(np.r_[True, ranked[1:] != ranked[:-1]], pos, 0))
+    out = np.empty_like(pos)
+    out[order] = pos - first
+    return out
+
+
 class MemoryBank:
     """Per-label slots of test-image embeddings (AdaNeg's memory) for label embeddings ``text`` (K, E).
 
-    Each slot keeps at most ``capacity`` images with their entropies. The images live in one pool of
-    at most K * capacity rows (a replaced image's row is reused), with each row's dot product with its
-    label's text embedding and, per slot, the Gram matrix of its images: what the proxies' norms need.
+    Each slot keeps at most ``capacity`` images with their entropies, its Gram matrix ``gram`` (K, capacity,
+    capacity) and the images' dot products with its label, ``gram_text`` (K, capacity). A full slot's
+    images are a row of ``full`` (slots, capacity, E); a filling slot's are rows ``rows[k, :count[k]]`` of
+    ``pool`` (rows freed when the slot fills up are reused).
     """
 
     def __init__(self, text: np.ndarray, capacity: int) -> None:
         k, e = text.shape
         self.text = text
+        self.text_norm2 = np.einsum("ke,ke->k", text, text)
         self.capacity = capacity
         self.count = np.zeros(k, dtype=np.int64)
-        self.rows = np.full((k, capacity), -1, dtype=np.int64)  # pool row of each stored image
         self.entropy = np.zeros((k, capacity))
         self.gram = np.zeros((k, capacity, capacity))  # m_kj . m_kj'
+        self.gram_text = np.zeros((k, capacity))  # t_k . m_kj
+        self.rows = np.full((k, capacity), -1, dtype=np.int64)  # pool row of each image of a filling slot
         self.pool = np.empty((0, e))
-        self.gram_text = np.empty(0)  # t_slot . m of each pool row
-        self.used = 0
+        self.free = np.empty(0, dtype=np.int64)  # pool rows to reuse, taken from the end
+        self.top = 0  # pool rows ever handed out
+        self.full = np.empty((0, capacity, e))
+        self.full_slots = np.empty(0, dtype=np.int64)
+        self.full_at = np.full(k, -1, dtype=np.int64)  # position of a full slot in ``full``
 
-    def _grow(self) -> None:
-        size = max(64, 2 * len(self.pool))
-        for name in ("pool", "gram_text"):
-            old = getattr(self, name)
-            new = np.zeros((size, *old.shape[1:]), dtype=old.dtype)
-            new[: self.used] = old[: self.used]
-            setattr(self, name, new)
+    @property
+    def used(self) -> int:
+        """Images held."""
+        return int(self.count.sum())
 
-    def _put(self, slot: int, j: int, x: np.ndarray, h: float, row: int) -> None:
-        self.pool[row], self.gram_text[row] = x, self.text[slot] @ x
-        self.rows[slot, j] = row
-        self.entropy[slot, j] = h
-        n = self.count[slot]
-        g = self.pool[self.rows[slot, :n]] @ x
-        self.gram[slot, j, :n] = g
-        self.gram[slot, :n, j] = g
+    def images(self, slot: int) -> np.ndarray:
+        """The images stored for ``slot`` (count, E), in slot order."""
+        if self.full_at[slot] >= 0:
+            return self.full[self.full_at[slot]]
+        return self.pool[self.rows[slot, : self.count[slot]]]
 
     def add(self, slot: int, x: np.ndarray, h: float) -> None:
         """Store ``x`` (entropy ``h``) in ``slot``: appended while there is room, else replacing the
         highest-entropy image when ``h`` is lower (the release's rule)."""
-        n = self.count[slot]
-        if n < self.capacity:
-            if self.used == len(self.pool):
-                self._grow()
-            self.count[slot] = n + 1
-            self._put(slot, n, x, h, self.used)
-            self.used += 1
+        self.add_many(np.array([slot]), np.asarray(x, dtype=np.float64)[None], np.array([h], dtype=np.float64))
+
+    def add_many(self, slots: np.ndarray, x: np.ndarray, h: np.ndarray) -> None:
+        """``add`` of each (slot, row of x, h) in order: round r stores the r-th image of every slot at
+        once (a slot's images in their order; different slots do not interact)."""
+        rank = _occurrence(slots)
+        for r in range(int(rank.max(initial=-1)) + 1):
+            sel = np.flatnonzero(rank == r)
+            self._round(slots[sel], x[sel], h[sel])
+
+    def _take_rows(self, n: int) -> np.ndarray:
+        reuse = self.free[len(self.free) - min(n, len(self.free)) :]
+        self.free = self.free[: len(self.free) - len(reuse)]
+        fresh = np.arange(self.top, self.top + n - len(reuse))
+        self.top += len(fresh)
+        if self.top > len(self.pool):
+            self.pool = _grown(self.pool, self.top)
+        return np.r_[reuse, fresh].astype(np.int64)
+
+    def _set_gram(self, slots: np.ndarray, j: np.ndarray, x: np.ndarray, stored: np.ndarray) -> None:
+        """Row and column j of the slots' Gram matrices from the stored images (s, capacity, E),
+        image j being x; entries of images not yet stored are 0."""
+        g = np.einsum("sce,se->sc", stored, x)
+        g[np.arange(self.capacity) >= self.count[slots][:, None]] = 0.0
+        self.gram[slots, j, :] = g
+        self.gram[slots, :, j] = g
+        self.gram_text[slots, j] = np.einsum("se,se->s", self.text[slots], x)
+
+    def _round(self, slots: np.ndarray, x: np.ndarray, h: np.ndarray) -> None:
+        """Store one image in each of the distinct ``slots``."""
+        n = self.count[slots]
+        grow = n < self.capacity
+        if grow.any():
+            s, j, xs = slots[grow], n[grow], x[grow]
+            rows = self._take_rows(len(s))
+            self.pool[rows] = xs
+            self.rows[s, j] = rows
+            self.entropy[s, j] = h[grow]
+            self.count[s] += 1
+            self._set_gram(s, j, xs, self.pool[self.rows[s]])
+            self._promote(s[self.count[s] == self.capacity])
+        full = ~grow
+        if full.any():
+            s, xs, hs = slots[full], x[full], h[full]
+            j = np.argmax(self.entropy[s], axis=1)
+            better = hs < self.entropy[s, j]
+            s, j, xs = s[better], j[better], xs[better]
+            at = self.full_at[s]
+            self.full[at, j] = xs
+            self.entropy[s, j] = hs[better]
+            self._set_gram(s, j, xs, self.full[at])
+
+    def _promote(self, slots: np.ndarray) -> None:
+        """Move slots that just filled up from the pool to ``full``."""
+        if not len(slots):
             return
-        j = int(np.argmax(self.entropy[slot]))
-        if h < self.entropy[slot, j]:
-            self._put(slot, j, x, h, int(self.rows[slot, j]))
+        at = np.arange(len(self.full_slots), len(self.full_slots) + len(slots))
+        if at[-1] >= len(self.full):
+            self.full = _grown(self.full, at[-1] + 1)
+        self.full[at] = self.pool[self.rows[slots]]
+        self.full_slots = np.r_[self.full_slots, slots]
+        self.full_at[slots] = at
+        self.free = np.r_[self.free, self.rows[slots].ravel()]
+        self.rows[slots] = -1
 
-    def _layout(self):
-        """The filled slots; their stored images' pool rows, slot by slot, and where each slot's run
-        starts; and per number n of images held, the slots holding n (positions among the filled
-        slots), their images' positions in that run (s, n) and their Gram matrices (s, n, n)."""
-        filled = np.flatnonzero(self.count)
-        counts = self.count[filled]
-        starts = np.r_[0, np.cumsum(counts)[:-1]]
-        entries = self.rows[filled][np.arange(self.capacity) < counts[:, None]]
-        groups = []
+    def _groups(self):
+        """(slots, their images (s, n, E)) of every set of slots holding the same number n of images:
+        the full slots (a view of ``full``), then the filling ones by n (gathered from the pool)."""
+        out = [(self.full_slots, self.full[: len(self.full_slots)])] if len(self.full_slots) else []
+        filling = np.flatnonzero((self.count > 0) & (self.full_at < 0))
+        counts = self.count[filling]
         for n in np.unique(counts):
-            sel = np.flatnonzero(counts == n)
-            groups.append((sel, starts[sel][:, None] + np.arange(n), self.gram[filled[sel], :n, :n]))
-        return filled, entries, starts, groups
+            slots = filling[counts == n]
+            out.append((slots, self.pool[self.rows[slots, :n]]))
+        return out
 
-    def proxy_cosines(self, x: np.ndarray, static: np.ndarray, beta: float, sample_adaptive: bool) -> np.ndarray:
-        """cos(x, p_k) (rows of x against every slot's proxy), (N, K), written into ``static`` = x @ text.T.
+    def proxy_cosines(self, x: np.ndarray, cos_t: np.ndarray, beta: float, sample_adaptive: bool):
+        """(slots, cosines (slots, N)): cos(x, p_k) of every slot k holding images and each row of x;
+        ``cos_t`` = text @ x.T (the other slots' proxies are their text embeddings).
 
-        With w0 = w(t_k'x), w_e = w(m_e'x) (w = exp(-beta (1 - .)), or 1 task-adaptively):
-        x'p_k = (w0 t_k'x + sum_e w_e m_e'x) / sqrt(w0^2 + 2 w0 sum_e w_e t_k'm_e + w'G_k w), G_k the
-        Gram matrix of slot k's images. Worked with images along the first axis (rows of x along the last)."""
-        if self.used == 0:
-            return static
-        filled, entries, starts, groups = self._layout()
-        images, gram_text = self.pool[entries], self.gram_text[entries][:, None]
-        rows = max(1, _arrays.CHUNK_ELEMENTS // max(1, 4 * entries.size))
-        for start in range(0, len(x), rows):
-            part = slice(start, start + rows)
-            cos0 = static[part][:, filled].T
-            cos = images @ x[part].T
-            if sample_adaptive:
-                w0, w = np.exp(-beta * (1.0 - cos0)), np.exp(-beta * (1.0 - cos))
-            else:
-                w0, w = np.ones_like(cos0), np.ones_like(cos)
-            num = w0 * cos0 + np.add.reduceat(w * cos, starts, axis=0)
-            cross = np.add.reduceat(w * gram_text, starts, axis=0)
-            quad = np.empty_like(num)
-            for sel, pos, gram in groups:
-                wg = w[pos]  # (s, n, rows)
-                quad[sel] = ((gram @ wg) * wg).sum(axis=1)
-            static[part, filled] = (num / np.sqrt(w0**2 + 2.0 * w0 * cross + quad)).T
-        return static
+        With w0 = w(t_k'x), w_j = w(m_kj'x) (w = exp(-beta (1 - .)), or 1 task-adaptively):
+        x'p_k = (w0 t_k'x + sum_j w_j m_kj'x) / sqrt(w0^2 t_k't_k + 2 w0 sum_j w_j t_k'm_kj + w'G_k w),
+        G_k the Gram matrix of slot k's images. Worked per group of slots with the same number n of
+        images, as (slots, n, rows of x) arrays."""
+        groups = self._groups()
+        held = np.concatenate([g[0] for g in groups]) if groups else np.empty(0, dtype=np.int64)
+        out = np.empty((len(held), len(x)))
+        rows = min(len(x), 1024)
+        done = 0
+        for slots, images in groups:
+            n, e = images.shape[1:]
+            step = max(1, _CACHE_ELEMENTS // (n * rows))  # slots at a time: bounded work arrays
+            for a in range(0, len(slots), step):
+                sl = slots[a : a + step]
+                at = slice(done + a, done + a + len(sl))
+                flat = images[a : a + step].reshape(-1, e)
+                gram, gram_text, tt = self.gram[sl, :n, :n], self.gram_text[sl, None, :n], self.text_norm2[sl, None]
+                for start in range(0, len(x), rows):
+                    part = slice(start, start + rows)
+                    c = (flat @ x[part].T).reshape(len(sl), n, -1)  # m_kj'x
+                    c0 = cos_t[sl, part]  # t_k'x
+                    w0, w = _weights(c0, beta, sample_adaptive), _weights(c, beta, sample_adaptive)
+                    num = w0 * c0 + np.einsum("snr,snr->sr", w, c)
+                    norm2 = w0 * (w0 * tt + 2.0 * (gram_text @ w)[:, 0]) + np.einsum("snr,snr->sr", gram @ w, w)
+                    np.divide(num, np.sqrt(norm2), out=out[at, part])
+            done += len(slots)
+        return held, out
+
+
+def _weights(cos: np.ndarray, beta: float, sample_adaptive: bool) -> np.ndarray:
+    """exp(-beta (1 - cos)) (sample-adaptive), else ones."""
+    if not sample_adaptive:
+        return np.ones_like(cos)
+    w = np.subtract(cos, 1.0)
+    w *= beta
+    return np.exp(w, out=w)
+
+
+def _grown(a: np.ndarray, size: int) -> np.ndarray:
+    """``a`` with at least ``size`` rows (zeros after the old ones), doubling."""
+    new = np.zeros((max(64, size, 2 * len(a)), *a.shape[1:]), dtype=a.dtype)
+    new[: len(a)] = a
+    return new
 
 
 @register("adaneg", 11, vocabulary=True)
@@ -202,29 +292,54 @@ class AdaNeg(ZeroShotScorer):
                      else _check_unit("negative text embeddings", negatives, 2))
         if negatives.shape[1] != e or np.shape(image)[-1] != e:
             raise InputError(f"image embeddings have dim {np.shape(image)[-1]}, text embeddings {e}, negatives {negatives.shape[1]}")
-        text = np.concatenate([id_text, negatives])
+        c, m = len(id_text), len(negatives)
+        groups, order = negative_groups(m, self.n_groups, self.seed) if m else (0, np.empty(0, dtype=np.int64))
+        # the negatives laid out in group order (kept ones permuted, then the dropped ones): a slot is a
+        # label in this layout; at_negative[j] is the slot of negative j (vocabulary order)
+        layout = np.r_[order, np.arange(len(order), m)].astype(np.int64)
+        at_negative = np.empty(m, dtype=np.int64)
+        at_negative[layout] = c + np.arange(m)
+        text = np.concatenate([id_text, negatives[layout]])
         bank = MemoryBank(text, int(self.memory_size) - 1)
         n = len(image)
         out = np.empty(n)
         for part, chunk in iter_chunks({"features": image}, int(self.batch_size)):
             x = _prepare("image embeddings", chunk["features"], normalize)
-            out[part] = self._batch(bank, x, len(id_text))
+            out[part] = self._batch(bank, x, c, groups, len(order), at_negative)
         return as_scores(out, n, type(self).__name__)
 
-    def _batch(self, bank: MemoryBank, x: np.ndarray, c: int) -> np.ndarray:
-        """Scores of one batch: static score, memory update, then the adaptive score."""
-        cos = x @ bank.text.T
-        logits = cos / self.tau
-        s0 = grouped_share(logits[:, :c], logits[:, c:], self.n_groups, self.seed)
+    def _batch(self, bank: MemoryBank, x: np.ndarray, c: int, groups: int, keep: int,
+               at_negative: np.ndarray) -> np.ndarray:
+        """Scores of one batch: static score, memory update, then the adaptive score. Worked with labels
+        along the first axis and the batch's images along the last."""
+        cos_t = bank.text @ x.T
+        logits = cos_t / self.tau
+        b = len(x)
+
+        def share(logits):  # the grouped Eq. 3; the negatives are in group order already
+            if groups == 0:
+                return np.ones(b)
+            return share_of_groups(logits[:c].T, logits[c : c + keep].reshape(groups, keep // groups, b).transpose(2, 0, 1))
+
+        s0 = share(logits)
         hi = self.thres + self.gap * (1.0 - self.thres)
         lo = self.thres - self.gap * self.thres
-        for rows, part, offset in ((s0 > hi, slice(0, c), 0), (s0 < lo, slice(c, None), c)):
-            idx = np.flatnonzero(rows)
-            if idx.size and logits.shape[1] > offset:
-                sub = logits[idx, part]
-                for i, slot, h in zip(idx, offset + np.argmax(sub, axis=1), _entropy(sub)):
-                    bank.add(int(slot), x[i], float(h))
-        ada = bank.proxy_cosines(x, cos, self.beta, bool(self.sample_adaptive))  # in place: cos is not used again
-        ada /= self.tau
-        s1 = grouped_share(ada[:, :c], ada[:, c:], self.n_groups, self.seed)
-        return s1 + self.lam * s0
+        slots, rows, ent = [], [], []
+        idx = np.flatnonzero(s0 > hi)
+        if idx.size:  # to the top ID label's slot
+            sub = logits[:c, idx].T
+            slots.append(np.argmax(sub, axis=1))
+            rows.append(idx)
+            ent.append(_entropy(sub))
+        idx = np.flatnonzero(s0 < lo)
+        if idx.size and len(at_negative):  # to the top negative's slot, the negatives in vocabulary order
+            sub = logits[np.ix_(at_negative, idx)].T
+            slots.append(at_negative[np.argmax(sub, axis=1)])
+            rows.append(idx)
+            ent.append(_entropy(sub))
+        if slots:
+            idx = np.concatenate(rows)
+            bank.add_many(np.concatenate(slots), x[idx], np.concatenate(ent))
+        held, ada = bank.proxy_cosines(x, cos_t, self.beta, bool(self.sample_adaptive))
+        logits[held] = ada / self.tau  # the labels without images keep s0's logits
+        return share(logits) + self.lam * s0

@@ -39,7 +39,7 @@ from ..registry import Registry
 
 __all__ = [
     "ZeroShotScorer", "REGISTRY", "ZS_PREFIX", "register", "scorer_names", "create_scorer", "score_zeroshot", "similarity_logits",
-    "grouped_share", "ZeroShotMCM", "ZeroShotMaxLogit", "ZeroShotEnergy", "ZeroShotGEN", "ZeroShotEntropy", "Margin", "GLMCM", "NegLabel", "EOE",
+    "grouped_share", "negative_groups", "share_of_groups", "ZeroShotMCM", "ZeroShotMaxLogit", "ZeroShotEnergy", "ZeroShotGEN", "ZeroShotEntropy", "Margin", "GLMCM", "NegLabel", "EOE",
 ]  # fmt: skip
 
 REGISTRY = Registry("zero-shot scorer", "oodeval.zeroshot_scorers")
@@ -345,12 +345,21 @@ def grouped_share(id_logits: np.ndarray, neg_logits: np.ndarray, n_groups: int, 
     m = neg_logits.shape[1]
     if m == 0:
         return np.ones(len(id_logits))
-    lse_id = _lse(id_logits)
+    groups, order = negative_groups(m, n_groups, seed)
+    grouped = neg_logits[:, : len(order)][:, order].reshape(len(neg_logits), groups, len(order) // groups)
+    return share_of_groups(id_logits, grouped)
+
+
+def negative_groups(m: int, n_groups: int, seed: int) -> tuple[int, np.ndarray]:
+    """NegLabel's grouping of M >= 1 negatives: G = min(n_groups, M), and the order of the kept
+    M - M mod G negatives (``default_rng(seed).permutation``) whose consecutive runs of M // G are the groups."""
     groups = min(int(n_groups), m)
-    keep = m - m % groups
-    order = np.random.default_rng(seed).permutation(keep)
-    grouped = neg_logits[:, :keep][:, order].reshape(len(neg_logits), groups, keep // groups)
-    return np.exp(_log_share(lse_id[:, None], _lse(grouped))).mean(axis=1)
+    return groups, np.random.default_rng(seed).permutation(m - m % groups)
+
+
+def share_of_groups(id_logits: np.ndarray, grouped: np.ndarray) -> np.ndarray:
+    """Mean over groups of sum_ID a / (sum_ID a + sum_group a), ID logits (N, C), grouped negative logits (N, G, M/G)."""
+    return np.exp(_log_share(_lse(id_logits)[:, None], _lse(grouped))).mean(axis=1)
 
 
 def _lse(a: np.ndarray) -> np.ndarray:
