@@ -90,7 +90,11 @@ def stream():
 
 
 @pytest.mark.parametrize("samada", [True, False])
-def test_adaneg_matches_the_release_rederived(stream, samada):
+@pytest.mark.parametrize("exp_span", [600.0, 0.0])  # 0: every tau takes the per-group log-sum-exp path
+def test_adaneg_matches_the_release_rederived(stream, samada, exp_span, monkeypatch):
+    from oodeval.zeroshot import adaneg
+
+    monkeypatch.setattr(adaneg, "_EXP_SPAN", exp_span)
     x, id_text, neg = stream
     ref, indice = adaneg_reference(x, id_text, neg, batch=8, tau=0.05, memleng=4, groups=3, samada=samada)
     assert (indice == 4).sum() >= 3  # several slots filled up, so replacement was exercised

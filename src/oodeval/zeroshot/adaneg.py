@@ -59,6 +59,10 @@ __all__ = ["AdaNeg", "MemoryBank"]
 
 #: float64 values per work array in the proxies' loop (8 MB, whatever the memory's size)
 _CACHE_ELEMENTS = 1048576
+#: exponentials of logits shifted by each image's largest static logit are taken directly (sums of
+#: exponentials, no log-sum-exp per group) while the logits' possible spread, 2.01 / tau for cosines of
+#: unit vectors (norms within 1e-3), is at most this: exp(-600) is still a normal float64, exp(600) finite
+_EXP_SPAN = 600.0
 
 
 def _entropy(logits: np.ndarray) -> np.ndarray:
@@ -227,6 +231,20 @@ class MemoryBank:
         return held, out
 
 
+def _members(c: int, k: int, groups: int, keep: int) -> np.ndarray:
+    """(K, 1 + G) float64 indicator of the grouped Eq. 3's sums: column 0 the C ID labels, column 1 + g
+    the g-th run of keep / G negatives (in group order, after the ID labels); dropped negatives in none."""
+    out = np.zeros((k, 1 + groups))
+    out[:c, 0] = 1.0
+    out[np.arange(c, c + keep), 1 + np.arange(keep) // (keep // groups)] = 1.0
+    return out
+
+
+def _share_of_sums(sums: np.ndarray) -> np.ndarray:
+    """Mean over groups of a_ID / (a_ID + a_g), from the (N, 1 + G) sums of exponentials."""
+    return (sums[:, :1] / (sums[:, :1] + sums[:, 1:])).mean(axis=1)
+
+
 def _weights(cos: np.ndarray, beta: float, sample_adaptive: bool) -> np.ndarray:
     """exp(-beta (1 - cos)) (sample-adaptive), else ones."""
     if not sample_adaptive:
@@ -301,17 +319,20 @@ class AdaNeg(ZeroShotScorer):
         at_negative[layout] = c + np.arange(m)
         text = np.concatenate([id_text, negatives[layout]])
         bank = MemoryBank(text, int(self.memory_size) - 1)
+        members = _members(c, len(text), groups, len(order)) if groups and 2.01 / self.tau <= _EXP_SPAN else None
         n = len(image)
         out = np.empty(n)
         for part, chunk in iter_chunks({"features": image}, int(self.batch_size)):
             x = _prepare("image embeddings", chunk["features"], normalize)
-            out[part] = self._batch(bank, x, c, groups, len(order), at_negative)
+            out[part] = self._batch(bank, x, c, groups, len(order), at_negative, members)
         return as_scores(out, n, type(self).__name__)
 
     def _batch(self, bank: MemoryBank, x: np.ndarray, c: int, groups: int, keep: int,
-               at_negative: np.ndarray) -> np.ndarray:
+               at_negative: np.ndarray, members: np.ndarray | None) -> np.ndarray:
         """Scores of one batch: static score, memory update, then the adaptive score. Worked with labels
-        along the first axis and the batch's images along the last."""
+        along the first axis and the batch's images along the last. With ``members`` (:func:`_members`)
+        the grouped sums are products of the exponentials with it, and the adaptive score reuses the
+        static exponentials of the labels without images."""
         cos_t = bank.text @ x.T
         logits = cos_t / self.tau
         b = len(x)
@@ -321,7 +342,12 @@ class AdaNeg(ZeroShotScorer):
                 return np.ones(b)
             return share_of_groups(logits[:c].T, logits[c : c + keep].reshape(groups, keep // groups, b).transpose(2, 0, 1))
 
-        s0 = share(logits)
+        if members is not None:
+            shift = logits.max(axis=0)
+            exps = np.exp(logits - shift)
+            s0 = _share_of_sums(exps.T @ members)
+        else:
+            s0 = share(logits)
         hi = self.thres + self.gap * (1.0 - self.thres)
         lo = self.thres - self.gap * self.thres
         slots, rows, ent = [], [], []
@@ -341,5 +367,12 @@ class AdaNeg(ZeroShotScorer):
             idx = np.concatenate(rows)
             bank.add_many(np.concatenate(slots), x[idx], np.concatenate(ent))
         held, ada = bank.proxy_cosines(x, cos_t, self.beta, bool(self.sample_adaptive))
+        if members is not None:  # the labels without images keep s0's exponentials
+            kept = members.copy()
+            kept[held] = 0.0
+            ada /= self.tau
+            ada -= shift
+            sums = exps.T @ kept + np.exp(ada, out=ada).T @ members[held]
+            return _share_of_sums(sums) + self.lam * s0
         logits[held] = ada / self.tau  # the labels without images keep s0's logits
         return share(logits) + self.lam * s0
