@@ -130,10 +130,13 @@ def products(name: str, n_train: int, n_score: int, d: int, c: int, hp: dict) ->
 
 
 def gmm_products(n_train: int, n_score: int, d: int, hp: dict) -> list[tuple[int, int, int]]:
-    """GMM's: the covariance for the PCA (when it reduces), the projections of every row, and per
-    EM step (as many as the fit ran, ``n_iter_``) the whitening and the two (N, K) products."""
+    """GMM's: the covariance for the PCA (when it reduces), the projections of every row, per
+    k-means step of the EM's start (scikit-learn's, as many as it ran, ``kmeans_iter_``) the
+    (N, K) distances, and per EM step (as many as the fit ran, ``n_iter_``) the whitening and the
+    two (N, K) products. (The k-means steps were missing: the release's EM starts from them.)"""
     p, k, steps = hp.get("dim_", d), hp.get("n_components", 50), hp.get("n_iter_", 0)
     shapes = [(n_train, d, d), (n_train + n_score, d, p)] if p < d else []
+    shapes += [(n_train, p, k)] * hp.get("kmeans_iter_", 0)
     return shapes + [(n_train, p, p), (n_train, p, k), (n_train, k, p)] * steps + [(n_score, p, p), (n_score, p, k)]
 
 
@@ -182,13 +185,19 @@ def logit_reads(name: str) -> list[tuple[str, str]]:
     return {"openmax": [("train", "columns"), ("train", "rows")]}.get(name, [])
 
 
-def fit_search_passes(name: str, train: FeatureSet, fitted: dict) -> tuple[np.ndarray, int] | None:
-    """(logits, steps): a fit that searches, one softmax pass (max, exp, row sum) over those
-    logits per step it ran: temperature scaling's Newton steps on 1/T over its validation rows,
-    each needing the NLL's slope and curvature at the new T, i.e. every exp of f / T anew."""
+def fit_search_passes(name: str, train: FeatureSet, n_score: int, fitted: dict) -> list[tuple[np.ndarray, int]]:
+    """(array, times): softmax passes (max, exp, row sum) over arrays the formula forms itself,
+    each as many times as the fit ran it: temperature scaling's Newton steps on 1/T over its
+    validation logits (each step needs the NLL's slope at the new T: every exp of f / T anew);
+    GMM's E-steps, a softmax over the K components of every ID-train row per EM step, and one over
+    every scored row (the score's log-sum-exp)."""
     if name == "temperature_scaling" and fitted.get("val_rows") is not None:
-        return np.asarray(train.logits)[fitted["val_rows"]], int(fitted["steps"])
-    return None
+        return [(np.asarray(train.logits)[fitted["val_rows"]], int(fitted["steps"]))]
+    if name == "gmm":
+        k, rng = fitted.get("n_components", 50), np.random.default_rng(0)
+        return [(rng.standard_normal((len(train), k), dtype=np.float32), int(fitted.get("n_iter_", 0))),
+                (rng.standard_normal((n_score, k), dtype=np.float32), 1)]  # fmt: skip
+    return []
 
 
 def argmax_passes(name: str) -> list[str]:
@@ -349,11 +358,9 @@ def floor_seconds(name: str, shapes: list[tuple[int, int, int]], train: FeatureS
         if device is None:
             reduce = (lambda a: a.sum(axis=0)) if axis == "columns" else (lambda a: np.einsum("ij,ij->i", a, a))
             add(("logit read", role, axis), lambda: _on_all_cores(reduce, [np.asarray(fs.logits) for fs in sets[role]]))
-    search = fit_search_passes(name, train, fitted or {})
-    if search is not None and device is None:
-        val, steps = search
-        w, c = _on_all_cores(passes, [val])
-        wall, cpu = wall + steps * w, cpu + steps * c
+    for array, times in fit_search_passes(name, train, sum(len(fs) for fs in score_sets), fitted or {}) if device is None else []:
+        w, c = _on_all_cores(passes, [array])
+        wall, cpu = wall + times * w, cpu + times * c
     for role in argmax_passes(name):  # the predicted class of every row: an argmax over its logits
         if device is None:
             add(("argmax", role), lambda: _on_all_cores(lambda a: a.argmax(1), [np.asarray(fs.logits) for fs in sets[role]]))
@@ -543,13 +550,14 @@ def run_pood(name: str, train: FeatureSet, score_sets: list[FeatureSet], max_row
     return fit_s + score_s, fit_c + score_c, extrapolated
 
 
-def run_openood(name: str, train: FeatureSet, score_sets: list[FeatureSet]) -> tuple[float, float, bool]:
+def run_openood(name: str, train: FeatureSet, score_sets: list[FeatureSet], max_rows: int | None = None) -> tuple[float, float, bool]:
     """(wall s, CPU s, False) of OpenOOD v1.5's postprocessor maths re-run on the same arrays (its
     package does not install): gmm (scikit-learn's PCA(50) and GaussianMixture(50, tied,
     random_state=0), as ``gmm_postprocessor.py`` with ``gmm.yml``), residual (EmpiricalCovariance,
     then np.linalg.eig of the covariance, as ``residual_postprocessor.py``), relation (float64
     products of every scored row with every ID-train row, by blocks of 4096 bank rows, as
-    ``relation_postprocessor.py`` on a GPU)."""
+    ``relation_postprocessor.py`` on a GPU; its scoring timed on the first ``max_rows`` rows of
+    each set, when given, and extrapolated linearly: its cost is the same per scored row)."""
     from scipy.special import softmax
     from sklearn.covariance import EmpiricalCovariance
     from sklearn.decomposition import PCA
@@ -571,18 +579,25 @@ def run_openood(name: str, train: FeatureSet, score_sets: list[FeatureSet]) -> t
         for fs in score_sets:
             np.linalg.norm((np.asarray(fs.features, dtype=np.float64) - u) @ ns, axis=1)
     elif name == "relation":
-        def embed(fs):
-            x = np.asarray(fs.features, dtype=np.float64)
-            return x / np.sqrt((x**2).sum(-1) + 1e-10)[:, None], softmax(np.asarray(fs.logits, dtype=np.float64), axis=1)
+        def embed(features, logits):
+            x = np.asarray(features, dtype=np.float64)
+            return x / np.sqrt((x**2).sum(-1) + 1e-10)[:, None], softmax(np.asarray(logits, dtype=np.float64), axis=1)
 
-        bank_z, bank_p = embed(train)
+        bank_z, bank_p = embed(train.features, train.logits)
+        fit_s, fit_c = time.perf_counter() - t0, time.process_time() - c0
+        score_s = score_c = 0.0
         for fs in score_sets:
-            qz, qp = embed(fs)
+            rows = len(fs) if max_rows is None else min(len(fs), max_rows)
+            c1, t1 = time.process_time(), time.perf_counter()
+            qz, qp = embed(fs.features[:rows], fs.logits[:rows])
             for q in range(0, len(qz), 1024):
                 total = np.zeros(len(qz[q : q + 1024]))
                 for j in range(0, len(bank_z), 4096):
                     rel = np.clip(qz[q : q + 1024] @ bank_z[j : j + 4096].T, 0, None) * (qp[q : q + 1024] @ bank_p[j : j + 4096].T)
                     total += (rel * (rel > 0.03)).sum(-1)
+            score_s += (time.perf_counter() - t1) * len(fs) / rows
+            score_c += (time.process_time() - c1) * len(fs) / rows
+        return fit_s + score_s, fit_c + score_c, rows < len(score_sets[0])
     else:
         raise KeyError(name)
     return time.perf_counter() - t0, time.process_time() - c0, False
@@ -727,7 +742,8 @@ def main() -> None:
             continue
         fitted = {"n_components_": det.n_components_} if name == "neco" else {}
         if name == "gmm":
-            fitted = {"dim_": det.resolved_params()["dim"], "n_iter_": det.n_iter_, "n_components": det.n_components}
+            fitted = {"dim_": det.resolved_params()["dim"], "n_iter_": det.n_iter_, "kmeans_iter_": det.kmeans_iter_,
+                      "n_components": det.n_components}  # fmt: skip
         if name == "relation":
             fitted = {"bank": len(det.bank_features_)}
         if name == "temperature_scaling":
@@ -742,7 +758,7 @@ def main() -> None:
         else:
             line += f"{'-':>9}{'-':>7}{'-':>7}"
         if name in PEERS and not args.no_pood:
-            peer = run_pood if PEERS[name] == "pytorch-ood" else (lambda n, tr, sets, *_: run_openood(n, tr, sets))
+            peer = run_pood if PEERS[name] == "pytorch-ood" else (lambda n, tr, sets, rows, _: run_openood(n, tr, sets, rows if n == "relation" else None))
             try:
                 ps, pc, extra = peer(name, train, [test, ood], args.pood_rows, knn_k)
                 for _ in range(repeats(ps)):

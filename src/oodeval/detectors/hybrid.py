@@ -19,7 +19,7 @@ from ._backend import Compute, _torch, one_blas_thread
 from ._common import as64, chunks, eigh_one_thread, float32_centre, labelled, mean_rows, scatter, whitening
 from ._peers import PeerMethod
 from .base import Detector
-from .mahalanobis import WHITENED_ROUNDING_LIMIT
+from .mahalanobis import WHITENED_ROUNDING_LIMIT, _refuse_over_budget
 from .neighbours import _bank_rows
 
 __all__ = ["ViM", "vim_dim", "logit_origin", "Residual", "Relation", "NCI", "GradNorm", "GradUncertainty", "PNML"]
@@ -213,14 +213,21 @@ class Relation(PeerMethod):
     float32 an r_j moves by a few float32 ulps of the products (the rows are unit vectors and
     probabilities, so no offset or scale of the features enters), which changes a score only
     through a pair within that distance of ``thres``. ``device``: None = numpy, or a torch device.
+    Scoring N rows costs 2 N B (D + C) flop (B bank rows): about 4e13 per 50k rows against a
+    200k-row bank at D = 1024, C = 1000 (some 5 min of 2 cores). A call beyond ``budget_tflop``
+    (default 100, as the Gaussian mixtures') is refused before any work: score fewer rows at a
+    time, lower ``bank_fraction``, or raise the budget (a GPU ``device`` takes it in seconds).
     """
 
     needs = ("features", "logits")
     fit_needs = ("features", "logits")
 
-    constraints = {"pow": POSITIVE, "thres": Interval(Real, None, None), "bank_fraction": Interval(Real, 0, 1, closed="right"), "seed": SEED, **COMPUTE}
+    constraints = {"pow": POSITIVE, "thres": Interval(Real, None, None), "bank_fraction": Interval(Real, 0, 1, closed="right"), "seed": SEED,
+                   "budget_tflop": POSITIVE, **COMPUTE}  # fmt: skip
 
-    def __init__(self, pow: float = 1.0, thres: float = 0.03, bank_fraction: float = 1.0, seed: int = 0, compute_dtype: str = "float32", device: str | None = None) -> None:
+    def __init__(self, pow: float = 1.0, thres: float = 0.03, bank_fraction: float = 1.0, seed: int = 0, compute_dtype: str = "float32", device: str | None = None,
+                 budget_tflop: float = 100.0) -> None:  # fmt: skip
+        self.budget_tflop = budget_tflop
         self.pow = pow
         self.thres = thres
         self.bank_fraction = bank_fraction
@@ -245,6 +252,9 @@ class Relation(PeerMethod):
             self.bank_features_[sl], self.bank_probs_[sl] = self._embed(train.features[rows], train.logits[rows])
 
     def _score(self, x: FeatureSet) -> np.ndarray:
+        bank, width = self.bank_features_.shape[0], self.bank_features_.shape[1] + self.bank_probs_.shape[1]
+        _refuse_over_budget("relation", 2.0 * len(x) * bank * width, self.budget_tflop, f"scoring {len(x)} rows against a bank of {bank}",
+                            "score fewer rows at a time, lower bank_fraction")  # fmt: skip
         comp = self._compute()
         bank_z, bank_p = comp.put(self.bank_features_), comp.put(self.bank_probs_)
         step, thres, power = RELATION_BLOCK[comp.device is not None], float(self.thres), float(self.pow)
