@@ -187,7 +187,7 @@ def test_exactly_the_documented_detectors_lack_compute_dtype_and_device():
     params = {n: detectors.create(n).get_params() for n in detectors.names()}
     lacking = [n for n, p in params.items() if "compute_dtype" not in p]
     assert [n for n, p in params.items() if "device" not in p] == lacking  # compute_dtype and device come together
-    float64 = ["class_gmm", "gmm", "grad_uncertainty", "gradnorm", "lts", "nci", "openmax", "residual", "she",
+    float64 = ["class_gmm", "gmm", "grad_uncertainty", "gradnorm", "lts", "nci", "she",
                "cfood", "optfs", "kpca"]
     network = ["odin", "mahalanobis_ensemble", "gram", "rankfeat", "mc_dropout"]  # on their passes' arrays (detectors.network)
     assert sorted(lacking) == sorted(["cnc", "maxlogit", "nac", *float64, *network])  # the peers' float64-only methods

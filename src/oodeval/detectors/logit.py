@@ -289,8 +289,10 @@ def fit_temperature(logits: np.ndarray, labels: np.ndarray, bounds: tuple[float,
     signs = set()  # the slope's signs seen: the minimum is bracketed once both are
     for step in range(1, NEWTON_MAX_ITER + 1):
         g, h = slope_curvature(b)
-        if g == 0:
+        if g == 0 and h > 0:
             break
+        # g = h = 0: every exp but the labels' underflowed (every prediction right, by a margin
+        # beyond the dtype's exp range): the NLL still falls towards the bound, as g < 0
         signs.add(g > 0)
         lo, hi = (lo, b) if g > 0 else (b, hi)
         if hi <= lo * (1 + tol):  # the bracket closed (at a bound: the minimum lies there)
@@ -301,7 +303,7 @@ def fit_temperature(logits: np.ndarray, labels: np.ndarray, bounds: tuple[float,
             break
         if len(signs) == 1:  # not yet bracketed: at least double (halve) b, as far from the
             # minimum the NLL can be exponentially flat (every prediction right) and Newton crawl
-            nb = (max(nb, 2 * b) if g < 0 else min(nb, b / 2)) if np.isfinite(nb) else (2 * b if g < 0 else b / 2)
+            nb = (min(nb, b / 2) if g > 0 else max(nb, 2 * b)) if np.isfinite(nb) else (b / 2 if g > 0 else 2 * b)
             nb = min(max(nb, lo), hi)  # a bound not yet tried is tried
         elif not lo < nb < hi:
             nb = float(np.sqrt(lo * hi))
@@ -411,16 +413,18 @@ def weibull_mle(x: np.ndarray, mask: np.ndarray | None = None, steps: int = 64) 
     return np.where(flat, np.inf, shape), np.where(flat, top[:, 0], scale)
 
 
-def _pair_distances(comp: Compute, f, m, kind: str, eu_weight: float) -> np.ndarray:
+def _pair_distances(comp: Compute, f, f_sq: np.ndarray, m, m_sq: np.ndarray, kind: str, eu_weight: float) -> np.ndarray:
     """Distances of each row of f (N, C) to the same row of m (N, C), both on ``comp``'s backend,
-    as float64 host values: "euclidean", "cosine" (1 - cos) or "eucos" (eu_weight * euclidean +
-    cosine, the OSDN release's combination); each sum accumulated in float64."""
-    diff = comp.subtract(f, m)
-    eu = np.sqrt(comp.get(comp.rowdot(diff, diff)))
+    given their squared norms ``f_sq``, ``m_sq`` (float64 host), as float64 host values:
+    "euclidean", "cosine" (1 - cos) or "eucos" (eu_weight * euclidean + cosine, the OSDN release's
+    combination). One row dot f . m accumulated in float64 serves both: |f - m|^2 = |f|^2 + |m|^2
+    - 2 f . m, whose float32 products are exact in float64 (so its error is a few float64 ulps of
+    |f|^2 + |m|^2, far below the float32 rounding of the logits and means themselves)."""
+    dots = comp.get(comp.rowdot(f, m))
+    eu = np.sqrt(np.maximum(f_sq + m_sq - 2 * dots, 0.0))
     if kind == "euclidean":
         return eu
-    norms = comp.get(comp.rownorm(f)) * comp.get(comp.rownorm(m))
-    dots = comp.get(comp.rowdot(f, m))
+    norms = np.sqrt(f_sq * m_sq)
     cos = 1.0 - np.divide(dots, norms, out=np.zeros(norms.shape), where=norms > 0)
     return cos if kind == "cosine" else eu_weight * eu + cos
 
@@ -523,10 +527,15 @@ class OpenMax(PeerMethod):
         self.means_[have] = class_means(train.logits, fit_y, have, comp=host)[0]
         rows = np.flatnonzero(fit_y >= 0)
         means = host.put(self.means_)
+        self.means_sq_ = host.get(host.rowdot(means, means))  # of the means as the products read them
         # each fit row's distance to its own class's MAV, a block of rows per core (a row without
         # a model is measured against row 0 and dropped)
-        dist = host.by_rows(lambda f, k: _pair_distances(host, host.put(f), means[k], self.distance, self.eu_weight),
-                            train.logits, np.maximum(fit_y, 0))[rows]  # fmt: skip
+
+        def fit_distances(f, k):
+            f = host.put(f)
+            return _pair_distances(host, f, host.get(host.rowdot(f, f)), means[k], self.means_sq_[k], self.distance, self.eu_weight)
+
+        dist = host.by_rows(fit_distances, train.logits, np.maximum(fit_y, 0))[rows]
         # the tailsize largest distances of each class: sorted by (class, distance), each class's last ones
         order = np.lexsort((dist, fit_y[rows]))
         cls, dist = fit_y[rows][order], dist[order]
@@ -559,8 +568,10 @@ class OpenMax(PeerMethod):
         def block(f):
             e = comp.subtract(f, 0.0, out=comp.empty(f.shape))  # a copy: the top entries become -inf in it
             top, ft, rest_max = _ranked_top(comp, e, alpha)
-            dist = np.stack([_pair_distances(comp, f, means[top[:, j]], self.distance, self.eu_weight) for j in range(alpha)], axis=1)
-            shape, scale, shift = (p[comp.host(top)] for p in self.weibull_.T)
+            cols, f_sq = comp.host(top), comp.get(comp.rowdot(f, f))
+            dist = np.stack([_pair_distances(comp, f, f_sq, means[top[:, j]], self.means_sq_[cols[:, j]], self.distance, self.eu_weight)
+                             for j in range(alpha)], axis=1)  # fmt: skip
+            shape, scale, shift = (p[cols] for p in self.weibull_.T)
             wc = ranks * self._cdf(dist, shape, scale, shift)
             vt, v0 = ft * (1 - wc), (ft * wc).sum(1)
             m = np.maximum(np.maximum(rest_max, vt.max(1)), v0)  # the largest of the K + 1 entries
