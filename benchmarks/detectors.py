@@ -12,7 +12,10 @@ oodeval's contract requires of every reduction that becomes a score), the passes
 features no product makes (the fit's class means or mean feature over ID train, the norms of the
 scored rows; a float32 column or row sum each), the selections the formula needs (GEN's top M per
 row, ReAct's train percentile, ASH-S's and SCALE's top entries per feature row: one linear-time
-partition each), and the D x D float64 eigendecompositions it needs (a pseudo-inverse per
+partition each), OpenMax's fit passes over the ID-train logits (its class means, then each row's
+distance to its own), the softmax passes a fit repeats (temperature scaling's Newton steps over
+its validation logits, GMM's E-steps over its K components), as many as the fit ran, and the D x D
+float64 eigendecompositions it needs (a pseudo-inverse per
 covariance, ViM's and NECO's principal spaces); the passes and the row selections run over the sets'
 own arrays on every core. The machine's sgemm GFLOP/s is measured and printed. The peer's
 implementation of the same detector runs on the same arrays with the same settings (``PEERS``:
