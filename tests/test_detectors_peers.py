@@ -396,7 +396,7 @@ def test_the_detectors_command_lists_tags_hyperparameters_and_peer_names(capsys)
     assert [e["name"] for e in entries] == detectors.names("openood")
     om = next(e for e in entries if e["name"] == "openmax")
     assert om["hyperparameters"] == {"tailsize": 20, "alpha": 3, "distance": "euclidean", "eu_weight": 0.005,
-                                     "correct_only": True, "readout": "unknown"}  # fmt: skip
+                                     "correct_only": True, "readout": "unknown", "compute_dtype": "float32", "device": None}  # fmt: skip
     assert om["aliases"] == {"OpenMax": "pytorch-ood"} and om["default_selection"] is False
     energy = next(e for e in entries if e["name"] == "energy")
     assert energy["aliases"] == {"ebo": "OpenOOD v1.5", "EnergyBased": "pytorch-ood"} and energy["default_selection"]
