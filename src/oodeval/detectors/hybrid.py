@@ -216,7 +216,7 @@ class Relation(PeerMethod):
     Scoring N rows costs 2 N B (D + C) flop (B bank rows): about 4e13 per 50k rows against a
     200k-row bank at D = 1024, C = 1000 (some 5 min of 2 cores). A call beyond ``budget_tflop``
     (default 100, as the Gaussian mixtures') is refused before any work: score fewer rows at a
-    time, lower ``bank_fraction``, or raise the budget (a GPU ``device`` takes it in seconds).
+    time, lower ``bank_fraction``, or raise the budget (on a GPU ``device`` the same work takes well under a minute).
     """
 
     needs = ("features", "logits")
