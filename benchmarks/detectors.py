@@ -12,7 +12,10 @@ oodeval's contract requires of every reduction that becomes a score), the passes
 features no product makes (the fit's class means or mean feature over ID train, the norms of the
 scored rows; a float32 column or row sum each), the selections the formula needs (GEN's top M per
 row, ReAct's train percentile, ASH-S's and SCALE's top entries per feature row: one linear-time
-partition each), and the D x D float64 eigendecompositions it needs (a pseudo-inverse per
+partition each), OpenMax's fit passes over the ID-train logits (its class means, then each row's
+distance to its own), the softmax passes a fit repeats (temperature scaling's Newton steps over
+its validation logits, GMM's E-steps over its K components), as many as the fit ran, and the D x D
+float64 eigendecompositions it needs (a pseudo-inverse per
 covariance, ViM's and NECO's principal spaces); the passes and the row selections run over the sets'
 own arrays on every core. The machine's sgemm GFLOP/s is measured and printed. The peer's
 implementation of the same detector runs on the same arrays with the same settings (``PEERS``:
@@ -122,16 +125,21 @@ def products(name: str, n_train: int, n_score: int, d: int, c: int, hp: dict) ->
         "gmm": gmm_products(n_train, n_score, d, hp),
         # per class: its scatter, then a triangular solve of every scored row (a D x D product's work)
         "class_gmm": [(n_train, d, d), (n_score * c, d, d)],
+        # each scored row's distances to its alpha top classes' MAVs: at least an (N, C) x (C, alpha) product's work
+        "openmax": [(n_score, c, hp.get("alpha", 3))],
     }  # fmt: skip
     table.update(since_paper_products(n_train, n_score, d, c, hp))
     return table.get(name, [])
 
 
 def gmm_products(n_train: int, n_score: int, d: int, hp: dict) -> list[tuple[int, int, int]]:
-    """GMM's: the covariance for the PCA (when it reduces), the projections of every row, and per
-    EM step (as many as the fit ran, ``n_iter_``) the whitening and the two (N, K) products."""
+    """GMM's: the covariance for the PCA (when it reduces), the projections of every row, per
+    k-means step of the EM's start (scikit-learn's, as many as it ran, ``kmeans_iter_``) the
+    (N, K) distances, and per EM step (as many as the fit ran, ``n_iter_``) the whitening and the
+    two (N, K) products. (The k-means steps were missing: the release's EM starts from them.)"""
     p, k, steps = hp.get("dim_", d), hp.get("n_components", 50), hp.get("n_iter_", 0)
     shapes = [(n_train, d, d), (n_train + n_score, d, p)] if p < d else []
+    shapes += [(n_train, p, k)] * hp.get("kmeans_iter_", 0)
     return shapes + [(n_train, p, p), (n_train, p, k), (n_train, k, p)] * steps + [(n_score, p, p), (n_score, p, k)]
 
 
@@ -174,6 +182,28 @@ def reads(name: str) -> list[tuple[str, str]]:
     # relu(z) over each scored row besides its top-k partition
     score += {"nci": [("score", "rows")] * 2, "lts": [("score", "rows")]}.get(name, [])
     return train + score + SINCE_PAPER_READS.get(name, [])
+
+
+def logit_reads(name: str) -> list[tuple[str, str]]:
+    """(set, reduction) as :func:`reads`, over the logits: OpenMax's fit forms each class's mean
+    logit vector (a column pass over ID train) and then each row's distance to its own class's
+    (a row pass: it needs the means first)."""
+    return {"openmax": [("train", "columns"), ("train", "rows")]}.get(name, [])
+
+
+def fit_search_passes(name: str, train: FeatureSet, n_score: int, fitted: dict) -> list[tuple[np.ndarray, int]]:
+    """(array, times): softmax passes (max, exp, row sum) over arrays the formula forms itself,
+    each as many times as the fit ran it: temperature scaling's Newton steps on 1/T over its
+    validation logits (each step needs the NLL's slope at the new T: every exp of f / T anew);
+    GMM's E-steps, a softmax over the K components of every ID-train row per EM step, and one over
+    every scored row (the score's log-sum-exp)."""
+    if name == "temperature_scaling" and fitted.get("val_rows") is not None:
+        return [(np.asarray(train.logits)[fitted["val_rows"]], int(fitted["steps"]))]
+    if name == "gmm":
+        k, rng = fitted.get("n_components", 50), np.random.default_rng(0)
+        return [(rng.standard_normal((len(train), k), dtype=np.float32), int(fitted.get("n_iter_", 0))),
+                (rng.standard_normal((n_score, k), dtype=np.float32), 1)]  # fmt: skip
+    return []
 
 
 def argmax_passes(name: str) -> list[str]:
@@ -292,7 +322,7 @@ def _buffer(shape: tuple[int, int]) -> np.ndarray:
 
 
 def floor_seconds(name: str, shapes: list[tuple[int, int, int]], train: FeatureSet, score_sets: list[FeatureSet],
-                  cache: dict, device: str | None) -> tuple[float, float]:  # fmt: skip
+                  cache: dict, device: str | None, fitted: dict | None = None) -> tuple[float, float]:  # fmt: skip
     """(wall, CPU) seconds of the float32 floor of ``name``: its products ``shapes`` (sgemm on
     ``device``, None = numpy, each timed on one chunk and scaled linearly to the full size), and
     on the host arrays themselves the softmax passes (block max, exp, row sum in float64), the per-row
@@ -345,6 +375,13 @@ def floor_seconds(name: str, shapes: list[tuple[int, int, int]], train: FeatureS
             m, n = sum(len(fs) for fs in sets[role]), train.features.shape[1]
             reduce = (lambda a: a.sum(dim=0)) if axis == "columns" else (lambda a: (a * a).sum(dim=1))
             add(("read", role, axis, device), lambda: scaled(lambda r: rand(r, n), reduce, min(m, max(256, budget // n)), m))
+    for role, axis in logit_reads(name):
+        if device is None:
+            reduce = (lambda a: a.sum(axis=0)) if axis == "columns" else (lambda a: np.einsum("ij,ij->i", a, a))
+            add(("logit read", role, axis), lambda: _on_all_cores(reduce, [np.asarray(fs.logits) for fs in sets[role]]))
+    for array, times in fit_search_passes(name, train, sum(len(fs) for fs in score_sets), fitted or {}) if device is None else []:
+        w, c = _on_all_cores(passes, [array])
+        wall, cpu = wall + times * w, cpu + times * c
     for role in argmax_passes(name):  # the predicted class of every row: an argmax over its logits
         if device is None:
             add(("argmax", role), lambda: _on_all_cores(lambda a: a.argmax(1), [np.asarray(fs.logits) for fs in sets[role]]))
@@ -563,13 +600,14 @@ def run_pood(name: str, train: FeatureSet, score_sets: list[FeatureSet], max_row
     return fit_s + score_s, fit_c + score_c, extrapolated
 
 
-def run_openood(name: str, train: FeatureSet, score_sets: list[FeatureSet]) -> tuple[float, float, bool]:
+def run_openood(name: str, train: FeatureSet, score_sets: list[FeatureSet], max_rows: int | None = None) -> tuple[float, float, bool]:
     """(wall s, CPU s, False) of OpenOOD v1.5's postprocessor maths re-run on the same arrays (its
     package does not install): gmm (scikit-learn's PCA(50) and GaussianMixture(50, tied,
     random_state=0), as ``gmm_postprocessor.py`` with ``gmm.yml``), residual (EmpiricalCovariance,
     then np.linalg.eig of the covariance, as ``residual_postprocessor.py``), relation (float64
     products of every scored row with every ID-train row, by blocks of 4096 bank rows, as
-    ``relation_postprocessor.py`` on a GPU)."""
+    ``relation_postprocessor.py`` on a GPU; its scoring timed on the first ``max_rows`` rows of
+    each set, when given, and extrapolated linearly: its cost is the same per scored row)."""
     from scipy.special import softmax
     from sklearn.covariance import EmpiricalCovariance
     from sklearn.decomposition import PCA
@@ -591,18 +629,25 @@ def run_openood(name: str, train: FeatureSet, score_sets: list[FeatureSet]) -> t
         for fs in score_sets:
             np.linalg.norm((np.asarray(fs.features, dtype=np.float64) - u) @ ns, axis=1)
     elif name == "relation":
-        def embed(fs):
-            x = np.asarray(fs.features, dtype=np.float64)
-            return x / np.sqrt((x**2).sum(-1) + 1e-10)[:, None], softmax(np.asarray(fs.logits, dtype=np.float64), axis=1)
+        def embed(features, logits):
+            x = np.asarray(features, dtype=np.float64)
+            return x / np.sqrt((x**2).sum(-1) + 1e-10)[:, None], softmax(np.asarray(logits, dtype=np.float64), axis=1)
 
-        bank_z, bank_p = embed(train)
+        bank_z, bank_p = embed(train.features, train.logits)
+        fit_s, fit_c = time.perf_counter() - t0, time.process_time() - c0
+        score_s = score_c = 0.0
         for fs in score_sets:
-            qz, qp = embed(fs)
+            rows = len(fs) if max_rows is None else min(len(fs), max_rows)
+            c1, t1 = time.process_time(), time.perf_counter()
+            qz, qp = embed(fs.features[:rows], fs.logits[:rows])
             for q in range(0, len(qz), 1024):
                 total = np.zeros(len(qz[q : q + 1024]))
                 for j in range(0, len(bank_z), 4096):
                     rel = np.clip(qz[q : q + 1024] @ bank_z[j : j + 4096].T, 0, None) * (qp[q : q + 1024] @ bank_p[j : j + 4096].T)
                     total += (rel * (rel > 0.03)).sum(-1)
+            score_s += (time.perf_counter() - t1) * len(fs) / rows
+            score_c += (time.process_time() - c1) * len(fs) / rows
+        return fit_s + score_s, fit_c + score_c, rows < len(score_sets[0])
     else:
         raise KeyError(name)
     return time.perf_counter() - t0, time.process_time() - c0, False
@@ -796,14 +841,17 @@ def main() -> None:
             continue
         fitted = {"n_components_": det.n_components_} if name == "neco" else {}
         if name == "gmm":
-            fitted = {"dim_": det.resolved_params()["dim"], "n_iter_": det.n_iter_, "n_components": det.n_components}
+            fitted = {"dim_": det.resolved_params()["dim"], "n_iter_": det.n_iter_, "kmeans_iter_": det.kmeans_iter_,
+                      "n_components": det.n_components}  # fmt: skip
         if name == "relation":
             fitted = {"bank": len(det.bank_features_)}
         if name == "grood":
             fitted = {"bank": len(det.bank_)}
+        if name == "temperature_scaling":
+            fitted = {"val_rows": det.val_rows_, "steps": det.n_iter_}
         shapes = products(name, n_train, n_score, args.dim, args.classes, {**hp, **fitted})
         line = f"{name:<24}{secs:>8.2f}{cpu:>8.2f}{peak:>8.0f}"
-        ref, ref_cpu = (0.0, 0.0) if name in NO_FLOOR else floor_seconds(name, shapes, train, [test, ood], cache, args.device)
+        ref, ref_cpu = (0.0, 0.0) if name in NO_FLOOR else floor_seconds(name, shapes, train, [test, ood], cache, args.device, fitted)
         if ref_cpu > 0:
             if max(secs / ref, cpu / ref_cpu) > FLOOR_TARGET or cpu / ref_cpu > CPU_TARGET:
                 misses["floor"].append(f"{name} {secs / ref:.2f}/{cpu / ref_cpu:.2f}")
@@ -811,7 +859,7 @@ def main() -> None:
         else:
             line += f"{'-':>9}{'-':>7}{'-':>7}"
         if name in PEERS and not args.no_pood:
-            peer = run_pood if PEERS[name] == "pytorch-ood" else (lambda n, tr, sets, *_: run_openood(n, tr, sets))
+            peer = run_pood if PEERS[name] == "pytorch-ood" else (lambda n, tr, sets, rows, _: run_openood(n, tr, sets, rows if n == "relation" else None))
             try:
                 ps, pc, extra = peer(name, train, [test, ood], args.pood_rows, knn_k)
                 for _ in range(repeats(ps)):

@@ -219,7 +219,12 @@ def test_residual_is_openoods(problem):
     vals, vecs = np.linalg.eig(ec.covariance_)
     ns = np.real(vecs.T[np.argsort(-np.real(vals))[16:]]).T
     theirs = -np.linalg.norm((x.features.astype(np.float64) - u) @ ns, axis=1)
-    np.testing.assert_allclose(score("residual", train, x, dim=16), theirs, rtol=1e-7)
+    np.testing.assert_allclose(score("residual", train, x, dim=16, compute_dtype="float64"), theirs, rtol=1e-7)
+    # float32: z - m (m the ID-train mean) rounded and the sgemm's sums, each within D eps32 of
+    # ||z - m||, read through the orthonormal R
+    zm = np.linalg.norm(x.features.astype(np.float64) - train.features.astype(np.float64).mean(0), axis=1)
+    err = np.abs(score("residual", train, x, dim=16) - theirs)
+    assert (err <= x.features.shape[1] * np.finfo(np.float32).eps * zm).all()
 
 
 def test_relation_is_openoods(problem):
@@ -287,6 +292,11 @@ def test_gmm_and_class_gmm_refuse_beyond_their_budgets_up_front(problem):
         detectors.create("class_gmm", memory_gb=1e-5).fit(train)
     det = detectors.create("class_gmm", budget_tflop=2e-6).fit(train)  # the fit: 2 N D^2 + K D^3 = 1.9e6 flop
     with pytest.raises(InputError, match=r"class_gmm: scoring 300 rows against 8 covariances of D=32 would need up to 2.46e-06 TFLOP .* raise budget_tflop"):
+        det.score(x)
+    # relation: 2 N B (D + C) flop for N scored rows against B bank rows
+    n, bank, width = len(x), len(train), train.features.shape[1] + train.logits.shape[1]
+    det = detectors.create("relation", budget_tflop=1e-6).fit(train)
+    with pytest.raises(InputError, match=rf"relation: scoring {n} rows against a bank of {bank} would need up to {2 * n * bank * width / 1e12:.3g} TFLOP .* lower bank_fraction, or raise budget_tflop"):
         det.score(x)
 
 
@@ -391,7 +401,7 @@ def test_the_detectors_command_lists_tags_hyperparameters_and_peer_names(capsys)
     assert [e["name"] for e in entries] == detectors.names("openood")
     om = next(e for e in entries if e["name"] == "openmax")
     assert om["hyperparameters"] == {"tailsize": 20, "alpha": 3, "distance": "euclidean", "eu_weight": 0.005,
-                                     "correct_only": True, "readout": "unknown"}  # fmt: skip
+                                     "correct_only": True, "readout": "unknown", "compute_dtype": "float32", "device": None}  # fmt: skip
     assert om["aliases"] == {"OpenMax": "pytorch-ood"} and om["default_selection"] is False
     energy = next(e for e in entries if e["name"] == "energy")
     assert energy["aliases"] == {"ebo": "OpenOOD v1.5", "EnergyBased": "pytorch-ood"} and energy["default_selection"]

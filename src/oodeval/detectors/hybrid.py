@@ -19,7 +19,7 @@ from ._backend import Compute, _torch, one_blas_thread
 from ._common import as64, centre_parts, chunks, eigh_one_thread, float32_centre, labelled, mean_rows, over_rows, scatter, whitening
 from ._peers import PeerMethod
 from .base import Detector
-from .mahalanobis import WHITENED_ROUNDING_LIMIT
+from .mahalanobis import WHITENED_ROUNDING_LIMIT, _refuse_over_budget
 from .neighbours import _bank_rows
 
 __all__ = ["ViM", "vim_dim", "logit_origin", "Residual", "Relation", "NCI", "GradNorm", "GradUncertainty", "PNML", "CADRef", "WeiPer"]
@@ -96,6 +96,8 @@ class ViM(Detector):
     """
 
     label = "ViM"
+    #: whether the fit scales the virtual logit to the logits (alpha; Residual reads it alone)
+    scales_virtual_logit = True
 
     needs = ("features", "head")
     fit_needs = ("features", "head")
@@ -125,8 +127,9 @@ class ViM(Detector):
         # far below the float32 rounding of the centre it becomes)
         self.train_mean_ = float32_centre(centred_sum / n + self.origin_)
         self.mean_residual_ = (self.train_mean_ - self.origin_) @ self.residual_basis_
-        max_logit, residual = self._parts(comp, train.features, train.weight, train.bias, energy=False)
-        self.alpha_ = float(max_logit.sum() / residual.sum()) if residual.sum() > 0 else 0.0
+        if self.scales_virtual_logit:
+            max_logit, residual = self._parts(comp, train.features, train.weight, train.bias, energy=False)
+            self.alpha_ = float(max_logit.sum() / residual.sum()) if residual.sum() > 0 else 0.0
 
     def residual_norm(self, z: np.ndarray) -> np.ndarray:
         """||(z - u) R|| in float64 for rows z (the virtual logit before scaling by alpha)."""
@@ -162,20 +165,34 @@ class Residual(PeerMethod, ViM):
     """Residual: s = -||(z - u) R||, ViM's virtual logit alone (Wang et al., CVPR 2022, Sec. 5).
 
     u = -pinv(W) b, R the eigenvectors of the uncentred covariance of (z - u) over ID train
-    beyond the top ``dim`` (ViM's fit, :class:`~oodeval.detectors.hybrid.ViM`). ``dim`` defaults
-    to ViM's rule (1000 if D >= 2048, 512 if D >= 768, else D / 2), as the paper's Residual
-    baseline shares ViM's D'; OpenOOD's ``residual.yml`` sets 512 for every network (which
-    leaves a 512-d feature no residual) and fits on its ID ``val`` split, here the ID-train set.
-    float64 throughout (the residual space is the covariance's smallest eigenvalues).
+    beyond the top ``dim`` (ViM's fit, :class:`~oodeval.detectors.hybrid.ViM`, less its alpha,
+    which a residual alone does not read). ``dim`` defaults to ViM's rule (1000 if D >= 2048,
+    512 if D >= 768, else D / 2), as the paper's Residual baseline shares ViM's D'; OpenOOD's
+    ``residual.yml`` sets 512 for every network (which leaves a 512-d feature no residual) and
+    fits on its ID ``val`` split, here the ID-train set. The fit is float64 (the residual space is
+    the covariance's smallest eigenvalues); the scored residual is ViM's, (z - m) R + (m - u) R,
+    in ``compute_dtype`` ("float32", default: its float32 error about sqrt(D) eps |z - m|
+    whatever |u|, see ViM; "float64") on ``device`` (None = numpy, or a torch device).
     """
 
-    constraints = {"dim": (Interval(Integral, 1, None), None)}
+    scales_virtual_logit = False
 
-    def __init__(self, dim: int | None = None) -> None:
+    constraints = {"dim": (Interval(Integral, 1, None), None), **COMPUTE}
+
+    def __init__(self, dim: int | None = None, compute_dtype: str = "float32", device: str | None = None) -> None:
         self.dim = dim
+        self.compute_dtype = compute_dtype
+        self.device = device
 
     def _score(self, x: FeatureSet) -> np.ndarray:
-        return -self.residual_norm(x.features)
+        comp = self._compute()
+        mean, basis = comp.put(self.train_mean_), comp.put(self.residual_basis_)
+        shift = comp.put(self.mean_residual_, "float64")
+
+        def block(c):
+            return comp.rownorm(comp.put(comp.centred(c, mean) @ basis, "float64") + shift)
+
+        return -comp.map_rows(block, x.features, x.features.shape[1])
 
 
 #: bank rows per block of relation's products (numpy, torch): a (512, 8192) float32 block per core
@@ -196,14 +213,21 @@ class Relation(PeerMethod):
     float32 an r_j moves by a few float32 ulps of the products (the rows are unit vectors and
     probabilities, so no offset or scale of the features enters), which changes a score only
     through a pair within that distance of ``thres``. ``device``: None = numpy, or a torch device.
+    Scoring N rows costs 2 N B (D + C) flop (B bank rows): about 4e13 per 50k rows against a
+    200k-row bank at D = 1024, C = 1000 (some 5 min of 2 cores). A call beyond ``budget_tflop``
+    (default 100, as the Gaussian mixtures') is refused before any work: score fewer rows at a
+    time, lower ``bank_fraction``, or raise the budget (on a GPU ``device`` the same work takes well under a minute).
     """
 
     needs = ("features", "logits")
     fit_needs = ("features", "logits")
 
-    constraints = {"pow": POSITIVE, "thres": Interval(Real, None, None), "bank_fraction": Interval(Real, 0, 1, closed="right"), "seed": SEED, **COMPUTE}
+    constraints = {"pow": POSITIVE, "thres": Interval(Real, None, None), "bank_fraction": Interval(Real, 0, 1, closed="right"), "seed": SEED,
+                   "budget_tflop": POSITIVE, **COMPUTE}  # fmt: skip
 
-    def __init__(self, pow: float = 1.0, thres: float = 0.03, bank_fraction: float = 1.0, seed: int = 0, compute_dtype: str = "float32", device: str | None = None) -> None:
+    def __init__(self, pow: float = 1.0, thres: float = 0.03, bank_fraction: float = 1.0, seed: int = 0, compute_dtype: str = "float32", device: str | None = None,
+                 budget_tflop: float = 100.0) -> None:  # fmt: skip
+        self.budget_tflop = budget_tflop
         self.pow = pow
         self.thres = thres
         self.bank_fraction = bank_fraction
@@ -228,6 +252,9 @@ class Relation(PeerMethod):
             self.bank_features_[sl], self.bank_probs_[sl] = self._embed(train.features[rows], train.logits[rows])
 
     def _score(self, x: FeatureSet) -> np.ndarray:
+        bank, width = self.bank_features_.shape[0], self.bank_features_.shape[1] + self.bank_probs_.shape[1]
+        _refuse_over_budget("relation", 2.0 * len(x) * bank * width, self.budget_tflop, f"scoring {len(x)} rows against a bank of {bank}",
+                            "score fewer rows at a time, lower bank_fraction")  # fmt: skip
         comp = self._compute()
         bank_z, bank_p = comp.put(self.bank_features_), comp.put(self.bank_probs_)
         step, thres, power = RELATION_BLOCK[comp.device is not None], float(self.thres), float(self.pow)

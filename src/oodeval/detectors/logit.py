@@ -15,7 +15,6 @@ temperature scaling and OpenMax, float64 apart from Entropy's and temperature sc
 from __future__ import annotations
 
 import numpy as np
-from scipy.optimize import minimize_scalar
 from scipy.special import logsumexp
 
 from .._extras import optional
@@ -23,7 +22,7 @@ from ..errors import InputError
 from ..features import FeatureSet
 from ..params import BOOLEAN, COMPUTE, POSITIVE, SEED, Instance, Integral, Interval, Options, Real
 from . import REGISTRY, register
-from ._backend import Compute
+from ._backend import Compute, _torch
 from ._common import as64, chunks, class_means, labelled
 from ._peers import PeerMethod
 from .base import Detector
@@ -246,24 +245,70 @@ class Entropy(PeerMethod):
         return comp.map_rows(lambda f: neg_entropy(comp, f), x.logits, x.logits.shape[1])
 
 
-def fit_temperature(logits: np.ndarray, labels: np.ndarray, bounds: tuple[float, float] = (1e-3, 1e3)) -> float:
-    """T minimising the mean negative log-likelihood of ``labels`` under softmax(f / T), float64.
+#: relative change of 1 / T at which the Newton search stops, per product dtype: float64 to
+#: 1e-10 (the bounded Brent search it replaced stopped at 1e-10 in log T); float32 exps resolve
+#: the NLL's slope to a few float32 ulps of its terms (a few 1e-7 relative), so the root no closer
+NEWTON_TOL = {"float64": 1e-10, "float32": 1e-6}
+#: Newton steps at most (the bracket halves geometrically when a step leaves it)
+NEWTON_MAX_ITER = 200
 
-    The NLL is convex in 1 / T (a log-sum-exp of a linear function minus a linear term), so it has
-    one minimum; it is found by bounded Brent search over log T in ``bounds`` (a minimum on the
-    boundary means the logits carry no usable calibration, e.g. all predictions right: T -> 0).
+
+def fit_temperature(logits: np.ndarray, labels: np.ndarray, bounds: tuple[float, float] = (1e-3, 1e3), comp: Compute | None = None) -> tuple[float, int]:
+    """(T, steps): T in ``bounds`` minimising the mean negative log-likelihood of ``labels`` under
+    softmax(f / T), and the passes over the logits the search took.
+
+    The NLL is convex in b = 1 / T (a log-sum-exp of a linear function minus a linear term), with
+    slope mean(E_p[f] - f_y) and curvature mean(Var_p[f]), p = softmax(b f), so Newton's method on
+    b, safeguarded by a bracket (a step that leaves it halves the bracket geometrically instead),
+    reaches the one minimum in a few steps from b = 1; a minimum on the boundary means the logits
+    carry no usable calibration (e.g. all predictions right: T -> 0). Each step is one pass over
+    the logits: x = f - max f (formed once), e = exp(b x) in ``comp``'s dtype, and the sums of e,
+    e x and e x^2 of each row in float64 (default: float64 throughout).
     """
-    f = as64(logits)
+    comp = comp or Compute("float64")
+    f = comp.put(logits)
+    x = comp.by_rows(lambda a: comp.subtract(a, comp.rowmax(a)[:, None]), f)
     y = np.asarray(labels)
-    picked = f[np.arange(len(f)), y]
+    xy = comp.get(comp.pick(x, comp.put(y, "int64") if comp.device is not None else y))
 
-    def nll(log_t: float) -> float:
-        b = np.exp(-log_t)
-        return float(np.mean(logsumexp(f * b, axis=1) - picked * b))
+    def slope_curvature(b: float) -> tuple[float, float]:
+        def block(a):
+            e = a * b
+            e = np.exp(e, out=e) if comp.device is None else e.exp_()
+            s0 = comp.rowsum(e)
+            s1 = comp.rowdot(e, a)
+            e *= a
+            return s0, s1, comp.rowdot(e, a)
 
-    lo, hi = np.log(bounds[0]), np.log(bounds[1])
-    res = minimize_scalar(nll, bounds=(lo, hi), method="bounded", options={"xatol": 1e-10})
-    return float(np.exp(res.x))
+        s0, s1, s2 = (comp.get(v) for v in comp.by_rows(block, x))
+        mean = s1 / s0
+        return float(np.mean(mean - xy)), float(np.mean(np.maximum(s2 / s0 - mean * mean, 0.0)))
+
+    lo, hi = 1.0 / bounds[1], 1.0 / bounds[0]
+    b, tol = min(max(1.0, lo), hi), NEWTON_TOL[comp.precision]
+    signs = set()  # the slope's signs seen: the minimum is bracketed once both are
+    for step in range(1, NEWTON_MAX_ITER + 1):
+        g, h = slope_curvature(b)
+        if g == 0 and h > 0:
+            break
+        # g = h = 0: every exp but the labels' underflowed (every prediction right, by a margin
+        # beyond the dtype's exp range): the NLL still falls towards the bound, as g < 0
+        signs.add(g > 0)
+        lo, hi = (lo, b) if g > 0 else (b, hi)
+        if hi <= lo * (1 + tol):  # the bracket closed (at a bound: the minimum lies there)
+            break
+        nb = b - g / h if h > 0 else np.nan
+        if abs(nb - b) <= tol * b:  # converged (the step may round onto the bracket's edge)
+            b = nb
+            break
+        if len(signs) == 1:  # not yet bracketed: at least double (halve) b, as far from the
+            # minimum the NLL can be exponentially flat (every prediction right) and Newton crawl
+            nb = (min(nb, b / 2) if g > 0 else max(nb, 2 * b)) if np.isfinite(nb) else (b / 2 if g > 0 else 2 * b)
+            nb = min(max(nb, lo), hi)  # a bound not yet tried is tried
+        elif not lo < nb < hi:
+            nb = float(np.sqrt(lo * hi))
+        b = nb
+    return float(1.0 / b), step
 
 
 #: temperature fits: "exact" (:func:`fit_temperature`), or a release's L-BFGS from its start T
@@ -296,15 +341,17 @@ class TemperatureScaling(PeerMethod):
     """MSP after temperature scaling: s = max_c softmax(f / T)_c, T fitted to minimise the NLL.
 
     Guo et al., "On calibration of modern neural networks", ICML 2017. T minimises the mean
-    negative log-likelihood of the labels on a validation split (:func:`fit_temperature`, the
-    exact minimiser). The split: a seeded random ``val_fraction`` (default 0.1, ``seed`` 0) of the
+    negative log-likelihood of the labels on a validation split (:func:`fit_temperature`: the
+    minimiser by safeguarded Newton steps on 1 / T, each one pass over the split's logits in
+    ``compute_dtype``, its sums in float64; ``n_iter_`` counts them, typically 4-8, against the
+    30-40 NLL evaluations of a bounded Brent search). The split: a seeded random ``val_fraction`` (default 0.1, ``seed`` 0) of the
     labelled rows of the set ``fit`` is given (the ID-train set in ``oodeval score``/``run``);
     ``val_fraction=1`` uses all of them, e.g. when that set already is a held-out validation set
     (OpenOOD fits on its ID ``val`` split). Both releases run L-BFGS (lr 0.01, 50 steps; OpenOOD
     starts at T = 1.5, pytorch-ood at 1), which need not reach the minimum: ``procedure="openood"`` /
     ``"pytorch-ood"`` runs that procedure (:func:`fit_temperature_lbfgs`, torch's L-BFGS in
     float32; their defaults profiles, with ``val_fraction=1``), ``procedure="exact"`` (default) the
-    exact minimiser. The fitted T is recorded in ``resolved_params()``; the score is
+    minimiser. The fitted T is recorded in ``resolved_params()``; the score is
     :class:`~oodeval.detectors.logit.MSP`'s.
     """
 
@@ -329,21 +376,21 @@ class TemperatureScaling(PeerMethod):
         self.val_rows_ = idx
         logits, labels = train.logits[idx], np.asarray(train.labels)[idx]
         if self.procedure == "exact":
-            self.temperature_ = fit_temperature(logits, labels)
+            self.temperature_, self.n_iter_ = fit_temperature(logits, labels, comp=self._compute())
         else:
-            self.temperature_ = fit_temperature_lbfgs(logits, labels, FITS[self.procedure])
+            self.temperature_, self.n_iter_ = fit_temperature_lbfgs(logits, labels, FITS[self.procedure]), None
         self.resolved_ = {"temperature": self.temperature_}
 
     def _score(self, x: FeatureSet) -> np.ndarray:
         return MSP(temperature=self.temperature_, compute_dtype=self.compute_dtype, device=self.device).fit()._score(x)
 
 
-def weibull_mle(x: np.ndarray, mask: np.ndarray | None = None, steps: int = 120) -> tuple[np.ndarray, np.ndarray]:
+def weibull_mle(x: np.ndarray, mask: np.ndarray | None = None, steps: int = 64) -> tuple[np.ndarray, np.ndarray]:
     """Maximum-likelihood two-parameter Weibull fits (location 0) of each row of ``x`` (K, T) > 0 at
     once, over the entries where ``mask`` is True: (shape c, scale). The likelihood's stationary
     point in c is the one root of g(c) = sum w t / sum w - 1/c - mean t, w = exp(c t), t = log x -
     max log x (g rises from -inf to -mean t > 0), found by bisection on log c over [1e-6, 1e16]
-    (``steps`` halvings reach float64 resolution); scale = (mean x^c)^(1/c), summed about max x.
+    (64 halvings of its width, ln 1e22 = 50.7, leave 2.7e-18: below float64 resolution); scale = (mean x^c)^(1/c), summed about max x.
     t is log1p((x - max x) / max x), so tails shifted far from 0 (libmr's +10000) keep their
     spread. Rows with one distinct value have no finite maximum (shape inf, scale that value)."""
     x = np.asarray(x, dtype=np.float64)
@@ -366,35 +413,46 @@ def weibull_mle(x: np.ndarray, mask: np.ndarray | None = None, steps: int = 120)
     return np.where(flat, np.inf, shape), np.where(flat, top[:, 0], scale)
 
 
-def _distances(f: np.ndarray, means: np.ndarray, kind: str, eu_weight: float) -> np.ndarray:
-    """Distances of logit rows f (N, C) to the class means (MAVs) ``means`` (N, A, C), one set of
-    A means per row, float64: "euclidean", "cosine" (1 - cos) or "eucos" (eu_weight * euclidean
-    + cosine, the OSDN release's combination)."""
-    f = as64(f)[:, None, :]
-    eu = np.sqrt(np.einsum("nac,nac->na", f - means, f - means))
+def _pair_distances(comp: Compute, f, f_sq: np.ndarray, m, m_sq: np.ndarray, kind: str, eu_weight: float) -> np.ndarray:
+    """Distances of each row of f (N, C) to the same row of m (N, C), both on ``comp``'s backend,
+    given their squared norms ``f_sq``, ``m_sq`` (float64 host), as float64 host values:
+    "euclidean", "cosine" (1 - cos) or "eucos" (eu_weight * euclidean + cosine, the OSDN release's
+    combination). One row dot f . m accumulated in float64 serves both: |f - m|^2 = |f|^2 + |m|^2
+    - 2 f . m, whose float32 products are exact in float64 (so its error is a few float64 ulps of
+    |f|^2 + |m|^2, far below the float32 rounding of the logits and means themselves)."""
+    dots = comp.get(comp.rowdot(f, m))
+    eu = np.sqrt(np.maximum(f_sq + m_sq - 2 * dots, 0.0))
     if kind == "euclidean":
         return eu
-    norms = np.linalg.norm(f, axis=2) * np.linalg.norm(means, axis=2)
-    dots = np.einsum("nac,nac->na", np.broadcast_to(f, means.shape), means)
+    norms = np.sqrt(f_sq * m_sq)
     cos = 1.0 - np.divide(dots, norms, out=np.zeros(norms.shape), where=norms > 0)
     return cos if kind == "cosine" else eu_weight * eu + cos
 
 
 def _top_classes(f: np.ndarray, alpha: int) -> np.ndarray:
     """The ``alpha`` largest entries' columns of each row, largest first, ties to the lower column
-    (as a stable argsort of -f): a linear-time partition, and the full sort only for rows where
-    the alpha-th value is tied with one outside."""
-    if alpha >= f.shape[1]:
-        return np.argsort(-f, axis=1, kind="stable")
-    part = np.argpartition(-f, alpha - 1, axis=1)[:, :alpha]
-    vals = np.take_along_axis(f, part, axis=1)
-    order = np.lexsort((part, -vals), axis=1)
-    top = np.take_along_axis(part, order, axis=1)
-    kth = np.take_along_axis(f, top[:, -1:], axis=1)
-    tied = (f >= kth).sum(1) > alpha
-    if tied.any():
-        top[tied] = np.argsort(-f[tied], axis=1, kind="stable")[:, :alpha]
-    return top
+    (as a stable argsort of -f): see :func:`_ranked_top`."""
+    f = np.asarray(f)
+    return _ranked_top(Compute(str(f.dtype)), f.copy(), alpha)[0]
+
+
+def _ranked_top(comp: Compute, e, alpha: int):
+    """(columns (N, alpha) on the backend, their values (N, alpha) float64 host, the next largest
+    value (N,) float64 host, -inf when C = alpha) of each row of ``e``, largest first, ties to the
+    lower column (as a stable argsort of -e: an argmax takes the first of equal maxima). alpha + 1
+    argmax passes, each top entry set to -inf in ``e`` (a scratch copy of the logits) once taken:
+    a selection of a few of the C entries, cheaper than a partition of every row."""
+    rows = np.arange(len(e)) if comp.device is None else _torch().arange(len(e), device=e.device)
+    cols, vals = [], []
+    for r in range(min(alpha + 1, e.shape[1])):
+        j = comp.argmax(e)
+        vals.append(e[rows, j])
+        if r < alpha:
+            cols.append(j)
+            e[rows, j] = -np.inf
+    vals = comp.get(comp.concat([v[:, None] for v in vals]))
+    rest = vals[:, alpha] if vals.shape[1] > alpha else np.full(len(vals), -np.inf)
+    return comp.concat([j[:, None] for j in cols]), vals[:, :alpha], rest
 
 
 @register("openmax", tags=("logit",))
@@ -419,12 +477,20 @@ class OpenMax(PeerMethod):
     tail 20, alpha 10, "eucos" with eu_weight 1/200; pytorch-ood 0.4's ``OpenMax``: tail 25,
     alpha 10, Euclidean (``euclid_weight`` 1.0), all labelled
     rows. A class whose fit set is empty has no model and gets c_k = 1.
+    The MAVs and the fit rows' distances run in ``compute_dtype`` (below) on numpy, the Weibull
+    fits in float64. Scoring a block of rows: a selection of the alpha + 1 largest logits
+    (:func:`_ranked_top`), the alpha
+    distances to the top classes' MAVs, and one exp and row sum over the other logits, shifted by
+    the largest of the K + 1 entries (so a sum never overflows and the largest term is 1): in
+    ``compute_dtype`` ("float32", default: the distances' and the exps' float32 terms summed in
+    float64, as the logit detectors; "float64"), on ``device`` (None = numpy, or a torch device).
     """
 
     needs = ("logits",)
     fit_needs = ("logits", "labels")
 
-    constraints = {"tailsize": Interval(Integral, 2, None), "alpha": Interval(Integral, 1, None), "distance": Options("euclidean", "cosine", "eucos"), "eu_weight": Interval(Real, 0, None), "correct_only": BOOLEAN, "readout": Options("unknown", "max")}
+    constraints = {"tailsize": Interval(Integral, 2, None), "alpha": Interval(Integral, 1, None), "distance": Options("euclidean", "cosine", "eucos"),
+                   "eu_weight": Interval(Real, 0, None), "correct_only": BOOLEAN, "readout": Options("unknown", "max"), **COMPUTE}  # fmt: skip
 
     def __init__(
         self,
@@ -434,6 +500,8 @@ class OpenMax(PeerMethod):
         eu_weight: float = 0.005,
         correct_only: bool = True,
         readout: str = "unknown",
+        compute_dtype: str = "float32",
+        device: str | None = None,
     ) -> None:
         self.tailsize = tailsize
         self.alpha = alpha
@@ -441,19 +509,33 @@ class OpenMax(PeerMethod):
         self.eu_weight = eu_weight
         self.correct_only = correct_only
         self.readout = readout
+        self.compute_dtype = compute_dtype
+        self.device = device
 
     def _fit(self, train: FeatureSet) -> None:
         y = np.asarray(train.labels)
         c = train.logits.shape[1]
-        pred = np.concatenate([np.asarray(train.logits[sl]).argmax(1) for sl in chunks(len(y), c)])
-        fit_y = np.where((y >= 0) & (pred == y), y, -1) if self.correct_only else np.where(y >= 0, y, -1)
+        fit_y = np.where(y >= 0, y, -1)
+        if self.correct_only:
+            pred = np.concatenate([np.asarray(train.logits[sl]).argmax(1) for sl in chunks(len(y), c)])
+            fit_y = np.where(pred == y, fit_y, -1)
         have = np.unique(fit_y[fit_y >= 0])
         if have.size == 0:
             raise InputError("openmax found no (correctly classified) labelled ID-train rows to fit")
         self.means_ = np.zeros((c, c))
-        self.means_[have] = class_means(train.logits, fit_y, have)[0]
+        host = Compute(self.compute_dtype)
+        self.means_[have] = class_means(train.logits, fit_y, have, comp=host)[0]
         rows = np.flatnonzero(fit_y >= 0)
-        dist = np.concatenate([_distances(train.logits[r], self.means_[fit_y[r]][:, None, :], self.distance, self.eu_weight)[:, 0] for r in np.array_split(rows, max(1, len(rows) * c // 4_000_000))])
+        means = host.put(self.means_)
+        self.means_sq_ = host.get(host.rowdot(means, means))  # of the means as the products read them
+        # each fit row's distance to its own class's MAV, a block of rows per core (a row without
+        # a model is measured against row 0 and dropped)
+
+        def fit_distances(f, k):
+            f = host.put(f)
+            return _pair_distances(host, f, host.get(host.rowdot(f, f)), means[k], self.means_sq_[k], self.distance, self.eu_weight)
+
+        dist = host.by_rows(fit_distances, train.logits, np.maximum(fit_y, 0))[rows]
         # the tailsize largest distances of each class: sorted by (class, distance), each class's last ones
         order = np.lexsort((dist, fit_y[rows]))
         cls, dist = fit_y[rows][order], dist[order]
@@ -477,21 +559,29 @@ class OpenMax(PeerMethod):
         return np.where(np.isnan(shape), 1.0, cdf)
 
     def _score(self, x: FeatureSet) -> np.ndarray:
+        comp = self._compute()
         alpha = min(int(self.alpha), x.logits.shape[1])
-        out = np.empty(len(x))
         ranks = (alpha + 1 - np.arange(1, alpha + 1)) / alpha
-        for sl in chunks(len(x), x.logits.shape[1] * (alpha + 1)):
-            f = as64(x.logits[sl])
-            top = _top_classes(f, alpha)
-            ft = np.take_along_axis(f, top, axis=1)
-            shape, scale, shift = (p[top] for p in self.weibull_.T)
-            wc = ranks * self._cdf(_distances(f, self.means_[top], self.distance, self.eu_weight), shape, scale, shift)
-            v0 = (ft * wc).sum(1)
-            np.put_along_axis(f, top, ft * (1 - wc), axis=1)
-            m = np.maximum(f.max(1), v0)
-            lse = m + np.log(np.exp(f - m[:, None]).sum(1) + np.exp(v0 - m))
-            out[sl] = lse - v0 if self.readout == "unknown" else np.maximum(f.max(1), v0) - lse
-        return out
+        means = comp.put(self.means_)
+        unknown = self.readout == "unknown"
+
+        def block(f):
+            e = comp.subtract(f, 0.0, out=comp.empty(f.shape))  # a copy: the top entries become -inf in it
+            top, ft, rest_max = _ranked_top(comp, e, alpha)
+            cols, f_sq = comp.host(top), comp.get(comp.rowdot(f, f))
+            dist = np.stack([_pair_distances(comp, f, f_sq, means[top[:, j]], self.means_sq_[cols[:, j]], self.distance, self.eu_weight)
+                             for j in range(alpha)], axis=1)  # fmt: skip
+            shape, scale, shift = (p[cols] for p in self.weibull_.T)
+            wc = ranks * self._cdf(dist, shape, scale, shift)
+            vt, v0 = ft * (1 - wc), (ft * wc).sum(1)
+            m = np.maximum(np.maximum(rest_max, vt.max(1)), v0)  # the largest of the K + 1 entries
+            shift_b = comp.put(m)  # rounded to the product dtype: the exps' shift
+            comp.subtract(e, shift_b[:, None], out=e)  # the top classes' entries stay -inf: vt, added below
+            rest = comp.get(comp.rowsum(comp.exp(e) if comp.device is not None else np.exp(e, out=e))) * np.exp(comp.get(shift_b) - m)
+            lse = m + np.log(rest + np.exp(vt - m[:, None]).sum(1) + np.exp(v0 - m))
+            return comp.put(lse - v0 if unknown else m - lse, "float64")
+
+        return comp.map_rows(block, x.logits, x.logits.shape[1])
 
 
 @register("webo", tags=("logit", "since-paper"))
