@@ -26,7 +26,9 @@ OPENOOD_POST_HOC = {
     "vim": "vim", "residual": "residual", "she": "she", "relation": "relation", "nci": "nci", "gmm": "gmm",
     "temperature_scaling": "temperature_scaling", "openmax": "openmax", "gradnorm": "gradnorm",
 }  # fmt: skip
-POST_HOC = [n for n in detectors.names("openood") if "network" not in REGISTRY[n].tags]
+#: GROOD indexes the gradients of the ID-train rows the network classifies correctly: a random-init
+#: network classifies none of the 18, so its fit refuses (tested below) rather than runs
+POST_HOC = [n for n in detectors.names("openood") if "network" not in REGISTRY[n].tags and n != "grood"]
 #: overrides an 18-image training set of a random-init network needs: kNN's k=1000 exceeds it; OpenMax fits its Weibull tails (20
 #: per class) on correct predictions only, of which random weights make none; GMM's 50 components and 50 PCA axes exceed it;
 #: CFOOD's 10% reference subset would be 1 row
@@ -76,6 +78,16 @@ def test_each_runs_in_score_on_resnet18_32x32_features(folders, name, tmp_path):
         assert np.isfinite(s_ood).all()
         assert row.auroc == pytest.approx(auroc(s_id, s_ood), abs=1e-12)
         assert row.fpr95 == pytest.approx(fpr_at_tpr(s_id, s_ood), abs=1e-12)
+
+
+def test_grood_without_a_correct_id_train_row_is_a_clear_error(folders, tmp_path):
+    out = tmp_path / "table.csv"
+    argv = ["score", "--train", str(folders["train"]), "--test", str(folders["test"]), "--ood", f"tin={folders['tin']}",
+            "--detectors", "grood", "--draws", "0", "--out", str(out), "--no-progress", "--format", "csv"]
+    assert cli.main(argv) == 1
+    table = pd.read_csv(out, comment="#")
+    assert (table["status"] == "error").all()
+    assert table["error"].str.contains("no ID-train row is classified as its label").all()
 
 
 def test_all_run_in_one_experiment_grid_on_resnet18_32x32_features(folders, tmp_path):

@@ -475,7 +475,9 @@ def _grood_release(train, rows, ood_rows=None, n_noise=100, softmax_factor=True)
     z_train = np.asarray(train.features, dtype=np.float64)
     labels = np.asarray(train.labels)
     c = train.logits.shape[1]
-    protos = torch.from_numpy(np.stack([z_train[labels == k].mean(axis=0) for k in range(c)]))
+    # a class without rows keeps the release's initial prototype, zeros (_init_prototypes)
+    protos = torch.from_numpy(np.stack([z_train[labels == k].mean(axis=0) if (labels == k).any()
+                                        else np.zeros(z_train.shape[1]) for k in range(c)]))  # fmt: skip
     noise = protos.mean(dim=0) if ood_rows is None else _t(ood_rows[:n_noise]).mean(dim=0)
 
     def gradients(z: np.ndarray, logits: np.ndarray) -> np.ndarray:
@@ -543,6 +545,18 @@ def test_grood_takes_the_releases_ood_validation_prototype(misread, tmp_path):
     np.testing.assert_allclose(np.concatenate([given.score(test), given.score(ood)]), ours, rtol=1e-12, atol=1e-13)
     # and it is not the class-mean prototype's score
     assert not np.allclose(detectors.create("grood", compute_dtype="float64").fit(train).score(test), det.score(test), rtol=1e-6)
+
+
+def test_grood_keeps_a_zero_prototype_for_a_class_without_rows(misread):
+    from oodeval.features import FeatureSet
+
+    train, test, _ = misread
+    keep = np.asarray(train.labels) != 2
+    part = FeatureSet(train.features[keep], labels=np.asarray(train.labels)[keep], logits=train.logits[keep],
+                      weight=train.weight, bias=train.bias)  # fmt: skip
+    det = detectors.create("grood", compute_dtype="float64").fit(part)
+    assert det.empty_classes_ == 1 and not det.prototypes_[2].any()
+    assert np.allclose(det.score(test), _grood_release(part, test), rtol=1e-12, atol=1e-13)
 
 
 def test_grood_refuses_a_prototype_that_does_not_fit(misread, tmp_path):

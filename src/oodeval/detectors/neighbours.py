@@ -346,7 +346,8 @@ class GROOD(PeerMethod):
     (``use_val_ood``), which needs OOD validation images a cached ID-train set lacks. Also left
     out: the release loses the gradients of one train batch (the one at which it trains its
     IVF index). ``compute_dtype`` / ``device``: the products with the prototypes (about their
-    mean rounded to float32) and with the indexed gradients, and where they run; softmax in float64.
+    mean rounded to float32) and with the indexed gradients, and where they run; softmax in float64. A class
+    without ID-train rows keeps the release's initial prototype, zeros (``empty_classes_`` counts them).
     """
 
     label = "GROOD"
@@ -388,11 +389,12 @@ class GROOD(PeerMethod):
     def _fit(self, train: FeatureSet) -> None:
         c = train.logits.shape[1]
         _, classes = labelled(train.labels, "grood")
-        if not np.array_equal(classes, np.arange(c)):
-            missing = np.setdiff1d(np.arange(c), classes)
-            raise InputError(f"detector 'grood' needs ID-train rows of each of the {c} classes (their prototypes); "
-                             f"{missing.size} have none, e.g. class {missing[:1].tolist()}")  # fmt: skip
-        means, _ = class_means(train.features, train.labels, classes)
+        if classes.max() >= c:
+            raise InputError(f"detector 'grood': ID-train label {int(classes.max())} is beyond the head's {c} classes")
+        # a class without ID-train rows keeps the release's initial prototype, zeros (``_init_prototypes``)
+        means = np.zeros((c, train.features.shape[1]))
+        means[classes] = class_means(train.features, train.labels, classes)[0]
+        self.empty_classes_ = c - classes.size
         protos = np.vstack([means, self._ood_prototype(means)])  # (C + 1, D), p_K last
         self.prototypes_ = protos
         self.centre_ = float32_centre(protos.mean(axis=0))
