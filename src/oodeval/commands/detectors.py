@@ -7,7 +7,7 @@ import inspect
 import json
 
 from ..detectors import REGISTRY
-from ..detectors._peers import PeerMethod
+from ..detectors.base import OptInDetector
 from ..zeroshot.scorers import REGISTRY as SCORERS, ZS_PREFIX
 
 HELP = "list the post-hoc detectors: tags, hyperparameters with defaults, OpenOOD / pytorch-ood names"
@@ -39,7 +39,7 @@ def listing(tags: list[str]) -> list[dict]:
         out.append({
             "name": name, "label": cls.__dict__.get("label") or name, "tags": sorted(REGISTRY.tags_of(name)),
             "hyperparameters": _defaults(cls),
-            "aliases": aliases.get(name, {}), "default_selection": not issubclass(cls, PeerMethod),
+            "aliases": aliases.get(name, {}), "default_selection": not issubclass(cls, OptInDetector),
             "zero_shot_namesake": namesake,
         })  # fmt: skip
     return out

@@ -10,7 +10,7 @@ feature s is off by at most about sqrt(D) eps |w_c| |s| (the sgemm's rounding, e
 log-sum-exp adds a few ulps; the shapings are nonlinear, so an offset they keep enters through |s|
 (Spearman 1.000000 with float64 on the conditioned problems of tests/test_detectors_precision.py).
 
-The peers' shaping methods follow (opt-in, ``PeerMethod``): ASH-B and ASH-P beside ASH-S, VRA's
+The peers' shaping methods follow (opt-in, ``OptInDetector``): ASH-B and ASH-P beside ASH-S, VRA's
 clip and LTS's logit scaling, each read out as above; docs/detectors.md ("The peers' methods").
 """
 
@@ -24,8 +24,7 @@ from ..params import BOOLEAN, COMPUTE, Interval, Options, Real
 from . import register
 from ._backend import Compute
 from ._common import as64, chunked_percentile, chunks, logsumexp_rows, mean_rows, over_rows
-from ._peers import PeerMethod
-from .base import BackboneInfo, Default, Detector
+from .base import BackboneInfo, Default, Detector, OptInDetector
 
 __all__ = ["ReAct", "ASHS", "SCALE", "DICE", "ash_s_features", "scale_features",
            "ASHB", "ASHP", "VRA", "LTS", "ash_b_features", "ash_p_features", "OptFS"]
@@ -261,7 +260,7 @@ def ash_b_features(z: np.ndarray, percentile: float) -> np.ndarray:
 
 
 @register("ash_b", tags=("activation",))
-class ASHB(PeerMethod):
+class ASHB(OptInDetector):
     """ASH-B: binarised top (100 - p)% of z, each kept entry s1 / k, energy readout.
 
     Djurisic et al., "Extremely simple activation shaping for OOD detection", ICLR 2023.
@@ -285,7 +284,7 @@ class ASHB(PeerMethod):
 
 
 @register("ash_p", tags=("activation",))
-class ASHP(PeerMethod):
+class ASHP(OptInDetector):
     """ASH-P: the top (100 - p)% entries of z kept, the rest 0 (no rescaling), energy readout.
 
     Djurisic et al., ICLR 2023; default p = 90, the paper's ImageNet ResNet-50 setting
@@ -326,7 +325,7 @@ def _column_percentiles(z: np.ndarray, qs: tuple[float, ...], block: int = 16) -
 
 
 @register("vra", tags=("activation",))
-class VRA(PeerMethod):
+class VRA(OptInDetector):
     """VRA as its releases run it: z clipped to [lo, hi], energy readout (Xu et al., NeurIPS 2023).
 
     lo, hi = the ``low``-th and ``high``-th percentiles of the ID-train features: over all their
@@ -383,7 +382,7 @@ def _logsumexp_own_max(comp: Compute, a):
 
 
 @register("lts", tags=("activation",))
-class LTS(PeerMethod):
+class LTS(OptInDetector):
     """Logit scaling: s = logsumexp(S f), S = (sum relu(z) / sum of the top k of relu(z))^2.
 
     Djurisic et al., "Logit scaling for out-of-distribution detection" (pytorch-ood's ``LTS``);
@@ -422,7 +421,7 @@ class LTS(PeerMethod):
 
 
 @register("optfs", tags=("activation", "since-paper"))
-class OptFS(PeerMethod):
+class OptFS(OptInDetector):
     """Optimal feature shaping: s = w_y . h(z), h(z)_d = theta_k z_d for z_d in interval k (0 outside).
 
     Zhao, Xu, Gupta, Asthana, Zheng & Gould, "Towards optimal feature-shaping methods for

@@ -34,7 +34,7 @@ from ..features.views import id_view
 from ..params import Checked
 from ._backend import Compute
 
-__all__ = ["Detector", "Default", "BackboneInfo", "TappedRows", "check_fitted", "as_scores"]
+__all__ = ["Detector", "OptInDetector", "Default", "BackboneInfo", "TappedRows", "check_fitted", "as_scores"]
 
 
 @dataclass(frozen=True)
@@ -158,6 +158,17 @@ class Detector(Checked, BaseEstimator):
 
     def _score(self, x: FeatureSet) -> np.ndarray:
         raise NotImplementedError
+
+
+class OptInDetector(Detector):
+    """A detector run when named and left out of the default selection
+    (:func:`oodeval.detectors.supported`): the peers' and the since-paper methods (docs/detectors.md),
+    so that ``oodeval score`` / ``oodeval run`` without a detector list keep running the paper's 21
+    (and cnc)."""
+
+    @classmethod
+    def suits(cls, x: FeatureSet) -> bool:
+        return False
 
 
 def check_fitted(det: Detector) -> None:

@@ -22,8 +22,7 @@ from ..params import BOOLEAN, COMPUTE, POSITIVE, SEED, Integral, Interval, Optio
 from . import register
 from ._backend import one_blas_thread
 from ._common import as64, centre_parts, chunks, class_means, float32_centre, l2_normalise, labelled, mean_rows, over_rows, scatter
-from ._peers import PeerMethod
-from .base import BackboneInfo, Default, Detector
+from .base import BackboneInfo, Default, Detector, OptInDetector
 
 __all__ = ["Cosine", "MCM", "FDBD", "NECO", "SHE", "KernelPCA", "ORA"]
 
@@ -259,7 +258,7 @@ _SHE_METRICS = ("inner_product", "euclidean", "cosine")
 
 
 @register("she", tags=("feature",))
-class SHE(PeerMethod):
+class SHE(OptInDetector):
     """Simplified Hopfield energy: s = <z, S_y>, y = argmax f, S_k the mean ID-train feature of
     the rows labelled k and predicted k (Zhang et al., "OOD detection based on in-distribution
     data patterns memorization with modern Hopfield energy", ICLR 2023).
@@ -335,7 +334,7 @@ KPCA_EXPLAINED = {"cosine": 0.99, "cosine_gaussian": 0.5}
 
 
 @register("kpca", tags=("feature", "since-paper"))
-class KernelPCA(PeerMethod):
+class KernelPCA(OptInDetector):
     """Kernel PCA reconstruction error: s = -||phi(x) - m - U_q U_q' (phi(x) - m)|| (higher = ID).
 
     Fang, Tao, Lv, He, Huang & Yang, "Kernel PCA for out-of-distribution detection", NeurIPS 2024;
@@ -411,7 +410,7 @@ class KernelPCA(PeerMethod):
 
 
 @register("ora", tags=("feature", "since-paper"))
-class ORA(PeerMethod):
+class ORA(OptInDetector):
     """ORA: s = max_{c != y} angle(x - mu, x_c - mu) / pi, x_c x's projection on the y|c boundary.
 
     Demirel, Fumero & Locatello, "Out-of-distribution detection with relative angles", NeurIPS

@@ -1,6 +1,6 @@
 """Hybrid detectors combining features with logits: ViM (NNGuide lives in neighbours.py).
 
-The peers' hybrid methods follow (opt-in, ``PeerMethod``): Residual (ViM's residual alone), the
+The peers' hybrid methods follow (opt-in, ``OptInDetector``): Residual (ViM's residual alone), the
 neural relation graph, NCI, and the closed-form last-layer gradients GradNorm and GradUncertainty;
 then pNML, since the paper.
 """
@@ -17,8 +17,7 @@ from ..params import COMPUTE, POSITIVE, SEED, Integral, Interval, Options, Real
 from . import REGISTRY, register
 from ._backend import Compute, _torch, one_blas_thread
 from ._common import as64, centre_parts, chunks, eigh_one_thread, float32_centre, labelled, mean_rows, over_rows, scatter, whitening
-from ._peers import PeerMethod
-from .base import Detector
+from .base import Detector, OptInDetector
 from .mahalanobis import WHITENED_ROUNDING_LIMIT, _refuse_over_budget
 from .neighbours import _bank_rows
 
@@ -161,7 +160,7 @@ class ViM(Detector):
 
 
 @register("residual", tags=("feature",))
-class Residual(PeerMethod, ViM):
+class Residual(OptInDetector, ViM):
     """Residual: s = -||(z - u) R||, ViM's virtual logit alone (Wang et al., CVPR 2022, Sec. 5).
 
     u = -pinv(W) b, R the eigenvectors of the uncentred covariance of (z - u) over ID train
@@ -200,7 +199,7 @@ RELATION_BLOCK = {False: 8192, True: 65536}
 
 
 @register("relation", tags=("hybrid",))
-class Relation(PeerMethod):
+class Relation(OptInDetector):
     """Neural relation graph: s = sum_j r_j^pow [r_j > thres], r_j = max(0, <z^, z^_j>) <p, p_j>.
 
     Kim et al., "Neural relation graph: a unified framework for identifying label noise and
@@ -277,7 +276,7 @@ class Relation(PeerMethod):
 
 
 @register("nci", tags=("hybrid",))
-class NCI(PeerMethod):
+class NCI(OptInDetector):
     """Neural-collapse inspired: s = <w_y, z - mu> / ||z - mu|| + alpha ||z||_1, y = argmax f.
 
     Liu & Qin, "Detecting out-of-distribution through the lens of neural collapse", CVPR 2025.
@@ -326,7 +325,7 @@ def _softmax64(f: np.ndarray, t: float = 1.0) -> np.ndarray:
 
 
 @register("gradnorm", tags=("hybrid",))
-class GradNorm(PeerMethod):
+class GradNorm(OptInDetector):
     """GradNorm: s = || dL/dW ||_1 = ||softmax(f / T) - 1/C||_1 ||z||_1 / T, W the head's weight.
 
     Huang, Geng & Li, "On the importance of gradients for detecting distributional shifts in
@@ -363,7 +362,7 @@ class GradNorm(PeerMethod):
 
 
 @register("grad_uncertainty", tags=("hybrid",))
-class GradUncertainty(PeerMethod):
+class GradUncertainty(OptInDetector):
     """Gradient uncertainty on the head: s = ||C p - 1||^2 (||z||^2 + 1), p = softmax(f).
 
     Oberdiek, Rottmann & Gottschalk, "Classification uncertainty of deep neural networks based on
@@ -386,7 +385,7 @@ class GradUncertainty(PeerMethod):
 
 
 @register("pnml", tags=("hybrid", "since-paper"))
-class PNML(PeerMethod):
+class PNML(OptInDetector):
     """pNML regret: s = -R(x), R = log(sum_c p_c / (p_c + (1 - p_c) p_c^k)) / log C (higher = ID).
 
     Bibas, Feder & Hassner, "Single layer predictive normalized maximum likelihood for
@@ -470,7 +469,7 @@ def _cadref_confidence(comp, f, method: str) -> np.ndarray:
 
 
 @register("cadref", tags=("hybrid", "since-paper"))
-class CADRef(PeerMethod):
+class CADRef(OptInDetector):
     """CADRef: s = -(E_p(x) / S(f) + E_n(x) / mean_train S), the errors split by the head's signs.
 
     Ling et al., "CADRef: Robust out-of-distribution detection via class-aware decoupled relative
@@ -577,7 +576,7 @@ def symmetric_kl(p: np.ndarray, q: np.ndarray, eps: float) -> np.ndarray:
 
 
 @register("weiper", tags=("hybrid", "since-paper"))
-class WeiPer(PeerMethod):
+class WeiPer(OptInDetector):
     """WeiPer+KLD: s = -(KL_z + lambda_1 KL_w - lambda_2 mean_k MSP(W_k z + b)) (higher = ID).
 
     Granz, Heurich & Landgraf, "WeiPer: OOD detection using weight perturbations of class

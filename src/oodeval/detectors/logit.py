@@ -7,7 +7,7 @@ float32 guarantees: every exp is of a shifted logit (error (|f_c - shift| + 4) e
 eps = 2^-24) and every sum is float64, so a score is within a few float32 ulps of its float64
 value whatever the logits' offset or scale (tests/test_detectors_precision.py, docs/performance.md).
 
-The peers' logit methods follow (OpenOOD v1.5, pytorch-ood 0.4; opt-in, ``PeerMethod``): Entropy,
+The peers' logit methods follow (OpenOOD v1.5, pytorch-ood 0.4; opt-in, ``OptInDetector``): Entropy,
 temperature scaling and OpenMax, float64 apart from Entropy's and temperature scaling's exps
 (``compute_dtype`` as above); docs/detectors.md ("The peers' methods") lists their differences.
 """
@@ -24,8 +24,7 @@ from ..params import BOOLEAN, COMPUTE, POSITIVE, SEED, Instance, Integral, Inter
 from . import REGISTRY, register
 from ._backend import Compute, _torch
 from ._common import as64, chunks, class_means, labelled
-from ._peers import PeerMethod
-from .base import Detector
+from .base import Detector, OptInDetector
 
 __all__ = ["MSP", "MaxLogit", "KLMatching", "Energy", "GEN",
            "Entropy", "TemperatureScaling", "OpenMax", "neg_entropy", "fit_temperature", "fit_temperature_lbfgs", "FITS", "weibull_mle", "WEIBULL_TRANSLATION",
@@ -224,7 +223,7 @@ def neg_entropy(comp: Compute, f) -> np.ndarray:
 
 
 @register("entropy", tags=("logit",))
-class Entropy(PeerMethod):
+class Entropy(OptInDetector):
     """Negative softmax entropy, s = sum_c p_c log p_c, p = softmax(f) (higher = ID).
 
     Chan, Rottmann & Gottschalk, "Entropy maximization and meta classification for OOD detection
@@ -337,7 +336,7 @@ def fit_temperature_lbfgs(logits: np.ndarray, labels: np.ndarray, start: float, 
 
 
 @register("temperature_scaling", tags=("logit",))
-class TemperatureScaling(PeerMethod):
+class TemperatureScaling(OptInDetector):
     """MSP after temperature scaling: s = max_c softmax(f / T)_c, T fitted to minimise the NLL.
 
     Guo et al., "On calibration of modern neural networks", ICML 2017. T minimises the mean
@@ -456,7 +455,7 @@ def _ranked_top(comp: Compute, e, alpha: int):
 
 
 @register("openmax", tags=("logit",))
-class OpenMax(PeerMethod):
+class OpenMax(OptInDetector):
     """OpenMax: Weibull-recalibrated logits with an "unknown" class (Bendale & Boult, CVPR 2016).
 
     Fit: per class k, the mean logit vector (MAV) m_k of the ID-train rows labelled k (and, with
@@ -585,7 +584,7 @@ class OpenMax(PeerMethod):
 
 
 @register("webo", tags=("logit", "since-paper"))
-class WeightedEnergy(PeerMethod):
+class WeightedEnergy(OptInDetector):
     """Weighted energy (WEBO), s = log sum_c relu(w_c) exp(f_c) (higher = ID).
 
     Du, Wang, Cai & Li, "VOS: Learning what you don't know by virtual outlier synthesis", ICLR

@@ -46,8 +46,7 @@ from ..params import COMPUTE, POSITIVE, SEED, Integral, Interval, Real
 from . import register
 from ._backend import Compute
 from ._common import as64, chunks, class_means, eigh_one_thread, float32_centre, labelled, mean_rows, scatter, scatter_rounding, whitening
-from ._peers import PeerMethod
-from .base import Detector
+from .base import Detector, OptInDetector
 
 #: largest expected norm of the float32 rounding of z - m read through the whitening W (eps32
 #: times the rms of z - m times ||W||_F, :func:`_whitened_rounding`) for which the float32 path
@@ -324,7 +323,7 @@ def _tied_em(x: np.ndarray, k: int, seed: int) -> tuple[np.ndarray, np.ndarray, 
 
 
 @register("gmm", tags=("feature",))
-class GMM(PeerMethod):
+class GMM(OptInDetector):
     """Gaussian mixture likelihood: s = log sum_k pi_k N(z P | m_k, S) (OpenOOD's ``gmm``).
 
     z P: the features projected on their top ``dim`` principal axes (P from the eigenvectors of
@@ -386,7 +385,7 @@ class GMM(PeerMethod):
 
 
 @register("class_gmm", tags=("feature",))
-class ClassGMM(PeerMethod):
+class ClassGMM(OptInDetector):
     """Class-conditional Gaussians with their own covariances: s = log sum_k pi_k N(z | m_k, S_k).
 
     m_k, S_k = the mean and maximum-likelihood covariance of the ID-train rows labelled k, plus

@@ -24,8 +24,7 @@ from ..params import COMPUTE, SEED, Instance, Integral, Interval, Options, Real
 from . import register
 from ._backend import Compute
 from ._common import chunks, class_means, energy, float32_centre, labelled, mean_rows, over_rows
-from ._peers import PeerMethod
-from .base import Detector
+from .base import Detector, OptInDetector
 
 __all__ = ["KNN", "NNGuide", "CFOOD", "GROOD", "cfood_levels", "top_similarities", "bank_offsets", "nearest_sq_distances"]
 
@@ -225,7 +224,7 @@ def _sq_distances(q: np.ndarray, ref: np.ndarray, ref_sq: np.ndarray) -> np.ndar
 
 
 @register("cfood", tags=("feature", "openood", "since-paper"))
-class CFOOD(PeerMethod):
+class CFOOD(OptInDetector):
     """CFOOD: s = -kappa(x), the smallest neighbourhood fraction kappa whose kNN balls, over the
     reference rows, hold x for at least a fraction ``k`` of them (higher = ID).
 
@@ -325,7 +324,7 @@ CLASS_MEAN = "class_mean"
 
 
 @register("grood", tags=("hybrid", "openood", "since-paper"))
-class GROOD(PeerMethod):
+class GROOD(OptInDetector):
     """GROOD: s = -min_j ||g(z) - h_j||^2, the squared distance of z's gradient towards the OOD
     prototype to the nearest ID-train gradient (higher = ID).
 

@@ -7,7 +7,7 @@ option that provides it (their peers' names, OpenOOD's ``odin``, ``mds_ensemble`
 ``rankfeat``, ``dropout`` and pytorch-ood's ``ODIN``, ``MahalanobisODIN``, ``Gram``, ``RankFeat``,
 ``MCD``, are in :mod:`.peer_names`). A hyperparameter that shaped the pass (ODIN's T and eps, the mds noise)
 defaults to None = the pass's recorded setting; an explicit value must match it. All are opt-in
-(:class:`~oodeval.detectors._peers.PeerMethod`), float64 (the ensemble's per-layer distances are
+(:class:`~oodeval.detectors.base.OptInDetector`), float64 (the ensemble's per-layer distances are
 the ``mahalanobis`` detector's, in its default precision), higher = more in-distribution; where they
 differ from the peers' releases, docs/detectors.md ("Methods that need the network") says how.
 OpenOOD's methods since v1.5 follow at the end: the deep ensemble (members' logits of an ensemble
@@ -28,14 +28,14 @@ from ..params import BOOLEAN, POSITIVE, SEED, Instance, Interval, Options, Real
 from . import REGISTRY, register
 from ._backend import Compute
 from ._common import as64, chunks, energy, labelled, logsumexp_rows
-from ._peers import PeerMethod
 from .mahalanobis import Mahalanobis
+from .base import OptInDetector
 
 __all__ = ["ODIN", "MahalanobisEnsemble", "Gram", "RankFeat", "MCDropout", "fit_layer_gaussians", "fit_layer_weights",
            "gram_deviations", "DeepEnsemble", "AdaScaleA", "AdaScaleL", "IODIN", "adascale_shift", "adascale_scale"]
 
 
-class NetworkMethod(PeerMethod):
+class NetworkMethod(OptInDetector):
     """A method scoring the extras of the network pass ``pass_kind``; checks the pass is there first."""
 
     pass_kind = ""
@@ -334,7 +334,7 @@ REGISTRY.alias("MultiMahalanobis", "mahalanobis_ensemble", "pytorch-ood 0.4, an 
 
 
 @register("deep_ensemble", tags=("logit", "network", "openood", "since-paper"))
-class DeepEnsemble(PeerMethod):
+class DeepEnsemble(OptInDetector):
     """A deep ensemble of M models trained on the same data, scored as one detector.
 
     ``mode="logits"`` (default): s = max_c softmax((1/M) sum_m f_m)_c, the mean of the members'
