@@ -23,18 +23,12 @@ from ..features import FeatureSet
 from ..params import BOOLEAN, COMPUTE, POSITIVE, SEED, Instance, Integral, Interval, Options, Real
 from . import REGISTRY, register
 from ._backend import Compute, _torch
-from ._common import as64, chunks, class_means, labelled
+from ._common import as64, chunks, class_means, labelled, over_rows
 from .base import Detector, OptInDetector
 
 __all__ = ["MSP", "MaxLogit", "KLMatching", "Energy", "GEN",
            "Entropy", "TemperatureScaling", "OpenMax", "neg_entropy", "fit_temperature", "fit_temperature_lbfgs", "FITS", "weibull_mle", "WEIBULL_TRANSLATION",
            "WeightedEnergy"]
-
-
-def _over_rows(x: FeatureSet, fn, comp: Compute) -> np.ndarray:
-    """fn(logit block on the backend) for every block of rows (split across cores, see
-    :meth:`Compute.map_rows`), as float64."""
-    return comp.map_rows(fn, x.logits, x.logits.shape[1])
 
 
 @register("msp", tags=("paper21", "logit"), order=1)
@@ -62,7 +56,7 @@ class MSP(Detector):
     def _score(self, x: FeatureSet) -> np.ndarray:
         t = float(self.temperature)
         comp = self._compute()
-        return _over_rows(x, lambda f: comp.max_softmax(f if t == 1 else f / t), comp)
+        return over_rows(comp, lambda f: comp.max_softmax(f if t == 1 else f / t), x.logits)
 
 
 @register("maxlogit", tags=("paper21", "logit"), order=2)
@@ -79,7 +73,7 @@ class MaxLogit(Detector):
 
     def _score(self, x: FeatureSet) -> np.ndarray:
         exact = Compute("float64" if x.logits.dtype == np.float64 else "float32")  # a max needs no wider type
-        return _over_rows(x, lambda f: exact.pick(f, exact.argmax(f)), exact)
+        return over_rows(exact, lambda f: exact.pick(f, exact.argmax(f)), x.logits)
 
 
 @register("energy", tags=("paper21", "logit"), order=4)
@@ -103,7 +97,7 @@ class Energy(Detector):
     def _score(self, x: FeatureSet) -> np.ndarray:
         t = float(self.temperature)
         comp = self._compute()
-        return _over_rows(x, lambda f: comp.logsumexp(f if t == 1 else f / t) * t, comp)
+        return over_rows(comp, lambda f: comp.logsumexp(f if t == 1 else f / t) * t, x.logits)
 
 
 @register("gen", tags=("paper21", "logit"), order=5)
@@ -141,7 +135,7 @@ class GEN(Detector):
                 return -((g * log_top).exp() * (-log_top.expm1()) ** g).sum(dim=1)
             return -np.sum(np.exp(g * log_top) * (-np.expm1(log_top)) ** g, axis=1)
 
-        return _over_rows(x, fn, comp)
+        return over_rows(comp, fn, x.logits)
 
 
 @register("kl_matching", tags=("paper21", "logit"), order=3)
@@ -204,7 +198,7 @@ class KLMatching(Detector):
             e, total, neg_entropy = softmax_terms(a)
             return comp.rowmax(e @ log_t) / total - neg_entropy
 
-        return _over_rows(x, block, comp)
+        return over_rows(comp, block, x.logits)
 
 
 #: libmr's FitHigh shifts the tail by this amount minus its smallest value before the Weibull
@@ -626,9 +620,9 @@ class WeightedEnergy(OptInDetector):
         comp = self._compute()
         log_w = self._log_weights(x.logits.shape[1])
         if log_w is None:
-            return _over_rows(x, lambda f: comp.logsumexp(f), comp)
+            return over_rows(comp, lambda f: comp.logsumexp(f), x.logits)
         shift = comp.put(log_w)
-        return _over_rows(x, lambda f: comp.logsumexp(f + shift, overwrite=True), comp)
+        return over_rows(comp, lambda f: comp.logsumexp(f + shift, overwrite=True), x.logits)
 
 
 REGISTRY.alias("WeightedEBO", "webo", "pytorch-ood 0.4", tags=("pytorch-ood",))
