@@ -675,9 +675,9 @@ NOT_HERE = {"nac": "per-layer states (benchmarks/nac_taps.py)",
 # (the 21's totals). cfood's floor is its two distance products, its radii's partitions and one
 # comparison per (scored row, reference row); kpca's its random-feature and scatter products, the
 # cos of every random feature and the 4096 x 4096 eigendecomposition (not the projection on its q
-# components, which depends on the data). ora's floor is the head's product, not the per-class
-# closed-form cosine over the (rows, C) logits that follows it (a dozen float64 passes over them):
-# it reads high. weiper's floor is its products and the max softmax of its perturbed logits, not
+# components, which depends on the data). ora's floor is the head's product and one softmax pass
+# over the scored logits: its per-class cosine needs a square root and a division for every
+# (scored row, class), timed as the exp of such a pass (corrected: the floor omitted them). weiper's floor is its products and the max softmax of its perturbed logits, not
 # their binning (a floor, an index and a count per value). cadref has no peer timing: pytorch-ood
 # 0.4.0 lacks it; weiper and ora are in neither peer. grood's floor is its three products (prototype
 # distances of ID train and of the scored rows, the scored gradients against the indexed ones) and
@@ -691,7 +691,8 @@ PEERS.update({n: "pytorch-ood" for n in SINCE_PAPER_POOD})
 #: of every ID-train row (its mean confidence) and of every scored row; WeiPer's max softmax of each of
 #: its 100 perturbed heads over the scored rows (100 passes the size of the scored logits)
 SINCE_PAPER_SOFTMAX = {"webo": ["score"], "pnml": ["score"], "cadref": ["train", "score"], "weiper": ["score"] * 100,
-                       "grood": ["train", "score"]}  # GROOD: softmax_K of its C + 1 prototype distances
+                       "grood": ["train", "score"],  # GROOD: softmax_K of its C + 1 prototype distances
+                       "ora": ["score"]}  # ORA: a sqrt and a division per (scored row, class), as an exp
 #: pNML normalises every ID-train row (its X'X) and every scored row
 SINCE_PAPER_READS = {"pnml": [("train", "rows"), ("score", "rows")], "cfood": [("train", "rows"), ("score", "rows")],
                      "optfs": [("train", "columns"), ("score", "rows")], "kpca": [("train", "rows"), ("score", "rows")],

@@ -409,6 +409,11 @@ class KernelPCA(OptInDetector):
         return out
 
 
+#: rows per sub-block of ORA's per-class cosine: its (rows, C) float64 terms (4 of them, 2 MB at
+#: C = 1000) stay in a core's cache
+ORA_SUB_ROWS = 64
+
+
 @register("ora", tags=("feature", "since-paper"))
 class ORA(OptInDetector):
     """ORA: s = max_{c != y} angle(x - mu, x_c - mu) / pi, x_c x's projection on the y|c boundary.
@@ -442,7 +447,7 @@ class ORA(OptInDetector):
 
     def _fit(self, train: FeatureSet) -> None:
         _, classes = labelled(train.labels, "ora")
-        means, _ = class_means(train.features, train.labels, classes)
+        means, _ = class_means(train.features, train.labels, classes, comp=self._compute())
         self.centre_ = means.mean(axis=0)
         w = as64(train.weight)
         sq = np.einsum("cd,cd->c", w, w)
@@ -461,30 +466,53 @@ class ORA(OptInDetector):
         w64 = as64(x.weight)
         m32 = float32_centre(self.centre_)
         w, m = comp.put(x.weight).T, comp.put(m32)
-        far = w64 @ (m32 - self.centre_)  # W (m32 - mu): the float64 part of W (z - mu)
-        h = w64 @ self.centre_ + as64(x.bias)  # f = W (z - mu) + h
-        inv_sq = 1.0 / np.where(np.eye(c, dtype=bool), np.inf, self.boundary_sq_)  # 0 on the diagonal
-        out = np.empty(len(x))
-        for sl in comp.chunks(len(x), max(x.features.shape[1], c)):
-            g = comp.get((comp.put(x.features[sl]) - m) @ w)
-            g += far  # W u, u = z - mu
-            uu = np.square(as64(x.features[sl]) - self.centre_).sum(axis=1)[:, None]
-            f = g + h
+        rest = self.centre_ - m32  # u = z - mu = (z - m32) - rest
+        far = -(w64 @ rest)  # W u = W (z - m32) + far
+        h = w64 @ self.centre_ + as64(x.bias)  # f = W u + h
+        # per (y, c), with the diagonal's own entries 0: s = 1 / ||w_y - w_c||^2 and s (h_y - h_c)
+        inv_sq = 1.0 / np.where(np.eye(c, dtype=bool), np.inf, self.boundary_sq_)
+        inv_sq_h = inv_sq * (h[:, None] - h[None, :])
+        rest_sq = float(rest @ rest)
+        # the per-class terms in the product's dtype (float32 by default: rounded as the product is)
+        terms = {dt: tuple(a.astype(dt) for a in (far, h, inv_sq, inv_sq_h)) for dt in (np.dtype(np.float32), np.dtype(np.float64))}
+
+        def block(zb: np.ndarray) -> np.ndarray:
+            ub = comp.put(zb) - m
+            g = comp.host(ub @ w)
+            g = g if g.dtype in terms else g.astype(np.float64)
+            uu = comp.get(comp.rowdot(ub, ub)) - 2.0 * comp.get(ub @ comp.put(rest)) + rest_sq  # |u|^2, float64
+            return self._block_scores(g, uu, *terms[g.dtype])
+
+        if comp.device is None:
+            return comp.by_rows(block, x.features)
+        return np.concatenate([block(x.features[sl]) for sl in comp.chunks(len(x), max(x.features.shape[1], c))])
+
+    @staticmethod
+    def _block_scores(g: np.ndarray, uu: np.ndarray, far: np.ndarray, h: np.ndarray, inv_sq: np.ndarray, inv_sq_h: np.ndarray) -> np.ndarray:
+        """The scores of a block of rows from g = W (z - m32) and |u|^2 (float64), the per-class
+        terms in g's dtype, in sub-blocks of :data:`ORA_SUB_ROWS` rows that stay in a core's cache.
+        With q_c = (W u)_y - (W u)_c, a_c = f_y - f_c = q_c + h_y - h_c, t_c = a_c / ||w_y - w_c||^2:
+        <u, v_c> = |u|^2 - t_c q_c and |v_c|^2 = |u|^2 - 2 t_c q_c + t_c a_c = <u, v_c> + t_c (h_y - h_c);
+        the least <u, v_c> / |v_c| over c != y, divided by |u| (float64), is the least cosine."""
+        out = np.empty(len(g))
+        for s in range(0, len(g), ORA_SUB_ROWS):
+            q = g[s : s + ORA_SUB_ROWS]
+            q += far  # W u
+            f = q + h
             y = f.argmax(axis=1)
             i = np.arange(len(y))
-            np.subtract(f[i, y][:, None], f, out=f)  # f_y - f_c
-            np.subtract(g[i, y][:, None], g, out=g)  # q_c
-            t = inv_sq[y]
+            np.subtract(f[i, y][:, None], f, out=f)  # a_c
+            np.subtract(q[i, y][:, None], q, out=q)  # q_c
+            t = np.take(inv_sq, y, axis=0)
             t *= f  # t_c
-            g *= t  # t_c q_c
-            t *= f  # t_c^2 ||w_y - w_c||^2 = t_c (f_y - f_c)
-            t -= g
-            t -= g
-            t += uu
-            t *= uu  # |u|^2 (|u|^2 - 2 t q + t^2 ||w_y - w_c||^2) = (|u| |v_c|)^2
-            np.sqrt(np.maximum(t, 0.0, out=t), out=t)
-            np.subtract(uu, g, out=g)  # |u|^2 - t q = <u, v_c>
-            g /= t
-            g[i, y] = np.inf
-            out[sl] = np.arccos(np.clip(g.min(axis=1), -1.0, 1.0)) / np.pi
+            q *= t
+            u = uu[s : s + ORA_SUB_ROWS]
+            np.subtract(u.astype(q.dtype)[:, None], q, out=q)  # <u, v_c>
+            v = np.take(inv_sq_h, y, axis=0)
+            v *= f  # t_c (h_y - h_c)
+            v += q  # |v_c|^2
+            np.sqrt(np.maximum(v, 0.0, out=v), out=v)
+            q /= v
+            q[i, y] = np.inf
+            out[s : s + ORA_SUB_ROWS] = np.arccos(np.clip(q.min(axis=1) / np.sqrt(u), -1.0, 1.0)) / np.pi
         return out

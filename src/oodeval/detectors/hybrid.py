@@ -485,8 +485,11 @@ class CADRef(OptInDetector):
     why the paper's text agrees with the release). Where the release leaves a class never
     predicted on ID train with a NaN centroid, its centroid is the mean of all ID-train rows
     (pytorch-ood's choice; ``unpredicted_classes_`` counts them), and ||z||_1 is clamped at 1e-12
-    (pytorch-ood's). ``compute_dtype`` / ``device``: the head's product W z (float32 sgemm by
-    default, or float64) and where it runs; everything after it is float64 numpy.
+    (pytorch-ood's). ``compute_dtype`` / ``device``: the head's product W z and the relative
+    feature r (float32 by default: the features exact there, the class means rounded once, or
+    float64) and where they run, in row blocks that stay in a core's cache; every row sum (||z||_1,
+    sum r, sum |r|, the softmax sums) and the fitted class means and mean confidence are float64,
+    sum max(r, 0) taken as (sum |r| + sum r) / 2.
     """
 
     label = "CADRef"
@@ -501,49 +504,61 @@ class CADRef(OptInDetector):
         self.compute_dtype = compute_dtype
         self.device = device
 
-    def _logits(self, comp, z: np.ndarray, w, b):
-        """(f = W z + b in ``comp``, the predicted classes as numpy) for a chunk."""
-        f = comp.put(z) @ w
-        f += b
-        return f, comp.host(comp.argmax(f))
+    def _over_rows(self, comp, fn, a: np.ndarray, width: int):
+        """fn(block) over the rows of the host array ``a``, each block a host array (fn puts it in
+        ``comp``): with numpy :meth:`Compute.by_rows` (blocks in a core's cache, one thread per
+        core), on a torch device chunk by chunk."""
+        if comp.device is None:
+            return comp.by_rows(fn, a)
+        parts = [fn(a[sl]) for sl in comp.chunks(len(a), width)]
+        return tuple(np.concatenate(p) for p in zip(*parts)) if isinstance(parts[0], tuple) else np.concatenate(parts)
 
     def _fit(self, train: FeatureSet) -> None:
         comp = self._compute()
         w, b = comp.put(train.weight).T, comp.put(train.bias)
         c, d = train.weight.shape
-        sums, counts, conf = np.zeros((c, d)), np.zeros(c), 0.0
-        sums_of = Compute("float64")  # the class sums: one float64 sparse product per chunk
-        for sl in comp.chunks(len(train), max(d, c)):
-            f, y = self._logits(comp, train.features[sl], w, b)
-            sums += sums_of.groupsum(as64(train.features[sl]), y, c)
-            counts += np.bincount(y, minlength=c)
-            conf += _cadref_confidence(comp, f, self.logit_score).sum()
+
+        def block(zb: np.ndarray):  # (predicted class, confidence) per row
+            f = comp.put(zb) @ w
+            f += b
+            return comp.host(comp.argmax(f)).astype(np.int64), _cadref_confidence(comp, f, self.logit_score)
+
+        y, conf = self._over_rows(comp, block, train.features, max(d, c))
+        sums = comp.zeros((c, d))
+        for sl in comp.chunks(len(train), d):  # the class sums: one sparse product per chunk, added in float64
+            sums += comp.groupsum(comp.put(train.features[sl]), y[sl], c)
+        sums = comp.get(sums)
+        counts = np.bincount(y, minlength=c).astype(np.float64)
         empty = counts == 0
         self.unpredicted_classes_ = int(empty.sum())
         means = sums / np.maximum(counts, 1)[:, None]
         means[empty] = sums.sum(axis=0) / counts.sum()
         self.class_means_ = means
-        self.mean_confidence_ = conf / len(train)
+        self.mean_confidence_ = float(np.sum(conf)) / len(train)
 
     def _score(self, x: FeatureSet) -> np.ndarray:
         if self.class_means_.shape != x.weight.shape:
             raise InputError(f"cadref was fitted with a {self.class_means_.shape} head, got {x.weight.shape}")
         comp = self._compute()
         w, b = comp.put(x.weight).T, comp.put(x.bias)
-        sign = np.sign(x.weight).astype(np.int8)
-        out = np.empty(len(x))
-        for sl in comp.chunks(len(x), max(x.weight.shape)):
-            f, y = self._logits(comp, x.features[sl], w, b)
-            z = as64(x.features[sl])
-            norm = np.maximum(np.abs(z).sum(axis=1), 1e-12)
-            r = np.take(self.class_means_, y, axis=0)
-            np.subtract(z, r, out=r)
-            r *= np.take(sign, y, axis=0)
-            total = r.sum(axis=1)
-            positive = np.maximum(r, 0.0, out=r).sum(axis=1)
-            negative = positive - total  # sum max(-r, 0)
-            out[sl] = -(positive / norm / _cadref_confidence(comp, f, self.logit_score) + negative / norm / self.mean_confidence_)
-        return out
+        # the split's terms in the product dtype (float32 by default: the features are exact there, the
+        # means rounded once), their sums in float64
+        means, sign = comp.put(self.class_means_), comp.put(np.sign(x.weight))
+
+        def block(zb: np.ndarray) -> np.ndarray:
+            z = comp.put(zb)
+            f = z @ w
+            f += b
+            y = comp.argmax(f)
+            conf = _cadref_confidence(comp, f, self.logit_score)
+            norm = np.maximum(comp.get(comp.rowsum(abs(z))), 1e-12)
+            r = comp.subtract(z, means[y], out=None)
+            r *= sign[y]  # the relative feature, split by the sign of the head's row
+            total = comp.get(comp.rowsum(r))
+            positive = (comp.get(comp.rowsum(abs(r))) + total) / 2.0  # sum max(r, 0), its terms exact in float64
+            return -(positive / norm / conf + (positive - total) / norm / self.mean_confidence_)
+
+        return self._over_rows(comp, block, x.features, max(x.weight.shape))
 
 
 REGISTRY.alias("CADRef", "cadref", "pytorch-ood development branch (after 0.4)", tags=("pytorch-ood",))
