@@ -457,6 +457,7 @@ class ORA(OptInDetector):
         off = ~np.eye(len(w), dtype=bool)
         if not (self.boundary_sq_[off] > 0).all():
             raise InputError("ora: two classes of the head have identical weight vectors")
+        self.inv_boundary_sq_ = np.divide(1.0, self.boundary_sq_, out=np.zeros_like(self.boundary_sq_), where=off)  # 0 on the diagonal
 
     def _score(self, x: FeatureSet) -> np.ndarray:
         c = x.weight.shape[0]
@@ -469,19 +470,18 @@ class ORA(OptInDetector):
         rest = self.centre_ - m32  # u = z - mu = (z - m32) - rest
         far = -(w64 @ rest)  # W u = W (z - m32) + far
         h = w64 @ self.centre_ + as64(x.bias)  # f = W u + h
-        # per (y, c), with the diagonal's own entries 0: s = 1 / ||w_y - w_c||^2 and s (h_y - h_c)
-        inv_sq = 1.0 / np.where(np.eye(c, dtype=bool), np.inf, self.boundary_sq_)
-        inv_sq_h = inv_sq * (h[:, None] - h[None, :])
+        # the per-class terms in the product's dtype (float32 by default: rounded as the product is):
+        # per (y, c), with the diagonal's own entries 0, s = 1 / ||w_y - w_c||^2 and s (h_y - h_c)
+        dt = np.dtype(self.compute_dtype)
+        inv_sq = self.inv_boundary_sq_
+        terms = (far.astype(dt), h.astype(dt), inv_sq.astype(dt), np.multiply(inv_sq, np.subtract.outer(h, h), dtype=dt))
         rest_sq = float(rest @ rest)
-        # the per-class terms in the product's dtype (float32 by default: rounded as the product is)
-        terms = {dt: tuple(a.astype(dt) for a in (far, h, inv_sq, inv_sq_h)) for dt in (np.dtype(np.float32), np.dtype(np.float64))}
 
         def block(zb: np.ndarray) -> np.ndarray:
             ub = comp.put(zb) - m
             g = comp.host(ub @ w)
-            g = g if g.dtype in terms else g.astype(np.float64)
             uu = comp.get(comp.rowdot(ub, ub)) - 2.0 * comp.get(ub @ comp.put(rest)) + rest_sq  # |u|^2, float64
-            return self._block_scores(g, uu, *terms[g.dtype])
+            return self._block_scores(g, uu, *terms)
 
         if comp.device is None:
             return comp.by_rows(block, x.features)
