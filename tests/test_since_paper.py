@@ -449,6 +449,22 @@ def test_weiper_is_the_authors_release(problem, hp):
     assert not np.array_equal(detectors.create("weiper", **hp, seed=1, compute_dtype="float64").fit(train).perturbed_weight_, det.perturbed_weight_)
 
 
+def test_weiper_refuses_a_fit_or_scoring_over_its_budget(problem):
+    """2 r C D flop per row and pass of the perturbed heads: refused before any work past
+    budget_tflop, the message naming the cost and what lowers it; within it, it runs."""
+    train, test, _ = problem
+    c, d = train.weight.shape
+    fit_flop = 2.0 * 2 * len(train) * 10 * c * d
+    with pytest.raises(InputError, match=rf"weiper: the fit \({len(train)} rows, 2 passes of 10 perturbed {c} x {d} heads\) would need up to {fit_flop / 1e12:.3g} TFLOP .* lower n_repeats"):
+        detectors.create("weiper", n_repeats=10, budget_tflop=fit_flop / 1e12 * 0.99).fit(train)
+    det = detectors.create("weiper", n_repeats=10, budget_tflop=fit_flop / 1e12 * 1.01).fit(train)
+    score_flop = 2.0 * len(test) * 10 * c * d
+    det.set_params(budget_tflop=score_flop / 1e12 * 0.99)
+    with pytest.raises(InputError, match=rf"weiper: scoring \({len(test)} rows, 1 pass of 10 perturbed {c} x {d} heads\) would need .* raise budget_tflop"):
+        det.score(test)
+    assert np.isfinite(det.set_params(budget_tflop=score_flop / 1e12 * 1.01).score(test)).all()
+
+
 def test_uniform_smoothing_is_torchs_replicate_same_convolution():
     from oodeval.detectors.hybrid import uniform_smooth
 

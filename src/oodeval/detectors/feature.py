@@ -431,7 +431,9 @@ class ORA(OptInDetector):
     arccos taken per row. The release's own class (c = y) is 0/0, which it sets to 0; here it is
     left out (the max is over angles >= 0, so the same). No hyperparameters. ``compute_dtype`` /
     ``device``: the head's product W (z - m), m the mean rounded to float32 (so the difference is
-    rounded relative to itself) and where it runs; the rest is float64 numpy.
+    rounded relative to itself), and where it runs; the per-class cosine's terms are formed in the
+    same dtype (float32 by default: rounded as the product is) in row blocks that stay in a core's
+    cache, and |u|^2, the least cosine's division by |u| and the arccos in float64.
     """
 
     label = "ORA"

@@ -616,6 +616,11 @@ class WeiPer(OptInDetector):
     range, then the densities), as the release does. ``compute_dtype`` / ``device``: the perturbed
     heads' products (float32 by default; the bins and softmax are read from them, in float64 sums).
     Memory: the r C x D perturbed heads (400 MB of float32 for r = 100, C = 1000, D = 1024).
+    Cost: 2 r C D flop per row for each pass of the perturbed heads (the fit's two over ID train,
+    the score's one), 82 TFLOP for the fit on 200k ImageNet rows at r = 100; a fit or score beyond
+    ``budget_tflop`` (default 100, as the Gaussian mixtures' and Relation's) is refused before any
+    work: lower ``n_repeats`` (the cost is linear in it), fit on fewer rows or score fewer at a
+    time, or raise the budget.
     """
 
     label = "WeiPer"
@@ -626,11 +631,12 @@ class WeiPer(OptInDetector):
     constraints = {"n_repeats": Interval(Integral, 1, None), "perturbation_distance": POSITIVE, "n_bins": Interval(Integral, 2, None),
                    "lambda_1": Interval(Real, 0, None), "lambda_2": Interval(Real, 0, None),
                    "smoothing": Interval(Integral, 1, None), "smoothing_perturbed": Interval(Integral, 1, None), "seed": SEED,
-                   **COMPUTE}  # fmt: skip
+                   "budget_tflop": POSITIVE, **COMPUTE}  # fmt: skip
 
     def __init__(self, n_repeats: int = 100, perturbation_distance: float = 1.8, n_bins: int = 100, lambda_1: float = 2.5,
                  lambda_2: float = 0.1, smoothing: int = 4, smoothing_perturbed: int = 15, seed: int = 0,
-                 compute_dtype: str = "float32", device: str | None = None) -> None:  # fmt: skip
+                 compute_dtype: str = "float32", device: str | None = None, budget_tflop: float = 100.0) -> None:  # fmt: skip
+        self.budget_tflop = budget_tflop
         self.n_repeats = n_repeats
         self.perturbation_distance = perturbation_distance
         self.n_bins = n_bins
@@ -681,7 +687,14 @@ class WeiPer(OptInDetector):
             counts[sl] += self._densities(f, lo, hi)
         return counts, None if msp is None else msp / int(self.n_repeats)
 
+    def _check_budget(self, x: FeatureSet, passes: int, what: str) -> None:
+        c, d = x.weight.shape
+        _refuse_over_budget("weiper", 2.0 * passes * len(x) * int(self.n_repeats) * c * d, self.budget_tflop,
+                            f"{what} ({len(x)} rows, {passes} pass{'es' if passes > 1 else ''} of {int(self.n_repeats)} perturbed {c} x {d} heads)",
+                            "lower n_repeats (the cost is linear in it), use fewer rows")  # fmt: skip
+
     def _fit(self, train: FeatureSet) -> None:
+        self._check_budget(train, 2, "the fit")
         w = as64(train.weight)
         c, d = w.shape
         rng = np.random.default_rng(self.seed)
@@ -705,6 +718,7 @@ class WeiPer(OptInDetector):
         c = x.weight.shape[0]
         if self.perturbed_weight_.shape != (int(self.n_repeats) * c, x.weight.shape[1]):
             raise InputError(f"weiper was fitted for a head of {len(self.perturbed_weight_) // int(self.n_repeats)} classes, got {c}")
+        self._check_budget(x, 1, "scoring")
         (z_lo, z_hi), (f_lo, f_hi) = self.ranges_
         eps_z, eps_f = WEIPER_EPS
         n, d = int(self.n_bins), x.weight.shape[1]
