@@ -420,7 +420,7 @@ def floor_seconds(name: str, shapes: list[tuple[int, int, int]], train: FeatureS
         fn = {"dot": lambda a: np.einsum("ij,ij->i", a, a, dtype=np.float64),
               "scale": lambda a: np.multiply(a, a.dtype.type(1.5), out=_buffer(a.shape))}[op]  # fmt: skip
         add(("pass", role, array, op), lambda: _on_all_cores(fn, [np.asarray(getattr(fs, array)) for fs in sets[role]]))
-    for key, (rows, cols, op, m) in generated_passes(name, len(train), sum(len(fs) for fs in score_sets)).items():
+    for key, (rows, cols, op, m) in generated_passes(name, len(train), sum(len(fs) for fs in score_sets), train.logits.shape[1]).items():
         add(("generated", name, key), lambda: _generated(rows, cols, op, m))
     for size in large_factorisations(name):
         add(("eigh", size), lambda: _one_eigh(size))
@@ -677,8 +677,10 @@ NOT_HERE = {"nac": "per-layer states (benchmarks/nac_taps.py)",
 # cos of every random feature and the 4096 x 4096 eigendecomposition (not the projection on its q
 # components, which depends on the data). ora's floor is the head's product and one softmax pass
 # over the scored logits: its per-class cosine needs a square root and a division for every
-# (scored row, class), timed as the exp of such a pass (corrected: the floor omitted them). weiper's floor is its products and the max softmax of its perturbed logits, not
-# their binning (a floor, an index and a count per value). cadref has no peer timing: pytorch-ood
+# (scored row, class), timed as the exp of such a pass (corrected: the floor omitted them).
+# weiper's floor is its products, the max softmax of its perturbed logits, their ID-train range
+# and one elementwise pass per binned value, ID train and scored (corrected: the floor omitted the
+# range and the bins, which its densities need). cadref has no peer timing: pytorch-ood
 # 0.4.0 lacks it; weiper and ora are in neither peer. grood's floor is its three products (prototype
 # distances of ID train and of the scored rows, the scored gradients against the indexed ones) and
 # its reads; OpenOOD's grood runs the network and a faiss IVF index (an approximate 1-NN; faiss is
@@ -742,12 +744,14 @@ def since_paper_pood(name: str, z, y, lin) -> tuple[object, str]:
     return det.predict_features, "features"
 
 
-def generated_passes(name: str, n_train: int, n_score: int) -> dict[str, tuple[int, int, object, int]]:
+def generated_passes(name: str, n_train: int, n_score: int, c: int = 1000) -> dict[str, tuple[int, int, object, int]]:
     """{what: (rows per timed block, columns, op, rows in all)}: the passes over matrices a
     since-paper formula forms itself. CFOOD: each reference row's radii, one partition of its
     distances to the other reference rows at every grid position (:func:`cfood_levels`), and
     one comparison of every scored row's distance to each reference row with a radius; kernel
-    PCA: the cos of every random feature of ID train and the scored rows (float32)."""
+    PCA: the cos of every random feature of ID train and the scored rows (float32); WeiPer: the min
+    and max of its 100 heads' ID-train logits and one elementwise pass (a bin coordinate) over
+    them and the scored rows' (``c`` classes)."""
     from oodeval.detectors.neighbours import cfood_levels
 
     ref, m = int(0.1 * n_train), 4096
@@ -757,6 +761,9 @@ def generated_passes(name: str, n_train: int, n_score: int) -> dict[str, tuple[i
                 "compare": (256, ref, lambda a: np.count_nonzero(a >= 0, axis=1), n_score)}
     if name == "kpca":
         return {"cos": (1024, m, lambda a: np.cos(a, out=_buffer(a.shape)), n_train + n_score)}
+    if name == "weiper":  # its r = 100 heads' logits: their ID-train range, then a bin of each ID-train and scored one
+        return {"range": (1024, c, lambda a: (a.min(), a.max()), 100 * n_train),
+                "bins": (1024, c, lambda a: np.multiply(a, a.dtype.type(1.5), out=_buffer(a.shape)), 100 * (n_train + n_score))}
     return {}
 
 
