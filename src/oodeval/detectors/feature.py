@@ -409,7 +409,7 @@ class KernelPCA(OptInDetector):
         return out
 
 
-#: rows per sub-block of ORA's per-class cosine: its (rows, C) float64 terms (4 of them, 2 MB at
+#: rows per sub-block of ORA's per-class cosine: its (rows, C) terms (4 of them, 1 MB of float32 at
 #: C = 1000) stay in a core's cache
 ORA_SUB_ROWS = 64
 
