@@ -367,18 +367,22 @@ class VRA(OptInDetector):
 EXP_NORMAL_FLOOR = -87.0
 
 
-def _logsumexp_own_max(comp: Compute, a):
-    """logsumexp of each row of ``a`` (an array of the caller's, overwritten), shifted by its own
-    max and the shifted values raised to :data:`EXP_NORMAL_FLOOR` before the exp: a term below
-    exp(-87) adds at most C 2e-38 to a sum of at least 1 (nothing in float64), while float32 exp
-    takes ~10x longer where its results are subnormal (LTS's scales spread a row's logits that far)."""
-    m = comp.rowmax(a)
-    a -= m[:, None]
+def _scaled_logsumexp(comp: Compute, f, scale):
+    """logsumexp(s f) per row for positive row scales s (float64), in one scratch buffer: the row
+    max m of f, then s (f - m) (rounded to the product dtype) raised to :data:`EXP_NORMAL_FLOOR`
+    before the exp (a term below exp(-87) adds at most C 2e-38 to a sum of at least 1: nothing in
+    float64, while float32 exp takes ~10x longer where its results are subnormal; LTS's scales
+    spread a row's logits that far), the sum in float64; s m + log(sum). The max of s f is s m
+    (s > 0), so the row's own max shifts it."""
+    m = comp.rowmax(f)
+    a = comp.subtract(f, m[:, None], out=comp.scratch_like(f))
+    a *= comp.put(scale)[:, None]
     if isinstance(a, np.ndarray):
         np.maximum(a, EXP_NORMAL_FLOOR, out=a)
+        np.exp(a, out=a)
     else:
-        a.clamp_(min=EXP_NORMAL_FLOOR)
-    return m + comp.log(comp.rowsum(comp.exp(a)))
+        a.clamp_(min=EXP_NORMAL_FLOOR).exp_()
+    return scale * comp.get(m) + comp.log(comp.rowsum(a)) if isinstance(a, np.ndarray) else comp.put(scale, "float64") * m.double() + comp.rowsum(a).log()
 
 
 @register("lts", tags=("activation",))
@@ -391,7 +395,10 @@ class LTS(OptInDetector):
     relu of the top k of z (relu is monotone), so one partition of z finds them.
     ``compute_dtype="float32"`` (default): the sums of float32 values accumulate in float64, S f
     is rounded to float32 (a float32 ulp of each scaled logit) and read out as energy's
-    log-sum-exp; "float64": everything in float64. ``device``: None = numpy, or a torch device.
+    log-sum-exp; the sum of relu(z) (magnitudes) is float32 runs of 64 added in float64
+    (:meth:`~oodeval.detectors._backend.Compute.runsum`, off by at most 64 u = 3.8e-6 of itself),
+    and relu(z) is partitioned in place for its top k; "float64": everything in float64.
+    ``device``: None = numpy, or a torch device.
     """
 
     needs = ("features", "logits")
@@ -409,13 +416,19 @@ class LTS(OptInDetector):
         k = max(1, d - int(round(d * (1 - self.p))))
 
         def block(z, f):
-            relu = np.maximum(z, 0) if isinstance(z, np.ndarray) else z.clamp(min=0)
-            s1, top = comp.rowsum(relu), comp.topk(z, k)
-            s2 = comp.rowsum(top * (top > 0))
+            if isinstance(z, np.ndarray):
+                relu = np.maximum(z, 0, out=comp.scratch_like(z, "z"))
+                s1 = comp.runsum(relu)
+                relu.partition(d - k, axis=1)  # in place: its last k entries are the top k
+                s2 = comp.rowsum(relu[:, d - k :])
+            else:
+                relu = z.clamp(min=0)
+                s1, s2 = comp.runsum(relu), comp.rowsum(comp.topk(relu, k))
+            s1, s2 = comp.get(s1), comp.get(s2)
             empty = s2 <= 0
             ratio = s1 / (s2 + empty)  # a row with nothing above 0 is not rescaled
             ratio[empty] = 1.0
-            return _logsumexp_own_max(comp, comp.scale_rows(f, ratio * ratio))
+            return _scaled_logsumexp(comp, f, ratio * ratio)
 
         return over_rows(comp, block, x.features, x.logits)
 
