@@ -460,25 +460,35 @@ class OptFS(OptInDetector):
         self.readout = readout
 
     def _bins(self, z: np.ndarray) -> np.ndarray:
-        """1 + the interval index of every entry of float64 ``z``, 0 or K + 1 (K intervals) outside
-        every interval: as a search of the edges, k = the largest k with left_k <= z, inside when
-        z < left_k + width. The edges are arange's lo + k width, so k = floor((z - lo) / width)
-        wherever that quotient lies further than its rounding (and the edges') from a whole
-        number, and z = lo exactly (ReLU features' zeros when lo = 0) is in the first; the few
-        other entries that close to an edge take the search itself."""
+        """1 + the interval index of every entry of ``z`` (float32 or float64), 0 or K + 1 (K
+        intervals) outside every interval: as a search of the edges, k = the largest k with
+        left_k <= z, inside when z < left_k + width. The edges are arange's lo + k width, so
+        k = floor((z - lo) / width) wherever that quotient lies further than its rounding (and
+        the edges') from a whole number, and z = lo exactly (ReLU features' zeros when lo = 0) is
+        in the first; the few other entries that close to an edge take the search itself, on
+        their own values. The quotient is formed in float32 (z, lo and 1 / width rounded to
+        float32, two roundings more: within u (2 |lo| / width + 5 (K + 2)) of the exact one,
+        u = 2^-24, where it matters, |quotient| <= K + 2), with a margin eight times that, so
+        every index is the float64 search's: the same for a float32 input and its float64 copy."""
         left, right = self.left_edges_, self.right_edges_
-        lo, tol = float(left[0]), self.edge_tolerance_
-        q = z - lo
-        q *= 1.0 / float(self.width_)
+        lo, width, size = float(left[0]), float(self.width_), left.size
+        lo32 = np.float32(lo)
+        tol = self.edge_tolerance_ + 8 * float(np.finfo(np.float32).eps) * (2 * abs(lo) / width + 2 * (size + 2))
+        with np.errstate(over="ignore"):  # a float64 beyond float32's range: inf, outside every interval
+            v = np.asarray(z, dtype=np.float32)
+        q = np.subtract(v, lo32)
+        q *= np.float32(1.0 / width)
+        np.clip(q, -1.5, size + 1.5, out=q)  # outside the intervals by at least half a width
         k = np.floor(q)
         q -= k  # the quotient's fraction
         near = (q < tol) | (q > 1.0 - tol)
-        near &= z != lo
-        k += 1.0
-        np.clip(k, 0.0, left.size + 1.0, out=k)
+        if float(lo32) == lo:  # z = lo exactly is in the first interval
+            near &= (v != lo32) if v is z else (z != lo)
         index = k.astype(np.intp)
+        index += 1
+        np.clip(index, 0, size + 1, out=index)
         if near.any():
-            zn = z[near]
+            zn = np.asarray(z, dtype=np.float64)[near]
             kn = np.searchsorted(left, zn, side="right") - 1
             index[near] = np.where((kn >= 0) & (zn < right[np.maximum(kn, 0)]), kn + 1, 0)
         return index
@@ -504,9 +514,10 @@ class OptFS(OptInDetector):
 
         def part(z, f):  # one block's per-interval sums, kept apart and added in block order
             y = np.asarray(f).argmax(axis=1)
-            return np.bincount(self._shape_index(z).ravel(), weights=(w[y] * z).ravel(), minlength=size)[None]
+            return np.bincount(self._shape_index(z).ravel(), weights=(w[y] * as64(z)).ravel(), minlength=size)[None]
 
-        contribution = over_rows(Compute("float64"), part, z_all, train.logits).sum(axis=0)[1:-1] / len(train)
+        # the blocks as stored (their intervals from their own values), the products in float64
+        contribution = Compute("float64").by_rows(part, z_all, train.logits).sum(axis=0)[1:-1] / len(train)
         norm = np.linalg.norm(contribution)
         if norm == 0:
             raise InputError("detector 'optfs': every interval's logit contribution over ID train is 0")
@@ -518,9 +529,9 @@ class OptFS(OptInDetector):
         host = Compute("float64")
 
         def block(z, f):
-            shaped = z * theta[self._shape_index(z)]
+            shaped = as64(z) * theta[self._shape_index(z)]
             if self.readout == "vanilla":
                 return host.rowdot(w[np.asarray(f).argmax(axis=1)], shaped)
             return logsumexp_rows(shaped @ w.T + b)
 
-        return over_rows(host, block, x.features, x.logits)
+        return host.get(host.by_rows(block, x.features, x.logits))  # the blocks as stored, as in the fit
