@@ -307,8 +307,9 @@ class ASHP(OptInDetector):
 def _column_percentiles(z: np.ndarray, qs: tuple[float, ...], block: int = 16) -> list[np.ndarray]:
     """[np.percentile(z, q, axis=0) for q in qs] (linear interpolation, float64): the columns of
     each block of ``block`` copied out contiguously and transposed (two copies: 3x faster than one
-    strided transpose of the rows), one partition of them in z's own dtype at every order
-    statistic the qs need, then numpy's interpolation in float64."""
+    strided transpose of the rows), sorted in z's own dtype (numpy's vectorised sort: at 20k and
+    200k rows a third of the time of a partition at the four order statistics two qs need), the
+    order statistics the qs need picked, then numpy's interpolation in float64."""
     n = len(z)
     ranks = [(n - 1) * (q / 100.0) for q in qs]  # numpy's virtual index
     kth = sorted({int(np.floor(r)) for r in ranks} | {int(np.ceil(r)) for r in ranks})
@@ -316,7 +317,7 @@ def _column_percentiles(z: np.ndarray, qs: tuple[float, ...], block: int = 16) -
     picked = np.empty((len(kth), z.shape[1]))
     for c in range(0, z.shape[1], block):
         cols = np.ascontiguousarray(np.ascontiguousarray(z[:, c : c + block]).T)
-        picked[:, c : c + block] = np.partition(cols, kth, axis=1)[:, kth].T
+        picked[:, c : c + block] = np.sort(cols, axis=1)[:, kth].T
     out = []
     for r in ranks:
         a, b, t = picked[at[int(np.floor(r))]], picked[at[int(np.ceil(r))]], r - np.floor(r)
@@ -356,9 +357,11 @@ class VRA(OptInDetector):
             self.lower_, self.upper_ = chunked_percentile(z, self.low), chunked_percentile(z, self.high)
 
     def _score(self, x: FeatureSet) -> np.ndarray:
+        host = Compute(self.compute_dtype)  # the clip runs on host blocks, into a scratch buffer
+
         def clip(z):
             lo = np.asarray(self.lower_, dtype=z.dtype)
-            return np.clip(z, lo, np.asarray(self.upper_, dtype=z.dtype))
+            return np.clip(z, lo, np.asarray(self.upper_, dtype=z.dtype), out=host.scratch_like(z, "shape"))
 
         return _energy_of(self._compute(), x, clip, x.weight, x.bias)
 
