@@ -2,7 +2,10 @@
 
 ``precision="float32"`` (every detector's default): matrix products in float32 (sgemm), and every
 reduction that becomes a score or a fitted statistic (row sums, norms, log-sum-exp, scatter
-matrices, means) accumulated in float64; scores come back float64. ``"float64"``: everything in
+matrices, means) accumulated in float64, or, where a detector says so, in float32 runs of
+:data:`RUN` entries whose sums are added in float64 (:meth:`Compute.runsum`: for sums of centred
+values or of magnitudes, whose error that bounds relative to the sum of the terms' magnitudes);
+scores come back float64. ``"float64"``: everything in
 float64 (the reference path). ``device=None`` (default) computes with numpy; ``"cpu"``, ``"cuda"``
 or ``"cuda:N"`` with torch on that device, in row chunks whose size is fixed by
 :data:`TORCH_CHUNK_ELEMENTS`, so the device memory needed does not grow with N.
