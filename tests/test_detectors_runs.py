@@ -4,7 +4,6 @@ float32 interval quotient: each equal to its float64 reference within what its a
 import numpy as np
 import pytest
 
-from oodeval import detectors
 from oodeval.detectors._backend import RUN, Compute
 from oodeval.detectors._common import class_means
 
@@ -54,12 +53,9 @@ def test_optfs_float32_quotient_gives_the_exact_intervals(lo, hi):
     """float32 feature values on and next to every edge (the edges rounded to float32 and their
     float32 neighbours), zeros, and values far outside: every interval index is the float64
     search's, and a float32 block and its float64 copy get the same indices."""
-    det = detectors.create("optfs")
-    det.width_ = (hi - lo) / 100.0
-    det.left_edges_ = np.arange(lo, hi, det.width_)
-    det.right_edges_ = det.left_edges_ + det.width_
-    eps = np.finfo(np.float64).eps
-    det.edge_tolerance_ = max(1e-9, 64 * eps * (abs(lo) + abs(hi) + det.width_) / det.width_)
+    from test_peer_fast_paths import optfs_with_intervals
+
+    det = optfs_with_intervals(lo, hi)
     edges = np.concatenate([det.left_edges_, det.right_edges_]).astype(np.float32)
     z = np.concatenate([np.random.default_rng(2).uniform(lo - (hi - lo) / 4, hi + (hi - lo) / 4, 20000), edges, [lo, 0.0] * 5,
                         np.nextafter(edges, np.float32(-np.inf)), np.nextafter(edges, np.float32(np.inf)), [1e30, -1e30]]).astype(np.float32)  # fmt: skip
