@@ -385,7 +385,7 @@ def _scaled_logsumexp(comp: Compute, f, scale):
         np.exp(a, out=a)
     else:
         a.clamp_(min=EXP_NORMAL_FLOOR).exp_()
-    return scale * comp.get(m) + comp.log(comp.rowsum(a)) if isinstance(a, np.ndarray) else comp.put(scale, "float64") * m.double() + comp.rowsum(a).log()
+    return comp.put(scale, "float64") * comp.put(m, "float64") + comp.log(comp.rowsum(a))
 
 
 @register("lts", tags=("activation",))
