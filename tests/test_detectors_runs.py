@@ -66,3 +66,22 @@ def test_optfs_float32_quotient_gives_the_exact_intervals(lo, hi):
     outside = got % (det.left_edges_.size + 1) == 0  # 0 or K + 1: outside every interval
     np.testing.assert_array_equal(np.where(outside, 0, got), np.where(inside, k + 1, 0))
     np.testing.assert_array_equal(got, det._bins(wide[None])[0])
+
+
+def test_lts_scaled_logsumexp_holds_far_from_zero():
+    """Rows whose largest scaled logit is past 80 (exp would overflow unshifted) or below -27
+    (terms raised to -87 would count unshifted) are shifted by their own max: within what
+    rounding to float32 allows. logsumexp moves by at most the largest change of its arguments,
+    here s (f - max) rounded twice and s rounded once: 3 u |s (f - max)| <= 6 u max |s f|."""
+    from scipy.special import logsumexp
+
+    from oodeval.detectors.activation import _scaled_logsumexp
+
+    rng = np.random.default_rng(0)
+    f = (rng.standard_normal((300, 50)) * 5).astype(np.float32)
+    f[:100] += 60  # s m past 80
+    f[100:200] -= 60  # s m below -27
+    s = rng.uniform(1, 4, 300)
+    exact = f.astype(np.float64) * s[:, None]
+    got = _scaled_logsumexp(Compute("float32"), f, s)
+    assert np.all(np.abs(got - logsumexp(exact, axis=1)) <= 6 * U * np.abs(exact).max(axis=1))
