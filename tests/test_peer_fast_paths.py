@@ -41,14 +41,20 @@ def test_column_percentiles_are_numpys(qs):
         np.testing.assert_array_equal(got, np.percentile(z.astype(np.float64), q, axis=0))  # same order statistics, same lerp
 
 
-@pytest.mark.parametrize(("lo", "hi"), [(-1.3, 7.7), (1000.1, 1000.9), (-5e-3, 3e-2), (1e4, 1e4 + 1e-3)])
-def test_optfs_intervals_are_the_release_search(lo, hi):
+def optfs_with_intervals(lo: float, hi: float):
+    """An OptFS whose fit found the quantiles lo and hi (its intervals set as its fit sets them)."""
     det = detectors.create("optfs")
     det.width_ = (hi - lo) / 100.0
     det.left_edges_ = np.arange(lo, hi, det.width_)
     det.right_edges_ = det.left_edges_ + det.width_
     eps = np.finfo(np.float64).eps
     det.edge_tolerance_ = max(1e-9, 64 * eps * (abs(lo) + abs(hi) + det.width_) / det.width_)
+    return det
+
+
+@pytest.mark.parametrize(("lo", "hi"), [(-1.3, 7.7), (1000.1, 1000.9), (-5e-3, 3e-2), (1e4, 1e4 + 1e-3)])
+def test_optfs_intervals_are_the_release_search(lo, hi):
+    det = optfs_with_intervals(lo, hi)
     edges = np.concatenate([det.left_edges_, det.right_edges_])
     z = np.concatenate([np.random.default_rng(2).uniform(lo - (hi - lo) / 4, hi + (hi - lo) / 4, 20000), edges, [lo] * 5,
                         np.nextafter(edges, -np.inf), np.nextafter(edges, np.inf), [1e30, -1e30]])  # fmt: skip

@@ -2,7 +2,10 @@
 
 ``precision="float32"`` (every detector's default): matrix products in float32 (sgemm), and every
 reduction that becomes a score or a fitted statistic (row sums, norms, log-sum-exp, scatter
-matrices, means) accumulated in float64; scores come back float64. ``"float64"``: everything in
+matrices, means) accumulated in float64, or, where a detector says so, in float32 runs of
+:data:`RUN` entries whose sums are added in float64 (:meth:`Compute.runsum`: for sums of centred
+values or of magnitudes, whose error that bounds relative to the sum of the terms' magnitudes);
+scores come back float64. ``"float64"``: everything in
 float64 (the reference path). ``device=None`` (default) computes with numpy; ``"cpu"``, ``"cuda"``
 or ``"cuda:N"`` with torch on that device, in row chunks whose size is fixed by
 :data:`TORCH_CHUNK_ELEMENTS`, so the device memory needed does not grow with N.
@@ -41,6 +44,9 @@ TORCH_CHUNK_ELEMENTS = 64_000_000
 PARALLEL_ROWS = 512
 #: largest value that numpy's softmax sums exponentiate unshifted (float32 exp overflows past 88.7)
 UNSHIFTED_MAX = 80.0
+#: entries per float32 partial sum of :meth:`Compute.runsum` and :meth:`Compute.rundot` (each run's
+#: sum is off by at most about RUN u of the sum of its terms' magnitudes, u = 2^-24: 3.8e-6)
+RUN = 64
 #: a row whose max lies further below its block's shift gets its own (float32 exp underflows
 #: below -87.3; terms that far below the row's max, exp(-47) of it, are below float64's resolution)
 UNDERFLOW_MARGIN = 40.0
@@ -116,6 +122,35 @@ class _NumpyCompute(Compute):
         products are exact in float64, so each product is rounded only when added)."""
         return np.einsum("ij,ij->i", a, b, dtype=np.float64)
 
+    def runsum(self, a):
+        """Row sums as float64 from float32 partial sums over runs of :data:`RUN` consecutive entries
+        (float64 precision: :meth:`rowsum`). Each run's sum is off by at most about RUN u times
+        the sum of its entries' magnitudes (u = 2^-24), so a row sum by as much relative to
+        sum_j |a_ij|: for a pass whose entries share no offset (centred values, magnitudes),
+        where it costs a float32 sum's time instead of a float64 one's 2-3x."""
+        return self._runs(a, None)
+
+    def rundot(self, a, b):
+        """sum_j a_ij b_ij per row as :meth:`runsum`: the products rounded to float32 (one more
+        u of each), summed in float32 over runs, the runs' sums in float64 (float64 precision:
+        :meth:`rowdot`). Its error is relative to sum_j |a_ij b_ij|: centre first."""
+        return self._runs(a, b)
+
+    def _runs(self, a, b):
+        if a.dtype == np.float64:
+            return self.rowsum(a) if b is None else self.rowdot(a, b)
+        n, d = a.shape
+        full = d - d % RUN
+
+        def runs(x):  # (n, full / RUN, RUN) view of the first full columns, no copy
+            return np.lib.stride_tricks.as_strided(x, (n, full // RUN, RUN), (x.strides[0], RUN * x.strides[1], x.strides[1]))
+
+        part = np.einsum("ijk->ij", runs(a)) if b is None else np.einsum("ijk,ijk->ij", runs(a), runs(b))
+        total = part.sum(axis=1, dtype=np.float64)
+        if full < d:
+            total += self.rowsum(a[:, full:]) if b is None else self.rowdot(a[:, full:], b[:, full:])
+        return total
+
     def centred(self, a, centre):
         """a - centre (broadcast), inside :meth:`by_rows` in a per-thread scratch buffer: valid
         until the next use of that buffer on this thread (another ``centred``, ``logsumexp`` or
@@ -125,6 +160,21 @@ class _NumpyCompute(Compute):
     def pick(self, a, index):
         """a[i, index_i] per row."""
         return np.take_along_axis(a, index[:, None], axis=1)[:, 0]
+
+    def take_rows(self, a, index):
+        """a[index] for valid row indices (an argmax's), inside :meth:`by_rows` in a per-thread
+        scratch buffer (valid until the next ``take_rows`` on this thread)."""
+        return np.take(a, index, axis=0, out=_scratch((len(index), a.shape[1]), a.dtype, "take"), mode="clip")
+
+    def absolute(self, a, out=None):
+        """|a|, written into ``out`` (an array shaped like ``a``, possibly a scratch one) when given."""
+        return np.abs(a, out=out)
+
+    def scratch_like(self, a, slot: str = "like"):
+        """An uninitialised array shaped like ``a`` in its dtype: inside :meth:`by_rows` a
+        per-thread scratch buffer of ``slot`` (valid until its next use on this thread)."""
+        out = _scratch(a.shape, a.dtype, slot)
+        return np.empty_like(a) if out is None else out
 
     def rowmax(self, a):
         return a.max(axis=1)
@@ -271,16 +321,16 @@ class _NumpyCompute(Compute):
         """A float64 accumulator."""
         return np.zeros(shape)
 
-    def groupsum(self, a, group: np.ndarray, n_groups: int, weights: np.ndarray | None = None):
-        """(n_groups, D) sums of the rows of ``a`` (one chunk), each times its ``weights`` entry
-        (host floats; default 1), by their group index (host ints), to be added into a float64
-        accumulator: one sparse product in ``a``'s dtype (a float32 chunk is not copied to
-        float64 first)."""
+    def groupsum(self, a, group: np.ndarray, n_groups: int, weights: np.ndarray | None = None, rows: np.ndarray | None = None):
+        """(n_groups, D) sums of the rows of ``a`` (one chunk; only its rows ``rows``, host ints,
+        when given), each times its ``weights`` entry (host floats; default 1), by their group
+        index (host ints), to be added into a float64 accumulator: one sparse product in ``a``'s
+        dtype (a float32 chunk is not copied to float64 first, nor its rows picked out)."""
         import scipy.sparse
 
         w = self._weights(group, weights)
-        rows = np.arange(len(group))
-        pick = scipy.sparse.csr_matrix((w.astype(a.dtype), (group, rows)), shape=(n_groups, len(group)))
+        rows = np.arange(len(group)) if rows is None else rows
+        pick = scipy.sparse.csr_matrix((w.astype(a.dtype), (group, rows)), shape=(n_groups, len(a)))
         return np.asarray(pick @ a)
 
     def subtract(self, a, b, out=None):
@@ -342,11 +392,35 @@ class _TorchCompute(Compute):
     def rowdot(self, a, b):
         return self.rowsum(a * b)
 
+    def runsum(self, a):
+        return self._runs(a)
+
+    def rundot(self, a, b):
+        return self._runs(a * b)
+
+    def _runs(self, a):
+        """:meth:`_NumpyCompute.runsum` of ``a`` in torch (float64: :meth:`rowsum`)."""
+        if a.dtype == _torch().float64:
+            return self.rowsum(a)
+        n, d = a.shape
+        full = d - d % RUN
+        total = a[:, :full].reshape(n, -1, RUN).sum(dim=2).sum(dim=1, dtype=_torch().float64)
+        return total + self.rowsum(a[:, full:]) if full < d else total
+
     def centred(self, a, centre):
         return a - centre
 
     def pick(self, a, index):
         return a.gather(1, index[:, None])[:, 0]
+
+    def take_rows(self, a, index):
+        return a[index]
+
+    def absolute(self, a, out=None):
+        return _torch().abs(a, out=out) if out is not None else a.abs()
+
+    def scratch_like(self, a, slot: str = "like"):
+        return _torch().empty_like(a)
 
     def rowmax(self, a):
         return a.amax(dim=1)
@@ -409,8 +483,9 @@ class _TorchCompute(Compute):
     def zeros(self, shape: tuple[int, ...]):
         return _torch().zeros(shape, dtype=_torch().float64, device=self.device)
 
-    def groupsum(self, a, group: np.ndarray, n_groups: int, weights: np.ndarray | None = None):
+    def groupsum(self, a, group: np.ndarray, n_groups: int, weights: np.ndarray | None = None, rows: np.ndarray | None = None):
         w = self._weights(group, weights)
+        a = a if rows is None else a[_torch().as_tensor(rows, device=self.device)]
         out = self.zeros((n_groups, a.shape[1]))
         idx = _torch().as_tensor(group, device=self.device)
         return out.index_add_(0, idx, a.to(_torch().float64) * self.put(w, "float64")[:, None])
@@ -556,18 +631,19 @@ def _scratch_scope() -> Iterator[None]:
         _SCRATCH.buffers = None
 
 
-def _scratch(shape: tuple[int, ...], dtype) -> np.ndarray | None:
+def _scratch(shape: tuple[int, ...], dtype, slot: str = "") -> np.ndarray | None:
     """A numpy buffer of ``shape`` from this thread's scratch scope, for a temporary that no
-    caller keeps, reused across the blocks of a :meth:`Compute.by_rows` call; None (a new array)
+    caller keeps, reused across the blocks of a :meth:`Compute.by_rows` call (one per dtype and
+    ``slot``, so that temporaries of different slots can be held at once); None (a new array)
     outside a scope or when larger than :data:`SCRATCH_ELEMENTS`."""
     kept = getattr(_SCRATCH, "buffers", None)
     size = int(np.prod(shape))
     if kept is None or size > SCRATCH_ELEMENTS:
         return None
     dtype = np.dtype(dtype)
-    buf = kept.get(dtype)
+    buf = kept.get((dtype, slot))
     if buf is None or buf.size < size:
-        buf = kept[dtype] = np.empty(max(size, PARALLEL_ROWS * 1024), dtype=dtype)
+        buf = kept[(dtype, slot)] = np.empty(max(size, PARALLEL_ROWS * 1024), dtype=dtype)
     return buf[:size].reshape(shape)
 
 

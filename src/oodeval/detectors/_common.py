@@ -66,6 +66,10 @@ def labelled(labels: np.ndarray, who: str) -> tuple[np.ndarray, np.ndarray]:
     return idx, np.unique(labels[idx])
 
 
+#: least rows per class in a chunk of :func:`class_means` that is read where it lies
+CLASS_RUN = 16
+
+
 def _stat_compute(comp: Compute | None) -> Compute:
     return Compute("float64") if comp is None else comp
 
@@ -81,23 +85,32 @@ def class_means(
 
     Rows with label -1 are skipped; ``normalise`` l2-normalises each row first. Each chunk's class
     sums are one sparse product in ``comp``'s precision, added into float64 sums (as
-    :func:`scatter` adds each chunk's sgemm).
+    :func:`scatter` adds each chunk's sgemm). Where the product reads the rows where they lie
+    (numpy, rows already in its dtype, not normalised: no chunk is copied) a chunk spans at
+    least :data:`CLASS_RUN` rows per class, so that adding its (K, D) sums into float64 costs
+    a fraction of reading it (each class's sum in a chunk then runs over CLASS_RUN rows on average).
     """
     comp = _stat_compute(comp)
     d = features.shape[1]
     sums = comp.zeros((classes.size, d))
     counts = np.zeros(classes.size)
-    for sl in comp.chunks(len(features), d):
+    step = comp.rows(d)
+    if comp.device is None and not normalise and np.dtype(features.dtype) == comp.dtype:
+        step = max(step, CLASS_RUN * classes.size)
+    for sl in (slice(s, min(len(features), s + step)) for s in range(0, len(features), step)):
         y = np.asarray(labels[sl])
         keep = y >= 0
         if not keep.any():
             continue
         everyone = keep.all()  # then the chunk is used as it is, not copied by a mask
-        z = comp.put(features[sl] if everyone else features[sl][keep])
+        # unnormalised rows are summed where they lie (the sparse product reads only the kept
+        # ones); normalised ones are copied out first, so that only the kept rows are normalised
+        z = comp.put(features[sl] if everyone or not normalise else features[sl][keep])
         if normalise:
             z = comp.normalise(z)
         group = np.searchsorted(classes, y if everyone else y[keep])
-        sums += comp.groupsum(z, group, classes.size)
+        rows = None if everyone or normalise else np.flatnonzero(keep)
+        sums += comp.groupsum(z, group, classes.size, rows=rows)
         counts += np.bincount(group, minlength=classes.size)
     if (counts == 0).any():
         raise InputError(f"{int((counts == 0).sum())} of {classes.size} classes have no training rows")

@@ -267,12 +267,13 @@ class SHE(OptInDetector):
     (-||z - S_y||) and "cosine". A class without a correctly classified ID-train row takes the
     mean of its labelled rows as its pattern (OpenOOD's mean is then NaN, pytorch-ood refuses).
     ``compute_dtype="float32"`` (default): the class sums are float32 sparse products added in
-    float64 (as every class mean here); <z, S_y> is a row dot of float32 values accumulated in
-    float64 (each product exact) plus, per class, <m, S_y - S32_y> in float64 (S32 the pattern
-    rounded to float32, m the patterns' mean), so the patterns' rounding enters only through
-    z - m (an offset the features share does not grow the error); z - S_y is formed as
-    (z - S32_y) - (S_y - S32_y). "float64": everything in float64. ``device``: None = numpy, or a
-    torch device.
+    float64 (as every class mean here), in one pass over ID train; <z, S_y> is taken about m32
+    (the patterns' mean m rounded to float32) as <z - m32, S32_y> + <m32, S32_y> + <m, S_y - S32_y>
+    (S32 the pattern rounded to float32): the first a row dot of float32 values summed in float32
+    runs added in float64 (:meth:`~oodeval.detectors._backend.Compute.rundot`, off by about
+    64 u sum_j |z_j - m32_j| |S_j|, u = 2^-24, so an offset the features share does not grow the
+    error), the other two per class in float64; z - S_y is formed as (z - S32_y) - (S_y - S32_y).
+    "float64": everything in float64. ``device``: None = numpy, or a torch device.
     """
 
     needs = ("features", "logits")
@@ -289,30 +290,31 @@ class SHE(OptInDetector):
         comp = self._compute()
         y = np.asarray(train.labels)
         _, classes = labelled(y, "she")
-        pred = over_rows(comp, comp.argmax, train.logits).astype(np.int64)
-        correct = np.where(pred == y, y, -1)
+        correct = over_rows(comp, comp.argmax, train.logits).astype(np.int64) == y
+        # one pass: each class's correctly classified rows, or all its labelled rows where it has none
+        rest = np.setdiff1d(classes, y[correct])
+        rows_of = np.where(correct | np.isin(y, rest), y, -1)
         patterns = np.zeros((train.logits.shape[1], train.features.shape[1]))
-        have = np.unique(correct[correct >= 0])
-        if have.size:
-            patterns[have] = class_means(train.features, correct, have, comp=comp)[0]
-        rest = np.setdiff1d(classes, have)
-        if rest.size:
-            patterns[rest] = class_means(train.features, np.where(np.isin(y, rest), y, -1), rest, comp=comp)[0]
+        patterns[classes] = class_means(train.features, rows_of, classes, comp=comp)[0]
         self.patterns_ = patterns
-        # the patterns in the product dtype, what that rounding drops, and its dot with the patterns' mean
+        # the patterns in the product dtype, what that rounding drops, the centre m32 the scored rows
+        # are taken about, and per class <m32, S32_y> + <m, S_y - S32_y>
+        mean = patterns.mean(axis=0)
         self.rounded_ = np.asarray(patterns, dtype=comp.precision)
         self.dropped_ = patterns - self.rounded_
-        self.offsets_ = self.dropped_ @ patterns.mean(axis=0)
+        self.centre_ = float32_centre(mean)
+        with one_blas_thread():  # two products of a (C, D) matrix: a second BLAS thread only spins
+            self.offsets_ = self.rounded_.astype(np.float64) @ self.centre_ + self.dropped_ @ mean
 
     def _score(self, x: FeatureSet) -> np.ndarray:
         comp = self._compute()
         patterns = comp.put(self.rounded_)
         if self.metric == "inner_product":
-            offset = comp.put(self.offsets_, "float64")
+            offset, centre = comp.put(self.offsets_, "float64"), comp.put(self.centre_)
 
             def block(z, f):
                 y = comp.argmax(f)
-                return comp.rowdot(z, patterns[y]) + offset[y]
+                return comp.rundot(comp.centred(z, centre), comp.take_rows(patterns, y)) + offset[y]
         else:
             lows = comp.put(self.dropped_)
 

@@ -284,10 +284,12 @@ class NCI(OptInDetector):
     1e-4 is OpenOOD's default (``nci.yml``; pytorch-ood's is 0, which drops the norm term).
     ``compute_dtype="float32"`` (default): z - mu is formed as (z - m32) - rest (m32 = mu rounded
     to float32, rest = mu - m32; :func:`~oodeval.detectors._common.centre_parts`), so it is
-    rounded relative to itself, not to an offset the features share; the row dots and norms of
-    float32 values accumulate in float64 (each product exact), so the cosine term is off by a few
-    float32 ulps of |z - mu| relative to itself. "float64": everything in float64. ``device``:
-    None = numpy, or a torch device.
+    rounded relative to itself, not to an offset the features share; the row dots, ||z - mu||^2
+    and ||z||_1 are float32 sums over runs of 64 entries added in float64
+    (:meth:`~oodeval.detectors._backend.Compute.rundot`: each off by about 64 u of the sum of its
+    terms' magnitudes, u = 2^-24), so the cosine term is off by about 64 u |w_y| and the norm
+    term by 64 u of itself. "float64": everything in float64. ``device``: None = numpy, or a
+    torch device.
     """
 
     needs = ("features", "logits", "head")
@@ -312,8 +314,9 @@ class NCI(OptInDetector):
         def block(z, f):
             c = comp.centred(z, m32)
             c -= rest
-            cosine = comp.rowdot(w[comp.argmax(f)], c) / comp.rownorm(c)
-            return cosine if alpha == 0 else cosine + alpha * comp.rowsum(abs(z))
+            cosine = comp.rundot(comp.take_rows(w, comp.argmax(f)), c) / comp.rundot(c, c) ** 0.5
+            # ||z||_1 from |z| written over z - mu (no longer needed)
+            return cosine if alpha == 0 else cosine + alpha * comp.runsum(comp.absolute(z, out=c))
 
         return over_rows(comp, block, x.features, x.logits)
 
@@ -334,9 +337,12 @@ class GradNorm(OptInDetector):
     dL/dW = (dL/df) z^T, whose entrywise l1 norm factors. The releases (the paper's, OpenOOD's)
     read only the last layer's weight, so this is exact on cached features; T = 1 as they do.
     Their loss sums over classes (targets all ones), C times this one: the same ranking.
-    ``compute_dtype="float32"`` (default): p and |p - 1/C| in float32 (each term off by a float32
-    ulp of p + 1/C, so the l1 norm by at most 2 eps absolutely), both l1 sums accumulated in
-    float64; "float64": everything in float64. ``device``: None = numpy, or a torch device.
+    ``compute_dtype="float32"`` (default): the exponentials e and |e - S/C| = S |p - 1/C| in
+    float32 (S = sum_c e_c, summed in float64; each term off by a float32 ulp of e + S/C, so the
+    l1 norm by about 2 eps absolutely), both l1 sums float32 runs of 64 added in float64
+    (:meth:`~oodeval.detectors._backend.Compute.runsum`: sums of magnitudes, off by at most
+    64 u = 3.8e-6 of themselves); "float64": everything in float64. ``device``: None = numpy, or
+    a torch device.
     """
 
     needs = ("features", "logits")
@@ -353,10 +359,10 @@ class GradNorm(OptInDetector):
         t = float(self.temperature)
 
         def block(z, f):
-            _, p, total = comp.shifted_exp(f if t == 1 else f / t)
-            p *= comp.put(1.0 / total)[:, None]  # p = e / total, in place
-            p -= 1.0 / p.shape[1]
-            return comp.rowsum(abs(p)) * comp.rowsum(abs(z)) / t
+            _, e, total = comp.shifted_exp(f if t == 1 else f / t, out=comp.scratch_like(f))
+            e -= comp.put(total / e.shape[1])[:, None]  # e - total / C = total (p - 1/C), in place
+            spread = comp.runsum(comp.absolute(e, out=e)) / total
+            return spread * comp.runsum(comp.absolute(z, out=comp.scratch_like(z, "z"))) / t
 
         return over_rows(comp, block, x.features, x.logits)
 
