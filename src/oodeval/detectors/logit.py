@@ -109,7 +109,7 @@ class GEN(Detector):
     release uses the same); M is capped at the number of classes, and None takes every class
     (pytorch-ood's ``GEN`` default). The top M are found on the logits (softmax is
     monotone); their p_c and 1 - p_c are computed in float64 whatever ``compute_dtype``, so
-    p_c close to 1 keeps its (1 - p_c)^g.
+    p_c close to 1 keeps its (1 - p_c)^g; each term is read as exp(g (log p_c + log(1 - p_c))).
     """
 
     label = "GEN"
@@ -130,10 +130,16 @@ class GEN(Detector):
 
         def fn(f: np.ndarray) -> np.ndarray:
             m = f.shape[1] if self.top_m is None else min(int(self.top_m), f.shape[1])
-            log_top = comp.topk(f, m) - comp.logsumexp(f, own_max=True)[:, None]  # float64 log p of the top M
+            top = comp.topk(f, m)  # holds each row's max: the log-sum-exp's shift without a pass over f
+            log_top = top - comp.logsumexp(f, row_max=comp.rowmax(top))[:, None]  # float64 log p of the top M
+            # p^g (1 - p)^g = exp(g (log p + log(1 - p))): one exp and one log per term, not a power
             if comp.device is not None:
-                return -((g * log_top).exp() * (-log_top.expm1()) ** g).sum(dim=1)
-            return -np.sum(np.exp(g * log_top) * (-np.expm1(log_top)) ** g, axis=1)
+                return -(g * (log_top + (-log_top.expm1()).log())).exp().sum(dim=1)
+            with np.errstate(divide="ignore"):  # p = 1: log(1 - p) = -inf, a term of 0 (0^g)
+                t = np.log(-np.expm1(log_top))
+            t += log_top
+            t *= g
+            return -np.exp(t, out=t).sum(axis=1)
 
         return over_rows(comp, fn, x.logits)
 
