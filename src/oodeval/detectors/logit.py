@@ -174,9 +174,14 @@ class KLMatching(Detector):
         counts = np.zeros(c)
         chunks = list(comp.chunks(len(f), c))
         buf = comp.empty((chunks[0].stop - chunks[0].start, c))  # e of each chunk, written in place
+
+        def softmax_sum(a, o):  # the predicted class's logit is the row max: one argmax pass for both
+            k = comp.argmax(a)
+            return comp.shifted_exp(a, o, comp.pick(a, k))[2], k
+
         for sl in chunks:
             e = buf[: sl.stop - sl.start]
-            total, k = comp.by_rows(lambda a, o: (comp.shifted_exp(a, o)[2], comp.argmax(a)), comp.put(f[sl]), e)
+            total, k = comp.by_rows(softmax_sum, comp.put(f[sl]), e)
             k, total = comp.host(k), comp.get(total)
             sums += comp.groupsum(e, k, c, weights=1.0 / total)  # softmax p = e / total
             counts += np.bincount(k, minlength=c)
