@@ -130,12 +130,18 @@ class GEN(Detector):
 
         def fn(f: np.ndarray) -> np.ndarray:
             m = f.shape[1] if self.top_m is None else min(int(self.top_m), f.shape[1])
-            top = comp.topk(f, m)  # holds each row's max: the log-sum-exp's shift without a pass over f
-            log_top = top - comp.logsumexp(f, row_max=comp.rowmax(top))[:, None]  # float64 log p of the top M
-            # p^g (1 - p)^g = exp(g (log p + log(1 - p))): one exp and one log per term, not a power
             if comp.device is not None:
+                top = comp.topk(f, m)  # holds each row's max: the log-sum-exp's shift without a pass over f
+                log_top = top - comp.logsumexp(f, row_max=comp.rowmax(top))[:, None]  # float64 log p of the top M
+                # p^g (1 - p)^g = exp(g (log p + log(1 - p))): one exp and one log per term, not a power
                 return -(g * (log_top + (-log_top.expm1()).log())).exp().sum(dim=1)
-            with np.errstate(divide="ignore"):  # p = 1: log(1 - p) = -inf, a term of 0 (0^g)
+            # numpy: the partition is a copy of the rows (a permutation of each), so the shifted exps
+            # and their sum are taken in it, in place, while it is in cache (same terms, same sum)
+            part = np.partition(f, f.shape[1] - m, axis=1)
+            top = part[:, f.shape[1] - m :].copy()
+            row_max = comp.rowmax(top)
+            log_top = top - comp.logsumexp(part, overwrite=True, row_max=row_max)[:, None]  # float64 log p of the top M
+            with np.errstate(divide="ignore"):  # as above; p = 1: log(1 - p) = -inf, a term of 0 (0^g)
                 t = np.log(-np.expm1(log_top))
             t += log_top
             t *= g
