@@ -154,9 +154,15 @@ def sgemm_gflops() -> float:
     return 2 * 2048**3 / best / 1e9
 
 
+#: the sets whose softmax passes take each row's own max (an argmax pass, the cheapest row max
+#: numpy has) instead of the block's: MSP's and MCM's numerator is each scored row's largest term;
+#: KL matching's templates are indexed by each ID-train row's predicted class (issue 45)
+ROW_MAX = {"msp": ["score"], "mcm": ["score"], "kl_matching": ["train"]}
+
+
 def softmax_passes(name: str) -> list[str]:
     """The sets ("train" and/or "score") whose logits a softmax readout must pass over: a max
-    (of the block), an exp and a row sum."""
+    (of the block, or of each row where :data:`ROW_MAX` says), an exp and a row sum."""
     table = {"msp": ["score"], "energy": ["score"], "gen": ["score"], "kl_matching": ["train", "score"],
              "react": ["score"], "ash_s": ["score"], "scale": ["score"], "dice": ["score"], "vim": ["score"],
              "mcm": ["score"], "nnguide": ["score"],
@@ -187,8 +193,9 @@ def reads(name: str) -> list[tuple[str, str]]:
 def logit_reads(name: str) -> list[tuple[str, str]]:
     """(set, reduction) as :func:`reads`, over the logits: OpenMax's fit forms each class's mean
     logit vector (a column pass over ID train) and then each row's distance to its own class's
-    (a row pass: it needs the means first)."""
-    return {"openmax": [("train", "columns"), ("train", "rows")]}.get(name, [])
+    (a row pass: it needs the means first); KL matching's templates add each ID-train row's
+    softmax into its predicted class's sum (a column pass over ID train; issue 45)."""
+    return {"openmax": [("train", "columns"), ("train", "rows")], "kl_matching": [("train", "columns")]}.get(name, [])
 
 
 def fit_search_passes(name: str, train: FeatureSet, n_score: int, fitted: dict) -> list[tuple[np.ndarray, int]]:
@@ -210,9 +217,11 @@ def argmax_passes(name: str) -> list[str]:
     """The sets whose predicted classes (an argmax of each logit row) a formula reads with no
     softmax: SHE's patterns (train) and the pattern each row is read against, NCI's head row,
     OptFS's head row (train: its theta; scored rows: its readout); ORA's boundaries are those of each
-    row's predicted class; GROOD indexes the ID-train rows whose label is their predicted class."""
+    row's predicted class; GROOD indexes the ID-train rows whose label is their predicted class.
+    Issue 45's: fDBD's y = argmax f of each scored row (its boundaries are those of y); cosine's
+    max over each scored row's C cosines (a row max, as an argmax pass costs)."""
     return {"she": ["train", "score"], "nci": ["score"], "optfs": ["train", "score"], "ora": ["score"],
-            "grood": ["train"]}.get(name, [])
+            "grood": ["train"], "fdbd": ["score"], "cosine": ["score"]}.get(name, [])
 
 
 def selections(name: str, d: int, c: int) -> list[tuple[str, str, int]]:
@@ -241,10 +250,18 @@ def passes_over(name: str) -> list[tuple[str, str, str]]:
     softmax terms once their sum is known (entropy's sum p log p, GradNorm's sum |p - 1/C|),
     accumulated in float64 as every reduction that becomes a score; "scale", an elementwise pass
     writing a new value of each entry (LTS's S f before the exp; OptFS's interval of every
-    ID-train and scored value)."""
+    ID-train and scored value); "sum", a row sum accumulated in float64.
+    Issue 45's corrections, each work its formula needs: KL matching's sum p log p (its score is
+    -min_k KL = max_k p . log d_k - sum p log p), a dot over the scored softmax terms; fDBD's
+    sum_c f_c / ||w_y - w_c|| of each row's C logits (a dot with the predicted class's row);
+    ASH-S's and SCALE's s1, the sum of each feature row, and the shaped row they write (ASH-S's
+    pruned row, SCALE's row times exp(s1 / s2)) before the head reads it."""
+    shaping = [("score", "features", "sum"), ("score", "features", "scale")]
     return {"entropy": [("score", "logits", "dot")], "gradnorm": [("score", "logits", "dot")],
             "lts": [("score", "logits", "scale")],
-            "optfs": [("train", "features", "scale"), ("score", "features", "scale")]}.get(name, [])  # fmt: skip
+            "optfs": [("train", "features", "scale"), ("score", "features", "scale")],
+            "kl_matching": [("score", "logits", "dot")], "fdbd": [("score", "logits", "dot")],
+            "ash_s": shaping, "scale": shaping}.get(name, [])  # fmt: skip
 
 
 def factorisations(name: str) -> int:
@@ -333,9 +350,9 @@ def floor_seconds(name: str, shapes: list[tuple[int, int, int]], train: FeatureS
     if device is None:
         rand = lambda *shape: np.random.default_rng(0).standard_normal(shape, dtype=np.float32)  # noqa: E731
 
-        def passes(a):
+        def passes(a, row_max: bool = False):
             with np.errstate(over="ignore"):  # raw logits: exp may overflow, at the same speed
-                return a.max(), np.einsum("ij->i", np.exp(a, out=_buffer(a.shape)), dtype=np.float64)
+                return a.argmax(axis=1) if row_max else a.max(), np.einsum("ij->i", np.exp(a, out=_buffer(a.shape)), dtype=np.float64)
     else:
         import torch
 
@@ -363,7 +380,8 @@ def floor_seconds(name: str, shapes: list[tuple[int, int, int]], train: FeatureS
     sets = {"train": [train], "score": score_sets}
     for role in softmax_passes(name):
         if device is None:
-            add(("softmax", role), lambda: _on_all_cores(passes, [np.asarray(fs.logits) for fs in sets[role]]))
+            row_max = role in ROW_MAX.get(name, [])
+            add(("softmax", role, row_max), lambda: _on_all_cores(lambda a: passes(a, row_max), [np.asarray(fs.logits) for fs in sets[role]]))
         else:
             m, n = sum(len(fs) for fs in sets[role]), sets[role][0].logits.shape[1]
             add(("softmax", role, device), lambda: scaled(lambda r: rand(r, n), passes, min(m, max(256, budget // n)), m))
@@ -418,6 +436,7 @@ def floor_seconds(name: str, shapes: list[tuple[int, int, int]], train: FeatureS
         add(("percentile", n, k), lambda: scaled(lambda r: rand(r), flat, width, n))
     for role, array, op in passes_over(name):  # the further elementwise passes a formula needs (host)
         fn = {"dot": lambda a: np.einsum("ij,ij->i", a, a, dtype=np.float64),
+              "sum": lambda a: np.einsum("ij->i", a, dtype=np.float64),
               "scale": lambda a: np.multiply(a, a.dtype.type(1.5), out=_buffer(a.shape))}[op]  # fmt: skip
         add(("pass", role, array, op), lambda: _on_all_cores(fn, [np.asarray(getattr(fs, array)) for fs in sets[role]]))
     for key, (rows, cols, op, m) in generated_passes(name, len(train), sum(len(fs) for fs in score_sets), train.logits.shape[1]).items():
@@ -764,6 +783,11 @@ def generated_passes(name: str, n_train: int, n_score: int, c: int = 1000) -> di
     if name == "weiper":  # its r = 100 heads' logits: their ID-train range, then a bin of each ID-train and scored one
         return {"range": (1024, c, lambda a: (a.min(), a.max()), 100 * n_train),
                 "bins": (1024, c, lambda a: np.multiply(a, a.dtype.type(1.5), out=_buffer(a.shape)), 100 * (n_train + n_score))}
+    if name == "nnguide":  # its guidance: the mean of the k = 10 largest of each scored row's bank similarities
+        bank, k = max(10, int(np.ceil(0.01 * n_train))), 10
+        return {"top k": (1024, bank, lambda a: np.partition(a, bank - k, axis=1), n_score)}
+    if name == "gen":  # its readout p^g (1 - p)^g of each row's M = 100 top terms, in float64 (so p near 1 keeps 1 - p)
+        return {"readout": (1024, 100, lambda a: np.exp(a, dtype=np.float64), n_score)}
     return {}
 
 

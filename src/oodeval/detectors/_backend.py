@@ -159,7 +159,7 @@ class _NumpyCompute(Compute):
 
     def pick(self, a, index):
         """a[i, index_i] per row."""
-        return np.take_along_axis(a, index[:, None], axis=1)[:, 0]
+        return a[np.arange(len(index)), index]
 
     def take_rows(self, a, index):
         """a[index] for valid row indices (an argmax's), inside :meth:`by_rows` in a per-thread
@@ -177,10 +177,13 @@ class _NumpyCompute(Compute):
         return np.empty_like(a) if out is None else out
 
     def rowmax(self, a):
-        return a.max(axis=1)
+        """The largest value of each row, read at its argmax: numpy's argmax along rows is
+        vectorised and its row max is not (1.6-4x the time over rows of 10 to 1000 values)."""
+        return self.pick(a, a.argmax(axis=1))
 
     def rowmin(self, a):
-        return a.min(axis=1)
+        """The smallest value of each row, read at its argmin (as :meth:`rowmax`)."""
+        return self.pick(a, a.argmin(axis=1))
 
     def argmax(self, a):
         return a.argmax(axis=1)
@@ -191,11 +194,12 @@ class _NumpyCompute(Compute):
     def log(self, a):
         return np.log(a)
 
-    def shifted_exp(self, a, out=None):
+    def shifted_exp(self, a, out=None, m=None):
         """(max_c a_c, exp(a - max), sum_c exp(a_c - max)) per row: the exp in the product dtype,
         written into ``out`` (an array shaped like ``a``, possibly ``a`` itself; default a new
-        one) and exponentiated there in place, the sum in float64."""
-        m = self.rowmax(a)
+        one) and exponentiated there in place, the sum in float64. ``m``: the row maxima, when
+        the caller has them already (e.g. from a partition of each row), saving their pass."""
+        m = self.rowmax(a) if m is None else m
         e = np.subtract(a, m[:, None], out=out)
         np.exp(e, out=e)
         return m, e, self.rowsum(e)
@@ -235,15 +239,16 @@ class _NumpyCompute(Compute):
         """Where a softmax sum writes its exp: ``a`` itself, else a scratch buffer (or new)."""
         return a if overwrite else _scratch(a.shape, a.dtype)
 
-    def logsumexp(self, a, overwrite: bool = False, own_max: bool = False):
+    def logsumexp(self, a, overwrite: bool = False, own_max: bool = False, row_max=None):
         """log sum_c exp(a_c) per row, float64: s + log sum_c exp(a_c - s), the exp in the
         product dtype, the sum in float64, s the row max with ``own_max`` and else a shift per
         block (see :meth:`_block_exp`). ``own_max`` makes the row max's term exactly 1, so that
-        max a - logsumexp a = -log(1 + rest) <= 0 resolves p_max close to 1. ``overwrite``: the
-        exp is taken in ``a`` itself."""
+        max a - logsumexp a = -log(1 + rest) <= 0 resolves p_max close to 1. ``row_max``: the
+        row maxima, already known (implies ``own_max``). ``overwrite``: the exp is taken in ``a``
+        itself."""
         out = self._exp_out(a, overwrite)
-        if own_max:
-            m, _, total = self.shifted_exp(a, out)
+        if own_max or row_max is not None:
+            m, _, total = self.shifted_exp(a, out, row_max)
             return m + np.log(total)
         shift, _, total, _ = self._block_exp(a, out, None if out is not a else self.rowmax(a))
         return shift + np.log(total)
@@ -437,14 +442,14 @@ class _TorchCompute(Compute):
     def log(self, a):
         return a.log()
 
-    def shifted_exp(self, a, out=None):
-        m = self.rowmax(a)
+    def shifted_exp(self, a, out=None, m=None):
+        m = self.rowmax(a) if m is None else m
         e = _torch().sub(a, m[:, None], out=out).exp_() if out is not None else (a - m[:, None]).exp_()
         return m, e, self.rowsum(e)
 
-    def logsumexp(self, a, overwrite: bool = False, own_max: bool = False):
-        """Each row shifted by its own max (``own_max`` is always so here)."""
-        m, _, total = self.shifted_exp(a, a if overwrite else None)
+    def logsumexp(self, a, overwrite: bool = False, own_max: bool = False, row_max=None):
+        """Each row shifted by its own max (``own_max`` is always so here; ``row_max``: known)."""
+        m, _, total = self.shifted_exp(a, a if overwrite else None, row_max)
         return m + total.log()
 
     def max_softmax(self, a, overwrite: bool = False):

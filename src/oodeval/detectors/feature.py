@@ -41,8 +41,9 @@ class _CentroidBase(Detector):
         _, self.classes_ = labelled(train.labels, type(self).__name__)
         means, counts = class_means(train.features, train.labels, self.classes_, comp=self._compute())
         self.centroids_ = l2_normalise(means)
-        self.center_ = float32_centre(counts @ means / counts.sum())
-        self.center_products_ = self.centroids_ @ self.center_
+        with one_blas_thread():  # two (K, D) matrix-vector products: a second BLAS thread only spins
+            self.center_ = float32_centre(counts @ means / counts.sum())
+            self.center_products_ = self.centroids_ @ self.center_
 
     def _scores(self, x: FeatureSet, readout) -> np.ndarray:
         """readout(comp, z mu_c products, 1 / ||z||) per block of rows (:meth:`Compute.by_rows`),

@@ -109,7 +109,7 @@ class GEN(Detector):
     release uses the same); M is capped at the number of classes, and None takes every class
     (pytorch-ood's ``GEN`` default). The top M are found on the logits (softmax is
     monotone); their p_c and 1 - p_c are computed in float64 whatever ``compute_dtype``, so
-    p_c close to 1 keeps its (1 - p_c)^g.
+    p_c close to 1 keeps its (1 - p_c)^g; each term is read as exp(g (log p_c + log(1 - p_c))).
     """
 
     label = "GEN"
@@ -130,10 +130,22 @@ class GEN(Detector):
 
         def fn(f: np.ndarray) -> np.ndarray:
             m = f.shape[1] if self.top_m is None else min(int(self.top_m), f.shape[1])
-            log_top = comp.topk(f, m) - comp.logsumexp(f, own_max=True)[:, None]  # float64 log p of the top M
             if comp.device is not None:
-                return -((g * log_top).exp() * (-log_top.expm1()) ** g).sum(dim=1)
-            return -np.sum(np.exp(g * log_top) * (-np.expm1(log_top)) ** g, axis=1)
+                top = comp.topk(f, m)  # holds each row's max: the log-sum-exp's shift without a pass over f
+                log_top = top - comp.logsumexp(f, row_max=comp.rowmax(top))[:, None]  # float64 log p of the top M
+                # p^g (1 - p)^g = exp(g (log p + log(1 - p))): one exp and one log per term, not a power
+                return -(g * (log_top + (-log_top.expm1()).log())).exp().sum(dim=1)
+            # numpy: the partition is a copy of the rows (a permutation of each), so the shifted exps
+            # and their sum are taken in it, in place, while it is in cache (same terms, same sum)
+            part = np.partition(f, f.shape[1] - m, axis=1)
+            top = part[:, f.shape[1] - m :].copy()
+            row_max = comp.rowmax(top)
+            log_top = top - comp.logsumexp(part, overwrite=True, row_max=row_max)[:, None]  # float64 log p of the top M
+            with np.errstate(divide="ignore"):  # as above; p = 1: log(1 - p) = -inf, a term of 0 (0^g)
+                t = np.log(-np.expm1(log_top))
+            t += log_top
+            t *= g
+            return -np.exp(t, out=t).sum(axis=1)
 
         return over_rows(comp, fn, x.logits)
 
@@ -168,9 +180,14 @@ class KLMatching(Detector):
         counts = np.zeros(c)
         chunks = list(comp.chunks(len(f), c))
         buf = comp.empty((chunks[0].stop - chunks[0].start, c))  # e of each chunk, written in place
+
+        def softmax_sum(a, o):  # the predicted class's logit is the row max: one argmax pass for both
+            k = comp.argmax(a)
+            return comp.shifted_exp(a, o, comp.pick(a, k))[2], k
+
         for sl in chunks:
             e = buf[: sl.stop - sl.start]
-            total, k = comp.by_rows(lambda a, o: (comp.shifted_exp(a, o)[2], comp.argmax(a)), comp.put(f[sl]), e)
+            total, k = comp.by_rows(softmax_sum, comp.put(f[sl]), e)
             k, total = comp.host(k), comp.get(total)
             sums += comp.groupsum(e, k, c, weights=1.0 / total)  # softmax p = e / total
             counts += np.bincount(k, minlength=c)
