@@ -40,6 +40,10 @@ logit). Full slots live in one contiguous (slots, memory_size - 1, E) block, the
 pool; the memory is updated for a batch in rounds (the r-th candidate of every label at once, in batch
 order within a label, labels being independent). The negatives are laid out once in group order,
 so neither grouped score gathers columns; s0's logits are reused by s1 for the labels without images.
+A batch's scores are worked in blocks of 128 images, images along the rows (x @ labels', the faster
+orientation of the product), one block per core with BLAS held to one thread. While 2.01 / tau <= 600
+the logits are exponentiated as they are (no shift: |l| <= 300), the grouped sums are sums of those
+exponentials and an entropy's softmax is the exponentials over their sum (no second pass of exp).
 """
 
 from __future__ import annotations
@@ -66,9 +70,9 @@ __all__ = ["AdaNeg", "MemoryBank"]
 _BLOCK_ROWS = 128
 #: float64 values per work array in the proxies' loop (8 MB, whatever the memory's size)
 _CACHE_ELEMENTS = 1048576
-#: exponentials of logits shifted by each image's largest static logit are taken directly (sums of
-#: exponentials, no log-sum-exp per group) while the logits' possible spread, 2.01 / tau for cosines of
-#: unit vectors (norms within 1e-3), is at most this: exp(-600) is still a normal float64, exp(600) finite
+#: logits are exponentiated directly, unshifted (sums of exponentials, no log-sum-exp per group), while
+#: their possible spread, 2.01 / tau for cosines of unit vectors (norms within 1e-3), is at most this:
+#: then |l| <= 1.002 / tau <= 300, and exp(+-300) and the sums of K of them are normal, finite floats
 _EXP_SPAN = 600.0
 
 
