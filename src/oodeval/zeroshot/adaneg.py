@@ -342,7 +342,8 @@ class AdaNeg(ZeroShotScorer):
         at_negative[layout] = c + np.arange(m)
         text = np.concatenate([id_text, negatives[layout]])
         bank = MemoryBank(text, int(self.memory_size) - 1)
-        lay = _Layout(c, groups, len(order), at_negative, text / self.tau, bool(groups) and 2.01 / self.tau <= _EXP_SPAN)
+        direct = bool(groups) and 2.01 / self.tau <= _EXP_SPAN
+        lay = _Layout(c, groups, len(order), at_negative, text / self.tau, direct)
         n = len(image)
         out = np.empty(n)
         with one_blas_thread() as threads, ThreadPoolExecutor(max(1, min(threads, os.cpu_count() or 1))) as pool:
