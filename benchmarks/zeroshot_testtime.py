@@ -8,7 +8,9 @@ arrays; printed: CPU seconds (``time.process_time``, all threads) and wall secon
 ratio (NegLabel is timed before and after AdaNeg, against load drift on a shared machine;
 the ratio uses the mean of the two), AdaNeg's memory-bank fill (images held, of at most K (memory_size - 1)) and with ``--heap`` the peak
 Python heap of each (``tracemalloc``, which numpy reports its buffers to) from separate runs, tracing
-being left out of the timed ones.
+being left out of the timed ones. Both use the same threads: NegLabel's products run on BLAS's threads,
+AdaNeg holds BLAS to one thread and runs blocks of each batch on as many threads. The machine lines
+(benchmarks/_machine.py) are printed after the timed runs (they load torch).
 
     OMP_NUM_THREADS=2 .venv/bin/python benchmarks/zeroshot_testtime.py --n 50000 --classes 1000 --negatives 10000
 """
@@ -91,6 +93,9 @@ def main() -> None:
     print(f"AdaNeg / NegLabel CPU time: {rows['adaneg'][0] / base[0]:.2f}x (wall {rows['adaneg'][1] / base[1]:.2f}x; "
           f"NegLabel timed before and after AdaNeg, mean of the two); "
           f"memory bank {fill.get('used', 0)} of at most {fill.get('cap', 0)} images")
+    from _machine import describe
+
+    print("\n".join(describe()))
 
 
 if __name__ == "__main__":

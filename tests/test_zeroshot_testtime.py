@@ -123,6 +123,27 @@ def test_adaneg_batched_memory_matches_the_release_rederived(stream, samada, mon
     assert rounds.tolist() == [0, 0, 1, 2, 1, 0]
 
 
+def test_adaneg_blocks_of_a_batch_match_the_release_rederived(stream, monkeypatch):
+    """A batch of 40 worked in blocks of 16 images (the last one short), on one BLAS thread and on two
+    threads: the release's per-image re-derivation's scores, the same bits whatever the thread count."""
+    from threadpoolctl import threadpool_limits
+
+    from oodeval.zeroshot import adaneg
+
+    monkeypatch.setattr(adaneg, "_BLOCK_ROWS", 16)
+    x, id_text, neg = stream
+    ref, indice = adaneg_reference(x, id_text, neg, batch=40, tau=0.05, memleng=3, groups=3)
+    assert (indice == 3).sum() >= 3
+    got = {}
+    for threads in (1, 2):
+        with threadpool_limits(threads, user_api="blas"):
+            det = create_scorer("adaneg", tau=0.05, memory_size=3, n_groups=3, batch_size=40)
+            got[threads] = det.score(x, id_text, neg)
+    # as in the tests above: float64 throughout, in another order than the release's
+    np.testing.assert_allclose(got[1], ref, rtol=0, atol=1e-9)
+    np.testing.assert_array_equal(got[2], got[1])  # same code per block, BLAS on one thread in both
+
+
 def test_adaneg_defaults_are_the_imagenet_script():
     assert create_scorer("adaneg").get_params() == {
         "tau": 0.01, "n_groups": 5, "seed": 0, "memory_size": 10, "thres": 0.5, "gap": 0.5, "beta": 5.5, "lam": 0.1,

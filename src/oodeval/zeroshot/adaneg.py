@@ -40,14 +40,22 @@ logit). Full slots live in one contiguous (slots, memory_size - 1, E) block, the
 pool; the memory is updated for a batch in rounds (the r-th candidate of every label at once, in batch
 order within a label, labels being independent). The negatives are laid out once in group order,
 so neither grouped score gathers columns; s0's logits are reused by s1 for the labels without images.
+A batch's scores are worked in blocks of 128 images, images along the rows (x @ labels', the faster
+orientation of the product), one block per core with BLAS held to one thread. While 2.01 / tau <= 600
+the logits are exponentiated as they are (no shift: |l| <= 300), the grouped sums are sums of those
+exponentials and an entropy's softmax is the exponentials over their sum (no second pass of exp).
 """
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
+from typing import NamedTuple
+
 import numpy as np
 from scipy.special import log_softmax
 
-from .. import _arrays
+from ..detectors._backend import one_blas_thread
 from ..detectors.base import as_scores
 from ..errors import InputError
 from ..features import FeatureSet
@@ -57,11 +65,14 @@ from .scorers import ZeroShotScorer, _check_unit, _prepare, negative_groups, reg
 
 __all__ = ["AdaNeg", "MemoryBank"]
 
+#: images per block of a batch: a block's products (BLAS held to one thread) and its passes over them run on
+#: one core, the blocks of a batch on all cores; a fixed size, so the scores do not depend on the thread count
+_BLOCK_ROWS = 128
 #: float64 values per work array in the proxies' loop (8 MB, whatever the memory's size)
 _CACHE_ELEMENTS = 1048576
-#: exponentials of logits shifted by each image's largest static logit are taken directly (sums of
-#: exponentials, no log-sum-exp per group) while the logits' possible spread, 2.01 / tau for cosines of
-#: unit vectors (norms within 1e-3), is at most this: exp(-600) is still a normal float64, exp(600) finite
+#: logits are exponentiated directly, unshifted (sums of exponentials, no log-sum-exp per group), while
+#: their possible spread, 2.01 / tau for cosines of unit vectors (norms within 1e-3), is at most this:
+#: then |l| <= 1.002 / tau <= 300, and exp(+-300) and the sums of K of them are normal, finite floats
 _EXP_SPAN = 600.0
 
 
@@ -187,7 +198,7 @@ class MemoryBank:
         self.free = np.r_[self.free, self.rows[slots].ravel()]
         self.rows[slots] = -1
 
-    def _groups(self):
+    def groups(self) -> list:
         """(slots, their images (s, n, E)) of every set of slots holding the same number n of images:
         the full slots (a view of ``full``), then the filling ones by n (gathered from the pool)."""
         out = [(self.full_slots, self.full[: len(self.full_slots)])] if len(self.full_slots) else []
@@ -198,45 +209,46 @@ class MemoryBank:
             out.append((slots, self.pool[self.rows[slots, :n]]))
         return out
 
-    def proxy_cosines(self, x: np.ndarray, cos_t: np.ndarray, beta: float, sample_adaptive: bool):
-        """(slots, cosines (slots, N)): cos(x, p_k) of every slot k holding images and each row of x;
-        ``cos_t`` = text @ x.T (the other slots' proxies are their text embeddings).
+    def proxy_cosines(self, x: np.ndarray, text_cos: np.ndarray, beta: float, sample_adaptive: bool, scale: float = 1.0,
+                      groups: list | None = None):
+        """(slots, cosines (N, slots)): cos(x, p_k) of each row of x and every slot k holding images;
+        ``text_cos * scale`` = x @ text.T (N, K) (the other slots' proxies are their text embeddings);
+        ``groups``: :meth:`groups`, when the caller took it already.
 
-        With w0 = w(t_k'x), w_j = w(m_kj'x) (w = exp(-beta (1 - .)), or 1 task-adaptively):
+        With w0 = w(t_k'x), w_j = w(m_kj'x) (w = exp(beta (. - 1)), or 1 task-adaptively):
         x'p_k = (w0 t_k'x + sum_j w_j m_kj'x) / sqrt(w0^2 t_k't_k + 2 w0 sum_j w_j t_k'm_kj + w'G_k w),
-        G_k the Gram matrix of slot k's images. Worked per group of slots with the same number n of
-        images, as (slots, n, rows of x) arrays."""
-        groups = self._groups()
+        G_k the Gram matrix of slot k's images. The ratio does not change when all of a slot's weights
+        share a factor, so exp(-beta) is left out (:func:`_weights`). Worked per group of slots with the
+        same number n of images, as (rows of x, slots, n) arrays of bounded size."""
+        groups = self.groups() if groups is None else groups
         held = np.concatenate([g[0] for g in groups]) if groups else np.empty(0, dtype=np.int64)
-        out = np.empty((len(held), len(x)))
-        rows = min(len(x), 1024)
+        r = len(x)
+        out = np.empty((r, len(held)))
         done = 0
         for slots, images in groups:
             n, e = images.shape[1:]
-            step = max(1, _CACHE_ELEMENTS // (n * rows))  # slots at a time: bounded work arrays
+            step = max(1, _CACHE_ELEMENTS // (n * max(r, 1)))  # slots at a time: bounded work arrays
             for a in range(0, len(slots), step):
                 sl = slots[a : a + step]
-                at = slice(done + a, done + a + len(sl))
-                flat = images[a : a + step].reshape(-1, e)
-                gram, gram_text, tt = self.gram[sl, :n, :n], self.gram_text[sl, None, :n], self.text_norm2[sl, None]
-                for start in range(0, len(x), rows):
-                    part = slice(start, start + rows)
-                    c = (flat @ x[part].T).reshape(len(sl), n, -1)  # m_kj'x
-                    c0 = cos_t[sl, part]  # t_k'x
-                    w0, w = _weights(c0, beta, sample_adaptive), _weights(c, beta, sample_adaptive)
-                    num = w0 * c0 + np.einsum("snr,snr->sr", w, c)
-                    norm2 = w0 * (w0 * tt + 2.0 * (gram_text @ w)[:, 0]) + np.einsum("snr,snr->sr", gram @ w, w)
-                    np.divide(num, np.sqrt(norm2), out=out[at, part])
+                c = (x @ images[a : a + step].reshape(-1, e).T).reshape(r, len(sl), n)  # m_kj'x
+                c0 = text_cos[:, sl] * scale  # t_k'x
+                w0, w = _weights(c0, beta, sample_adaptive), _weights(c, beta, sample_adaptive)
+                num = w0 * c0 + np.einsum("rsn,rsn->rs", w, c)
+                ws = w.transpose(1, 0, 2)  # (slots, rows, n): one (rows, n) @ (n, n) product per slot
+                quad = np.einsum("srn,srn->rs", ws @ self.gram[sl, :n, :n], ws)  # w'G_k w
+                cross = np.einsum("rsn,sn->rs", w, self.gram_text[sl, :n])
+                norm2 = w0 * (w0 * self.text_norm2[sl] + 2.0 * cross) + quad
+                np.divide(num, np.sqrt(norm2), out=out[:, done + a : done + a + len(sl)])
             done += len(slots)
         return held, out
 
 
-def _members(c: int, k: int, groups: int, keep: int) -> np.ndarray:
-    """(K, 1 + G) float64 indicator of the grouped Eq. 3's sums: column 0 the C ID labels, column 1 + g
-    the g-th run of keep / G negatives (in group order, after the ID labels); dropped negatives in none."""
-    out = np.zeros((k, 1 + groups))
-    out[:c, 0] = 1.0
-    out[np.arange(c, c + keep), 1 + np.arange(keep) // (keep // groups)] = 1.0
+def _group_sums(exps: np.ndarray, c: int, groups: int, keep: int) -> np.ndarray:
+    """(N, 1 + G) sums of exponentials (N, K) over the C ID labels (column 0) and over each run of
+    keep / G negatives in group order (column 1 + g); the dropped negatives in none."""
+    out = np.empty((len(exps), 1 + groups))
+    exps[:, :c].sum(axis=1, out=out[:, 0])
+    exps[:, c : c + keep].reshape(len(exps), groups, keep // groups).sum(axis=2, out=out[:, 1:])
     return out
 
 
@@ -245,12 +257,23 @@ def _share_of_sums(sums: np.ndarray) -> np.ndarray:
     return (sums[:, :1] / (sums[:, :1] + sums[:, 1:])).mean(axis=1)
 
 
+def _entropy_of(exps: np.ndarray, total: np.ndarray) -> np.ndarray:
+    """The release's entropy -sum p log(p + 1e-8) of p = exps / total (rows: softmax's exponentials, their sums)."""
+    p = exps / total[:, None]
+    h = np.add(p, 1e-8)
+    np.log(h, out=h)
+    h *= p
+    return -h.sum(axis=1)
+
+
 def _weights(cos: np.ndarray, beta: float, sample_adaptive: bool) -> np.ndarray:
-    """exp(-beta (1 - cos)) (sample-adaptive), else ones."""
+    """exp(beta (cos - 1)) up to a factor shared by all (sample-adaptive), else ones: exp(beta cos)
+    while beta <= :data:`_EXP_SPAN` / 2.01 (then within exp(+-300), normal floats), else exp(beta cos - beta)."""
     if not sample_adaptive:
         return np.ones_like(cos)
-    w = np.subtract(cos, 1.0)
-    w *= beta
+    w = np.multiply(cos, beta)
+    if 2.01 * beta > _EXP_SPAN:
+        w -= beta
     return np.exp(w, out=w)
 
 
@@ -319,60 +342,92 @@ class AdaNeg(ZeroShotScorer):
         at_negative[layout] = c + np.arange(m)
         text = np.concatenate([id_text, negatives[layout]])
         bank = MemoryBank(text, int(self.memory_size) - 1)
-        members = _members(c, len(text), groups, len(order)) if groups and 2.01 / self.tau <= _EXP_SPAN else None
+        direct = bool(groups) and 2.01 / self.tau <= _EXP_SPAN
+        lay = _Layout(c, groups, len(order), at_negative, text / self.tau, direct)
         n = len(image)
         out = np.empty(n)
-        for part, chunk in iter_chunks({"features": image}, int(self.batch_size)):
-            x = _prepare("image embeddings", chunk["features"], normalize)
-            out[part] = self._batch(bank, x, c, groups, len(order), at_negative, members)
+        with one_blas_thread() as threads, ThreadPoolExecutor(max(1, min(threads, os.cpu_count() or 1))) as pool:
+            for part, chunk in iter_chunks({"features": image}, int(self.batch_size)):
+                x = _prepare("image embeddings", chunk["features"], normalize)
+                out[part] = self._batch(bank, x, lay, pool)
         return as_scores(out, n, type(self).__name__)
 
-    def _batch(self, bank: MemoryBank, x: np.ndarray, c: int, groups: int, keep: int,
-               at_negative: np.ndarray, members: np.ndarray | None) -> np.ndarray:
-        """Scores of one batch: static score, memory update, then the adaptive score. Worked with labels
-        along the first axis and the batch's images along the last. With ``members`` (:func:`_members`)
-        the grouped sums are products of the exponentials with it, and the adaptive score reuses the
-        static exponentials of the labels without images."""
-        cos_t = bank.text @ x.T
-        logits = cos_t / self.tau
-        b = len(x)
+    def _batch(self, bank: MemoryBank, x: np.ndarray, lay: _Layout, pool: ThreadPoolExecutor) -> np.ndarray:
+        """Scores of one batch: static score, memory update, then the adaptive score, each score
+        worked per block of :data:`_BLOCK_ROWS` images (images along the first axis, labels along
+        the last), the blocks on the pool's threads."""
+        blocks = [slice(a, min(a + _BLOCK_ROWS, len(x))) for a in range(0, len(x), _BLOCK_ROWS)]
+        static = list(pool.map(lambda sl: self._static(x[sl], lay), blocks))  # noqa: B023 - consumed at once
+        slots, rows, ent = [], [], []
+        for i in (0, 1):  # the ID candidates of the batch, in batch order, then the negative ones
+            for sl, part in zip(blocks, static):
+                slots.append(part[3 + i][0])
+                rows.append(part[3 + i][1] + sl.start)
+                ent.append(part[3 + i][2])
+        idx = np.concatenate(rows)
+        if idx.size:
+            bank.add_many(np.concatenate(slots), x[idx], np.concatenate(ent))
+        groups = bank.groups()
+        parts = pool.map(lambda sl, part: self._adaptive(bank, groups, x[sl], part, lay), blocks, static)  # noqa: B023
+        return np.concatenate(list(parts))
 
-        def share(logits):  # the grouped Eq. 3; the negatives are in group order already
-            if groups == 0:
-                return np.ones(b)
-            return share_of_groups(logits[:c].T, logits[c : c + keep].reshape(groups, keep // groups, b).transpose(2, 0, 1))
-
-        if members is not None:
-            shift = logits.max(axis=0)
-            exps = np.exp(logits - shift)
-            s0 = _share_of_sums(exps.T @ members)
+    def _static(self, x: np.ndarray, lay: _Layout):
+        """(logits, exponentials or None, s0, (slots, rows, entropies) of the ID candidates, the same of
+        the negative ones) of a block of images. While ``lay.direct`` the logits are exponentiated as
+        they are (|l| <= 1.002 / tau <= 300: normal floats, finite sums), the grouped sums taken of the
+        exponentials, and the softmax of an entropy is the exponentials over their sum."""
+        logits = x @ lay.scaled.T
+        c = lay.c
+        exps = None
+        if lay.direct:
+            exps = np.exp(logits)
+            sums = _group_sums(exps, c, lay.groups, lay.keep)
+            s0 = _share_of_sums(sums)
         else:
-            s0 = share(logits)
+            s0 = _share(logits, lay)
         hi = self.thres + self.gap * (1.0 - self.thres)
         lo = self.thres - self.gap * self.thres
-        slots, rows, ent = [], [], []
-        idx = np.flatnonzero(s0 > hi)
-        if idx.size:  # to the top ID label's slot
-            sub = logits[:c, idx].T
-            slots.append(np.argmax(sub, axis=1))
-            rows.append(idx)
-            ent.append(_entropy(sub))
-        idx = np.flatnonzero(s0 < lo)
-        if idx.size and len(at_negative):  # to the top negative's slot, the negatives in vocabulary order
-            sub = logits[np.ix_(at_negative, idx)].T
-            slots.append(at_negative[np.argmax(sub, axis=1)])
-            rows.append(idx)
-            ent.append(_entropy(sub))
-        if slots:
-            idx = np.concatenate(rows)
-            bank.add_many(np.concatenate(slots), x[idx], np.concatenate(ent))
-        held, ada = bank.proxy_cosines(x, cos_t, self.beta, bool(self.sample_adaptive))
-        if members is not None:  # the labels without images keep s0's exponentials
-            kept = members.copy()
-            kept[held] = 0.0
-            ada /= self.tau
-            ada -= shift
-            sums = exps.T @ kept + np.exp(ada, out=ada).T @ members[held]
-            return _share_of_sums(sums) + self.lam * s0
-        logits[held] = ada / self.tau  # the labels without images keep s0's logits
-        return share(logits) + self.lam * s0
+        idx = np.flatnonzero(s0 > hi)  # to the top ID label's slot
+        ent = _entropy_of(exps[idx, :c], sums[idx, 0]) if exps is not None else _entropy(logits[idx, :c])
+        to_id = (np.argmax(logits[idx, :c], axis=1), idx, ent)
+        idx = np.flatnonzero(s0 < lo) if len(lay.at_negative) else np.empty(0, dtype=np.int64)
+        if not idx.size:
+            return logits, exps, s0, to_id, (idx, idx, np.empty(0))
+        # to the top negative's slot, the negatives in vocabulary order (the entropy does not depend on the order)
+        ent = (_entropy_of(exps[idx, c:], exps[idx, c:].sum(axis=1)) if exps is not None
+               else _entropy(logits[idx, c:]))
+        to_neg = (lay.at_negative[np.argmax(logits[np.ix_(idx, lay.at_negative)], axis=1)], idx, ent)
+        return logits, exps, s0, to_id, to_neg
+
+    def _adaptive(self, bank: MemoryBank, groups: list, x: np.ndarray, static: tuple, lay: _Layout) -> np.ndarray:
+        """s1 + lambda s0 of a block of images from its :meth:`_static` part, after the memory update:
+        the labels without images keep their static logits (exponentials)."""
+        logits, exps, s0 = static[:3]
+        held, ada = bank.proxy_cosines(x, logits, self.beta, bool(self.sample_adaptive), self.tau, groups)
+        ada /= self.tau
+        if exps is not None:
+            exps[:, held] = np.exp(ada, out=ada)
+            return _share_of_sums(_group_sums(exps, lay.c, lay.groups, lay.keep)) + self.lam * s0
+        logits[:, held] = ada
+        return _share(logits, lay) + self.lam * s0
+
+
+class _Layout(NamedTuple):
+    """The labels of one :meth:`AdaNeg.score` call: C ID labels, G groups of keep / G negatives in group
+    order (then the dropped ones), the slot of each negative in vocabulary order, the label embeddings
+    over tau, and whether the logits are exponentiated directly."""
+
+    c: int
+    groups: int
+    keep: int
+    at_negative: np.ndarray
+    scaled: np.ndarray
+    direct: bool
+
+
+def _share(logits: np.ndarray, lay: _Layout) -> np.ndarray:
+    """The grouped Eq. 3 of logits (N, K) per group's log-sum-exp; the negatives are in group order already."""
+    if lay.groups == 0:
+        return np.ones(len(logits))
+    grouped = logits[:, lay.c : lay.c + lay.keep].reshape(len(logits), lay.groups, lay.keep // lay.groups)
+    return share_of_groups(logits[:, : lay.c], grouped)
