@@ -255,8 +255,9 @@ def fit_temperature(logits: np.ndarray, labels: np.ndarray, bounds: tuple[float,
     b, safeguarded by a bracket (a step that leaves it halves the bracket geometrically instead),
     reaches the one minimum in a few steps from b = 1; a minimum on the boundary means the logits
     carry no usable calibration (e.g. all predictions right: T -> 0). Each step is one pass over
-    the logits: x = f - max f (formed once), e = exp(b x) in ``comp``'s dtype, and the sums of e,
-    e x and e x^2 of each row in float64 (default: float64 throughout).
+    the logits: x = f - max f (formed once), e = exp(b x) in ``comp``'s dtype, the sums of e and
+    e x of each row in float64, and that of e x^2 (the curvature, which sets only a step's length,
+    not where the slope is 0) in ``comp``'s dtype (default: float64 throughout).
     """
     comp = comp or Compute("float64")
     f = comp.put(logits)
@@ -269,9 +270,10 @@ def fit_temperature(logits: np.ndarray, labels: np.ndarray, bounds: tuple[float,
             e = a * b
             e = np.exp(e, out=e) if comp.device is None else e.exp_()
             s0 = comp.rowsum(e)
-            s1 = comp.rowdot(e, a)
-            e *= a
-            return s0, s1, comp.rowdot(e, a)
+            e *= a  # e x, each product rounded once in the product dtype (x <= 0: no cancellation)
+            # the curvature sets only the step's length (the minimum is where the slope is 0), so
+            # its sum stays in the product dtype: one pass fewer than a float64 row dot
+            return s0, comp.rowsum(e), (e * a).sum(1) if comp.device is not None else np.einsum("ij,ij->i", e, a)
 
         s0, s1, s2 = (comp.get(v) for v in comp.by_rows(block, x))
         mean = s1 / s0
@@ -375,7 +377,9 @@ class TemperatureScaling(OptInDetector):
         self.resolved_ = {"temperature": self.temperature_}
 
     def _score(self, x: FeatureSet) -> np.ndarray:
-        return MSP(temperature=self.temperature_, compute_dtype=self.compute_dtype, device=self.device).fit()._score(x)
+        # MSP's score of f / T (:class:`MSP`), its exp taken in the block's own scaled copy
+        t, comp = float(self.temperature_), self._compute()
+        return over_rows(comp, lambda f: comp.max_softmax(f / t, overwrite=True), x.logits)
 
 
 def weibull_mle(x: np.ndarray, mask: np.ndarray | None = None, steps: int = 64) -> tuple[np.ndarray, np.ndarray]:
