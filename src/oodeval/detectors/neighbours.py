@@ -240,8 +240,7 @@ class CFOOD(OptInDetector):
     grow with the level), so the first j with c_j >= m (m the least count with m / n >= k) is a
     binary search over the levels, each step one count over the reference rows. float64
     throughout (the scores are grid values: a rounding that flips one comparison moves a score
-    by a whole step); the fit's blocks of reference rows (distances, then their partition) and
-    the scored rows' blocks run on every core, one BLAS thread each.
+    by a whole step); the scored rows' blocks run on every core.
     """
 
     label = "CFOOD"
@@ -271,13 +270,10 @@ class CFOOD(OptInDetector):
         self.reference_ = self._unit(train.features[rows])
         self.reference_sq_ = np.einsum("ij,ij->i", self.reference_, self.reference_)
         self.levels_, positions = cfood_levels(n)
-
-        def radii(q: np.ndarray) -> np.ndarray:  # a block of reference rows' radii, on one core
-            d = _sq_distances(q, self.reference_, self.reference_sq_)
-            d.partition(positions + 1, axis=1)  # + 1: past the row itself
-            return d[:, positions + 1]
-
-        self.radii_ = Compute("float64").by_rows(radii, self.reference_)
+        self.radii_ = np.empty((n, self.levels_.size))
+        for sl in chunks(n, n):
+            d = _sq_distances(self.reference_[sl], self.reference_, self.reference_sq_)
+            self.radii_[sl] = np.partition(d, positions + 1, axis=1)[:, positions + 1]  # + 1: past the row itself
         # the least count m with m / n >= k (the release compares the fraction)
         m = max(1, int(np.ceil(self.k * n)))
         while m > 1 and (m - 1) / n >= self.k:
