@@ -125,8 +125,7 @@ def products(name: str, n_train: int, n_score: int, d: int, c: int, hp: dict) ->
         "gmm": gmm_products(n_train, n_score, d, hp),
         # per class: its scatter, then a triangular solve of every scored row (a D x D product's work)
         "class_gmm": [(n_train, d, d), (n_score * c, d, d)],
-        # each scored row's distances to its alpha top classes' MAVs: at least an (N, C) x (C, alpha) product's work
-        "openmax": [(n_score, c, hp.get("alpha", 3))],
+        # (openmax: its alpha distances are row dots, see passes_over)
     }  # fmt: skip
     table.update(since_paper_products(n_train, n_score, d, c, hp))
     return table.get(name, [])
@@ -259,6 +258,12 @@ def passes_over(name: str) -> list[tuple[str, str, str]]:
     shaping = [("score", "features", "sum"), ("score", "features", "scale")]
     return {"entropy": [("score", "logits", "dot")], "gradnorm": [("score", "logits", "dot")],
             "lts": [("score", "logits", "scale")],
+            # the score reads f / T: a pass writing each scaled logit (was missing)
+            "temperature_scaling": [("score", "logits", "scale")],
+            # each scored row's distance to each of its alpha top classes' MAVs: a row dot with that
+            # row's own MAV, accumulated in float64 (was an (N, C) x (C, alpha) product: no matrix is
+            # shared by the rows, so no product can form them); alpha = 3, the default run here
+            "openmax": [("score", "logits", "dot")] * 3,
             "optfs": [("train", "features", "scale"), ("score", "features", "scale")],
             "kl_matching": [("score", "logits", "dot")], "fdbd": [("score", "logits", "dot")],
             "ash_s": shaping, "scale": shaping}.get(name, [])  # fmt: skip
@@ -400,6 +405,9 @@ def floor_seconds(name: str, shapes: list[tuple[int, int, int]], train: FeatureS
     for array, times in fit_search_passes(name, train, sum(len(fs) for fs in score_sets), fitted or {}) if device is None else []:
         w, c = _on_all_cores(passes, [array])
         wall, cpu = wall + times * w, cpu + times * c
+        if name == "temperature_scaling":  # each Newton step's slope, sum_c e_c f_c: a float64 row dot (was missing)
+            w, c = _on_all_cores(lambda a: np.einsum("ij,ij->i", a, a, dtype=np.float64), [array])
+            wall, cpu = wall + times * w, cpu + times * c
     for role in argmax_passes(name):  # the predicted class of every row: an argmax over its logits
         if device is None:
             add(("argmax", role), lambda: _on_all_cores(lambda a: a.argmax(1), [np.asarray(fs.logits) for fs in sets[role]]))
@@ -693,13 +701,13 @@ NOT_HERE = {"nac": "per-layer states (benchmarks/nac_taps.py)",
 # and, for webo and pnml, pytorch-ood 0.4.0's class on the same arrays; they are not among SHARED
 # (the 21's totals). cfood's floor is its two distance products, its radii's partitions and one
 # comparison per (scored row, reference row); kpca's its random-feature and scatter products, the
-# cos of every random feature and the 4096 x 4096 eigendecomposition (not the projection on its q
-# components, which depends on the data). ora's floor is the head's product and one softmax pass
-# over the scored logits: its per-class cosine needs a square root and a division for every
-# (scored row, class), timed as the exp of such a pass (corrected: the floor omitted them).
-# weiper's floor is its products, the max softmax of its perturbed logits, their ID-train range
-# and one elementwise pass per binned value, ID train and scored (corrected: the floor omitted the
-# range and the bins, which its densities need). cadref has no peer timing: pytorch-ood
+# cos of every random feature, the 4096 x 4096 eigendecomposition and the scored rows' projection
+# on the smaller of its fitted q components and their complement. ora's floor is the head's product
+# and one softmax pass over the scored logits: its per-class cosine needs a square root and a
+# division for every (scored row, class), timed as the exp of such a pass (corrected: the floor
+# omitted them). weiper's floor is its products, the max softmax of its perturbed logits, their
+# ID-train range and one elementwise pass per binned value, ID train and scored (corrected: the
+# floor omitted the range and the bins, which its densities need). cadref has no peer timing: pytorch-ood
 # 0.4.0 lacks it; weiper and ora are in neither peer. grood's floor is its three products (prototype
 # distances of ID train and of the scored rows, the scored gradients against the indexed ones) and
 # its reads; OpenOOD's grood runs the network and a faiss IVF index (an approximate 1-NN; faiss is
@@ -737,7 +745,9 @@ def since_paper_products(n_train: int, n_score: int, d: int, c: int, hp: dict) -
     ref, m = int(0.1 * n_train), 4096
     return {"pnml": [(n_train, d, d), (n_score, d, d), (n_score, d, c)],
             "cfood": [(ref, d, ref), (n_score, d, ref)],
-            "kpca": [(n_train, d, m), (n_train, m, m), (n_score, d, m)],
+            # (the last: each scored row's projection on the smaller of U_q and its complement, which
+            # the residual needs; was left out)
+            "kpca": [(n_train, d, m), (n_train, m, m), (n_score, d, m), (n_score, m, max(1, min(hp.get("q", m), m - hp.get("q", m))))],
             "cadref": [(n_train, d, c), (n_score, d, c)], "ora": [(c, d, c), (n_score, d, c)],
             # WeiPer: its 100 perturbed heads over ID train twice (the value range, then the densities)
             # and over the scored rows
@@ -881,6 +891,8 @@ def main() -> None:
             fitted = {"bank": len(det.bank_)}
         if name == "temperature_scaling":
             fitted = {"val_rows": det.val_rows_, "steps": det.n_iter_}
+        if name == "kpca":
+            fitted = {"q": det.n_components_}
         shapes = products(name, n_train, n_score, args.dim, args.classes, {**hp, **fitted})
         line = f"{name:<24}{secs:>8.2f}{cpu:>8.2f}{peak:>8.0f}"
         ref, ref_cpu = (0.0, 0.0) if name in NO_FLOOR else floor_seconds(name, shapes, train, [test, ood], cache, args.device, fitted)

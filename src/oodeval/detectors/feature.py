@@ -20,8 +20,8 @@ from ..errors import InputError
 from ..features import FeatureSet
 from ..params import BOOLEAN, COMPUTE, POSITIVE, SEED, Integral, Interval, Options, Real
 from . import register
-from ._backend import one_blas_thread
-from ._common import as64, centre_parts, chunks, class_means, float32_centre, l2_normalise, labelled, mean_rows, over_rows, scatter
+from ._backend import Compute, one_blas_thread
+from ._common import as64, centre_parts, class_means, eigh_one_thread, float32_centre, l2_normalise, labelled, mean_rows, over_rows, scatter
 from .base import BackboneInfo, Default, Detector, OptInDetector
 
 __all__ = ["Cosine", "MCM", "FDBD", "NECO", "SHE", "KernelPCA", "ORA"]
@@ -350,7 +350,11 @@ class KernelPCA(OptInDetector):
     count whose eigenvalues explain ``explained_variance`` of the total (None: the release's
     ImageNet ResNet-50 setting per kernel, 0.5 for CoRP and 0.99 for CoP; ``run_detection.sh``).
     Defaults gamma = 3, M = ``n_features`` = 4096 (the same script). The squared residual is read
-    as ||phi - m||^2 - ||U_q'(phi - m)||^2, clipped at 0. float64 throughout.
+    as ||phi - m||^2 - ||U_q'(phi - m)||^2, clipped at 0, or, where q > M / 2, as ||V'(phi - m)||^2
+    with V the other M - q eigenvectors (the same quantity without the cancellation, and the smaller
+    product). float64 throughout: the fit's chunks of rows (map, centring, the symmetric product)
+    run one per core on one BLAS thread each and are added in chunk order; the eigendecomposition
+    runs on one BLAS thread; the score's row blocks run one per core.
     """
 
     label = "KPCA"
@@ -370,11 +374,16 @@ class KernelPCA(OptInDetector):
         self.seed = seed
 
     def _map(self, z: np.ndarray) -> np.ndarray:
+        """phi of a block of rows, float64 (the RFF's (rows, M) product and cos written in place)."""
         x = as64(z)
         x = x / (np.linalg.norm(x, axis=1, keepdims=True) + 1e-10)
         if self.kernel == "cosine":
             return x
-        return np.sqrt(2.0 / self.n_features) * np.cos(x @ self.rff_weights_.T + self.rff_phases_)
+        phi = x @ self.rff_weights_.T
+        phi += self.rff_phases_
+        np.cos(phi, out=phi)
+        phi *= np.sqrt(2.0 / self.n_features)
+        return phi
 
     def _fit(self, train: FeatureSet) -> None:
         z = train.features
@@ -383,33 +392,52 @@ class KernelPCA(OptInDetector):
             self.rff_weights_ = np.sqrt(2.0 * self.gamma) * rng.standard_normal((int(self.n_features), z.shape[1]))
             self.rff_phases_ = 2.0 * np.pi * rng.random(int(self.n_features))
         width = z.shape[1] if self.kernel == "cosine" else int(self.n_features)
-        # one pass about a provisional centre c (the first chunk's mean), so that the scatter
+        comp = Compute("float64")
+        # sums about a provisional centre c (the first chunk's mean), so that the scatter
         # sum (phi - c)(phi - c)' - N (m - c)(m - c)' cancels nothing of size |m|^2
-        total, gram, centre = np.zeros(width), np.zeros((width, width)), None
-        for sl in chunks(len(z), max(width, z.shape[1])):
+        centre = self._map(z[next(comp.chunks(len(z), max(width, z.shape[1])))]).mean(axis=0)
+
+        def part(sl: slice) -> np.ndarray:  # one chunk's [scatter; column sum] about c, on one core
             phi = self._map(z[sl])
-            centre = phi.mean(axis=0) if centre is None else centre
             phi -= centre
-            total += phi.sum(axis=0)
-            gram += phi.T @ phi
-        shift = total / len(z)
+            out = np.empty((width + 1, width))
+            out[:width] = phi.T @ phi  # syrk: the symmetric product's half
+            out[width] = phi.sum(axis=0)
+            return out
+
+        sums = comp.sum_chunks(part, len(z), max(width, z.shape[1]))
+        shift = sums[width] / len(z)
         self.mean_ = centre + shift
-        scatter_ = gram - len(z) * np.outer(shift, shift)
-        evals, evecs = np.linalg.eigh(scatter_)
-        evals, evecs = np.maximum(evals[::-1], 0.0), evecs[:, ::-1]
+        scatter_ = sums[:width] - len(z) * np.outer(shift, shift)
+        del sums
         ratio = KPCA_EXPLAINED[self.kernel] if self.explained_variance is None else float(self.explained_variance)
-        explained = np.cumsum(evals) / evals.sum()
-        self.n_components_ = int(min(np.searchsorted(explained, ratio, side="left") + 1, width))
-        self.components_ = np.ascontiguousarray(evecs[:, : self.n_components_])
+        self.n_components_, self.components_, self.complement_ = kpca_spaces(scatter_, ratio)
         self.resolved_ = {"explained_variance": ratio}
 
     def _score(self, x: FeatureSet) -> np.ndarray:
-        out = np.empty(len(x))
-        for sl in chunks(len(x), max(self.mean_.size, x.features.shape[1])):
-            r = self._map(x.features[sl]) - self.mean_
+        def block(z: np.ndarray) -> np.ndarray:  # squared residuals of a block of rows, on one core
+            r = self._map(z)
+            r -= self.mean_
+            if self.complement_ is not None:  # the residual space is the smaller: project on it
+                p = r @ self.complement_
+                return np.einsum("ij,ij->i", p, p)
             p = r @ self.components_
-            out[sl] = -np.sqrt(np.maximum(np.einsum("ij,ij->i", r, r) - np.einsum("ij,ij->i", p, p), 0.0))
-        return out
+            return np.maximum(np.einsum("ij,ij->i", r, r) - np.einsum("ij,ij->i", p, p), 0.0)
+
+        return -np.sqrt(Compute("float64").by_rows(block, x.features))
+
+
+def kpca_spaces(scatter_: np.ndarray, ratio: float) -> tuple[int, np.ndarray, np.ndarray | None]:
+    """(q, U_q, complement or None) of a symmetric PSD scatter: q the least count of its largest
+    eigenvalues (clipped at 0) explaining ``ratio`` of their sum, U_q their eigenvectors (width, q),
+    and, where q exceeds width / 2, the other width - q eigenvectors (the residual space, read
+    directly: ||r||^2 - ||U_q'r||^2 would cancel most of ||r||^2, and the complement's product is
+    the smaller). LAPACK on one BLAS thread (:func:`eigh_one_thread`'s reason)."""
+    evals, evecs = eigh_one_thread(scatter_)
+    evals, evecs = np.maximum(evals[::-1], 0.0), evecs[:, ::-1]
+    width = len(evals)
+    q = int(min(np.searchsorted(np.cumsum(evals) / evals.sum(), ratio, side="left") + 1, width))
+    return q, np.ascontiguousarray(evecs[:, :q]), (np.ascontiguousarray(evecs[:, q:]) if 2 * q > width else None)
 
 
 #: rows per sub-block of ORA's per-class cosine: its (rows, C) terms (4 of them, 1 MB of float32 at
