@@ -24,7 +24,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
-import sys
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ import numpy as np
 
 from .._extras import optional
 from .._arrays import chunk_rows
+from .._blas import controller as _blas, one_blas_thread
 from ..errors import InputError
 
 __all__ = ["Compute", "one_blas_thread", "PRECISIONS", "TORCH_CHUNK_ELEMENTS"]
@@ -573,48 +573,6 @@ def _ordered_sum(fn: Callable, slices: list, threads: int):
 
     _pool(task, len(slices), threads, "sum")
     return state["total"]
-
-
-_BLAS: dict = {}
-
-
-def _blas():
-    """The BLAS libraries loaded (threadpoolctl), numpy's among them: the one that runs the blocks'
-    products. Looked up again only once a module was imported since the last look (a library
-    loads with a module; a look-up scans every loaded library, see docs/performance.md)."""
-    from threadpoolctl import ThreadpoolController
-
-    if _BLAS.get("modules") != len(sys.modules):
-        _BLAS.update(controller=ThreadpoolController().select(user_api="blas"), modules=len(sys.modules))
-    return _BLAS["controller"]
-
-
-_HOLDS: dict = {"count": 0, "limiter": None, "threads": 1}
-_HOLDS_LOCK = threading.Lock()
-
-
-@contextlib.contextmanager
-def one_blas_thread() -> Iterator[int]:
-    """A context holding BLAS to one thread, for the per-core blocks of :meth:`Compute.by_rows`
-    and for a short product just before a detector's passes. BLAS's setting is process-wide, so
-    holds from several threads nest: the first sets one thread, the last restores the setting
-    that was in force before the first (a user's ``threadpool_limits`` included). Yields the
-    largest BLAS thread count of that setting (the most threads a caller should occupy)."""
-    with _HOLDS_LOCK:
-        if _HOLDS["count"] == 0:
-            blas = _blas()
-            _HOLDS["threads"] = max([lib["num_threads"] for lib in blas.info()], default=os.cpu_count() or 1)
-            _HOLDS["limiter"] = blas.limit(limits=1)
-        _HOLDS["count"] += 1
-        threads = _HOLDS["threads"]
-    try:
-        yield threads
-    finally:
-        with _HOLDS_LOCK:
-            _HOLDS["count"] -= 1
-            if _HOLDS["count"] == 0:
-                _HOLDS["limiter"].restore_original_limits()
-                _HOLDS["limiter"] = None
 
 
 _SCRATCH = threading.local()

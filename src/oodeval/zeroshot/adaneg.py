@@ -55,7 +55,7 @@ from typing import NamedTuple
 import numpy as np
 from scipy.special import log_softmax
 
-from ..detectors._backend import one_blas_thread
+from .._blas import one_blas_thread
 from ..detectors.base import as_scores
 from ..errors import InputError
 from ..features import FeatureSet
