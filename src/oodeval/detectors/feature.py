@@ -21,7 +21,7 @@ from ..features import FeatureSet
 from ..params import BOOLEAN, COMPUTE, POSITIVE, SEED, Integral, Interval, Options, Real
 from . import register
 from ._backend import one_blas_thread
-from ._common import as64, centre_parts, chunks, class_means, float32_centre, l2_normalise, labelled, mean_rows, over_rows, scatter
+from ._common import as64, centre_parts, chunks, class_means, eigh_one_thread, float32_centre, l2_normalise, labelled, mean_rows, over_rows, scatter
 from .base import BackboneInfo, Default, Detector, OptInDetector
 
 __all__ = ["Cosine", "MCM", "FDBD", "NECO", "SHE", "KernelPCA", "ORA"]
@@ -223,7 +223,7 @@ class NECO(Detector):
         var = np.diag(s) / n
         self.scale_ = np.where(var > 0, np.sqrt(var), 1.0)
         corr = s / n / np.outer(self.scale_, self.scale_)
-        evals, evecs = np.linalg.eigh(corr)
+        evals, evecs = eigh_one_thread(corr)
         order = np.argsort(evals)[::-1]
         evals, evecs = np.maximum(evals[order], 0.0), evecs[:, order]
         self.explained_variance_ratio_ = evals / evals.sum()
