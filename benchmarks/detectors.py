@@ -6,7 +6,8 @@ per-layer states, cnc's K + 1 head, the network methods' pass arrays, each measu
 a method that refuses the size up front, e.g. class_gmm's K D x D factors, prints its refusal)
 it prints fit+score wall seconds and CPU seconds, the peak of numpy allocations (tracemalloc), and
 the ratio to its float32 floor: the dense products the detector cannot avoid (sgemm, timed alone;
-a covariance's scatter Z^T Z as BLAS's syrk, the symmetric half that the formula needs)
+a covariance's scatter Z^T Z as BLAS's syrk, the symmetric half that the formula needs, in
+float64 where its formula reads the smallest eigenvalues: ViM's residual space)
 plus, for softmax readouts, a max, an exp and a row sum over the float32 logits (the max of each
 block of rows, which is all a shift that keeps exp finite needs; the sum accumulated in float64, as
 oodeval's contract requires of every reduction that becomes a score), the passes over the
@@ -135,8 +136,8 @@ def products(name: str, n_train: int, n_score: int, d: int, c: int, hp: dict) ->
     return table.get(name, [])
 
 
-def scatters(name: str, n_train: int, d: int, c: int, hp: dict) -> list[int]:
-    """Row counts of the (N, D) scatters Z^T Z (a covariance, D x D and symmetric) a formula forms:
+def scatters(name: str, n_train: int, d: int, c: int, hp: dict) -> list[tuple[int, str]]:
+    """(row count, dtype) of the (N, D) scatters Z^T Z (a covariance, D x D and symmetric) a formula forms:
     the Mahalanobis family's class scatter, ViM's and the residual's covariance about the origin,
     NECO's and GMM's PCA covariance (when it reduces), each class's scatter of class_gmm (N rows
     in all); the relative forms' background covariance also needs the between-class scatter of
@@ -145,25 +146,28 @@ def scatters(name: str, n_train: int, d: int, c: int, hp: dict) -> list[int]:
     (syrk): the floor times that kernel on the same shape (:func:`syrk_seconds`), as it times
     sgemm for every other product. (It counted a full (N, D, D) sgemm before: on this machine's
     OpenBLAS a one-thread float32 syrk takes 0.65x that time, so the floor held work that the
-    formula does not need.)"""
-    one = ("mahalanobis", "mahalanobis_pp", "relative_mahalanobis", "relative_mahalanobis_pp", "vim", "neco",
-           "residual", "class_gmm")  # fmt: skip
+    formula does not need.) float32, but float64 for ViM's and the residual's: their residual
+    space is the covariance's smallest eigenvalues, which a float32 sum does not resolve (the
+    precision their formula needs, as the floor's eigendecompositions are float64)."""
+    if name in ("vim", "residual"):
+        return [(n_train, "float64")]
     if name in ("relative_mahalanobis", "relative_mahalanobis_pp"):
-        return [n_train, c]
+        return [(n_train, "float32"), (c, "float32")]
+    one = ("mahalanobis", "mahalanobis_pp", "neco", "class_gmm")
     if name in one or (name == "gmm" and hp.get("dim_", d) < d):
-        return [n_train]
+        return [(n_train, "float32")]
     return []
 
 
-def syrk_seconds(m: int, d: int, budget: int = 4_000_000) -> tuple[float, float]:
-    """(wall, CPU) of the float32 symmetric product Z^T Z of an (m, d) Z (numpy's ``a.T @ a``
+def syrk_seconds(m: int, d: int, dtype: str = "float32", budget: int = 4_000_000) -> tuple[float, float]:
+    """(wall, CPU) of the symmetric product Z^T Z of an (m, d) Z in ``dtype`` (numpy's ``a.T @ a``
     runs BLAS's syrk): timed on one chunk of rows and scaled linearly to m rows; the least wall
     and the least CPU time over one BLAS thread and all of them (OpenBLAS's syrk gains little
     from a second thread: 1.1x a full sgemm's CPU time on two, 0.65x on one), each its own least."""
     from threadpoolctl import threadpool_limits
 
     rows = min(m, max(256, budget // d))
-    a = np.random.default_rng(0).standard_normal((rows, d), dtype=np.float32)
+    a = np.random.default_rng(0).standard_normal((rows, d)).astype(dtype)
     every = _timed(lambda: a.T @ a, None)
     with threadpool_limits(1, user_api="blas"):
         one = _timed(lambda: a.T @ a, None)
@@ -400,8 +404,8 @@ def floor_seconds(name: str, shapes: list[tuple[int, int, int]], train: FeatureS
     for m, k, n in shapes:
         add((m, k, n), lambda: product(m, k, n))
     d = train.features.shape[1]
-    for m in scatters(name, len(train), d, train.logits.shape[1], fitted or {}):  # torch has no symmetric kernel: a full product there
-        add(("syrk", m, d, device), lambda: syrk_seconds(m, d) if device is None else product(m, d, d))
+    for m, dtype in scatters(name, len(train), d, train.logits.shape[1], fitted or {}):  # torch has no symmetric kernel: a full product there
+        add(("syrk", m, d, dtype, device), lambda: syrk_seconds(m, d, dtype) if device is None else product(m, d, d))
     sets = {"train": [train], "score": score_sets}
     for role in softmax_passes(name):
         if device is None:
