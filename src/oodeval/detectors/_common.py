@@ -15,7 +15,7 @@ from ._backend import Compute, one_blas_thread
 
 __all__ = [
     "chunk_rows", "chunks", "as64", "l2_normalise", "energy", "logsumexp_rows",
-    "class_means", "scatter", "scatter_rounding", "mean_rows", "pinv_sym", "eigh_one_thread", "float32_centre", "centre_parts", "whitening", "chunked_percentile", "labelled", "over_rows",
+    "class_means", "labelled_chunks", "scatter", "scatter_rounding", "mean_rows", "pinv_sym", "eigh_one_thread", "float32_centre", "centre_parts", "whitening", "chunked_percentile", "labelled", "over_rows",
 ]  # fmt: skip
 
 
@@ -87,21 +87,29 @@ def class_means(
     d = features.shape[1]
     sums = comp.zeros((classes.size, d))
     counts = np.zeros(classes.size)
-    for sl in comp.chunks(len(features), d):
-        y = np.asarray(labels[sl])
-        keep = y >= 0
-        if not keep.any():
-            continue
-        everyone = keep.all()  # then the chunk is used as it is, not copied by a mask
-        z = comp.put(features[sl] if everyone else features[sl][keep])
+    for rows, y in labelled_chunks(features, labels, comp):
+        z = comp.put(rows)
         if normalise:
             z = comp.normalise(z)
-        group = np.searchsorted(classes, y if everyone else y[keep])
+        group = np.searchsorted(classes, y)
         sums += comp.groupsum(z, group, classes.size)
         counts += np.bincount(group, minlength=classes.size)
     if (counts == 0).any():
         raise InputError(f"{int((counts == 0).sum())} of {classes.size} classes have no training rows")
     return comp.get(sums) / counts[:, None], counts
+
+
+def labelled_chunks(features: np.ndarray, labels: np.ndarray, comp: Compute):
+    """(rows, labels) of each row chunk of :meth:`Compute.chunks` with a label >= 0: the chunk as
+    it is where every row is labelled (not a masked copy), else its labelled rows; chunks
+    without one are skipped."""
+    for sl in comp.chunks(len(features), features.shape[1]):
+        y = np.asarray(labels[sl])
+        keep = y >= 0
+        if keep.all():
+            yield features[sl], y
+        elif keep.any():
+            yield features[sl][keep], y[keep]
 
 
 def scatter(

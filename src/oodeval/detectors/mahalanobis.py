@@ -47,7 +47,7 @@ from ..features import FeatureSet
 from ..params import COMPUTE, POSITIVE, SEED, Integral, Interval, Real
 from . import register
 from ._backend import Compute
-from ._common import as64, chunks, class_means, eigh_one_thread, float32_centre, labelled, mean_rows, scatter, scatter_rounding, whitening
+from ._common import as64, chunks, class_means, eigh_one_thread, float32_centre, labelled, labelled_chunks, mean_rows, scatter, scatter_rounding, whitening
 from .base import Detector, OptInDetector
 
 #: largest expected norm of the float32 rounding of z - m read through the whitening W (eps32
@@ -186,13 +186,7 @@ def _centred_class_means(features: np.ndarray, labels: np.ndarray, classes: np.n
     a float32 sum of the raw rows would err by ulps of |z| (the features' offset)."""
     d = features.shape[1]
     sums, counts, ref, work = comp.zeros((classes.size, d)), np.zeros(classes.size), None, None
-    for sl in comp.chunks(len(features), d):
-        y = np.asarray(labels[sl])
-        keep = y >= 0
-        if not keep.any():
-            continue
-        everyone = keep.all()  # then the chunk is used as it is, not copied by a mask
-        rows = features[sl] if everyone else features[sl][keep]
+    for rows, y in labelled_chunks(features, labels, comp):
         if ref is None:
             first = comp.normalise(comp.put(rows, "float64")) if normalise else comp.put(rows)
             ref = float32_centre(comp.get(comp.colsum(first)) / len(rows))
@@ -202,7 +196,7 @@ def _centred_class_means(features: np.ndarray, labels: np.ndarray, classes: np.n
         else:
             work = comp.empty((comp.rows(d), d)) if work is None else work  # one buffer for every chunk
             z = comp.subtract(comp.put(rows), centre, out=work[: len(rows)])
-        group = np.searchsorted(classes, y if everyone else y[keep])
+        group = np.searchsorted(classes, y)
         sums += comp.groupsum(z, group, classes.size)
         counts += np.bincount(group, minlength=classes.size)
     if (counts == 0).any():
