@@ -5,7 +5,9 @@ For every registered detector that runs on cached features/logits (all but those
 per-layer states, cnc's K + 1 head, the network methods' pass arrays, each measured where it says;
 a method that refuses the size up front, e.g. class_gmm's K D x D factors, prints its refusal)
 it prints fit+score wall seconds and CPU seconds, the peak of numpy allocations (tracemalloc), and
-the ratio to its float32 floor: the dense products the detector cannot avoid (sgemm, timed alone)
+the ratio to its float32 floor: the dense products the detector cannot avoid (sgemm, timed alone;
+a covariance's scatter Z^T Z as BLAS's syrk, the symmetric half that the formula needs, in
+float64 where its formula reads the smallest eigenvalues: ViM's residual space)
 plus, for softmax readouts, a max, an exp and a row sum over the float32 logits (the max of each
 block of rows, which is all a shift that keeps exp finite needs; the sum accumulated in float64, as
 oodeval's contract requires of every reduction that becomes a score), the passes over the
@@ -106,29 +108,69 @@ def products(name: str, n_train: int, n_score: int, d: int, c: int, hp: dict) ->
     table = {
         "kl_matching": [(n_score, c, c)],
         "react": head, "ash_s": head, "scale": head, "dice": head,
-        "mahalanobis": [(n_train, d, d), (n_score, d, d), (n_score, d, c)],
-        "mahalanobis_pp": [(n_train, d, d), (n_score, d, d), (n_score, d, c)],
-        "relative_mahalanobis": [(n_train, d, d), (n_score, d, d), (n_score, d, d), (n_score, d, c)],
-        "relative_mahalanobis_pp": [(n_train, d, d), (n_score, d, d), (n_score, d, d), (n_score, d, c)],
+        # the whitened class means nu_c = (mu_c - m) W (C, D, D), the scored rows' whitening and
+        # their cross term with nu; the scatter is in scatters()
+        "mahalanobis": [(c, d, d), (n_score, d, d), (n_score, d, c)],
+        "mahalanobis_pp": [(c, d, d), (n_score, d, d), (n_score, d, c)],
+        "relative_mahalanobis": [(c, d, d), (n_score, d, d), (n_score, d, d), (n_score, d, c)],
+        "relative_mahalanobis_pp": [(c, d, d), (n_score, d, d), (n_score, d, d), (n_score, d, c)],
         "knn": [(n_score, d, n_train)],
         "nnguide": [(n_score, d, max(hp.get("k", 10), int(np.ceil(0.01 * n_train))))],
         "cosine": head, "mcm": head,
         "fdbd": [(c, d, c), (n_score, d, c)],
-        "neco": [(n_train, d, d), (n_score, d, hp.get("n_components_", d))],
+        "neco": [(n_score, d, hp.get("n_components_", d))],
         # ViM's origin -pinv(W) b: at least the head's (C, D, C) Gram product (then a C^3 / 3 factorisation)
-        "vim": [(c, d, c), (n_train, d, d), (n_train, d, c), (n_train, d, d - vim_dim(d)),
+        "vim": [(c, d, c), (n_train, d, c), (n_train, d, d - vim_dim(d)),
                 (n_score, d, c), (n_score, d, d - vim_dim(d))],
         # the peers' methods
-        "residual": [(n_train, d, d), (n_score, d, d - vim_dim(d))],
+        "residual": [(n_score, d, d - vim_dim(d))],
         "ash_b": head, "ash_p": head, "vra": head,
         "relation": [(n_score, d, hp.get("bank", n_train)), (n_score, c, hp.get("bank", n_train))],
         "gmm": gmm_products(n_train, n_score, d, hp),
-        # per class: its scatter, then a triangular solve of every scored row (a D x D product's work)
-        "class_gmm": [(n_train, d, d), (n_score * c, d, d)],
+        # per class: its scatter (in scatters()), then a triangular solve of every scored row (a D x D product's work)
+        "class_gmm": [(n_score * c, d, d)],
         # (openmax: its alpha distances are row dots, see passes_over)
     }  # fmt: skip
     table.update(since_paper_products(n_train, n_score, d, c, hp))
     return table.get(name, [])
+
+
+def scatters(name: str, n_train: int, d: int, c: int, hp: dict) -> list[tuple[int, str]]:
+    """(row count, dtype) of the (N, D) scatters Z^T Z (a covariance, D x D and symmetric) a formula forms:
+    the Mahalanobis family's class scatter, ViM's and the residual's covariance about the origin,
+    NECO's and GMM's PCA covariance (when it reduces), each class's scatter of class_gmm (N rows
+    in all); the relative forms' background covariance also needs the between-class scatter of
+    the C class means (the within-class one plus that: an identity, the least work for it; the
+    floor omitted it before). The formula needs only the symmetric half, which BLAS forms with its own kernel
+    (syrk): the floor times that kernel on the same shape (:func:`syrk_seconds`), as it times
+    sgemm for every other product. (It counted a full (N, D, D) sgemm before: on this machine's
+    OpenBLAS a one-thread float32 syrk takes 0.65x that time, so the floor held work that the
+    formula does not need.) float32, but float64 for ViM's and the residual's: their residual
+    space is the covariance's smallest eigenvalues, which a float32 sum does not resolve (the
+    precision their formula needs, as the floor's eigendecompositions are float64)."""
+    if name in ("vim", "residual"):
+        return [(n_train, "float64")]
+    if name in ("relative_mahalanobis", "relative_mahalanobis_pp"):
+        return [(n_train, "float32"), (c, "float32")]
+    one = ("mahalanobis", "mahalanobis_pp", "neco", "class_gmm")
+    if name in one or (name == "gmm" and hp.get("dim_", d) < d):
+        return [(n_train, "float32")]
+    return []
+
+
+def syrk_seconds(m: int, d: int, dtype: str = "float32", budget: int = 4_000_000) -> tuple[float, float]:
+    """(wall, CPU) of the symmetric product Z^T Z of an (m, d) Z in ``dtype`` (numpy's ``a.T @ a``
+    runs BLAS's syrk): timed on one chunk of rows and scaled linearly to m rows; the least wall
+    and the least CPU time over one BLAS thread and all of them (OpenBLAS's syrk gains little
+    from a second thread: 1.1x a full sgemm's CPU time on two, 0.65x on one), each its own least."""
+    from threadpoolctl import threadpool_limits
+
+    rows = min(m, max(256, budget // d))
+    a = np.random.default_rng(0).standard_normal((rows, d)).astype(dtype)
+    every = _timed(lambda: a.T @ a, None)
+    with threadpool_limits(1, user_api="blas"):
+        one = _timed(lambda: a.T @ a, None)
+    return min(every[0], one[0]) * m / rows, min(every[1], one[1]) * m / rows
 
 
 def gmm_products(n_train: int, n_score: int, d: int, hp: dict) -> list[tuple[int, int, int]]:
@@ -137,7 +179,7 @@ def gmm_products(n_train: int, n_score: int, d: int, hp: dict) -> list[tuple[int
     (N, K) distances, and per EM step (as many as the fit ran, ``n_iter_``) the whitening and the
     two (N, K) products. (The k-means steps were missing: the release's EM starts from them.)"""
     p, k, steps = hp.get("dim_", d), hp.get("n_components", 50), hp.get("n_iter_", 0)
-    shapes = [(n_train, d, d), (n_train + n_score, d, p)] if p < d else []
+    shapes = [(n_train + n_score, d, p)] if p < d else []  # the PCA's covariance: in scatters()
     shapes += [(n_train, p, k)] * hp.get("kmeans_iter_", 0)
     return shapes + [(n_train, p, p), (n_train, p, k), (n_train, k, p)] * steps + [(n_score, p, p), (n_score, p, k)]
 
@@ -346,7 +388,8 @@ def _buffer(shape: tuple[int, int]) -> np.ndarray:
 def floor_seconds(name: str, shapes: list[tuple[int, int, int]], train: FeatureSet, score_sets: list[FeatureSet],
                   cache: dict, device: str | None, fitted: dict | None = None) -> tuple[float, float]:  # fmt: skip
     """(wall, CPU) seconds of the float32 floor of ``name``: its products ``shapes`` (sgemm on
-    ``device``, None = numpy, each timed on one chunk and scaled linearly to the full size), and
+    ``device``, None = numpy, each timed on one chunk and scaled linearly to the full size), its
+    scatters (:func:`scatters`: BLAS's syrk on the host, timed the same way), and
     on the host arrays themselves the softmax passes (block max, exp, row sum in float64), the per-row
     partitions and the percentile's partition its formula needs, and its D x D float64
     eigendecompositions (on the host CPU). On a torch device the passes and partitions run on
@@ -382,6 +425,9 @@ def floor_seconds(name: str, shapes: list[tuple[int, int, int]], train: FeatureS
 
     for m, k, n in shapes:
         add((m, k, n), lambda: product(m, k, n))
+    d = train.features.shape[1]
+    for m, dtype in scatters(name, len(train), d, train.logits.shape[1], fitted or {}):  # torch has no symmetric kernel: a full product there
+        add(("syrk", m, d, dtype, device), lambda: syrk_seconds(m, d, dtype) if device is None else product(m, d, d))
     sets = {"train": [train], "score": score_sets}
     for role in softmax_passes(name):
         if device is None:

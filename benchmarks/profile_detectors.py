@@ -25,6 +25,7 @@ import numpy as np
 PARTS = [
     ("oodeval.detectors._common", "class_means"), ("oodeval.detectors._common", "scatter"),
     ("oodeval.detectors._common", "whitening"), ("oodeval.detectors._common", "mean_rows"),
+    ("oodeval.detectors.mahalanobis", "_centred_class_means"), ("oodeval.detectors._common", "scatter_rounding"),
     ("oodeval.detectors.hybrid", "logit_origin"), ("oodeval.detectors.hybrid", "ViM._parts"),
     ("oodeval.detectors.base", "Detector.check_params"), ("oodeval.features.featureset", "FeatureSet.check_finite"),
     ("oodeval.features.featureset", "FeatureSet.signature"), ("oodeval.features.featureset", "FeatureSet.check_agrees"),

@@ -245,7 +245,8 @@ def test_row_helpers_agree_with_plain_numpy(device):
 
 
 def test_blas_thread_holds_nest_and_restore_the_setting():
-    from oodeval.detectors._backend import PARALLEL_ROWS, _blas, one_blas_thread
+    from oodeval._blas import controller as _blas
+    from oodeval.detectors._backend import PARALLEL_ROWS, one_blas_thread
 
     threads = lambda: _blas().info()[0]["num_threads"]  # noqa: E731
     before = threads()

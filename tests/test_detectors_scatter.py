@@ -109,3 +109,76 @@ def test_well_conditioned_features_keep_the_float32_scatter(any_size):
     train = synthetic_problem(n_classes=20, dim=192, n_train=2000, n_test=10, n_ood=10, seed=3, nac=False)[0]
     for name in FAMILY:
         assert detectors.create(name).fit(train).scatter_dtype_ == "float32"
+
+
+EPS32, EPS64 = np.finfo(np.float32).eps / 2, np.finfo(np.float64).eps
+
+
+@pytest.mark.parametrize("normalise", [False, True])
+def test_centred_class_means_equal_the_float64_ones(conditioned, normalise):
+    """The float32 path's class means (float32 sums of rows less the first chunk's mean r, added
+    into float64) against the float64 class means, on every conditioned problem: each mean moves
+    by at most what the arithmetic allows. Per class c and column j, x_i = z_i - r (z_i / |z_i| - r
+    for the ++ forms, formed in float64) is rounded once (eps32 / 2 of |x_ij|) and summed over at
+    most n_c rows in float32 (recursive summation: at most (n_c - 1) eps32 / 2 of sum |x_ij|), so
+    the mean errs by at most n_c eps32 / 2 mean_i |x_ij|, plus float64 roundings of the
+    uncentred values. On ``offset`` a float32 sum of the raw rows would err by ulps of |z|,
+    about 1e3 times that bound."""
+    from oodeval.detectors._backend import Compute
+    from oodeval.detectors._common import class_means
+
+    kind, (train, _, _) = conditioned
+    z, y = train.features.astype(np.float64), train.labels
+    classes = np.unique(y[y >= 0])
+    got, got_counts = mahalanobis._centred_class_means(train.features, y, classes, normalise, Compute("float32"))
+    want, counts = class_means(train.features, y, classes, normalise, Compute("float64"))
+    np.testing.assert_array_equal(got_counts, counts)
+    if normalise:
+        z = z / np.linalg.norm(z, axis=1, keepdims=True)
+    first = next(Compute("float32").chunks(len(z), z.shape[1]))
+    r = z[first][y[first] >= 0].mean(axis=0).astype(np.float32).astype(np.float64)
+    for i, c in enumerate(classes):
+        rows = z[y == c]
+        n = len(rows)
+        bound = n * EPS32 * np.abs(rows - r).mean(axis=0) * 1.01 + 8 * n * EPS64 * (np.abs(rows).mean(axis=0) + np.abs(r))
+        assert np.all(np.abs(got[i] - want[i]) <= bound), (kind, c)
+
+
+@pytest.mark.parametrize("name", FAMILY)
+def test_whitened_means_are_one_float32_product_of_the_centred_means(conditioned, name):
+    """nu_c = (mu_c - m) W on the float32 path: mu_c - m and W each rounded once to float32
+    (eps32 / 2 of each entry) and one sgemm (at most D eps32 / 2 of sum_j |a_j W_jk| per entry,
+    recursive summation), so each entry lies within (D + 2) eps32 / 2 sum_j |a_j| |W_jk| of the
+    float64 product of the same fitted statistics; the float64 path forms it in float64."""
+    kind, (train, _, _) = conditioned
+    det = detectors.create(name).fit(train)
+    a = det.means_ - det.center_
+    want = a @ det.whitening_
+    if det.resolved_params()["compute_dtype"] == "float64":
+        np.testing.assert_array_equal(det.whitened_means_, want)
+        return
+    bound = (a.shape[1] + 2) * EPS32 * (np.abs(a) @ np.abs(det.whitening_)) * 1.01
+    assert np.all(np.abs(det.whitened_means_ - want) <= bound)
+
+
+@pytest.mark.parametrize("device", [None, "cpu"])
+def test_centred_unit_rows_are_the_float64_normalised_rows_rounded_once(device):
+    """The ++ forms' rows, z / |z| - m formed in float64 and rounded once to float32
+    (Compute.centred_unit, in sub-blocks on numpy), against the float64 formula rounded to float32:
+    within one float32 ulp of the result (the float64 steps agree to a few eps64 of 1, which can
+    move a rounding by one ulp), on rows offset far from the origin (the ``offset`` problem), where
+    a float32 normalisation errs by ulps of the normalised rows, beyond one ulp of the centred
+    values on a large share of them."""
+    from oodeval.detectors._backend import Compute
+
+    pytest.importorskip("torch") if device else None
+    z = conditioned_problem("offset")[0].features[:300]
+    wide = z.astype(np.float64) / np.linalg.norm(z.astype(np.float64), axis=1, keepdims=True)
+    centre = wide.mean(axis=0).astype(np.float32).astype(np.float64)
+    want = (wide - centre).astype(np.float32)
+    comp = Compute("float32", device)
+    got = comp.host(comp.centred_unit(comp.put(z) if device else z, comp.put(centre, "float64")))
+    assert got.dtype == np.float32
+    assert np.all(np.abs(got.astype(np.float64) - want) <= np.spacing(np.abs(want)))
+    naive = (z / np.linalg.norm(z, axis=1, keepdims=True) - centre.astype(np.float32)).astype(np.float32)
+    assert np.mean(np.abs(naive.astype(np.float64) - (wide - centre)) > np.spacing(np.abs(want))) > 0.2

@@ -32,7 +32,7 @@ import numpy as np
 
 from .._extras import optional
 from .._arrays import chunk_rows
-from .._blas import controller as _blas, one_blas_thread
+from .._blas import one_blas_thread
 from ..errors import InputError
 
 __all__ = ["Compute", "one_blas_thread", "PRECISIONS", "TORCH_CHUNK_ELEMENTS"]
@@ -50,6 +50,8 @@ RUN = 64
 #: a row whose max lies further below its block's shift gets its own (float32 exp underflows
 #: below -87.3; terms that far below the row's max, exp(-47) of it, are below float64's resolution)
 UNDERFLOW_MARGIN = 40.0
+#: rows per sub-block of :meth:`Compute.centred_unit` (64 x 1024 float64: 512 KB)
+UNIT_ROWS = 64
 
 
 @dataclass(frozen=True)
@@ -156,6 +158,24 @@ class _NumpyCompute(Compute):
         until the next use of that buffer on this thread (another ``centred``, ``logsumexp`` or
         ``max_softmax``)."""
         return np.subtract(a, centre, out=_scratch(a.shape, a.dtype))
+
+    def centred_unit(self, a, centre, eps: float = 1e-12):
+        """a_i / max(||a_i||, eps) - centre per row, in float64 (the norm accumulated in float64,
+        the float32 values widened exactly), rounded once to the product dtype: as
+        ``put(subtract(normalise(put(a, "float64")), centre))``, value for value, in one pass per
+        sub-block of :data:`UNIT_ROWS` rows whose float64 temporary stays in a core's cache. Inside
+        :meth:`by_rows` the result is a per-thread scratch buffer (as :meth:`centred`)."""
+        a = np.asarray(a)
+        out = _scratch(a.shape, self.dtype)
+        out = np.empty(a.shape, self.dtype) if out is None else out
+        wide = np.empty((min(UNIT_ROWS, len(a)), a.shape[1]))
+        for i in range(0, len(a), UNIT_ROWS):
+            t = wide[: min(UNIT_ROWS, len(a) - i)]
+            t[...] = a[i : i + UNIT_ROWS]  # widened first: float64 loops from here (a mixed-type loop casts per element)
+            t *= (1.0 / np.maximum(np.einsum("ij,ij->i", t, t) ** 0.5, eps))[:, None]
+            t -= centre
+            out[i : i + UNIT_ROWS] = t
+        return out
 
     def pick(self, a, index):
         """a[i, index_i] per row."""
@@ -414,6 +434,9 @@ class _TorchCompute(Compute):
 
     def centred(self, a, centre):
         return a - centre
+
+    def centred_unit(self, a, centre, eps: float = 1e-12):
+        return self.put(self.subtract(self.normalise(self.put(a, "float64"), eps), self.put(centre, "float64")))
 
     def pick(self, a, index):
         return a.gather(1, index[:, None])[:, 0]

@@ -23,7 +23,7 @@ from ..features import FeatureSet
 from ..params import BOOLEAN, COMPUTE, Interval, Options, Real
 from . import register
 from ._backend import Compute
-from ._common import as64, chunked_percentile, chunks, logsumexp_rows, mean_rows, over_rows
+from ._common import as64, chunked_percentile, logsumexp_rows, mean_rows, over_rows
 from .base import BackboneInfo, Default, Detector, OptInDetector
 
 __all__ = ["ReAct", "ASHS", "SCALE", "DICE", "ash_s_features", "scale_features",

@@ -224,7 +224,7 @@ class NECO(Detector):
         var = np.diag(s) / n
         self.scale_ = np.where(var > 0, np.sqrt(var), 1.0)
         corr = s / n / np.outer(self.scale_, self.scale_)
-        evals, evecs = np.linalg.eigh(corr)
+        evals, evecs = eigh_one_thread(corr)
         order = np.argsort(evals)[::-1]
         evals, evecs = np.maximum(evals[order], 0.0), evecs[:, order]
         self.explained_variance_ratio_ = evals / evals.sum()

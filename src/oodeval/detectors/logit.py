@@ -15,7 +15,6 @@ temperature scaling and OpenMax, float64 apart from Entropy's and temperature sc
 from __future__ import annotations
 
 import numpy as np
-from scipy.special import logsumexp
 
 from .._extras import optional
 from ..errors import InputError
@@ -23,7 +22,7 @@ from ..features import FeatureSet
 from ..params import BOOLEAN, COMPUTE, POSITIVE, SEED, Instance, Integral, Interval, Options, Real
 from . import REGISTRY, register
 from ._backend import Compute, _torch
-from ._common import as64, chunks, class_means, labelled, over_rows
+from ._common import chunks, class_means, labelled, over_rows
 from .base import Detector, OptInDetector
 
 __all__ = ["MSP", "MaxLogit", "KLMatching", "Energy", "GEN",

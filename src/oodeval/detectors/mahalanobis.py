@@ -1,21 +1,23 @@
 """The Mahalanobis family: Mahalanobis, relative Mahalanobis, and their ++ (l2-normalised) forms.
 
 Class-conditional Gaussians with one shared covariance S fitted on ID-train features with their
-true labels (rows labelled -1 are ignored). The class means and eigh are float64. The scatter of
-the class-centred rows is, on the float32 path, float32 products of centred blocks added into
-float64, on fits of at least :data:`SCATTER_MIN_CHUNKS` row chunks: kept only where its
+true labels (rows labelled -1 are ignored). eigh is float64. On the float32 path, on fits of at
+least :data:`SCATTER_MIN_CHUNKS` row chunks, the class means are float32 sums of rows centred at
+a float32 reference, added into float64 (:func:`_centred_class_means`), and the scatter of the
+class-centred rows is float32 products of centred blocks added into float64: both kept only where the scatter's
 expected rounding read through the whitening
 (:func:`~._common.scatter_rounding`) is at most :data:`SCATTER_ROUNDING_LIMIT`; else (a
 covariance conditioned beyond ~1e5, a rank-deficient one: the inverse reads eigenvalues a float32
-sum cannot resolve) it is formed again in float64 (``scatter_dtype_`` says which), as it always is
-on the float64 path. S^+ = W W^T with
+sum cannot resolve) both are formed again in float64 (``scatter_dtype_`` says which), as they always
+are on the float64 path. S^+ = W W^T with
 W = V_k L_k^-1/2 over the eigenvalues above numpy's pseudo-inverse cutoff (max(D) eps of the
 largest), so every distance is a squared norm in whitened, centred coordinates:
 
     (z - mu_c)' S^+ (z - mu_c) = ||u - nu_c||^2,  u = (z - m) W,  nu_c = (mu_c - m) W,
 
 m the ID-train mean rounded to float32 (z - m is then rounded relative to itself, not to |m|). ``compute_dtype="float32"`` (default)
-runs u = (z - m) W and the (N, C) cross term u nu^T as sgemm and sums ||u||^2 in float64; its
+runs u = (z - m) W, the class means' nu = (mu - m) W and the (N, C) cross term u nu^T as sgemm
+and sums ||u||^2 and ||nu_c||^2 in float64; its
 error is a few float32 ulps of ||u||^2 + ||nu_c||^2, in units where the ID distances are about
 the rank k: it does not grow with the features' offset or scale (both removed before any float32
 rounding), and with the conditioning only as the rounding of z - m read through W. Where that
@@ -45,7 +47,7 @@ from ..features import FeatureSet
 from ..params import COMPUTE, POSITIVE, SEED, Integral, Interval, Real
 from . import register
 from ._backend import Compute
-from ._common import as64, chunks, class_means, eigh_one_thread, float32_centre, labelled, mean_rows, scatter, scatter_rounding, whitening
+from ._common import as64, chunks, class_means, eigh_one_thread, float32_centre, labelled, labelled_chunks, mean_rows, scatter, scatter_rounding, whitening
 from .base import Detector, OptInDetector
 
 #: largest expected norm of the float32 rounding of z - m read through the whitening W (eps32
@@ -85,38 +87,46 @@ class _MahalanobisBase(Detector):
         who = type(self).__name__
         device = self._compute().device
         stats = Compute("float64", device)
-        _, classes = labelled(train.labels, who)
+        idx, classes = labelled(train.labels, who)
         self.classes_ = classes
-        self.means_, self.counts_ = class_means(train.features, train.labels, classes, self.normalise, stats)
-        n = self.counts_.sum()
-        mean = self.counts_ @ self.means_ / n
-        # the ID-train mean (count-weighted class means) rounded to float32: the centre of every
-        # whitened coordinate
-        self.center_ = float32_centre(mean)
         comp = Compute(self.compute_dtype, device)
         chunk = comp.rows(train.features.shape[1])
-        fast = self.compute_dtype == "float32" and n >= SCATTER_MIN_CHUNKS * chunk
+        fast = self.compute_dtype == "float32" and idx.size >= SCATTER_MIN_CHUNKS * chunk
         comp = comp if fast else stats
-        s, _ = scatter(train.features, self.means_, train.labels, classes, self.normalise, comp)
-        self._whiten(s, mean)
+        mean = self._statistics(train, classes, comp)
         self.scatter_rounding_ = None  # the float32 scatter's estimate, where one was formed
         if fast:
             self.scatter_rounding_ = scatter_rounding(self.covariance_, self.means_, self.counts_, self._whitenings(), chunk, self.normalise)
-            if self.scatter_rounding_ > SCATTER_ROUNDING_LIMIT or self._whitened_rounding() > WHITENED_ROUNDING_LIMIT:
-                s, _ = scatter(train.features, self.means_, train.labels, classes, self.normalise, stats)
-                self._whiten(s, mean)
+            if self.scatter_rounding_ > SCATTER_ROUNDING_LIMIT or self.whitened_rounding_ > WHITENED_ROUNDING_LIMIT:
+                mean = self._statistics(train, classes, stats)
                 fast = False
         self.scatter_dtype_ = "float32" if fast else "float64"
-        self.whitened_means_ = (self.means_ - self.center_) @ self.whitening_
+        if self.compute_dtype == "float32" and self.whitened_rounding_ > WHITENED_ROUNDING_LIMIT:
+            self.resolved_ = {"compute_dtype": "float64"}
+        # nu_c = (mu_c - m) W in the scoring's precision, as each scored row's u = (z - m) W (mu_c - m
+        # rounded once, relative to itself; one product); ||nu_c||^2 summed in float64
+        comp = self._compute()
+        self.whitened_means_ = comp.get(comp.put(self.means_ - self.center_) @ comp.put(self.whitening_))
         self.whitened_mean_norms_ = np.einsum("ck,ck->c", self.whitened_means_, self.whitened_means_)
         if self.relative:
             self.background_offset_ = (mean - self.center_) @ self.background_whitening_
-        self.whitened_rounding_ = self._whitened_rounding()
-        if self.compute_dtype == "float32" and self.whitened_rounding_ > WHITENED_ROUNDING_LIMIT:
-            self.resolved_ = {"compute_dtype": "float64"}
 
-    def _whitened_rounding(self) -> float:
-        return _whitened_rounding(self.covariance_, self.means_ - self.center_, self.counts_, self._whitenings())
+    def _statistics(self, train: FeatureSet, classes: np.ndarray, comp: Compute) -> np.ndarray:
+        """The class means and counts, the ID-train mean's float32 centre, the covariances and
+        their whitenings (and ``whitened_rounding_``), in ``comp``'s precision (float32:
+        :func:`_centred_class_means` and the float32 scatter); returns the ID-train mean
+        (count-weighted class means)."""
+        if comp.precision == "float32":
+            self.means_, self.counts_ = _centred_class_means(train.features, train.labels, classes, self.normalise, comp)
+        else:
+            self.means_, self.counts_ = class_means(train.features, train.labels, classes, self.normalise, comp)
+        mean = self.counts_ @ self.means_ / self.counts_.sum()
+        # the ID-train mean rounded to float32: the centre of every whitened coordinate
+        self.center_ = float32_centre(mean)
+        s, _ = scatter(train.features, self.means_, train.labels, classes, self.normalise, comp)
+        self._whiten(s, mean)
+        self.whitened_rounding_ = _whitened_rounding(self.covariance_, self.means_ - self.center_, self.counts_, self._whitenings())
+        return mean
 
     def _whiten(self, s: np.ndarray, mean: np.ndarray) -> None:
         """The covariance and its whitening from the within-class scatter ``s``; the relative forms
@@ -138,20 +148,20 @@ class _MahalanobisBase(Detector):
         """-min_c ||u - nu_c||^2 = -(||u||^2 + min_c (||nu_c||^2 - 2 u nu_c)), u = (z - m) W; the
         relative forms add ||(z - m) W_0||^2. z - m is one subtraction in the product precision
         (m float32-representable: an error relative to z - m); the ++ forms normalise and centre
-        each block in float64 first (a normalised row's rounding would be relative to |z / |z||)."""
+        each row in float64 first (:meth:`Compute.centred_unit`: a normalised row's rounding would
+        be relative to |z / |z||)."""
         z = x.features
         if z.shape[1] != self.means_.shape[1]:
             raise InputError(f"{type(self).__name__} was fitted on {self.means_.shape[1]}-d features, got {z.shape[1]}")
         comp = self._compute()
         # -2 nu_c: the cross term's factor folded into the product (a power of two: exact)
         white, nu = comp.put(self.whitening_), comp.put(-2.0 * self.whitened_means_).T
-        block_dtype = "float64" if self.normalise else None
-        const, center = comp.put(self.whitened_mean_norms_), comp.put(self.center_, block_dtype)
+        const, center = comp.put(self.whitened_mean_norms_), comp.put(self.center_, "float64" if self.normalise else None)
         if self.relative:
             bg_white, bg_offset = comp.put(self.background_whitening_), comp.put(self.background_offset_)
 
         def block(c):
-            r = comp.put(comp.subtract(comp.normalise(c), center)) if self.normalise else comp.centred(c, center)
+            r = comp.centred_unit(c, center) if self.normalise else comp.centred(c, center)
             u = r @ white
             t = u @ nu
             t += const
@@ -163,7 +173,35 @@ class _MahalanobisBase(Detector):
                 d = d - comp.rowdot(u0, u0)
             return -d
 
-        return comp.map_rows(block, z, max(z.shape[1], len(self.means_)), dtype=block_dtype)
+        return comp.map_rows(block, z, max(z.shape[1], len(self.means_)))
+
+
+def _centred_class_means(features: np.ndarray, labels: np.ndarray, classes: np.ndarray, normalise: bool, comp: Compute) -> tuple[np.ndarray, np.ndarray]:
+    """Class means (K, D) float64 and counts as :func:`~._common.class_means`, from float32 sums
+    of centred rows: mu_c = r + sum_{y_i = c} (z_i - r) / n_c, r the first chunk's mean row
+    rounded to float32. z - r is one float32 subtraction (rounded relative to z - r, never to
+    |z|; the ++ forms take z / |z| - r in float64 and round it once); each chunk's class sums are
+    one float32 sparse product (a few rows per class) added into float64. The error is then a few
+    float32 ulps of the rows' spread about r, below each scored row's own rounding of z - m, where
+    a float32 sum of the raw rows would err by ulps of |z| (the features' offset)."""
+    d = features.shape[1]
+    sums, counts, ref, work = comp.zeros((classes.size, d)), np.zeros(classes.size), None, None
+    for rows, y in labelled_chunks(features, labels, comp):
+        if ref is None:
+            first = comp.normalise(comp.put(rows, "float64")) if normalise else comp.put(rows)
+            ref = float32_centre(comp.get(comp.colsum(first)) / len(rows))
+            centre = comp.put(ref, "float64" if normalise else None)
+        if normalise:
+            z = comp.centred_unit(rows, centre)
+        else:
+            work = comp.empty((comp.rows(d), d)) if work is None else work  # one buffer for every chunk
+            z = comp.subtract(comp.put(rows), centre, out=work[: len(rows)])
+        group = np.searchsorted(classes, y)
+        sums += comp.groupsum(z, group, classes.size)
+        counts += np.bincount(group, minlength=classes.size)
+    if (counts == 0).any():
+        raise InputError(f"{int((counts == 0).sum())} of {classes.size} classes have no training rows")
+    return ref + comp.get(sums) / counts[:, None], counts
 
 
 def _whitened_rounding(covariance: np.ndarray, centred_means: np.ndarray, counts: np.ndarray, whitenings: list) -> float:
