@@ -145,11 +145,11 @@ def scatters(name: str, n_train: int, d: int, c: int, hp: dict) -> list[tuple[in
     (syrk): the floor times that kernel on the same shape (:func:`syrk_seconds`), as it times
     sgemm for every other product. (It counted a full (N, D, D) sgemm before: on this machine's
     OpenBLAS a one-thread float32 syrk takes 0.65x that time, so the floor held work that the
-    formula does not need.) float32, but float64 for ViM's and the residual's: their residual
-    space is the covariance's smallest eigenvalues, which a float32 sum does not resolve (the
-    precision their formula needs, as the floor's eigendecompositions are float64)."""
+    formula does not need.) float32 for every one: ViM's and the residual's covariance is
+    float64 in oodeval, for its residual space's small eigenvalues, but a float32 product of
+    centred blocks with a float64 fall-back (as the Mahalanobis family's) would serve it."""
     if name in ("vim", "residual"):
-        return [(n_train, "float64")]
+        return [(n_train, "float32")]
     if name in ("relative_mahalanobis", "relative_mahalanobis_pp"):
         return [(n_train, "float32"), (c, "float32")]
     one = ("mahalanobis", "mahalanobis_pp", "neco", "class_gmm")
