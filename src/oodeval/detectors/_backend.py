@@ -306,13 +306,14 @@ class _NumpyCompute(Compute):
             return tuple(np.concatenate(column) for column in zip(*parts))
         return np.concatenate(parts)
 
-    def map_rows(self, fn: Callable, a, width: int, dtype: str | None = None):
-        """fn(block) over the rows of the host array ``a``, each block first made an array in the
-        product dtype (or ``dtype``, e.g. "float64" for a block that is centred before its
-        product) on its own thread, the results as float64 numpy (a tuple of them when fn returns
-        a tuple): :meth:`by_rows` over the whole of ``a``, so no chunk is copied whole.
-        ``width`` (the torch backend's chunk width) is not needed here."""
-        out = self.by_rows(lambda block: fn(self.put(block, dtype)), a)
+    def map_rows(self, fn: Callable, *arrays, width: int = 0, dtype: str | None = None):
+        """fn(*blocks) over the rows of host arrays with one row count (features and logits, say),
+        each block first made an array in the product dtype (or ``dtype``, e.g. "float64" for a
+        block that is centred before its product) on its own thread (a float32 array is not
+        copied for float32), the results as float64 numpy (a tuple of them when fn returns a
+        tuple): :meth:`by_rows` over the whole arrays, so no chunk is copied whole and memory stays
+        a block per core. ``width`` (the torch backend's chunk width) is not needed here."""
+        out = self.by_rows(lambda *blocks: fn(*(self.put(b, dtype) for b in blocks)), *arrays)
         return tuple(map(self.get, out)) if isinstance(out, tuple) else self.get(out)
 
     def sum_chunks(self, fn: Callable, n: int, width: int):
@@ -481,9 +482,11 @@ class _TorchCompute(Compute):
     def by_rows(self, fn: Callable, *arrays):
         return fn(*arrays)
 
-    def map_rows(self, fn: Callable, a, width: int, dtype: str | None = None):
-        """fn per chunk of :meth:`rows` (``width``) rows of the host array ``a``."""
-        parts = [fn(self.put(a[sl], dtype)) for sl in self.chunks(len(a), width)]
+    def map_rows(self, fn: Callable, *arrays, width: int = 0, dtype: str | None = None):
+        """fn per chunk of :meth:`chunks` rows of the host arrays (``width``: the widest row a
+        chunk holds at once, by default the arrays' widths summed)."""
+        width = width or sum(a.shape[1] for a in arrays)
+        parts = [fn(*(self.put(a[sl], dtype) for a in arrays)) for sl in self.chunks(len(arrays[0]), width)]
         if isinstance(parts[0], tuple):
             return tuple(np.concatenate([self.get(p[i]) for p in parts]) for i in range(len(parts[0])))
         return np.concatenate([self.get(p) for p in parts])

@@ -15,7 +15,7 @@ from ._backend import Compute, one_blas_thread
 
 __all__ = [
     "chunk_rows", "chunks", "as64", "l2_normalise", "energy", "logsumexp_rows",
-    "class_means", "labelled_chunks", "scatter", "scatter_rounding", "mean_rows", "pinv_sym", "eigh_one_thread", "float32_centre", "centre_parts", "whitening", "chunked_percentile", "labelled", "over_rows",
+    "class_means", "labelled_chunks", "scatter", "scatter_rounding", "mean_rows", "pinv_sym", "eigh_one_thread", "float32_centre", "centre_parts", "whitening", "chunked_percentile", "labelled",
 ]  # fmt: skip
 
 
@@ -42,19 +42,6 @@ def energy(logits: np.ndarray, t: float = 1.0) -> np.ndarray:
     """Negative free energy T logsumexp(f / T) per row (Liu et al. 2020), float64."""
     f = as64(logits)
     return logsumexp_rows(f) if t == 1 else t * logsumexp_rows(f / t)
-
-
-def over_rows(comp: Compute, fn, *arrays: np.ndarray) -> np.ndarray:
-    """fn over the rows of several host arrays with one row count (features and logits, say), as
-    float64 numpy, each block of rows put in ``comp``'s dtype first (a float32 array is not copied
-    for a float32 ``comp``): with numpy one :meth:`Compute.by_rows` over the whole arrays (each
-    block converted on its own thread, so memory stays a block per core and the threads start
-    once per call), on a torch device chunk by chunk of :meth:`Compute.chunks`."""
-    if comp.device is None:
-        return comp.get(comp.by_rows(lambda *blocks: fn(*map(comp.put, blocks)), *arrays))
-    width = sum(a.shape[1] for a in arrays)
-    parts = [comp.get(comp.by_rows(fn, *(comp.put(a[sl]) for a in arrays))) for sl in comp.chunks(len(arrays[0]), width)]
-    return np.concatenate(parts)
 
 
 def labelled(labels: np.ndarray, who: str) -> tuple[np.ndarray, np.ndarray]:

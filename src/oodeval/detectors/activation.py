@@ -23,7 +23,7 @@ from ..features import FeatureSet
 from ..params import BOOLEAN, COMPUTE, Interval, Options, Real
 from . import register
 from ._backend import Compute
-from ._common import as64, chunked_percentile, logsumexp_rows, mean_rows, over_rows
+from ._common import as64, chunked_percentile, logsumexp_rows, mean_rows
 from .base import BackboneInfo, Default, Detector, OptInDetector
 
 __all__ = ["ReAct", "ASHS", "SCALE", "DICE", "ash_s_features", "scale_features",
@@ -50,7 +50,7 @@ def _energy_of(comp: Compute, x: FeatureSet, shape, weight: np.ndarray, bias: np
         return comp.logsumexp(f, overwrite=True)
 
     if comp.device is None:
-        return comp.map_rows(lambda zb: readout(shape(zb)), z, width)
+        return comp.map_rows(lambda zb: readout(shape(zb)), z, width=width)
     host = np.dtype(comp.precision)
     return np.concatenate([comp.get(readout(shape(np.asarray(z[sl], dtype=host)), comp.put)) for sl in comp.chunks(len(z), width)])
 
@@ -455,7 +455,7 @@ class LTS(OptInDetector):
             ratio[empty] = 1.0
             return _scaled_logsumexp(comp, f, ratio * ratio)
 
-        return over_rows(comp, block, x.features, x.logits)
+        return comp.map_rows(block, x.features, x.logits)
 
 
 @register("optfs", tags=("activation", "since-paper"))

@@ -21,7 +21,7 @@ from ..features import FeatureSet
 from ..params import BOOLEAN, COMPUTE, POSITIVE, SEED, Integral, Interval, Options, Real
 from . import register
 from ._backend import Compute, one_blas_thread
-from ._common import as64, centre_parts, class_means, eigh_one_thread, float32_centre, l2_normalise, labelled, mean_rows, over_rows, scatter
+from ._common import as64, centre_parts, class_means, eigh_one_thread, float32_centre, l2_normalise, labelled, mean_rows, scatter
 from .base import BackboneInfo, Default, Detector, OptInDetector
 
 __all__ = ["Cosine", "MCM", "FDBD", "NECO", "SHE", "KernelPCA", "ORA"]
@@ -61,7 +61,7 @@ class _CentroidBase(Detector):
             p += offsets
             return readout(comp, p, comp.inverse_norm(zb))
 
-        return comp.map_rows(block, x.features, max(x.features.shape[1], cent.shape[1]))
+        return comp.map_rows(block, x.features, width=max(x.features.shape[1], cent.shape[1]))
 
 
 @register("cosine", tags=("paper21", "feature"), order=15)
@@ -164,7 +164,7 @@ class FDBD(Detector):
             r -= rest
             return dist / comp.rownorm(r)
 
-        return comp.map_rows(block, z, max(z.shape[1], c))
+        return comp.map_rows(block, z, width=max(z.shape[1], c))
 
 
 @register("neco", tags=("paper21", "feature"), order=18)
@@ -251,7 +251,7 @@ class NECO(Detector):
             s /= scale
             return comp.rownorm(s @ comps) / comp.rownorm(s)
 
-        ratio = comp.map_rows(block, z, z.shape[1])
+        ratio = comp.map_rows(block, z, width=z.shape[1])
         return ratio * np.asarray(x.logits).max(axis=1) if self.maxlogit else ratio
 
 
@@ -291,7 +291,7 @@ class SHE(OptInDetector):
         comp = self._compute()
         y = np.asarray(train.labels)
         _, classes = labelled(y, "she")
-        correct = over_rows(comp, comp.argmax, train.logits).astype(np.int64) == y
+        correct = comp.map_rows(comp.argmax, train.logits).astype(np.int64) == y
         # one pass: each class's correctly classified rows, or all its labelled rows where it has none
         rest = np.setdiff1d(classes, y[correct])
         rows_of = np.where(correct | np.isin(y, rest), y, -1)
@@ -328,7 +328,7 @@ class SHE(OptInDetector):
                 s = patterns[y]
                 return comp.rowdot(z, s) * comp.inverse_norm(z) * comp.inverse_norm(s)
 
-        return over_rows(comp, block, x.features, x.logits)
+        return comp.map_rows(block, x.features, x.logits)
 
 
 #: the kernel PCA release's explained-variance ratio per kernel (run_detection.sh, ImageNet ResNet-50,

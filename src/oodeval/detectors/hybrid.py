@@ -16,7 +16,7 @@ from ..features import FeatureSet
 from ..params import COMPUTE, POSITIVE, SEED, Integral, Interval, Options, Real
 from . import REGISTRY, register
 from ._backend import Compute, _torch, one_blas_thread
-from ._common import as64, centre_parts, chunks, eigh_one_thread, float32_centre, labelled, mean_rows, over_rows, scatter, whitening
+from ._common import as64, centre_parts, chunks, eigh_one_thread, float32_centre, labelled, mean_rows, scatter, whitening
 from .base import Detector, OptInDetector
 from .mahalanobis import WHITENED_ROUNDING_LIMIT, _refuse_over_budget
 from .neighbours import _bank_rows
@@ -151,7 +151,7 @@ class ViM(Detector):
             logit = comp.logsumexp(f, overwrite=True) if energy else comp.rowmax(f)
             return logit, comp.rownorm(part + shift)
 
-        return comp.map_rows(block, z, max(z.shape[1], w.shape[1]))
+        return comp.map_rows(block, z, width=max(z.shape[1], w.shape[1]))
 
     def _score(self, x: FeatureSet) -> np.ndarray:
         comp = self._compute()
@@ -191,7 +191,7 @@ class Residual(OptInDetector, ViM):
         def block(c):
             return comp.rownorm(comp.put(comp.centred(c, mean) @ basis, "float64") + shift)
 
-        return -comp.map_rows(block, x.features, x.features.shape[1])
+        return -comp.map_rows(block, x.features, width=x.features.shape[1])
 
 
 #: bank rows per block of relation's products (numpy, torch): a (512, 8192) float32 block per core
@@ -318,7 +318,7 @@ class NCI(OptInDetector):
             # ||z||_1 from |z| written over z - mu (no longer needed)
             return cosine if alpha == 0 else cosine + alpha * comp.runsum(comp.absolute(z, out=c))
 
-        return over_rows(comp, block, x.features, x.logits)
+        return comp.map_rows(block, x.features, x.logits)
 
 
 def _softmax64(f: np.ndarray, t: float = 1.0) -> np.ndarray:
@@ -364,7 +364,7 @@ class GradNorm(OptInDetector):
             spread = comp.runsum(comp.absolute(e, out=e)) / total
             return spread * comp.runsum(comp.absolute(z, out=comp.scratch_like(z, "z"))) / t
 
-        return over_rows(comp, block, x.features, x.logits)
+        return comp.map_rows(block, x.features, x.logits)
 
 
 @register("grad_uncertainty", tags=("hybrid",))
@@ -452,7 +452,7 @@ class PNML(OptInDetector):
             terms = 1.0 / (1.0 - xp.expm1(log_p) * xp.exp(k1[:, None] * log_p))
             return -comp.log(comp.rowsum(terms)) / log_c
 
-        return comp.map_rows(block, x.features, max(x.features.shape[1], w.shape[1]))
+        return comp.map_rows(block, x.features, width=max(x.features.shape[1], w.shape[1]))
 
 
 REGISTRY.alias("PNML", "pnml", "pytorch-ood 0.4", tags=("pytorch-ood",))

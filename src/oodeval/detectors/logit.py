@@ -22,7 +22,7 @@ from ..features import FeatureSet
 from ..params import BOOLEAN, COMPUTE, POSITIVE, SEED, Instance, Integral, Interval, Options, Real
 from . import REGISTRY, register
 from ._backend import Compute, _torch
-from ._common import chunks, class_means, labelled, over_rows
+from ._common import chunks, class_means, labelled
 from .base import Detector, OptInDetector
 
 __all__ = ["MSP", "MaxLogit", "KLMatching", "Energy", "GEN",
@@ -55,7 +55,7 @@ class MSP(Detector):
     def _score(self, x: FeatureSet) -> np.ndarray:
         t = float(self.temperature)
         comp = self._compute()
-        return over_rows(comp, lambda f: comp.max_softmax(f if t == 1 else f / t), x.logits)
+        return comp.map_rows(lambda f: comp.max_softmax(f if t == 1 else f / t), x.logits)
 
 
 @register("maxlogit", tags=("paper21", "logit"), order=2)
@@ -72,7 +72,7 @@ class MaxLogit(Detector):
 
     def _score(self, x: FeatureSet) -> np.ndarray:
         exact = Compute("float64" if x.logits.dtype == np.float64 else "float32")  # a max needs no wider type
-        return over_rows(exact, lambda f: exact.pick(f, exact.argmax(f)), x.logits)
+        return exact.map_rows(lambda f: exact.pick(f, exact.argmax(f)), x.logits)
 
 
 @register("energy", tags=("paper21", "logit"), order=4)
@@ -96,7 +96,7 @@ class Energy(Detector):
     def _score(self, x: FeatureSet) -> np.ndarray:
         t = float(self.temperature)
         comp = self._compute()
-        return over_rows(comp, lambda f: comp.logsumexp(f if t == 1 else f / t) * t, x.logits)
+        return comp.map_rows(lambda f: comp.logsumexp(f if t == 1 else f / t) * t, x.logits)
 
 
 @register("gen", tags=("paper21", "logit"), order=5)
@@ -146,7 +146,7 @@ class GEN(Detector):
             t *= g
             return -np.exp(t, out=t).sum(axis=1)
 
-        return over_rows(comp, fn, x.logits)
+        return comp.map_rows(fn, x.logits)
 
 
 @register("kl_matching", tags=("paper21", "logit"), order=3)
@@ -214,7 +214,7 @@ class KLMatching(Detector):
             e, total, neg_entropy = softmax_terms(a)
             return comp.rowmax(e @ log_t) / total - neg_entropy
 
-        return over_rows(comp, block, x.logits)
+        return comp.map_rows(block, x.logits)
 
 
 #: libmr's FitHigh shifts the tail by this amount minus its smallest value before the Weibull
@@ -251,7 +251,7 @@ class Entropy(OptInDetector):
 
     def _score(self, x: FeatureSet) -> np.ndarray:
         comp = self._compute()
-        return comp.map_rows(lambda f: neg_entropy(comp, f), x.logits, x.logits.shape[1])
+        return comp.map_rows(lambda f: neg_entropy(comp, f), x.logits, width=x.logits.shape[1])
 
 
 #: relative change of 1 / T at which the Newton search stops, per product dtype: float64 to
@@ -409,7 +409,7 @@ class TemperatureScaling(OptInDetector):
             g = f / t
             return 1.0 / comp.shifted_exp(g, out=g)[2]
 
-        return over_rows(comp, block, x.logits)
+        return comp.map_rows(block, x.logits)
 
 
 def weibull_mle(x: np.ndarray, mask: np.ndarray | None = None, steps: int = 64) -> tuple[np.ndarray, np.ndarray]:
@@ -608,7 +608,7 @@ class OpenMax(OptInDetector):
             lse = m + np.log(rest + np.exp(vt - m[:, None]).sum(1) + np.exp(v0 - m))
             return comp.put(lse - v0 if unknown else m - lse, "float64")
 
-        return comp.map_rows(block, x.logits, x.logits.shape[1])
+        return comp.map_rows(block, x.logits, width=x.logits.shape[1])
 
 
 @register("webo", tags=("logit", "since-paper"))
@@ -654,9 +654,9 @@ class WeightedEnergy(OptInDetector):
         comp = self._compute()
         log_w = self._log_weights(x.logits.shape[1])
         if log_w is None:
-            return over_rows(comp, lambda f: comp.logsumexp(f), x.logits)
+            return comp.map_rows(lambda f: comp.logsumexp(f), x.logits)
         shift = comp.put(log_w)
-        return over_rows(comp, lambda f: comp.logsumexp(f + shift, overwrite=True), x.logits)
+        return comp.map_rows(lambda f: comp.logsumexp(f + shift, overwrite=True), x.logits)
 
 
 REGISTRY.alias("WeightedEBO", "webo", "pytorch-ood 0.4", tags=("pytorch-ood",))

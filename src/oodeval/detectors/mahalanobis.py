@@ -173,7 +173,7 @@ class _MahalanobisBase(Detector):
                 d = d - comp.rowdot(u0, u0)
             return -d
 
-        return comp.map_rows(block, z, max(z.shape[1], len(self.means_)))
+        return comp.map_rows(block, z, width=max(z.shape[1], len(self.means_)))
 
 
 def _centred_class_means(features: np.ndarray, labels: np.ndarray, classes: np.ndarray, normalise: bool, comp: Compute) -> tuple[np.ndarray, np.ndarray]:

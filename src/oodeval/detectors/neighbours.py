@@ -23,7 +23,7 @@ from ..features import FeatureSet
 from ..params import COMPUTE, SEED, Instance, Integral, Interval, Options, Real
 from . import register
 from ._backend import Compute
-from ._common import chunks, class_means, energy, float32_centre, labelled, mean_rows, over_rows
+from ._common import chunks, class_means, energy, float32_centre, labelled, mean_rows
 from .base import Detector, OptInDetector
 
 __all__ = ["KNN", "NNGuide", "CFOOD", "GROOD", "cfood_levels", "top_similarities", "bank_offsets", "nearest_sq_distances"]
@@ -74,7 +74,7 @@ def top_similarities(
             best = top if best is None else comp.topk(comp.concat([best, top]), k)
         return reduce(best) * comp.inverse_norm(q)
 
-    return comp.map_rows(search, z, block)
+    return comp.map_rows(search, z, width=block)
 
 
 def bank_offsets(bank: np.ndarray, center: np.ndarray) -> np.ndarray:
@@ -202,7 +202,7 @@ class NNGuide(Detector):
         comp = self._compute()
         mean = lambda top: comp.rowsum(top) / top.shape[1]  # noqa: E731
         guidance = top_similarities(comp, self.bank_, x.features, int(self.k), mean)
-        return comp.map_rows(comp.logsumexp, x.logits, x.logits.shape[1]) * guidance
+        return comp.map_rows(comp.logsumexp, x.logits, width=x.logits.shape[1]) * guidance
 
 
 def cfood_levels(n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -300,7 +300,7 @@ class CFOOD(OptInDetector):
                     lo = np.where(open_ & ~held, mid + 1, lo)
             return -kappa[lo]
 
-        return over_rows(Compute("float64"), block, x.features)
+        return Compute("float64").map_rows(block, x.features)
 
 
 def nearest_sq_distances(comp: Compute, bank: np.ndarray, bank_sq: np.ndarray, q) -> np.ndarray:
@@ -445,4 +445,4 @@ class GROOD(OptInDetector):
         def search(z):
             return comp.put(-nearest_sq_distances(comp, bank, bank_sq, self._gradients(comp, state, z)), "float64")
 
-        return comp.map_rows(search, x.features, max(block, len(self.prototypes_)))
+        return comp.map_rows(search, x.features, width=max(block, len(self.prototypes_)))

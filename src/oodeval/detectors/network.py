@@ -92,7 +92,7 @@ class ODIN(NetworkMethod):
         self.resolved_ = {"temperature": t, "noise": float(self._settings(x)["noise"])}
         comp = Compute("float64")
         f = x.extras[f"{self.pass_kind}/logits"]
-        return comp.map_rows(lambda a: comp.max_softmax(a / t), f, f.shape[1])
+        return comp.map_rows(lambda a: comp.max_softmax(a / t), f, width=f.shape[1])
 
 
 def fit_layer_gaussians(train: FeatureSet, layers: Sequence[str] | None = None) -> dict[str, Mahalanobis]:
